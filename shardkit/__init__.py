@@ -1,0 +1,44 @@
+"""shardkit: schema-extended Parquet datasets, sharded resumable readers, and a thin trainer.
+
+Example:
+    >>> import shardkit
+    >>> shardkit.write_dataset(df, "file:///data/train", mode="overwrite")
+    >>> ds = shardkit.open_dataset("file:///data/train")
+"""
+
+from shardkit import errors
+from shardkit.dataset import (
+    Dataset,
+    Field,
+    ImageCodec,
+    NdarrayCodec,
+    RowGroup,
+    ScalarCodec,
+    Schema,
+    SummaryMissingWarning,
+    TensorCodec,
+    open_dataset,
+    write_dataset,
+    write_summary,
+)
+from shardkit.errors import ShardkitError
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "Dataset",
+    "Field",
+    "ImageCodec",
+    "NdarrayCodec",
+    "RowGroup",
+    "ScalarCodec",
+    "Schema",
+    "ShardkitError",
+    "SummaryMissingWarning",
+    "TensorCodec",
+    "__version__",
+    "errors",
+    "open_dataset",
+    "write_dataset",
+    "write_summary",
+]

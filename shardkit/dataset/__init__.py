@@ -1,0 +1,21 @@
+"""The format on disk: schema and codecs, the writer, opening (and Petastorm compatibility)."""
+
+from shardkit.dataset.codecs import ImageCodec, NdarrayCodec, ScalarCodec, TensorCodec
+from shardkit.dataset.index import Dataset, RowGroup, SummaryMissingWarning, open_dataset
+from shardkit.dataset.schema import Field, Schema
+from shardkit.dataset.writer import write_dataset, write_summary
+
+__all__ = [
+    "Dataset",
+    "Field",
+    "ImageCodec",
+    "NdarrayCodec",
+    "RowGroup",
+    "ScalarCodec",
+    "Schema",
+    "SummaryMissingWarning",
+    "TensorCodec",
+    "open_dataset",
+    "write_dataset",
+    "write_summary",
+]

@@ -1,0 +1,116 @@
+"""The codec protocol: how one field's values become an Arrow column and come back as numpy.
+
+A codec is data, not code: a frozen dataclass whose name and options serialize to JSON in the
+dataset's schema. Decoding is columnar: a whole Arrow column becomes one numpy array (stacked when
+every value has the same shape, an object array of per-row arrays otherwise). Nullable columns that
+hold nulls decode to a ``numpy.ma.MaskedArray`` (numeric) or an object array with ``None`` entries.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import TYPE_CHECKING, Any, ClassVar
+
+import numpy as np
+import pyarrow as pa
+
+from shardkit.errors import SchemaError, SchemaMismatchError
+
+if TYPE_CHECKING:
+    from shardkit.dataset.schema import Field
+
+ArrowColumn = pa.Array | pa.ChunkedArray
+
+
+@dataclasses.dataclass(frozen=True)
+class Codec:
+    """Base class of every codec; subclasses set ``name`` and implement the four methods."""
+
+    name: ClassVar[str] = ""
+    #: Codecs that only read (e.g. Petastorm's) refuse to encode.
+    writable: ClassVar[bool] = True
+
+    def check(self, field: Field) -> None:
+        """Raise `SchemaError` if this codec cannot store ``field`` (dtype, shape)."""
+
+    def arrow_type(self, field: Field) -> pa.DataType:
+        raise NotImplementedError
+
+    def encode(self, field: Field, values: Any) -> pa.Array:
+        """Turn a column of values (numpy, pandas, list, or Arrow) into an Arrow array."""
+        raise NotImplementedError
+
+    def decode(self, field: Field, column: ArrowColumn) -> np.ndarray:
+        """Turn an Arrow column into numpy (first axis = rows)."""
+        raise NotImplementedError
+
+    def to_json(self) -> dict[str, Any]:
+        return {"name": self.name, **dataclasses.asdict(self)}
+
+
+def combine(column: ArrowColumn) -> pa.Array:
+    """One contiguous Arrow array (zero-copy when the column already has a single chunk)."""
+    if isinstance(column, pa.ChunkedArray):
+        if column.num_chunks == 1:
+            return column.chunk(0)
+        if column.num_chunks == 0:
+            return pa.array([], type=column.type)
+        return column.combine_chunks()
+    return column
+
+
+def mask_of(array: pa.Array) -> np.ndarray | None:
+    """Boolean null mask of an Arrow array, or None when it has no nulls."""
+    if array.null_count == 0:
+        return None
+    return np.asarray(array.is_null().to_numpy(zero_copy_only=False), dtype=bool)
+
+
+def as_masked(values: np.ndarray, mask: np.ndarray | None) -> np.ndarray:
+    """Wrap ``values`` in a MaskedArray whose row mask is ``mask`` (broadcast over tensor dims)."""
+    if mask is None:
+        return values
+    full = np.broadcast_to(mask.reshape((-1,) + (1,) * (values.ndim - 1)), values.shape)
+    return np.ma.MaskedArray(values, mask=full.copy())
+
+
+def cast_array(field: Field, arr: np.ndarray, where: str) -> np.ndarray:
+    """Cast ``arr`` to the field's dtype when it is the same kind of number, else raise.
+
+    Policy (documented for users): any cast numpy calls "same_kind" is accepted (int -> wider
+    int, int -> float, float64 -> float32), integers must also fit the target range; a cast across
+    kinds (float -> int, str -> number) is a `SchemaMismatchError`.
+    """
+    target = field.dtype
+    if arr.dtype == target:
+        return arr
+    if arr.dtype == object or not np.can_cast(arr.dtype, target, casting="same_kind"):
+        if not (arr.dtype.kind in "iu" and target.kind in "iu"):
+            raise SchemaMismatchError(
+                f"field {field.name!r} ({where}) is declared {field.dtype_name} but the data has dtype "
+                f"{arr.dtype}; convert the data, or declare Field({field.name!r}, {arr.dtype.name!r}, ...)"
+            )
+    if arr.dtype.kind in "iub" and target.kind in "iu" and arr.size:
+        info = np.iinfo(target)
+        lo, hi = arr.min(), arr.max()
+        if lo < info.min or hi > info.max:
+            raise SchemaMismatchError(
+                f"field {field.name!r} ({where}) is declared {field.dtype_name} but holds values in "
+                f"[{lo}, {hi}], outside its range [{info.min}, {info.max}]; declare a wider dtype"
+            )
+    return arr.astype(target, copy=False)
+
+
+def null_error(field: Field, row: int, where: str) -> SchemaMismatchError:
+    return SchemaMismatchError(
+        f"field {field.name!r} ({where}) is not nullable but row {row} is null; fill the value, "
+        f"or declare Field({field.name!r}, ..., nullable=True)"
+    )
+
+
+def check_options(codec_name: str, options: dict[str, Any], allowed: set[str]) -> None:
+    unknown = sorted(set(options) - allowed)
+    if unknown:
+        raise SchemaError(
+            f"codec {codec_name!r} has no option(s) {unknown}; its options are {sorted(allowed) or 'none'}"
+        )

@@ -1,0 +1,198 @@
+"""Tensor codecs: fixed shapes as Arrow's canonical ``fixed_shape_tensor``, variable shapes as lists.
+
+Fixed-shape tensors decode zero-copy: the Parquet reader yields one contiguous child buffer and numpy
+views it as ``(rows, *shape)``. Variable-shape tensors (``None`` in the shape) store a flat list of
+values per row (1-D), or Arrow's ``variable_shape_tensor`` storage layout (``struct<data: list<T>,
+shape: fixed_size_list<int32>[ndim]>``) for more dimensions; they decode to an object array of
+per-row numpy views.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import pyarrow as pa
+
+from shardkit.dataset.codecs.base import ArrowColumn, Codec, as_masked, cast_array, combine, mask_of, null_error
+from shardkit.dataset.codecs.scalar import arrow_scalar_type
+from shardkit.errors import SchemaError, SchemaMismatchError
+
+if TYPE_CHECKING:
+    from shardkit.dataset.schema import Field
+
+
+def _check_numeric(field: Field) -> None:
+    if field.dtype.kind not in "biuf":
+        raise SchemaError(
+            f"field {field.name!r}: tensors hold numbers or bools, not {field.dtype}; "
+            "store strings with codec='scalar' or encode them as bytes"
+        )
+
+
+def rows_of(values: Any) -> list[Any]:
+    """The per-row values of a column given as Arrow, pandas, numpy or any sequence."""
+    if isinstance(values, pa.ChunkedArray | pa.Array):
+        return list(combine(values).to_numpy(zero_copy_only=False))
+    if hasattr(values, "to_numpy") and hasattr(values, "dtype"):
+        return list(values.to_numpy())
+    return list(values)
+
+
+def _is_null(v: Any) -> bool:
+    return v is None or (isinstance(v, float) and math.isnan(v))
+
+
+def stack_rows(field: Field, rows: list[Any], where: str) -> tuple[np.ndarray, np.ndarray | None]:
+    """Stack per-row values into ``(n, *shape)``, zero-filling nulls; returns (array, null mask)."""
+    shape = tuple(int(d) for d in field.shape if d is not None)
+    mask = np.fromiter((_is_null(v) for v in rows), dtype=bool, count=len(rows))
+    if mask.any() and not field.nullable:
+        raise null_error(field, int(np.argmax(mask)), where)
+    arrays = []
+    for i, v in enumerate(rows):
+        a = np.zeros(shape, field.dtype) if mask[i] else np.asarray(v)
+        if a.shape != shape:
+            raise SchemaMismatchError(
+                f"field {field.name!r} ({where}) declares the fixed shape {shape} but row {i} has shape "
+                f"{a.shape}; reshape the data, or declare a variable dimension with None"
+            )
+        arrays.append(cast_array(field, a, where))
+    out = np.stack(arrays) if arrays else np.zeros((0, *shape), field.dtype)
+    return out, (mask if mask.any() else None)
+
+
+def fixed_values(arr: pa.Array, shape: tuple[int, ...]) -> np.ndarray:
+    """Zero-copy ``(rows, *shape)`` view of a fixed_shape_tensor or fixed_size_list array."""
+    storage = arr.storage if isinstance(arr, pa.ExtensionArray) else arr
+    size = math.prod(shape)
+    child = storage.values.slice(storage.offset * size, len(storage) * size)
+    return child.to_numpy(zero_copy_only=child.null_count == 0).reshape((len(storage), *shape))
+
+
+@dataclasses.dataclass(frozen=True)
+class TensorCodec(Codec):
+    """Fixed-shape tensor per row, as Arrow's canonical ``fixed_shape_tensor`` extension type."""
+
+    name = "tensor"
+
+    def check(self, field: Field) -> None:
+        _check_numeric(field)
+        if not field.shape or any(d is None for d in field.shape):
+            raise SchemaError(
+                f"field {field.name!r}: the tensor codec needs a fixed shape with at least one dimension, "
+                f"got {field.shape}; use codec='scalar' for () or 'ndarray' for variable dimensions"
+            )
+
+    def arrow_type(self, field: Field) -> pa.DataType:
+        shape = [int(d) for d in field.shape if d is not None]
+        return pa.fixed_shape_tensor(arrow_scalar_type(field), shape)
+
+    def encode(self, field: Field, values: Any) -> pa.Array:
+        target = self.arrow_type(field)
+        shape = tuple(int(d) for d in field.shape if d is not None)
+        if isinstance(values, pa.ChunkedArray | pa.Array):
+            arr = combine(values)
+            if arr.type == target:
+                if not field.nullable and arr.null_count:
+                    raise null_error(field, int(np.argmax(mask_of(arr))), "writing")
+                return arr
+            if isinstance(arr.type, pa.FixedShapeTensorType) and tuple(arr.type.shape) == shape:
+                values, mask = cast_array(field, fixed_values(arr, shape), "writing"), mask_of(arr)
+                return self._build(target, values, mask, field)
+        if isinstance(values, np.ndarray) and values.dtype != object:
+            if values.shape[1:] != shape:
+                raise SchemaMismatchError(
+                    f"field {field.name!r} declares the fixed shape {shape} but the data has per-row shape "
+                    f"{values.shape[1:]}; reshape the data, or declare a variable dimension with None"
+                )
+            return self._build(target, cast_array(field, values, "writing"), None, field)
+        stacked, mask = stack_rows(field, rows_of(values), "writing")
+        return self._build(target, stacked, mask, field)
+
+    @staticmethod
+    def _build(target: pa.DataType, values: np.ndarray, mask: np.ndarray | None, field: Field) -> pa.Array:
+        n = values.shape[0]
+        flat = pa.array(np.ascontiguousarray(values).reshape(-1), type=arrow_scalar_type(field))
+        storage = pa.FixedSizeListArray.from_arrays(
+            flat, type=target.storage_type, mask=None if mask is None else pa.array(mask)
+        )
+        assert len(storage) == n  # noqa: S101 - internal invariant, not input validation
+        return pa.ExtensionArray.from_storage(target, storage)
+
+    def decode(self, field: Field, column: ArrowColumn) -> np.ndarray:
+        arr = combine(column)
+        shape = tuple(int(d) for d in field.shape if d is not None)
+        return as_masked(fixed_values(arr, shape), mask_of(arr))
+
+
+@dataclasses.dataclass(frozen=True)
+class NdarrayCodec(Codec):
+    """Variable-shape tensor per row (``None`` in the shape); decodes to an object array of arrays."""
+
+    name = "ndarray"
+
+    def check(self, field: Field) -> None:
+        _check_numeric(field)
+        if not field.shape:
+            raise SchemaError(f"field {field.name!r}: the ndarray codec needs at least one dimension")
+
+    def arrow_type(self, field: Field) -> pa.DataType:
+        item = arrow_scalar_type(field)
+        if len(field.shape) == 1:
+            return pa.list_(item)
+        return pa.struct([("data", pa.list_(item)), ("shape", pa.list_(pa.int32(), len(field.shape)))])
+
+    def encode(self, field: Field, values: Any) -> pa.Array:
+        rows = rows_of(values)
+        ndim = len(field.shape)
+        mask = np.fromiter((_is_null(v) for v in rows), dtype=bool, count=len(rows))
+        if mask.any() and not field.nullable:
+            raise null_error(field, int(np.argmax(mask)), "writing")
+        flats, shapes = [], np.zeros((len(rows), ndim), dtype=np.int32)
+        for i, v in enumerate(rows):
+            if mask[i]:
+                continue
+            a = np.asarray(v)
+            ok = a.ndim == ndim and all(d is None or d == s for d, s in zip(field.shape, a.shape, strict=True))
+            if not ok:
+                raise SchemaMismatchError(
+                    f"field {field.name!r} declares the shape {field.shape} but row {i} has shape {a.shape}; "
+                    "reshape the data or change the declared shape"
+                )
+            shapes[i] = a.shape
+            flats.append(cast_array(field, a, "writing").reshape(-1))
+        counts = np.where(mask, 0, shapes.prod(axis=1))
+        offsets = np.zeros(len(rows) + 1, dtype=np.int32)
+        np.cumsum(counts, out=offsets[1:])
+        flat = np.concatenate(flats) if flats else np.zeros(0, field.dtype)
+        pa_mask = pa.array(mask) if mask.any() else None
+        data = pa.ListArray.from_arrays(
+            pa.array(offsets), pa.array(flat, type=arrow_scalar_type(field)), mask=pa_mask
+        )
+        if ndim == 1:
+            return data
+        shape_arr = pa.FixedSizeListArray.from_arrays(pa.array(shapes.reshape(-1)), ndim)
+        return pa.StructArray.from_arrays([data, shape_arr], names=["data", "shape"], mask=pa_mask)
+
+    def decode(self, field: Field, column: ArrowColumn) -> np.ndarray:
+        arr = combine(column)
+        nulls = mask_of(arr)
+        data = arr.field("data") if pa.types.is_struct(arr.type) else arr
+        if pa.types.is_struct(arr.type):
+            ndim = arr.type.field("shape").type.list_size
+            shapes = fixed_values(arr.field("shape"), (ndim,))
+        else:
+            shapes = None
+        offsets = np.asarray(data.offsets.to_numpy())
+        values = data.values.to_numpy(zero_copy_only=False)
+        out = np.empty(len(arr), dtype=object)
+        for i in range(len(arr)):
+            if nulls is not None and nulls[i]:
+                out[i] = None
+                continue
+            row = values[offsets[i] : offsets[i + 1]]
+            out[i] = row if shapes is None else row.reshape(tuple(shapes[i]))
+        return out

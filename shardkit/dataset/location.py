@@ -1,0 +1,79 @@
+"""Where a dataset lives: an fsspec filesystem plus a root path, and atomic single-file replacement.
+
+Local folders are read through pyarrow's native filesystem (memory-mapped, no Python in the loop);
+everything else goes through fsspec (s3, gcs, hdfs, http, memory, ...).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import uuid
+from functools import cached_property
+from typing import Any
+
+import fsspec
+import pyarrow.fs as pafs
+
+SUMMARY = "_metadata"
+COMMON = "_common_metadata"
+STAGING = "_staging"
+
+
+@dataclasses.dataclass(frozen=True)
+class Location:
+    """A dataset root: ``Location.of("s3://bucket/ds")`` or ``Location.of("/data/ds")``."""
+
+    url: str
+    fs: fsspec.AbstractFileSystem
+    root: str
+
+    @classmethod
+    def of(cls, url: str | os.PathLike[str], storage_options: dict[str, Any] | None = None) -> Location:
+        text = os.fspath(url)
+        fs, root = fsspec.core.url_to_fs(text, **(storage_options or {}))
+        return cls(text, fs, root.rstrip("/") or "/")
+
+    @property
+    def is_local(self) -> bool:
+        return "file" in _protocols(self.fs)
+
+    @cached_property
+    def arrow_fs(self) -> pafs.FileSystem:
+        if self.is_local:
+            return pafs.LocalFileSystem()
+        return pafs.PyFileSystem(pafs.FSSpecHandler(self.fs))
+
+    def join(self, *parts: str) -> str:
+        return "/".join([self.root.rstrip("/"), *parts])
+
+    def exists(self, *parts: str) -> bool:
+        return bool(self.fs.exists(self.join(*parts)))
+
+    def write_atomic(self, name: str, data: bytes) -> None:
+        """Replace the file ``name`` under the root with ``data`` in one step.
+
+        Local: write a temporary file, fsync, then ``os.replace`` (atomic on POSIX). Object stores:
+        a single PUT is atomic already, so the bytes go straight to the final key.
+        """
+        path = self.join(name)
+        if self.is_local:
+            tmp = self.join(f".{name}.tmp-{uuid.uuid4().hex[:8]}")
+            with open(tmp, "wb") as f:
+                f.write(data)
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, path)
+            return
+        self.fs.pipe_file(path, data)
+
+    def move(self, src: str, dst: str) -> None:
+        if self.is_local:
+            os.replace(src, dst)
+        else:
+            self.fs.mv(src, dst)
+
+
+def _protocols(fs: fsspec.AbstractFileSystem) -> tuple[str, ...]:
+    proto = fs.protocol
+    return (proto,) if isinstance(proto, str) else tuple(proto)

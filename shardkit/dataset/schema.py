@@ -1,0 +1,293 @@
+"""`Schema` and `Field`: what each column holds (dtype, shape, codec, nullability), stored as JSON.
+
+The schema travels inside the Parquet files and summary files as versioned JSON under the key-value
+metadata key ``shardkit.schema``; it is data only, so opening a dataset never runs code.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections.abc import Iterator, Mapping, Sequence
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+
+from shardkit.dataset.codecs import Codec, ImageCodec, NdarrayCodec, ScalarCodec, TensorCodec, codec_from_json
+from shardkit.errors import SchemaError, SchemaMismatchError
+
+SCHEMA_KEY = b"shardkit.schema"
+SCHEMA_VERSION = 1
+
+DTypeLike = Any
+Shape = tuple[int | None, ...]
+
+
+def _dtype(value: DTypeLike, name: str) -> np.dtype[Any]:
+    if value in ("str", str, np.str_):
+        return np.dtype(np.str_)
+    if value in ("bytes", bytes, np.bytes_):
+        return np.dtype(np.bytes_)
+    try:
+        dtype = np.dtype(value)
+    except TypeError as e:
+        raise SchemaError(f"field {name!r}: {value!r} is not a numpy dtype; use e.g. 'float32', 'int64', 'str'") from e
+    if dtype.kind == "U":
+        return np.dtype(np.str_)
+    if dtype.kind == "S":
+        return np.dtype(np.bytes_)
+    if dtype.kind in "cOV":
+        raise SchemaError(
+            f"field {name!r}: dtype {dtype} cannot be stored; use a number, bool, datetime64, 'str' or 'bytes'"
+        )
+    return dtype
+
+
+def _default_codec(shape: Shape) -> Codec:
+    if not shape:
+        return ScalarCodec()
+    if any(d is None for d in shape):
+        return NdarrayCodec()
+    return TensorCodec()
+
+
+@dataclasses.dataclass(frozen=True, init=False)
+class Field:
+    """One column: ``Field("image", "uint8", (32, 32, 3), codec=ImageCodec("png"))``.
+
+    Args:
+        name: column name.
+        dtype: numpy dtype of the values (``'str'`` and ``'bytes'`` for text and blobs).
+        shape: per-row shape; ``()`` for scalars, ``None`` marks a variable dimension.
+        codec: a `Codec` or a codec name; by default ``scalar`` for (), ``tensor`` for a fixed shape
+            and ``ndarray`` for a shape with ``None``.
+        nullable: whether a row may hold no value.
+    """
+
+    name: str
+    dtype: np.dtype[Any]
+    shape: Shape
+    codec: Codec
+    nullable: bool
+
+    def __init__(
+        self,
+        name: str,
+        dtype: DTypeLike,
+        shape: Sequence[int | None] = (),
+        codec: Codec | str | Mapping[str, Any] | None = None,
+        nullable: bool = False,
+    ) -> None:
+        if not isinstance(name, str) or not name:
+            raise SchemaError(f"a field name must be a non-empty string, got {name!r}")
+        try:
+            dims = tuple(None if d is None else int(d) for d in shape)
+        except (TypeError, ValueError) as e:
+            raise SchemaError(f"field {name!r}: shape {shape!r} must be a tuple of ints or None") from e
+        if any(d is not None and d < 0 for d in dims):
+            raise SchemaError(f"field {name!r}: shape {dims} has a negative dimension")
+        if codec is None:
+            codec_obj = _default_codec(dims)
+        elif isinstance(codec, Codec):
+            codec_obj = codec
+        else:
+            codec_obj = codec_from_json(codec, where=f"field {name!r}")
+        object.__setattr__(self, "name", name)
+        object.__setattr__(self, "dtype", _dtype(dtype, name))
+        object.__setattr__(self, "shape", dims)
+        object.__setattr__(self, "codec", codec_obj)
+        object.__setattr__(self, "nullable", bool(nullable))
+        codec_obj.check(self)
+
+    @property
+    def dtype_name(self) -> str:
+        """``'str'``, ``'bytes'`` or the numpy dtype's name (``'float32'``, ``'datetime64[ns]'``)."""
+        return {"U": "str", "S": "bytes"}.get(self.dtype.kind, self.dtype.name)
+
+    @property
+    def fixed_shape(self) -> bool:
+        return all(d is not None for d in self.shape)
+
+    def arrow_field(self) -> pa.Field:
+        return pa.field(self.name, self.codec.arrow_type(self), nullable=self.nullable)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "dtype": self.dtype_name,
+            "shape": list(self.shape),
+            "codec": self.codec.to_json(),
+            "nullable": self.nullable,
+        }
+
+    @classmethod
+    def from_json(cls, obj: Mapping[str, Any]) -> Field:
+        known = {"name", "dtype", "shape", "codec", "nullable"}
+        if not isinstance(obj, Mapping) or set(obj) - known or "name" not in obj or "dtype" not in obj:
+            raise SchemaError(f"schema field entry {obj!r} is malformed; expected keys {sorted(known)}")
+        return cls(obj["name"], obj["dtype"], obj.get("shape", ()), obj.get("codec"), obj.get("nullable", False))
+
+
+class Schema(Sequence[Field]):
+    """An ordered set of fields: ``Schema([Field("id", "int64"), Field("x", "float32", (128,))])``."""
+
+    def __init__(self, fields: Sequence[Field]) -> None:
+        self._fields = tuple(fields)
+        self._by_name = {f.name: f for f in self._fields}
+        if len(self._by_name) != len(self._fields):
+            seen: set[str] = set()
+            dup = next(f.name for f in self._fields if f.name in seen or seen.add(f.name))  # type: ignore[func-returns-value]
+            raise SchemaError(f"schema has the field {dup!r} twice; field names must be unique")
+
+    def __len__(self) -> int:
+        return len(self._fields)
+
+    def __getitem__(self, key: Any) -> Any:
+        if isinstance(key, str):
+            try:
+                return self._by_name[key]
+            except KeyError:
+                raise KeyError(f"no field {key!r} in the schema; fields are {self.names}") from None
+        return self._fields[key]
+
+    def __iter__(self) -> Iterator[Field]:
+        return iter(self._fields)
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._by_name
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Schema) and self._fields == other._fields
+
+    def __hash__(self) -> int:
+        return hash(self._fields)
+
+    def __repr__(self) -> str:
+        inner = ", ".join(f"{f.name}: {f.dtype_name}{list(f.shape) if f.shape else ''}" for f in self._fields)
+        return f"Schema({inner})"
+
+    @property
+    def names(self) -> list[str]:
+        return [f.name for f in self._fields]
+
+    def select(self, names: Sequence[str]) -> Schema:
+        return Schema([self[n] for n in names])
+
+    def to_json(self) -> str:
+        return json.dumps({"version": SCHEMA_VERSION, "fields": [f.to_json() for f in self._fields]})
+
+    @classmethod
+    def from_json(cls, text: str | bytes) -> Schema:
+        try:
+            obj = json.loads(text)
+        except ValueError as e:
+            raise SchemaError(f"the stored shardkit schema is not valid JSON: {e}") from e
+        if not isinstance(obj, dict) or not isinstance(obj.get("fields"), list):
+            raise SchemaError("the stored shardkit schema has no 'fields' list")
+        version = obj.get("version")
+        if version != SCHEMA_VERSION:
+            raise SchemaError(
+                f"the stored shardkit schema has version {version!r}; this shardkit reads version "
+                f"{SCHEMA_VERSION}. Upgrade shardkit: pip install -U shardkit"
+            )
+        return cls([Field.from_json(f) for f in obj["fields"]])
+
+    def arrow_schema(self) -> pa.Schema:
+        """The Arrow schema of the stored columns, with this schema's JSON in its metadata."""
+        return pa.schema([f.arrow_field() for f in self._fields], metadata={SCHEMA_KEY: self.to_json()})
+
+    def encode(self, columns: Mapping[str, Any], num_rows: int) -> pa.Table:
+        """Encode a batch of columns into an Arrow table of this schema; raise on any mismatch."""
+        missing = [n for n in self.names if n not in columns]
+        if missing:
+            raise SchemaMismatchError(
+                f"the data has no column(s) {missing} declared in the schema; add them, or leave them "
+                f"out of the schema (data columns: {sorted(columns)})"
+            )
+        extra = sorted(set(columns) - set(self.names))
+        if extra:
+            raise SchemaMismatchError(
+                f"the data has column(s) {extra} that the schema does not declare; add a Field for each "
+                "or drop them before writing"
+            )
+        arrays = []
+        for f in self._fields:
+            arr = f.codec.encode(f, columns[f.name])
+            if len(arr) != num_rows:
+                raise SchemaMismatchError(f"column {f.name!r} has {len(arr)} rows, the others {num_rows}")
+            arrays.append(arr)
+        return pa.Table.from_arrays(arrays, schema=self.arrow_schema())
+
+    def decode(self, table: pa.Table | pa.RecordBatch) -> dict[str, np.ndarray]:
+        """Decode an Arrow table (any subset of the columns) to a dict of numpy arrays."""
+        return {name: self[name].codec.decode(self[name], table.column(name)) for name in table.column_names}
+
+
+def infer_field(name: str, values: Any) -> Field:
+    """Infer a field from a column of data (numpy, pandas or Arrow); images are never guessed."""
+    if isinstance(values, pa.ChunkedArray | pa.Array):
+        return field_from_arrow(pa.field(name, values.type, nullable=values.null_count > 0))
+    arr = values.to_numpy() if hasattr(values, "to_numpy") else np.asarray(values)
+    if arr.dtype != object:
+        if arr.ndim == 1:
+            return Field(name, arr.dtype, ())
+        return Field(name, arr.dtype, arr.shape[1:])
+    present = [v for v in arr if v is not None and not (isinstance(v, float) and np.isnan(v))]
+    nullable = len(present) < len(arr)
+    if not present:
+        raise SchemaError(f"column {name!r} holds only nulls; declare its Field in a schema")
+    first = present[0]
+    if isinstance(first, str):
+        return Field(name, "str", (), nullable=nullable)
+    if isinstance(first, bytes):
+        return Field(name, "bytes", (), nullable=nullable)
+    if not isinstance(first, np.ndarray | list | tuple):
+        return Field(name, np.asarray(present).dtype, (), nullable=nullable)
+    shapes = {np.shape(v) for v in present}
+    dtype = np.result_type(*[np.asarray(v).dtype for v in present[:64]])
+    ndims = {len(s) for s in shapes}
+    if len(ndims) != 1:
+        raise SchemaError(f"column {name!r} mixes arrays of {sorted(ndims)} dimensions; declare its Field")
+    if len(shapes) == 1:
+        return Field(name, dtype, next(iter(shapes)), nullable=nullable)
+    shape = tuple(s0 if all(s[i] == s0 for s in shapes) else None for i, s0 in enumerate(next(iter(shapes))))
+    return Field(name, dtype, shape, nullable=nullable)
+
+
+def field_from_arrow(af: pa.Field) -> Field:
+    """Map an Arrow field of a plain Parquet file to a shardkit field."""
+    t = af.type
+    if isinstance(t, pa.FixedShapeTensorType):
+        return Field(af.name, t.value_type.to_pandas_dtype(), tuple(t.shape), nullable=af.nullable)
+    if pa.types.is_string(t) or pa.types.is_large_string(t):
+        return Field(af.name, "str", (), nullable=af.nullable)
+    if pa.types.is_binary(t) or pa.types.is_large_binary(t):
+        return Field(af.name, "bytes", (), nullable=af.nullable)
+    if pa.types.is_fixed_size_list(t) and _is_number(t.value_type):
+        return Field(af.name, t.value_type.to_pandas_dtype(), (t.list_size,), nullable=af.nullable)
+    if (pa.types.is_list(t) or pa.types.is_large_list(t)) and _is_number(t.value_type):
+        return Field(af.name, t.value_type.to_pandas_dtype(), (None,), nullable=af.nullable)
+    if pa.types.is_dictionary(t):
+        return field_from_arrow(pa.field(af.name, t.value_type, af.nullable))
+    if _is_number(t) or pa.types.is_timestamp(t):
+        return Field(af.name, t.to_pandas_dtype(), (), nullable=af.nullable)
+    raise SchemaError(
+        f"column {af.name!r} has the Arrow type {t}, which shardkit does not map to a field; "
+        "select other columns, or rewrite the column as numbers, strings, bytes or lists of numbers"
+    )
+
+
+def _is_number(t: pa.DataType) -> bool:
+    return bool(pa.types.is_integer(t) or pa.types.is_floating(t) or pa.types.is_boolean(t))
+
+
+def schema_from_arrow(arrow_schema: pa.Schema) -> Schema:
+    """The shardkit schema stored in ``arrow_schema``'s metadata, else one inferred from its types."""
+    meta = arrow_schema.metadata or {}
+    if SCHEMA_KEY in meta:
+        return Schema.from_json(meta[SCHEMA_KEY])
+    return Schema([field_from_arrow(f) for f in arrow_schema])
+
+
+__all__ = ["Field", "ImageCodec", "Schema", "field_from_arrow", "infer_field", "schema_from_arrow"]

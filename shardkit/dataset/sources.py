@@ -1,0 +1,110 @@
+"""What `write_dataset` accepts, turned into a stream of ``(columns, num_rows)`` batches.
+
+Accepted: a pandas DataFrame, an Arrow Table or RecordBatch, a mapping of column name -> values (one
+columnar batch), or an iterable of any of those or of row dicts. Large inputs are cut into batches of
+at most ``BATCH_ROWS`` rows so that memory stays bounded by a row group, not by the input.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator, Mapping
+from typing import Any
+
+import pyarrow as pa
+
+from shardkit.errors import SchemaError, SchemaMismatchError
+
+BATCH_ROWS = 4096
+Batch = tuple[Mapping[str, Any], int]
+
+
+def _is_dataframe(obj: Any) -> bool:
+    return type(obj).__name__ == "DataFrame" and hasattr(obj, "iloc") and hasattr(obj, "columns")
+
+
+def _column_len(name: str, values: Any) -> int:
+    try:
+        return len(values)
+    except TypeError as e:
+        raise SchemaError(f"column {name!r} is a {type(values).__name__}, not a sequence of values") from e
+
+
+def _from_table(table: pa.Table | pa.RecordBatch) -> Iterator[Batch]:
+    batches = table.to_batches(max_chunksize=BATCH_ROWS) if isinstance(table, pa.Table) else [table]
+    for batch in batches:
+        yield {name: batch.column(name) for name in batch.schema.names}, batch.num_rows
+
+
+def _from_dataframe(df: Any) -> Iterator[Batch]:
+    for start in range(0, len(df), BATCH_ROWS):
+        chunk = df.iloc[start : start + BATCH_ROWS]
+        yield {str(c): chunk[c] for c in chunk.columns}, len(chunk)
+
+
+def _from_mapping(columns: Mapping[str, Any]) -> Iterator[Batch]:
+    lengths = {name: _column_len(name, v) for name, v in columns.items()}
+    if len(set(lengths.values())) > 1:
+        raise SchemaMismatchError(f"columns have different lengths: {lengths}; every column needs one value per row")
+    n = next(iter(lengths.values()), 0)
+    for start in range(0, n, BATCH_ROWS):
+        yield {k: v[start : start + BATCH_ROWS] for k, v in columns.items()}, min(BATCH_ROWS, n - start)
+
+
+def _from_rows(first: Mapping[str, Any], rest: Iterator[Any], offset: int) -> tuple[Batch, Any]:
+    """Gather up to BATCH_ROWS row dicts into columns; returns the batch and the next non-row item."""
+    names = list(first)
+    cols: dict[str, list[Any]] = {n: [] for n in names}
+    row: Any = first
+    count = 0
+    while True:
+        if set(row) != set(names):
+            missing, extra = sorted(set(names) - set(row)), sorted(set(row) - set(names))
+            raise SchemaMismatchError(
+                f"row {offset + count} has different keys from row 0 (missing {missing}, extra {extra}); "
+                "every row dict needs the same keys"
+            )
+        for n in names:
+            cols[n].append(row[n])
+        count += 1
+        if count >= BATCH_ROWS:
+            return (cols, count), None
+        row = next(rest, None)
+        if not isinstance(row, Mapping):
+            return (cols, count), row
+
+
+def iter_batches(data: Any) -> Iterator[Batch]:
+    """Yield ``(columns, num_rows)`` for every batch in ``data`` (see the module docstring)."""
+    if isinstance(data, pa.Table | pa.RecordBatch):
+        yield from _from_table(data)
+    elif _is_dataframe(data):
+        yield from _from_dataframe(data)
+    elif isinstance(data, Mapping):
+        yield from _from_mapping(data)
+    elif isinstance(data, Iterable) and not isinstance(data, str | bytes):
+        it = iter(data)
+        item = next(it, None)
+        offset = 0
+        while item is not None:
+            if isinstance(item, Mapping) and item and not _is_columnar(item):
+                (cols, n), item = _from_rows(item, it, offset)
+                offset += n
+                yield cols, n
+                if item is None:
+                    item = next(it, None)
+                continue
+            yield from iter_batches(item)
+            item = next(it, None)
+    else:
+        raise SchemaError(
+            f"write_dataset cannot read a {type(data).__name__}; pass a pandas DataFrame, an Arrow Table, "
+            "a dict of columns, or an iterable of record batches or row dicts"
+        )
+
+
+def _is_columnar(item: Mapping[str, Any]) -> bool:
+    """A dict inside an iterable is a row, unless all its values are Arrow arrays (a batch)."""
+    return all(isinstance(v, pa.Array | pa.ChunkedArray) for v in item.values())
+
+
+__all__ = ["BATCH_ROWS", "iter_batches"]

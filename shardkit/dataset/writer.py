@@ -1,0 +1,267 @@
+"""`write_dataset`: pandas, Arrow, columns or rows -> a schema-extended Parquet dataset, atomically.
+
+Input is consumed as a stream of batches, encoded by the schema's codecs, cut into row groups by
+encoded bytes (and optionally rows), rolled into part files, and committed as described in
+`shardkit.dataset.commit`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import sys
+import uuid
+from collections.abc import Iterable, Iterator, Mapping
+from typing import Any, Literal
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from shardkit.dataset.commit import collect_garbage, commit, summary_bytes
+from shardkit.dataset.index import Dataset, data_files, is_petastorm, open_dataset, read_footer
+from shardkit.dataset.location import COMMON, STAGING, SUMMARY, Location
+from shardkit.dataset.schema import Field, Schema, infer_field
+from shardkit.dataset.sources import iter_batches
+from shardkit.errors import DatasetExistsError, NotADatasetError, SchemaError, SchemaMismatchError
+
+Mode = Literal["error", "overwrite", "append"]
+_UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "kib": 2**10, "mib": 2**20, "gib": 2**30}
+
+
+def parse_size(value: int | str, *, what: str) -> int:
+    """``"64MiB"`` -> 67108864; an int is returned as is."""
+    if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+        return value
+    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*", str(value))
+    if not m or m.group(2).lower() not in _UNITS or float(m.group(1)) <= 0:
+        raise SchemaError(f"{what}={value!r} is not a size; use a positive number of bytes or e.g. '64MiB'")
+    return int(float(m.group(1)) * _UNITS[m.group(2).lower()])
+
+
+class _Parts:
+    """Rolls encoded tables into row groups and part files under the staging folder."""
+
+    def __init__(self, loc: Location, staging: str, schema: Schema, *, rg_bytes: int, rg_rows: int | None,
+                 file_bytes: int, compression: str) -> None:
+        self.loc, self.staging, self.schema = loc, staging, schema
+        self.arrow_schema = schema.arrow_schema()
+        self.rg_bytes, self.rg_rows, self.file_bytes = rg_bytes, rg_rows, file_bytes
+        self.compression = compression
+        scalars = [f.name for f in schema if f.codec.name == "scalar"]
+        self.options = {"use_dictionary": scalars, "write_statistics": scalars}
+        self.pending: list[pa.Table] = []
+        self.pending_rows = self.pending_bytes = 0
+        self.writer: pq.ParquetWriter | None = None
+        self.sink: Any = None
+        self.path = ""
+        self.file_written = 0
+        self.done: list[tuple[str, pq.FileMetaData]] = []
+
+    def add(self, table: pa.Table) -> None:
+        self.pending.append(table)
+        self.pending_rows += table.num_rows
+        self.pending_bytes += table.nbytes
+        while self.pending_rows and (
+            self.pending_bytes >= self.rg_bytes or (self.rg_rows and self.pending_rows >= self.rg_rows)
+        ):
+            self._flush_group(final=False)
+
+    def _flush_group(self, *, final: bool) -> None:
+        table = pa.concat_tables(self.pending)
+        per_row = max(1.0, table.nbytes / max(1, table.num_rows))
+        n = table.num_rows if final else min(table.num_rows, max(1, int(self.rg_bytes / per_row)))
+        if self.rg_rows:
+            n = min(n, self.rg_rows)
+        group, rest = table.slice(0, n), table.slice(n)
+        self._writer().write_table(group, row_group_size=max(1, n))
+        self.file_written += group.nbytes
+        self.pending = [rest] if rest.num_rows else []
+        self.pending_rows, self.pending_bytes = rest.num_rows, rest.nbytes
+        if self.file_written >= self.file_bytes:
+            self._close_file()
+
+    def _writer(self) -> pq.ParquetWriter:
+        if self.writer is None:
+            self.path = f"{self.staging}/part-{uuid.uuid4().hex[:12]}-{len(self.done):05d}.parquet"
+            self.sink = self.loc.fs.open(self.path, "wb")
+            self.writer = pq.ParquetWriter(self.sink, self.arrow_schema, compression=self.compression,
+                                           **self.options)
+        return self.writer
+
+    def _close_file(self) -> None:
+        if self.writer is not None:
+            self.writer.close()
+            self.sink.close()
+            self.done.append((self.path, self.writer.writer.metadata))
+            self.writer, self.file_written = None, 0
+
+    def finish(self) -> list[tuple[str, pq.FileMetaData]]:
+        while self.pending_rows:
+            self._flush_group(final=True)
+        if not self.done and self.writer is None:
+            self._writer()  # an empty dataset still gets one (empty) file that carries the schema
+        self._close_file()
+        return self.done
+
+    def abort(self) -> None:
+        with contextlib.suppress(Exception):
+            if self.writer is not None:
+                self.writer.close()
+                self.sink.close()
+        with contextlib.suppress(FileNotFoundError):
+            self.loc.fs.rm(self.staging, recursive=True)
+
+
+def write_dataset(
+    data: Any,
+    url: str | os.PathLike[str],
+    *,
+    schema: Schema | list[Field] | None = None,
+    mode: Mode = "error",
+    row_group_size: int | str = "32MiB",
+    file_size: int | str = "1GiB",
+    compression: str = "snappy",
+    progress: bool | None = None,
+    storage_options: dict[str, Any] | None = None,
+) -> Dataset:
+    """Write ``data`` as a shardkit dataset at ``url`` and return it opened.
+
+    Example:
+        >>> schema = shardkit.Schema([shardkit.Field("id", "int64"),
+        ...                           shardkit.Field("image", "uint8", (28, 28), codec=shardkit.ImageCodec("png"))])
+        >>> shardkit.write_dataset(df, "s3://bucket/mnist", schema=schema, mode="overwrite")
+
+    Args:
+        data: a pandas DataFrame, an Arrow Table or RecordBatch, a mapping of column -> values, or an
+            iterable of any of those or of row dicts (streamed: only one row group is held in memory).
+        url: a folder on any fsspec filesystem.
+        schema: the fields; inferred from the first batch when omitted (images must be declared).
+            With ``mode="append"`` it defaults to the existing dataset's schema.
+        mode: ``"error"`` refuses an existing dataset, ``"overwrite"`` replaces it (the old one stays
+            readable until the new one commits), ``"append"`` adds row groups to it.
+        row_group_size: encoded bytes per row group (``"32MiB"``), or an int number of rows.
+        file_size: encoded bytes per part file before a new one starts.
+        compression: Parquet codec (``"snappy"``, ``"zstd"``, ``"lz4"``, ``"none"``).
+        progress: show a progress bar with rows/s; default: when stderr is a terminal.
+
+    Raises:
+        DatasetExistsError: ``mode="error"`` and a dataset exists at ``url``.
+        SchemaMismatchError: the data does not fit the schema; nothing is written.
+    """
+    if mode not in ("error", "overwrite", "append"):
+        raise SchemaError(f"mode={mode!r} is not one of 'error', 'overwrite', 'append'")
+    rg_rows = row_group_size if isinstance(row_group_size, int) and not isinstance(row_group_size, bool) else None
+    if rg_rows is not None and rg_rows <= 0:
+        raise SchemaError(f"row_group_size={row_group_size!r} must be positive")
+    rg_bytes = 1 << 62 if rg_rows else parse_size(row_group_size, what="row_group_size")
+    loc = Location.of(url, storage_options)
+    existing = _existing(loc, mode)
+    if isinstance(schema, list):
+        schema = Schema(schema)
+    if mode == "append" and existing is not None:
+        if schema is not None and schema != existing.schema:
+            raise SchemaMismatchError(
+                f"cannot append to {loc.url!r}: its schema is {existing.schema!r}, the given one "
+                f"{schema!r}; write to a new URL or use mode='overwrite'"
+            )
+        schema = existing.schema
+    replaced = data_files(loc) if mode == "overwrite" and loc.fs.exists(loc.root) else []
+
+    staging = loc.join(STAGING, uuid.uuid4().hex)
+    loc.fs.makedirs(staging, exist_ok=True)
+    parts: _Parts | None = None
+    bar = _progress_bar(data, progress)
+    try:
+        for columns, n in iter_batches(data):
+            if schema is None:
+                schema = Schema([infer_field(name, values) for name, values in columns.items()])
+            if parts is None:
+                parts = _Parts(loc, staging, schema, rg_bytes=rg_bytes, rg_rows=rg_rows,
+                               file_bytes=parse_size(file_size, what="file_size"), compression=compression)
+            table = schema.encode(columns, n)
+            parts.add(table)
+            if bar is not None:
+                bar.update(n)
+        if parts is None:
+            if schema is None:
+                raise SchemaError("the data has no rows and no schema was given; pass schema=...")
+            parts = _Parts(loc, staging, schema, rg_bytes=rg_bytes, rg_rows=rg_rows,
+                           file_bytes=parse_size(file_size, what="file_size"), compression=compression)
+        staged = parts.finish()
+    except BaseException:
+        if parts is not None:
+            parts.abort()
+        with contextlib.suppress(FileNotFoundError):
+            loc.fs.rm(staging, recursive=True)
+        raise
+    finally:
+        if bar is not None:
+            bar.close()
+    keep = [existing.metadata] if existing is not None and existing.metadata is not None else []
+    keep_files = existing.files if existing is not None else []
+    commit(loc, parts.arrow_schema, staged, keep=keep, keep_files=keep_files, replace=replaced)
+    return open_dataset(loc.url, storage_options=storage_options)
+
+
+def _existing(loc: Location, mode: Mode) -> Dataset | None:
+    """Check ``mode`` against what is at ``loc``; returns the dataset to append to, if any."""
+    if not loc.fs.exists(loc.root):
+        return None
+    has_summary = loc.exists(SUMMARY)
+    files = data_files(loc) if not has_summary else ["_metadata"]
+    if mode == "error" and files:
+        raise DatasetExistsError(
+            f"a dataset already exists at {loc.url!r}; pass mode='overwrite' to replace it or "
+            "mode='append' to add rows to it"
+        )
+    if mode == "append" and files:
+        if not has_summary:
+            raise DatasetExistsError(
+                f"cannot append to {loc.url!r}: it is not a shardkit dataset (no _metadata). Index it first "
+                "with shardkit.write_summary(url), or write to a new URL"
+            )
+        ds = open_dataset(loc.url)
+        if ds.kind != "shardkit":
+            raise DatasetExistsError(f"cannot append to {loc.url!r}: it is a {ds.kind} dataset, not shardkit's")
+        return ds
+    if not files:
+        collect_garbage(loc, set())
+    return None
+
+
+def _progress_bar(data: Any, progress: bool | None) -> Any:
+    show = sys.stderr.isatty() if progress is None else progress
+    if not show:
+        return None
+    from tqdm.auto import tqdm
+
+    total = len(data) if hasattr(data, "__len__") and not isinstance(data, Mapping | Iterator) else None
+    if isinstance(data, pa.Table | pa.RecordBatch) or hasattr(data, "columns"):
+        total = data.num_rows if hasattr(data, "num_rows") else len(data)
+    return tqdm(total=total, unit=" rows", unit_scale=True, desc="write_dataset", dynamic_ncols=True)
+
+
+def write_summary(url: str | os.PathLike[str], *, storage_options: dict[str, Any] | None = None) -> Dataset:
+    """Index an existing Parquet folder by writing its ``_metadata`` (and ``_common_metadata``).
+
+    Example:
+        >>> shardkit.write_summary("s3://bucket/spark-output")   # later opens read one file
+
+    The data files are not rewritten; their footers are read once and merged. A Petastorm dataset
+    keeps its own ``_common_metadata`` (where its schema lives).
+    """
+    loc = Location.of(url, storage_options)
+    files = data_files(loc) if loc.fs.exists(loc.root) else []
+    if not files:
+        raise NotADatasetError(f"{loc.url!r} has no Parquet data files to index")
+    mds = []
+    for name in files:
+        md = read_footer(loc, name)
+        md.set_file_path(name)
+        mds.append(md)
+    meta, common = summary_bytes(mds[0].schema.to_arrow_schema(), mds)
+    loc.write_atomic(SUMMARY, meta)
+    if not is_petastorm(loc):
+        loc.write_atomic(COMMON, common)
+    return open_dataset(url, storage_options=storage_options)

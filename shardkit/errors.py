@@ -1,0 +1,99 @@
+"""Every error shardkit raises, in one tree.
+
+    ShardkitError
+    ├── DatasetError
+    │   ├── DatasetNotFoundError      (also FileNotFoundError)  nothing at the URL
+    │   ├── NotADatasetError          (also ValueError)         a folder with no Parquet data in it
+    │   ├── DatasetExistsError        (also FileExistsError)    mode="error" over an existing dataset
+    │   ├── CorruptDatasetError       (also OSError)            a file or row group that cannot be read
+    │   └── UnsafePickleError         (also ValueError)         a Petastorm schema pickle with foreign content
+    ├── SchemaError                   (also ValueError)         a schema, field or codec that is invalid itself
+    │   └── SchemaMismatchError                                 data that does not fit the declared schema
+    ├── ReaderError                   (also ValueError)         bad reader arguments or resume state
+    └── MissingDependencyError        (also ImportError)        an optional extra is not installed
+
+Each message names the bad value, where it came from (URL, file, row group, field) and what to do.
+Every class also subclasses the matching built-in, so ``except FileNotFoundError`` keeps working.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "CorruptDatasetError",
+    "DatasetError",
+    "DatasetExistsError",
+    "DatasetNotFoundError",
+    "MissingDependencyError",
+    "NotADatasetError",
+    "ReaderError",
+    "SchemaError",
+    "SchemaMismatchError",
+    "ShardkitError",
+    "UnsafePickleError",
+]
+
+
+class ShardkitError(Exception):
+    """Base of every error raised by shardkit."""
+
+
+class DatasetError(ShardkitError):
+    """A dataset on storage cannot be opened, written or read."""
+
+
+class DatasetNotFoundError(DatasetError, FileNotFoundError):
+    """Raised when nothing exists at the dataset URL."""
+
+
+class NotADatasetError(DatasetError, ValueError):
+    """Raised when the URL exists but holds no Parquet data (and no shardkit/Petastorm summary)."""
+
+
+class DatasetExistsError(DatasetError, FileExistsError):
+    """Raised by ``write_dataset(mode="error")`` when a dataset already exists at the URL."""
+
+
+class CorruptDatasetError(DatasetError, OSError):
+    """Raised when a data or summary file is truncated, corrupt, or not Parquet."""
+
+
+class UnsafePickleError(DatasetError, ValueError):
+    """Raised when a Petastorm schema pickle references anything outside the whitelist.
+
+    The pickle is never executed: shardkit interprets its opcodes itself and refuses the first
+    reference to a class that is not a Petastorm schema/codec class, a Spark type or a numpy dtype.
+    """
+
+
+class SchemaError(ShardkitError, ValueError):
+    """Raised when a schema, a field or a codec is invalid in itself (bad dtype, shape, codec option)."""
+
+
+class SchemaMismatchError(SchemaError):
+    """Raised when data does not fit the declared schema (missing column, wrong dtype/shape, null)."""
+
+
+class ReaderError(ShardkitError, ValueError):
+    """Raised for bad reader arguments (shard, columns, filter) or a resume state that does not fit."""
+
+
+class MissingDependencyError(ShardkitError, ImportError):
+    """Raised when an optional dependency is missing; the message names the extra to install."""
+
+    def __init__(self, package: str, extra: str, purpose: str) -> None:
+        super().__init__(
+            f"{purpose} needs the package {package!r}, which is not installed. "
+            f"Install it with: pip install 'shardkit[{extra}]'"
+        )
+        self.package = package
+        self.extra = extra
+
+
+def require(module: str, *, extra: str, purpose: str) -> object:
+    """Import an optional dependency or raise `MissingDependencyError` with the install hint."""
+    import importlib
+
+    try:
+        return importlib.import_module(module)
+    except ImportError as e:
+        raise MissingDependencyError(module.split(".")[0], extra, purpose) from e
