@@ -39,7 +39,7 @@ def parse_size(value: int | str, *, what: str) -> int:
     return int(float(m.group(1)) * _UNITS[m.group(2).lower()])
 
 
-class _Parts:
+class PartWriter:
     """Rolls encoded tables into row groups and part files under the staging folder."""
 
     def __init__(self, loc: Location, staging: str, schema: Schema, *, rg_bytes: int, rg_rows: int | None,
@@ -156,7 +156,7 @@ def write_dataset(
         raise SchemaError(f"row_group_size={row_group_size!r} must be positive")
     rg_bytes = 1 << 62 if rg_rows else parse_size(row_group_size, what="row_group_size")
     loc = Location.of(url, storage_options)
-    existing = _existing(loc, mode)
+    existing = check_existing(loc, mode)
     if isinstance(schema, list):
         schema = Schema(schema)
     if mode == "append" and existing is not None:
@@ -170,14 +170,14 @@ def write_dataset(
 
     staging = loc.join(STAGING, uuid.uuid4().hex)
     loc.fs.makedirs(staging, exist_ok=True)
-    parts: _Parts | None = None
+    parts: PartWriter | None = None
     bar = _progress_bar(data, progress)
     try:
         for columns, n in iter_batches(data):
             if schema is None:
                 schema = Schema([infer_field(name, values) for name, values in columns.items()])
             if parts is None:
-                parts = _Parts(loc, staging, schema, rg_bytes=rg_bytes, rg_rows=rg_rows,
+                parts = PartWriter(loc, staging, schema, rg_bytes=rg_bytes, rg_rows=rg_rows,
                                file_bytes=parse_size(file_size, what="file_size"), compression=compression)
             table = schema.encode(columns, n)
             parts.add(table)
@@ -186,7 +186,7 @@ def write_dataset(
         if parts is None:
             if schema is None:
                 raise SchemaError("the data has no rows and no schema was given; pass schema=...")
-            parts = _Parts(loc, staging, schema, rg_bytes=rg_bytes, rg_rows=rg_rows,
+            parts = PartWriter(loc, staging, schema, rg_bytes=rg_bytes, rg_rows=rg_rows,
                            file_bytes=parse_size(file_size, what="file_size"), compression=compression)
         staged = parts.finish()
     except BaseException:
@@ -204,7 +204,7 @@ def write_dataset(
     return open_dataset(loc.url, storage_options=storage_options)
 
 
-def _existing(loc: Location, mode: Mode) -> Dataset | None:
+def check_existing(loc: Location, mode: Mode) -> Dataset | None:
     """Check ``mode`` against what is at ``loc``; returns the dataset to append to, if any."""
     if not loc.fs.exists(loc.root):
         return None
