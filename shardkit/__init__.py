@@ -22,6 +22,7 @@ from shardkit.dataset import (
     write_summary,
 )
 from shardkit.errors import ShardkitError
+from shardkit.reader import Reader, make_reader
 
 __version__ = "0.1.0"
 
@@ -30,6 +31,7 @@ __all__ = [
     "Field",
     "ImageCodec",
     "NdarrayCodec",
+    "Reader",
     "RowGroup",
     "ScalarCodec",
     "Schema",
@@ -38,6 +40,7 @@ __all__ = [
     "TensorCodec",
     "__version__",
     "errors",
+    "make_reader",
     "open_dataset",
     "write_dataset",
     "write_summary",

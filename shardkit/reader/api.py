@@ -1,0 +1,118 @@
+"""`make_reader`: validate every argument up front, open the dataset, and build a `Reader`."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from typing import Any, Literal
+
+from shardkit.dataset.index import Dataset, open_dataset
+from shardkit.errors import ReaderError
+from shardkit.reader.filter import Filter
+from shardkit.reader.plan import Remainder
+from shardkit.reader.reader import WINDOW_BYTES, Reader, _job_world, _positive
+
+
+def make_reader(
+    url: str | os.PathLike[str] | Dataset,
+    *,
+    shard: int | None = None,
+    num_shards: int | None = None,
+    batch_size: int = 256,
+    columns: Sequence[str] | None = None,
+    filter: Filter | None = None,
+    shuffle: bool = True,
+    seed: int = 0,
+    num_epochs: int | None = 1,
+    remainder: Remainder = "drop",
+    drop_last: bool = False,
+    shuffle_buffer: int | None = None,
+    cache: Any = "auto",
+    prefetch: int | None = None,
+    workers: int | None = None,
+    on_error: Literal["raise", "skip"] = "raise",
+    storage_options: dict[str, Any] | None = None,
+) -> Reader:
+    """Read one shard of a dataset as batches (dicts of column name -> numpy array).
+
+    Example:
+        >>> with shardkit.make_reader("s3://bucket/train", shard=rank, num_shards=world,
+        ...                           batch_size=256, seed=42, num_epochs=None) as reader:
+        ...     for batch in reader:
+        ...         train_step(batch["image"], batch["label"])
+
+    Every sample goes to exactly one shard, shards get equal numbers of samples (so every rank runs the
+    same number of steps), and ``state_dict()``/``load_state_dict()`` resume mid-epoch, with the same
+    or a different number of shards, without repeating or skipping a sample.
+
+    Args:
+        url: a shardkit dataset, a Petastorm dataset or a plain Parquet folder (any fsspec URL), or an
+            opened `Dataset`.
+        shard, num_shards: this worker's rank and the number of workers. ``make_reader(url,
+            shard=rank)`` takes ``num_shards`` from the job (``WORLD_SIZE`` or an initialized
+            ``torch.distributed``); with neither given, a single shard outside a job.
+        batch_size: rows per batch; the last batch of an epoch may be smaller (see ``drop_last``).
+        columns: fields to read (default: all).
+        filter: a ``pyarrow.compute`` expression or DNF tuples (``[("label", "<", 5)]``), pushed down
+            to row-group statistics; matching rows are counted before reading so shards stay equal.
+        shuffle, seed: shuffle row groups per epoch, then rows within a window of ``shuffle_buffer``
+            rows (default: about 64 MiB of decoded rows), reproducibly from ``seed`` and the epoch.
+        num_epochs: epochs to iterate; None for forever.
+        remainder: samples that do not divide among the shards: ``"drop"`` (default; fewer than
+            ``num_shards`` per epoch are left out), ``"pad"`` (repeat a few), ``"uneven"`` (first
+            shards get one more; ranks may then run different numbers of steps: can hang allreduce).
+        drop_last: also drop each shard's last partial batch.
+        cache: ``"auto"`` (row groups of remote datasets are cached on local disk), None, a folder,
+            or a ``shardkit.reader.cache.CacheConfig``.
+        prefetch: tasks (row-group slices) read ahead; default ``2 * workers``.
+        workers: reading/decoding threads; default ``min(4, cpus)``, at least 2.
+        on_error: ``"raise"`` on a corrupt row group (naming file and row group), or ``"skip"`` it,
+            count it in ``reader.stats`` and warn at the end of the epoch.
+        storage_options: passed to fsspec (credentials, endpoint).
+
+    Raises:
+        ReaderError: a bad argument (shard, columns, filter, sizes) — before anything is read.
+        DatasetNotFoundError, NotADatasetError: no dataset at ``url``.
+    """
+    shard, num_shards = _job_world(shard, num_shards)
+    from shardkit.reader.plan import validate_shard
+
+    validate_shard(shard, num_shards)
+    _positive("batch_size", batch_size)
+    if not isinstance(seed, int) or isinstance(seed, bool) or seed < 0:
+        raise ReaderError(f"seed={seed!r} must be an int >= 0")
+    if num_epochs is not None:
+        _positive("num_epochs", num_epochs)
+    if remainder not in ("drop", "pad", "uneven"):
+        raise ReaderError(f"remainder={remainder!r} must be 'drop', 'pad' or 'uneven'")
+    if on_error not in ("raise", "skip"):
+        raise ReaderError(f"on_error={on_error!r} must be 'raise' or 'skip'")
+    workers = _positive("workers", workers) if workers is not None else max(2, min(4, os.cpu_count() or 2))
+    prefetch = _positive("prefetch", prefetch, 0) if prefetch is not None else 2 * workers
+
+    dataset = url if isinstance(url, Dataset) else open_dataset(url, storage_options=storage_options)
+    names = dataset.schema.names
+    if columns is None:
+        columns = names
+    else:
+        if isinstance(columns, str):
+            raise ReaderError(f"columns={columns!r} must be a list of names, e.g. [{columns!r}]")
+        unknown = [c for c in columns if c not in names]
+        if unknown or not columns:
+            raise ReaderError(f"unknown column(s) {unknown or columns!r} for {dataset.url!r}; its fields are {names}")
+    if shuffle_buffer is None:
+        per_row = max(1, dataset.num_bytes // max(1, dataset.num_rows))
+        shuffle_buffer = max(1024, WINDOW_BYTES // per_row)
+    _positive("shuffle_buffer", shuffle_buffer)
+
+    row_cache = None
+    if cache is not None and not (cache == "auto" and dataset.location.is_local):
+        from shardkit.reader.cache import CacheConfig, RowGroupCache
+
+        config = CacheConfig.resolve(cache, remote=not dataset.location.is_local)
+        row_cache = None if config is None else RowGroupCache(config)
+    return Reader(dataset, columns=list(columns), shard=shard, num_shards=num_shards, batch_size=batch_size,
+                  shuffle=bool(shuffle), seed=seed, num_epochs=num_epochs, remainder=remainder,
+                  drop_last=bool(drop_last), shuffle_buffer=shuffle_buffer, filter=filter,
+                  cache=row_cache, prefetch=prefetch,
+                  workers=workers, on_error=on_error)

@@ -1,0 +1,268 @@
+"""Planning: which samples each shard reads, in which order — a pure function of the row-group index.
+
+The epoch order. Row groups are permuted with ``(seed, epoch)``; their rows, concatenated in that
+order, form the *stream* (positions ``0..N-1``). The stream is cut into windows of
+``shuffle_buffer`` rows and each window is permuted with ``(seed, epoch, window)``. The result is the
+epoch's global order ``pi``: rows mix across all row groups a window spans, memory holds one window,
+and any position of ``pi`` can be computed without replaying anything (no RNG state to save).
+Without shuffling, ``pi`` is the stream in file order.
+
+The split. In a stage, the samples of ``pi`` not yet consumed (``remaining``, a list of ranges of
+``pi`` indices) are split into ``num_shards`` contiguous, equally sized pieces; shard ``k`` reads
+piece ``k`` in order. Contiguous pieces mean each shard reads whole row groups except at its two ends,
+where a row group is split by row range (so any number of shards works, even more than row groups).
+The remainder policy makes the pieces equal: ``drop`` leaves out the last ``len(remaining) %
+num_shards`` samples of the stage, ``pad`` repeats the first ones, ``uneven`` gives the first shards
+one more sample (so the last batch may be missing on some shards: it can hang an allreduce).
+
+Resume. A data-parallel job steps all shards together, so "each shard consumed ``c`` samples of
+stage ``i``" describes the global position. The state is the list of stages ``[(num_shards, c),
+...]``; replaying it removes exactly the consumed pieces from ``remaining``, and the next stage splits
+the rest among any number of shards: nothing repeats, nothing is skipped.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from functools import cached_property
+from collections.abc import Sequence
+from typing import Literal
+
+import numpy as np
+
+from shardkit.errors import ReaderError
+
+Remainder = Literal["drop", "pad", "uneven"]
+Ranges = list[tuple[int, int]]
+
+
+@dataclasses.dataclass(frozen=True)
+class EpochOrder:
+    """The global order ``pi`` of one epoch over ``rows_per_group`` (see the module docstring)."""
+
+    rows_per_group: np.ndarray
+    seed: int
+    epoch: int
+    shuffle: bool
+    window: int
+
+    @property
+    def num_samples(self) -> int:
+        return int(self.rows_per_group.sum())
+
+    @cached_property
+    def group_order(self) -> np.ndarray:
+        """Row-group indices in stream order."""
+        n = len(self.rows_per_group)
+        if not self.shuffle:
+            return np.arange(n)
+        return np.random.default_rng([self.seed, self.epoch]).permutation(n)
+
+    @cached_property
+    def stream_offsets(self) -> np.ndarray:
+        """Stream position where each row group (in stream order) starts; one extra entry = N."""
+        sizes = self.rows_per_group[self.group_order]
+        out = np.zeros(len(sizes) + 1, dtype=np.int64)
+        np.cumsum(sizes, out=out[1:])
+        return out
+
+    def window_size(self) -> int:
+        return self.window if self.shuffle else max(1, self.num_samples)
+
+    def window_permutation(self, w: int) -> np.ndarray:
+        """Stream offsets (within window ``w``) in ``pi`` order."""
+        size = min(self.window_size(), self.num_samples - w * self.window_size())
+        if not self.shuffle:
+            return np.arange(size)
+        return np.random.default_rng([self.seed, self.epoch, w, 1]).permutation(size)
+
+    def segments(self, start: int, stop: int, order: np.ndarray | None = None,
+                 offsets: np.ndarray | None = None) -> list[tuple[int, int, int]]:
+        """Stream positions ``[start, stop)`` as ``(row_group, row_start, row_stop)`` pieces."""
+        order = self.group_order if order is None else order
+        offsets = self.stream_offsets if offsets is None else offsets
+        out = []
+        i = int(np.searchsorted(offsets, start, side="right")) - 1
+        while start < stop:
+            g_start, g_stop = int(offsets[i]), int(offsets[i + 1])
+            hi = min(stop, g_stop)
+            if hi > start:
+                out.append((int(order[i]), start - g_start, hi - g_start))
+            start = max(start, hi)
+            i += 1
+        return out
+
+
+def total(ranges: Sequence[tuple[int, int]]) -> int:
+    return sum(b - a for a, b in ranges)
+
+
+def take(ranges: Sequence[tuple[int, int]], start: int, stop: int) -> Ranges:
+    """The sub-ranges covering positions ``[start, stop)`` of the concatenation of ``ranges``."""
+    out: Ranges = []
+    pos = 0
+    for a, b in ranges:
+        n = b - a
+        lo, hi = max(start, pos), min(stop, pos + n)
+        if lo < hi:
+            out.append((a + lo - pos, a + hi - pos))
+        pos += n
+        if pos >= stop:
+            break
+    return out
+
+
+def _split(remaining: Ranges, num_shards: int, remainder: Remainder, batch: int, drop_last: bool
+           ) -> list[Ranges]:
+    """Cut ``remaining`` into ``num_shards`` contiguous pieces per the remainder policy."""
+    n = total(remaining)
+    if remainder == "uneven":
+        sizes = [n // num_shards + (1 if k < n % num_shards else 0) for k in range(num_shards)]
+    else:
+        per = n // num_shards if remainder == "drop" else -(-n // num_shards)
+        if drop_last:
+            per = per // batch * batch
+        sizes = [per] * num_shards
+    extended = remaining
+    need = sum(sizes)
+    while total(extended) < need:  # pad: repeat from the start of the stage
+        extended = extended + take(remaining, 0, need - total(extended))
+    pieces, pos = [], 0
+    for size in sizes:
+        pieces.append(take(extended, pos, pos + size))
+        pos += size
+    return pieces
+
+
+def _subtract(remaining: Ranges, consumed: Ranges) -> Ranges:
+    """``remaining`` minus the (sorted, disjoint) ranges in ``consumed``, order kept."""
+    cuts = sorted(consumed)
+    out: Ranges = []
+    for a, b in remaining:
+        pos = a
+        for c, d in cuts:
+            if d <= pos or c >= b:
+                continue
+            if c > pos:
+                out.append((pos, c))
+            pos = max(pos, d)
+        if pos < b:
+            out.append((pos, b))
+    return out
+
+
+def _merge(ranges: Ranges) -> Ranges:
+    out: Ranges = []
+    for a, b in sorted(r for r in ranges if r[1] > r[0]):
+        if out and a <= out[-1][1]:
+            out[-1] = (out[-1][0], max(out[-1][1], b))
+        else:
+            out.append((a, b))
+    return out
+
+
+def shard_ranges(
+    num_samples: int,
+    *,
+    shard: int,
+    num_shards: int,
+    history: Sequence[tuple[int, int]] = (),
+    remainder: Remainder = "drop",
+    batch_size: int = 1,
+    drop_last: bool = False,
+) -> Ranges:
+    """The ``pi`` index ranges shard ``shard`` of ``num_shards`` reads in the current stage.
+
+    Example:
+        >>> shard_ranges(10, shard=1, num_shards=3)            # drop: 3 samples each, 1 dropped
+        [(3, 6)]
+        >>> shard_ranges(10, shard=0, num_shards=2, history=[(3, 2)])   # resume 3 -> 2 shards
+        [(2, 3), (5, 6)]
+
+    ``history`` lists earlier stages of this epoch as ``(num_shards, samples consumed per shard)``.
+    """
+    validate_shard(shard, num_shards)
+    remaining: Ranges = [(0, num_samples)] if num_samples else []
+    for past_shards, consumed in history:
+        if past_shards <= 0 or consumed < 0:
+            raise ReaderError(f"resume history entry {(past_shards, consumed)} is invalid")
+        pieces = _split(remaining, past_shards, remainder, batch_size, drop_last)
+        gone = [r for piece in pieces for r in take(piece, 0, consumed)]
+        if any(total(take(piece, 0, consumed)) < consumed for piece in pieces) and remainder != "uneven":
+            raise ReaderError(
+                f"resume state says each of {past_shards} shards consumed {consumed} samples, more than "
+                f"the stage holds; the state belongs to another dataset or reader configuration"
+            )
+        remaining = _subtract(remaining, _merge(gone))
+    return _split(remaining, num_shards, remainder, batch_size, drop_last)[shard]
+
+
+def validate_shard(shard: int, num_shards: int) -> None:
+    if not isinstance(num_shards, int) or isinstance(num_shards, bool) or num_shards < 1:
+        raise ReaderError(f"num_shards={num_shards!r} must be a positive int (the number of workers)")
+    if not isinstance(shard, int) or isinstance(shard, bool) or not 0 <= shard < num_shards:
+        raise ReaderError(
+            f"shard={shard!r} must be an int in [0, num_shards={num_shards}); pass the worker's rank"
+        )
+
+
+@dataclasses.dataclass(frozen=True)
+class Task:
+    """One unit of reading: rows ``[start, stop)`` of row group ``row_group``."""
+
+    row_group: int
+    start: int
+    stop: int
+
+
+@dataclasses.dataclass(frozen=True)
+class Window:
+    """Read ``tasks`` and concatenate their rows; then emit ``picks`` of the window's permutation.
+
+    ``picks`` are ``(lo, hi)`` slices of ``EpochOrder.window_permutation(index)``, computed only
+    when the window is read (so planning stays cheap); None means every row, in order (unshuffled).
+    """
+
+    index: int
+    tasks: tuple[Task, ...]
+    picks: tuple[tuple[int, int], ...] | None
+
+    @property
+    def num_rows(self) -> int:
+        if self.picks is None:
+            return sum(t.stop - t.start for t in self.tasks)
+        return sum(hi - lo for lo, hi in self.picks)
+
+    def emit(self, order: EpochOrder) -> np.ndarray | None:
+        """Row indices into the concatenated tasks, in emission order (None: all rows in order)."""
+        if self.picks is None:
+            return None
+        perm = order.window_permutation(self.index)
+        return np.concatenate([perm[lo:hi] for lo, hi in self.picks])
+
+
+def shard_windows(order: EpochOrder, ranges: Ranges) -> list[Window]:
+    """The windows a shard reads for ``ranges`` of ``pi``, in order.
+
+    Shuffled: a window's tasks cover its whole stream span and its picks select the shard's rows in
+    ``pi`` order; two ranges in one window (after a resume) share one read. Unshuffled: the tasks
+    cover exactly the shard's rows.
+    """
+    group_order, offsets = order.group_order, order.stream_offsets
+    out: list[Window] = []
+    if not order.shuffle:
+        for a, b in ranges:
+            tasks = tuple(Task(*seg) for seg in order.segments(a, b, group_order, offsets))
+            out.append(Window(len(out), tasks, None))
+        return out
+    size = order.window_size()
+    n = order.num_samples
+    for a, b in ranges:
+        for w in range(a // size, (b - 1) // size + 1):
+            pick = (max(a, w * size) - w * size, min(b, (w + 1) * size) - w * size)
+            if out and out[-1].index == w:
+                out[-1] = Window(w, out[-1].tasks, (*(out[-1].picks or ()), pick))
+                continue
+            span = order.segments(w * size, min(n, (w + 1) * size), group_order, offsets)
+            out.append(Window(w, tuple(Task(*seg) for seg in span), (pick,)))
+    return out
