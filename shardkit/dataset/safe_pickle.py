@@ -1,0 +1,263 @@
+"""A pickle reader that never runs the pickle: opcodes become an inert tree of `Global` and `Call`.
+
+`load` walks the opcodes with `pickletools.genops` and plays the pickle machine's stack itself.
+Where ``pickle.load`` would import a class and call it, this module records *what would have been
+called*: a ``GLOBAL`` becomes a frozen `Global` (module, name) and ``REDUCE``/``NEWOBJ``/``BUILD``
+become a `Call` holding the callable's `Global`, its arguments and its state. Nothing from the file
+is ever imported, called or looked up, and every `Global` must be on the caller's whitelist, so a
+pickle that names ``os.system`` fails at that opcode. Opcodes outside the set that protocols 2 to 5
+use for plain data (extensions, persistent ids, out-of-band buffers, protocol 0/1 ``INST``/``OBJ``)
+are refused too.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import pickletools
+from collections.abc import Callable, Collection
+from typing import Any
+
+from shardkit.errors import UnsafePickleError
+
+__all__ = ["Call", "Global", "load"]
+
+
+@dataclasses.dataclass(frozen=True)
+class Global:
+    """A reference to ``module.name`` that was looked up by name only, never imported."""
+
+    module: str
+    name: str
+
+    @property
+    def qualname(self) -> str:
+        return f"{self.module}.{self.name}"
+
+
+@dataclasses.dataclass(eq=False)
+class Call:
+    """What ``func(*args, **kwargs)`` (then ``__setstate__(state)``) would have built.
+
+    ``items`` are the ``(key, value)`` pairs and ``list_items`` the values that the pickle added to
+    the object with ``SETITEM(S)`` / ``APPEND(S)`` (e.g. the entries of an ``OrderedDict``).
+    """
+
+    func: Global
+    args: tuple[Any, ...]
+    kwargs: dict[str, Any] = dataclasses.field(default_factory=dict)
+    state: Any = None
+    items: list[tuple[Any, Any]] = dataclasses.field(default_factory=list)
+    list_items: list[Any] = dataclasses.field(default_factory=list)
+
+
+# Opcodes that only push their argument (ints, floats, strings, bytes).
+_LITERALS = frozenset({
+    "INT", "BININT", "BININT1", "BININT2", "LONG", "LONG1", "LONG4", "FLOAT", "BINFLOAT",
+    "UNICODE", "SHORT_BINUNICODE", "BINUNICODE", "BINUNICODE8", "STRING", "BINSTRING", "SHORT_BINSTRING",
+    "BINBYTES", "SHORT_BINBYTES", "BINBYTES8",
+})
+_CONSTANTS: dict[str, Any] = {"NONE": None, "NEWTRUE": True, "NEWFALSE": False}
+_IGNORED = frozenset({"PROTO", "FRAME"})
+
+
+class _Machine:
+    """The stack, the mark stack and the memo of one `load`."""
+
+    def __init__(self, allowed: Collection[str], where: str, advice: str) -> None:
+        self.allowed, self.where, self.advice = allowed, where, advice
+        self.stack: list[Any] = []
+        self.marks: list[list[Any]] = []
+        self.memo: dict[int, Any] = {}
+
+    def fail(self, problem: str) -> UnsafePickleError:
+        return UnsafePickleError(f"{self.where}: {problem}; shardkit never runs pickled code, so it refuses "
+                                 f"this pickle. {self.advice}".rstrip())
+
+    def push(self, value: Any) -> None:
+        self.stack.append(value)
+
+    def pop(self) -> Any:
+        if not self.stack:
+            raise self.fail("the pickle is malformed (it pops from an empty stack)")
+        return self.stack.pop()
+
+    def pop_mark(self) -> list[Any]:
+        if not self.marks:
+            raise self.fail("the pickle is malformed (it closes a MARK it never opened)")
+        items, self.stack = self.stack, self.marks.pop()
+        return items
+
+    def top(self) -> Any:
+        if not self.stack:
+            raise self.fail("the pickle is malformed (it reads from an empty stack)")
+        return self.stack[-1]
+
+    def global_(self, module: Any, name: Any) -> Global:
+        if not isinstance(module, str) or not isinstance(name, str):
+            raise self.fail(f"the pickle is malformed (a global named by {module!r}, {name!r})")
+        ref = Global(module, name)
+        if ref.qualname not in self.allowed:
+            raise self.fail(f"the pickle references {ref.qualname}, which is not among the allowed names")
+        return ref
+
+    def call(self, func: Any, args: Any, kwargs: Any = None) -> Call:
+        if not isinstance(func, Global) or not isinstance(args, tuple) or not isinstance(kwargs or {}, dict):
+            raise self.fail(f"the pickle is malformed (it calls {func!r} with {args!r})")
+        return Call(func, args, dict(kwargs or {}))
+
+    def set_items(self, target: Any, pairs: list[Any]) -> None:
+        if len(pairs) % 2:
+            raise self.fail("the pickle is malformed (SETITEMS with an odd number of values)")
+        kv = list(zip(pairs[::2], pairs[1::2], strict=True))
+        if isinstance(target, Call):
+            target.items.extend(kv)
+        elif isinstance(target, dict):
+            try:
+                target.update(kv)
+            except TypeError as e:
+                raise self.fail(f"the pickle is malformed (unhashable dict key: {e})") from e
+        else:
+            raise self.fail(f"the pickle is malformed (SETITEM on {type(target).__name__})")
+
+    def append(self, target: Any, values: list[Any]) -> None:
+        if isinstance(target, Call):
+            target.list_items.extend(values)
+        elif isinstance(target, list):
+            target.extend(values)
+        else:
+            raise self.fail(f"the pickle is malformed (APPEND on {type(target).__name__})")
+
+    def build(self, target: Any, state: Any) -> None:
+        if not isinstance(target, Call) or target.state is not None:
+            raise self.fail(f"the pickle is malformed (BUILD on {type(target).__name__})")
+        target.state = state
+
+    def frozen(self, items: list[Any], kind: Callable[[list[Any]], Any]) -> Any:
+        try:
+            return kind(items)
+        except TypeError as e:
+            raise self.fail(f"the pickle is malformed (unhashable set item: {e})") from e
+
+    def step(self, op: str, arg: Any) -> None:
+        push, pop = self.push, self.pop  # push must see self.stack as replaced by MARK / pop_mark
+        if op in _LITERALS:
+            push(arg)
+        elif op in _CONSTANTS:
+            push(_CONSTANTS[op])
+        elif op == "BYTEARRAY8":
+            push(bytearray(arg))
+        elif op == "MARK":
+            self.marks.append(self.stack)
+            self.stack = []
+        elif op == "POP":
+            pop()
+        elif op == "POP_MARK":
+            self.pop_mark()
+        elif op == "DUP":
+            push(self.top())
+        elif op == "EMPTY_TUPLE":
+            push(())
+        elif op in ("TUPLE1", "TUPLE2", "TUPLE3"):
+            n = int(op[-1])
+            if len(self.stack) < n:
+                raise self.fail(f"the pickle is malformed ({op} on a stack of {len(self.stack)})")
+            items = self.stack[-n:]
+            del self.stack[-n:]
+            push(tuple(items))
+        elif op == "TUPLE":
+            push(tuple(self.pop_mark()))
+        elif op == "EMPTY_LIST":
+            push([])
+        elif op == "LIST":
+            push(self.pop_mark())
+        elif op == "APPEND":
+            value = pop()
+            self.append(self.top(), [value])
+        elif op == "APPENDS":
+            values = self.pop_mark()
+            self.append(self.top(), values)
+        elif op == "EMPTY_DICT":
+            push({})
+        elif op == "DICT":
+            target: dict[Any, Any] = {}
+            self.set_items(target, self.pop_mark())
+            push(target)
+        elif op == "SETITEM":
+            value, key = pop(), pop()
+            self.set_items(self.top(), [key, value])
+        elif op == "SETITEMS":
+            pairs = self.pop_mark()
+            self.set_items(self.top(), pairs)
+        elif op == "EMPTY_SET":
+            push(set())
+        elif op == "ADDITEMS":
+            items = self.pop_mark()
+            target_set = self.top()
+            if not isinstance(target_set, set):
+                raise self.fail("the pickle is malformed (ADDITEMS on a non-set)")
+            target_set.update(self.frozen(items, set))
+        elif op == "FROZENSET":
+            push(self.frozen(self.pop_mark(), frozenset))
+        elif op == "GLOBAL":
+            module, _, name = str(arg).partition(" ")
+            push(self.global_(module, name))
+        elif op == "STACK_GLOBAL":
+            name = pop()
+            push(self.global_(pop(), name))
+        elif op in ("REDUCE", "NEWOBJ"):  # func(*args) and cls.__new__(cls, *args) look alike here
+            args = pop()
+            push(self.call(pop(), args))
+        elif op == "NEWOBJ_EX":
+            kwargs, args = pop(), pop()
+            push(self.call(pop(), args, kwargs))
+        elif op == "BUILD":
+            state = pop()
+            self.build(self.top(), state)
+        elif op in ("PUT", "BINPUT", "LONG_BINPUT"):
+            self.memo[int(arg)] = self.top()
+        elif op == "MEMOIZE":
+            self.memo[len(self.memo)] = self.top()
+        elif op in ("GET", "BINGET", "LONG_BINGET"):
+            if int(arg) not in self.memo:
+                raise self.fail(f"the pickle is malformed (memo entry {arg} read before it was written)")
+            push(self.memo[int(arg)])
+        else:
+            raise self.fail(f"the pickle uses the opcode {op}, which a data-only pickle does not need")
+
+
+def load(data: bytes, *, allowed: Collection[str], where: str, advice: str = "") -> Any:
+    """Read a pickle as an inert tree, without importing or calling anything it names.
+
+    Example:
+        >>> tree = load(blob, allowed={"collections.OrderedDict"}, where="/data/_common_metadata")
+        >>> tree.func.qualname, tree.items
+        ('collections.OrderedDict', [('a', 1)])
+
+    Args:
+        data: the pickle bytes (protocols 2 to 5).
+        allowed: qualified names (``"module.name"``) the pickle may reference.
+        where: the file (or other origin) of ``data``, for messages.
+        advice: what the user should do when the pickle is refused; appended to the message.
+
+    Returns:
+        Plain data (None, bool, int, float, str, bytes, tuple, list, dict, set) with `Global` for
+        each referenced class and `Call` for each object the pickle would have constructed.
+
+    Raises:
+        UnsafePickleError: the pickle references a name outside ``allowed``, uses an opcode outside
+            the data-only set, or is malformed or truncated.
+    """
+    machine = _Machine(allowed, where, advice)
+    try:
+        for opcode, arg, _pos in pickletools.genops(data):
+            if opcode.name == "STOP":
+                if len(machine.stack) != 1 or machine.marks:
+                    raise machine.fail("the pickle is malformed (its stack does not hold one object at STOP)")
+                return machine.stack[0]
+            if opcode.name not in _IGNORED:
+                machine.step(opcode.name, arg)
+    except (ValueError, IndexError, KeyError, EOFError) as e:
+        if isinstance(e, UnsafePickleError):
+            raise
+        raise machine.fail(f"the pickle is malformed or truncated ({type(e).__name__}: {e})") from e
+    raise machine.fail("the pickle is truncated (it ends before its STOP opcode)")

@@ -1,0 +1,358 @@
+"""Datasets written by the real Petastorm 0.13.1 open and decode identically, and their pickle never runs."""
+
+from __future__ import annotations
+
+import io
+import os
+import pickle
+import shutil
+import sys
+import types
+from collections import OrderedDict
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+import shardkit
+from shardkit.cli import main
+from shardkit.dataset import safe_pickle
+from shardkit.dataset.codecs import codec_from_json
+from shardkit.dataset.petastorm import PetastormCompressedNdarrayCodec, PetastormNdarrayCodec
+from shardkit.dataset.schema import Field, Schema
+from shardkit.errors import CorruptDatasetError, SchemaError, UnsafePickleError
+
+# A copy of ../shared/fixtures/petastorm (written by the real Petastorm 0.13.1), kept in the repo so the
+# suite never depends on what sits beside the checkout.
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "petastorm"
+KEY = b"dataset-toolkit.unischema.v1"
+
+SC, ND, ZND = {"name": "scalar"}, {"name": "petastorm.ndarray"}, {"name": "petastorm.compressed_ndarray"}
+PNG = {"name": "image", "format": "png", "quality": 80}
+JPEG = {"name": "image", "format": "jpeg", "quality": 90}
+SCHEMAS = {  # name -> [(field, dtype, shape, codec, nullable)]
+    "tensors": [("id", "int64", [], SC, False), ("label", "int32", [], SC, False),
+                ("score", "float64", [], SC, False), ("name", "str", [], SC, False),
+                ("vec", "float32", [16], ND, False), ("mat", "int16", [4, 5], ZND, False),
+                ("maybe", "float32", [3], ND, True)],
+    "images": [("id", "int64", [], SC, False), ("rgb_png", "uint8", [16, 16, 3], PNG, False),
+               ("gray_png", "uint8", [16, 16], PNG, False), ("rgb_jpeg", "uint8", [16, 16, 3], JPEG, False)],
+    "varshape": [("id", "int64", [], SC, False), ("flag", "bool", [], SC, False),
+                 ("points", "float32", [None, 3], ND, False), ("counts", "uint16", [None], ZND, False),
+                 ("note", "str", [], SC, True)],
+}
+
+
+def open_fixture(path: Path | str) -> shardkit.Dataset:
+    with pytest.warns(shardkit.SummaryMissingWarning):
+        return shardkit.open_dataset(path)
+
+
+def read_sorted(ds: shardkit.Dataset) -> dict[str, np.ndarray]:
+    parts = [ds.decode(ds.read_row_group(i)) for i in range(len(ds.row_groups))]
+    order = np.argsort(np.concatenate([p["id"] for p in parts]), kind="stable")
+    return {name: np.ma.concatenate([p[name] for p in parts])[order]
+            if any(isinstance(p[name], np.ma.MaskedArray) for p in parts)
+            else np.concatenate([p[name] for p in parts])[order] for name in parts[0]}
+
+
+@pytest.mark.parametrize("name", sorted(SCHEMAS))
+def test_fixture_opens_and_decodes_like_petastorm(name: str) -> None:
+    ds = open_fixture(FIXTURES / name)
+    assert ds.kind == "petastorm"
+    assert [tuple(f.to_json().values()) for f in ds.schema] == SCHEMAS[name]
+    got, expected = read_sorted(ds), np.load(FIXTURES / f"{name}.expected.npz", allow_pickle=False)
+    for field in ds.schema:
+        values = got[field.name]
+        if not field.fixed_shape:
+            assert values.dtype == object
+            assert f"{field.name}__{len(values)}" not in expected.files
+            for i, row in enumerate(values):
+                want = expected[f"{field.name}__{i}"]
+                assert row.dtype == want.dtype
+                assert row.shape == want.shape
+                np.testing.assert_array_equal(row, want, err_msg=f"{field.name} row {i}")
+            continue
+        want = expected[field.name]
+        if field.nullable:
+            isnull = expected[f"{field.name}__isnull"]
+            assert isnull.any()
+            if field.dtype.kind == "U":
+                assert [v is None for v in values] == isnull.tolist()
+                values = np.array(["" if v is None else v for v in values])
+            else:
+                row_mask = np.ma.getmaskarray(values).reshape(len(values), -1).all(axis=1)
+                np.testing.assert_array_equal(row_mask, isnull)
+                values = np.ma.getdata(values)
+        if field.dtype.kind == "U":
+            np.testing.assert_array_equal(values.astype(str), want)
+        elif field.name.endswith("jpeg"):
+            assert values.dtype == want.dtype
+            assert values.shape == want.shape
+            assert np.abs(values.astype(int) - want.astype(int)).mean() <= 1
+        else:
+            assert values.dtype == want.dtype, field.name
+            np.testing.assert_array_equal(values, want, err_msg=field.name)
+
+
+def test_cli_inspect_lists_the_fields(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["inspect", str(FIXTURES / "tensors")]) == 0
+    out = capsys.readouterr().out
+    assert "petastorm dataset" in out
+    assert "240 rows" in out
+    for field in ("id", "label", "score", "name", "vec", "mat", "maybe"):
+        assert f"\n{field} " in out
+    assert "petastorm.compressed_ndarray" in out
+
+
+# --- planted pickles: the dataset's pickle must never run ------------------------------------------
+
+
+class Payload:
+    """Creates ``path`` when unpickled, through ``func`` (``builtins.open`` or ``os.system``)."""
+
+    def __init__(self, func: Any, path: Path) -> None:
+        self.func, self.path = func, path
+
+    def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
+        if self.func is os.system:
+            return os.system, (f"touch {self.path}",)
+        return open, (str(self.path), "w")
+
+
+def plant(tmp_path: Path, blob: bytes) -> Path:
+    """A copy of the tensors fixture whose ``_common_metadata`` holds ``blob`` as the Unischema."""
+    root = tmp_path / "planted"
+    shutil.copytree(FIXTURES / "tensors", root, copy_function=shutil.copyfile)
+    root.chmod(0o755)
+    md_path = root / "_common_metadata"
+    schema = pq.read_schema(md_path)
+    pq.write_metadata(schema.with_metadata({**(schema.metadata or {}), KEY: blob}), md_path)
+    return root
+
+
+@pytest.fixture
+def fake_petastorm(monkeypatch: pytest.MonkeyPatch) -> types.SimpleNamespace:
+    """Stand-ins registered as petastorm.unischema / .codecs, so pickle names them as Petastorm does."""
+    unischema, codecs = types.ModuleType("petastorm.unischema"), types.ModuleType("petastorm.codecs")
+
+    class Unischema:
+        def __init__(self, name: str, fields: list[Any]) -> None:
+            self._name, self._fields = name, OrderedDict((f[0], f) for f in fields)
+
+    class UnischemaField(tuple):
+        def __new__(cls, *args: Any) -> UnischemaField:
+            return super().__new__(cls, args)
+
+        def __getnewargs__(self) -> tuple[Any, ...]:
+            return tuple(self)
+
+    class NdarrayCodec:
+        pass
+
+    for module, cls in ((unischema, Unischema), (unischema, UnischemaField), (codecs, NdarrayCodec)):
+        cls.__module__, cls.__qualname__ = module.__name__, cls.__name__
+        setattr(module, cls.__name__, cls)
+    monkeypatch.setitem(sys.modules, "petastorm", types.ModuleType("petastorm"))
+    monkeypatch.setitem(sys.modules, "petastorm.unischema", unischema)
+    monkeypatch.setitem(sys.modules, "petastorm.codecs", codecs)
+    return types.SimpleNamespace(Unischema=Unischema, Field=UnischemaField, NdarrayCodec=NdarrayCodec)
+
+
+@pytest.mark.parametrize(("func", "qualname"), [(os.system, "posix.system"), (open, "io.open")])
+def test_planted_payload_is_refused_and_never_runs(tmp_path: Path, func: Any, qualname: str) -> None:
+    marker = tmp_path / "pwned"
+    root = plant(tmp_path, pickle.dumps(Payload(func, marker), protocol=4))
+    with pytest.raises(UnsafePickleError, match=qualname) as info:
+        open_fixture(root)
+    assert str(root / "_common_metadata") in str(info.value)
+    assert "rewrite it with shardkit" in str(info.value)
+    assert not marker.exists()
+
+
+def test_planted_payload_is_live(tmp_path: Path) -> None:
+    """Control: the payload used above really creates its file when unpickled the normal way."""
+    marker = tmp_path / "control"
+    pickle.loads(pickle.dumps(Payload(open, marker), protocol=4)).close()
+    assert marker.exists()
+
+
+def test_allowed_classes_around_a_foreign_callable_are_refused(tmp_path: Path, fake_petastorm: Any) -> None:
+    marker = tmp_path / "pwned"
+    ok = fake_petastorm.Field("id", np.int64, (), fake_petastorm.NdarrayCodec(), False)
+    bad = fake_petastorm.Field("x", np.float32, (3,), Payload(os.system, marker), False)
+    blob = pickle.dumps(fake_petastorm.Unischema("Evil", [ok, bad]), protocol=4)
+    assert b"petastorm.unischema" in blob
+    assert b"UnischemaField" in blob
+    with pytest.raises(UnsafePickleError, match=r"posix\.system"):
+        open_fixture(plant(tmp_path, blob))
+    assert not marker.exists()
+
+
+@pytest.mark.parametrize("blob", [b"", b"\x80\x04\xff.", b"garbage", pickle.dumps({"a": 1}, protocol=4)[:-3]])
+def test_malformed_pickles_are_refused(tmp_path: Path, blob: bytes) -> None:
+    with pytest.raises(UnsafePickleError, match=r"malformed|truncated|opcode"):
+        open_fixture(plant(tmp_path, blob))
+
+
+def test_a_pickle_that_is_not_a_unischema_is_a_schema_error(tmp_path: Path) -> None:
+    with pytest.raises(SchemaError, match="Unischema"):
+        open_fixture(plant(tmp_path, pickle.dumps({"_fields": [1, 2]}, protocol=4)))
+
+
+# --- safe_pickle on hand-made pickles ---------------------------------------------------------------
+
+
+class Point:
+    def __init__(self, x: int) -> None:
+        self.x = x
+
+
+class KwOnly:
+    def __new__(cls, *, size: int) -> KwOnly:
+        return super().__new__(cls)
+
+    def __init__(self, *, size: int) -> None:
+        self.size = size
+
+    def __getnewargs_ex__(self) -> tuple[tuple[Any, ...], dict[str, Any]]:
+        return (), {"size": self.size}
+
+
+PLAIN: Any = {"a": [1, -2, 2**70, 2.5, None, True, False], "t": (1, (2, 3), ()), "s": "é" * 300,
+              "e": {}, "n": [[1]]}
+
+
+@pytest.mark.parametrize("protocol", [2, 3, 4, 5])
+def test_safe_pickle_reads_plain_data(protocol: int) -> None:
+    shared = [1, 2]
+    data = {**PLAIN, "shared": (shared, shared)}
+    out = safe_pickle.load(pickle.dumps(data, protocol=protocol), allowed=(), where="test")
+    assert out == data
+    assert out["shared"][0] is out["shared"][1]  # the memo keeps shared references shared
+
+
+@pytest.mark.parametrize("protocol", [4, 5])
+def test_safe_pickle_reads_bytes_sets_and_bytearrays(protocol: int) -> None:
+    data: list[Any] = [b"x" * 300, b"", {1, 2}, frozenset({"a"})]
+    data += [bytearray(b"ab")] if protocol == 5 else []  # protocol 4 pickles bytearray as a call
+    assert safe_pickle.load(pickle.dumps(data, protocol=protocol), allowed=(), where="test") == data
+
+
+@pytest.mark.parametrize("protocol", [2, 3, 4, 5])
+def test_safe_pickle_builds_inert_calls(protocol: int) -> None:
+    qual = f"{Point.__module__}.Point"
+    out = safe_pickle.load(pickle.dumps([Point(3), OrderedDict(a=1, b=2)], protocol=protocol),
+                           allowed={qual, "collections.OrderedDict"}, where="test")
+    point, odict = out
+    assert isinstance(point, safe_pickle.Call)
+    assert point.func == safe_pickle.Global(Point.__module__, "Point")
+    assert point.func.qualname == qual
+    assert point.state == {"x": 3}
+    assert odict.func.qualname == "collections.OrderedDict"
+    assert odict.items == [("a", 1), ("b", 2)]
+
+
+def test_safe_pickle_reads_newobj_ex_and_never_imports() -> None:
+    out = safe_pickle.load(pickle.dumps(KwOnly(size=4), protocol=4), allowed={f"{KwOnly.__module__}.KwOnly"},
+                           where="test")
+    assert out.kwargs == {"size": 4}
+    assert out.state == {"size": 4}
+    blob = b"\x80\x04\x8c\x14shardkit_no_such_mod\x8c\x03Foo\x93)\x81."
+    out = safe_pickle.load(blob, allowed={"shardkit_no_such_mod.Foo"}, where="test")
+    assert out.func == safe_pickle.Global("shardkit_no_such_mod", "Foo")
+    assert "shardkit_no_such_mod" not in sys.modules
+
+
+@pytest.mark.parametrize(("blob", "match"), [
+    (pickle.dumps(b"ab", protocol=2), r"_codecs\.encode"),  # protocol 2 pickles bytes with a call
+    (pickle.dumps(Point(1), protocol=2), r"test_petastorm\.Point"),
+    (b"\x80\x02\x82\x01.", "EXT1"),
+    (b"\x80\x02K\x01Q.", "BINPERSID"),
+    (pickle.dumps(pickle.PickleBuffer(b"abc"), protocol=5, buffer_callback=lambda b: False), "NEXT_BUFFER"),
+    (b"\x80\x04))R.", "malformed"),  # REDUCE with a tuple as the callable
+    (b"\x80\x04K\x01K\x02.", "malformed"),  # two objects left at STOP
+    (b"\x80\x04h\x05.", "malformed"),  # BINGET of a memo entry never written
+])
+def test_safe_pickle_refuses(blob: bytes, match: str) -> None:
+    with pytest.raises(UnsafePickleError, match=match) as info:
+        safe_pickle.load(blob, allowed=(), where="/data/x", advice="Do this.")
+    assert str(info.value).startswith("/data/x: ")
+    assert str(info.value).endswith("Do this.")
+
+
+# --- the read-only codecs on synthetic columns -----------------------------------------------------
+
+
+def npy(a: np.ndarray) -> bytes:
+    buf = io.BytesIO()
+    np.save(buf, a)
+    return buf.getvalue()
+
+
+def npz(a: np.ndarray, *, compressed: bool = True) -> bytes:
+    buf = io.BytesIO()
+    (np.savez_compressed if compressed else np.savez)(buf, arr=a)
+    return buf.getvalue()
+
+
+def test_ndarray_codec_decodes_every_layout() -> None:
+    field = Field("x", "float32", (2, 3), codec=PetastormNdarrayCodec(), nullable=True)
+    a = np.arange(6, dtype=np.float32).reshape(2, 3)
+    rows = [npy(a), None, npy(np.asfortranarray(a + 1)), npy((a + 2).astype(">f4"))]
+    got = field.codec.decode(field, pa.array(rows, pa.binary()).slice(0))
+    assert isinstance(got, np.ma.MaskedArray)
+    assert got.mask[:, 0, 0].tolist() == [False, True, False, False]
+    np.testing.assert_array_equal(np.ma.getdata(got)[[0, 2, 3]], [a, a + 1, a + 2])
+    assert got.dtype == np.float32
+    fast = field.codec.decode(field, pa.array([npy(a), npy(a + 1)] * 3, pa.large_binary()).slice(1, 4))
+    np.testing.assert_array_equal(fast, [a + 1, a, a + 1, a])
+
+
+def test_compressed_codec_reads_deflated_and_stored_archives() -> None:
+    field = Field("c", "uint16", (None,), codec=PetastormCompressedNdarrayCodec(), nullable=True)
+    rows = [npz(np.arange(5, dtype=np.uint16)), None, npz(np.arange(2, dtype=np.uint16), compressed=False)]
+    got = field.codec.decode(field, pa.array(rows, pa.binary()))
+    assert got[1] is None
+    assert got[0].tolist() == [0, 1, 2, 3, 4]
+    assert got[2].tolist() == [0, 1]
+
+
+@pytest.mark.parametrize("blob", [
+    npy(np.zeros(3, np.float32))[:-1],  # truncated
+    npy(np.zeros(3, np.int32)),  # wrong dtype
+    npy(np.zeros(4, np.float32)),  # wrong shape
+    b"not npy data at all",
+])
+def test_ndarray_codec_corrupt_rows_name_the_field(blob: bytes) -> None:
+    field = Field("vec", "float32", (3,), codec="petastorm.ndarray")
+    with pytest.raises(CorruptDatasetError, match="field 'vec', row 1"):
+        field.codec.decode(field, pa.array([npy(np.zeros(3, np.float32)), blob]))
+
+
+def test_object_arrays_are_refused_without_unpickling(tmp_path: Path) -> None:
+    marker = tmp_path / "pwned"
+    blob = npy(np.array([Payload(open, marker)], dtype=object))
+    field = Field("vec", "float32", (None,), codec="petastorm.ndarray")
+    with pytest.raises(CorruptDatasetError, match="object array"):
+        field.codec.decode(field, pa.array([blob]))
+    zfield = Field("z", "float32", (None,), codec="petastorm.compressed_ndarray")
+    good = npz(np.zeros(2, np.float32))
+    bad_crc = good[:14] + bytes([good[14] ^ 1]) + good[15:]
+    with pytest.raises(CorruptDatasetError, match="CRC"):
+        zfield.codec.decode(zfield, pa.array([bad_crc]))
+    assert not marker.exists()
+
+
+def test_petastorm_codecs_are_read_only_json_codecs() -> None:
+    schema = Schema([Field("x", "float32", (None,), codec="petastorm.ndarray"),
+                     Field("y", "int16", (4, 5), codec={"name": "petastorm.compressed_ndarray"})])
+    assert Schema.from_json(schema.to_json()) == schema
+    assert codec_from_json("petastorm.ndarray") == PetastormNdarrayCodec()
+    assert not PetastormNdarrayCodec.writable
+    with pytest.raises(SchemaError, match="read-only") as info:
+        schema.encode({"x": [np.zeros(2, np.float32)], "y": [np.zeros((4, 5), np.int16)]}, 1)
+    assert "codec='ndarray'" in str(info.value)
