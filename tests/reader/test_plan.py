@@ -1,0 +1,333 @@
+"""Property tests of the pure plan (`shardkit.reader.plan`): sharding, shuffling, windows, resume."""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from shardkit.errors import ReaderError
+from shardkit.reader.plan import EpochOrder, Window, shard_ranges, shard_windows, take, total
+
+REMAINDERS = ("drop", "pad", "uneven")
+SETTINGS = settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+
+# Row-group sizes: many empty and one-row groups, some bigger ones.
+group_size = st.one_of(st.integers(0, 1), st.integers(0, 40))
+layouts = st.lists(group_size, min_size=1, max_size=200).filter(lambda rows: sum(rows) > 0)
+
+
+def as_layout(rows: list[int]) -> np.ndarray:
+    return np.asarray(rows, dtype=np.int64)
+
+
+def indices(ranges: list[tuple[int, int]]) -> np.ndarray:
+    """The ``pi`` indices of ``ranges``, in order."""
+    if not ranges:
+        return np.zeros(0, dtype=np.int64)
+    return np.concatenate([np.arange(a, b) for a, b in ranges])
+
+
+def sample_ids_of_pi(order: EpochOrder, pis: np.ndarray) -> np.ndarray:
+    """Sample ids (row offsets in file order) of ``pi`` indices, straight from the definition of ``pi``."""
+    rows = order.rows_per_group
+    file_offsets = np.concatenate([[0], np.cumsum(rows)])
+    if order.shuffle:
+        size = order.window_size()
+        windows = pis // size
+        stream = np.empty(len(pis), dtype=np.int64)
+        for w in np.unique(windows):
+            at = windows == w
+            stream[at] = w * size + order.window_permutation(int(w))[pis[at] - w * size]
+    else:
+        stream = pis
+    offsets = order.stream_offsets
+    slot = np.searchsorted(offsets, stream, side="right") - 1
+    groups = order.group_order[slot]
+    return file_offsets[groups] + (stream - offsets[slot])
+
+
+def emitted_ids(order: EpochOrder, windows: list[Window]) -> np.ndarray:
+    """Sample ids a shard yields: each window's task rows, concatenated, then picked by ``emit``."""
+    rows = order.rows_per_group
+    file_offsets = np.concatenate([[0], np.cumsum(rows)])
+    out = []
+    for w in windows:
+        for t in w.tasks:
+            assert 0 <= t.start < t.stop <= rows[t.row_group], t
+        read = np.concatenate([file_offsets[t.row_group] + np.arange(t.start, t.stop) for t in w.tasks])
+        pick = w.emit(order)
+        if pick is None:
+            got = read
+        else:
+            assert len(np.unique(pick)) == len(pick), "a window emits one of its rows twice"
+            assert pick.min() >= 0
+            assert pick.max() < len(read)
+            got = read[pick]
+        assert len(got) == w.num_rows
+        out.append(got)
+    return np.concatenate(out) if out else np.zeros(0, dtype=np.int64)
+
+
+def all_pieces(n: int, k: int, **kw: object) -> list[list[tuple[int, int]]]:
+    return [shard_ranges(n, shard=s, num_shards=k, **kw) for s in range(k)]  # type: ignore[arg-type]
+
+
+@st.composite
+def splits(draw: st.DrawFn) -> dict[str, object]:
+    rows = draw(layouts)
+    n = sum(rows)
+    return {
+        "rows": rows,
+        "num_shards": draw(st.integers(1, min(n, 300))),
+        "remainder": draw(st.sampled_from(REMAINDERS)),
+        "batch_size": draw(st.integers(1, 32)),
+        "drop_last": draw(st.booleans()),
+    }
+
+
+# ---- the split ------------------------------------------------------------------------------------
+@SETTINGS
+@given(case=splits())
+def test_split_is_orthogonal_complete_and_equal(case: dict[str, object]) -> None:
+    rows, k = case["rows"], case["num_shards"]
+    remainder, b, drop_last = case["remainder"], case["batch_size"], case["drop_last"]
+    assert isinstance(rows, list)
+    assert isinstance(k, int)
+    assert isinstance(b, int)
+    n = sum(rows)
+    pieces = all_pieces(n, k, remainder=remainder, batch_size=b, drop_last=drop_last)
+    sizes = [total(p) for p in pieces]
+    counts = Counter(int(i) for p in pieces for i in indices(p))
+    assert all(0 <= i < n for i in counts)
+    covered = len(counts)
+    batches = [-(-s // b) for s in sizes]
+    if drop_last:
+        assert all(s % b == 0 for s in sizes), sizes
+    if remainder == "uneven":
+        assert max(counts.values(), default=1) == 1, "a sample in two shards"
+        if drop_last:
+            assert n - covered < k * b
+        else:
+            assert covered == n
+            assert max(sizes) - min(sizes) <= 1
+            assert sizes == sorted(sizes, reverse=True)  # the first shards get the extra samples
+    else:
+        assert len(set(sizes)) == 1, f"unequal shards {sizes}"
+        assert len(set(batches)) == 1, f"unequal batch counts {batches}"
+        if remainder == "drop":
+            assert max(counts.values(), default=1) == 1, "a sample in two shards"
+            dropped = n - covered
+            assert dropped < (k * b if drop_last else k)
+            if not drop_last:
+                assert sizes[0] == n // k
+        else:  # pad
+            if drop_last:
+                assert max(counts.values(), default=1) <= 2
+            else:
+                assert covered == n, "pad must cover every sample"
+                repeats = sum(sizes) - n
+                assert 0 <= repeats < k
+                # the repeats are the first samples of the order (read again by the last shards)
+                assert sorted(i for i, c in counts.items() if c > 1) == list(range(repeats))
+                assert sizes[0] == -(-n // k)
+
+
+@SETTINGS
+@given(case=splits(), seed=st.integers(0, 2**32 - 1), epoch=st.integers(0, 1000), shuffle=st.booleans(),
+       window=st.one_of(st.integers(1, 8), st.integers(1, 10_000)))
+def test_windows_emit_exactly_the_planned_samples(case: dict[str, object], seed: int, epoch: int,
+                                                  shuffle: bool, window: int) -> None:
+    rows, k = case["rows"], case["num_shards"]
+    assert isinstance(rows, list)
+    assert isinstance(k, int)
+    order = EpochOrder(as_layout(rows), seed, epoch, shuffle, window)
+    n = order.num_samples
+    assert sorted(order.group_order.tolist()) == list(range(len(rows)))
+    pieces = all_pieces(n, k, remainder=case["remainder"], batch_size=case["batch_size"],
+                        drop_last=case["drop_last"])
+    every = []
+    for ranges in pieces:
+        windows = shard_windows(order, ranges)
+        got = emitted_ids(order, windows)
+        assert np.array_equal(got, sample_ids_of_pi(order, indices(ranges)))
+        if case["remainder"] != "pad":
+            assert len(np.unique(got)) == len(got)
+        if not shuffle:  # unshuffled windows read exactly the shard's rows
+            assert sum(t.stop - t.start for w in windows for t in w.tasks) == len(got)
+        every.append(got)
+    if case["remainder"] == "uneven" and not case["drop_last"]:
+        assert np.array_equal(np.sort(np.concatenate(every)), np.arange(n))
+
+
+@SETTINGS
+@given(rows=layouts, seed=st.integers(0, 2**32 - 1), epoch=st.integers(0, 100),
+       window=st.integers(1, 5000), shuffle=st.booleans())
+def test_order_is_a_deterministic_permutation(rows: list[int], seed: int, epoch: int, window: int,
+                                              shuffle: bool) -> None:
+    a = EpochOrder(as_layout(rows), seed, epoch, shuffle, window)
+    b = EpochOrder(as_layout(list(rows)), seed, epoch, shuffle, window)
+    n = a.num_samples
+    ids_a = sample_ids_of_pi(a, np.arange(n))
+    assert np.array_equal(np.sort(ids_a), np.arange(n)), "pi is not a permutation"
+    assert np.array_equal(ids_a, sample_ids_of_pi(b, np.arange(n)))
+    full = [(0, n)]
+    assert np.array_equal(emitted_ids(a, shard_windows(a, full)), emitted_ids(b, shard_windows(b, full)))
+    if not shuffle:
+        assert np.array_equal(ids_a, np.arange(n))
+
+
+@settings(max_examples=30, deadline=None)
+@given(rows=st.lists(st.integers(5, 40), min_size=20, max_size=60), seed=st.integers(0, 2**31),
+       window=st.integers(16, 400))
+def test_other_seed_or_epoch_gives_another_order(rows: list[int], seed: int, window: int) -> None:
+    layout = as_layout(rows)
+    n = int(layout.sum())
+    base = sample_ids_of_pi(EpochOrder(layout, seed, 0, True, window), np.arange(n))
+    other_epoch = sample_ids_of_pi(EpochOrder(layout, seed, 1, True, window), np.arange(n))
+    other_seed = sample_ids_of_pi(EpochOrder(layout, seed + 1, 0, True, window), np.arange(n))
+    assert not np.array_equal(base, other_epoch)
+    assert not np.array_equal(base, other_seed)
+    # not merely a different row-group order: rows of a window are mixed too
+    assert (base != np.arange(n)).mean() > 0.5
+
+
+# ---- resume ---------------------------------------------------------------------------------------
+@st.composite
+def resumes(draw: st.DrawFn) -> dict[str, object]:
+    """A layout, a policy, and 1-3 interrupted stages, each with its own shard count and progress."""
+    rows = draw(layouts)
+    n = sum(rows)
+    remainder = draw(st.sampled_from(REMAINDERS))
+    b = draw(st.integers(1, 16))
+    drop_last = draw(st.booleans())
+    history: list[tuple[int, int]] = []
+    consumed: list[list[tuple[int, int]]] = []  # the pi ranges each shard of each stage read
+    for _ in range(draw(st.integers(1, 3))):
+        k = draw(st.integers(1, min(n, 40)))
+        pieces = all_pieces(n, k, history=history, remainder=remainder, batch_size=b, drop_last=drop_last)
+        longest = max(total(p) for p in pieces)
+        steps = draw(st.integers(0, -(-longest // b)))
+        c = min(steps * b, longest)  # every shard stepped `steps` batches; shorter pieces ran out
+        consumed.extend(take(p, 0, c) for p in pieces)
+        history.append((k, c))
+    final = draw(st.integers(1, min(n, 40)))
+    return {"n": n, "rows": rows, "remainder": remainder, "batch_size": b, "drop_last": drop_last,
+            "history": history, "consumed": consumed, "final": final}
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(case=resumes())
+def test_exactly_once_across_resumes_with_other_shard_counts(case: dict[str, object]) -> None:
+    n, k, history = case["n"], case["final"], case["history"]
+    remainder, b, drop_last = case["remainder"], case["batch_size"], case["drop_last"]
+    consumed = case["consumed"]
+    assert isinstance(n, int)
+    assert isinstance(k, int)
+    assert isinstance(history, list)
+    assert isinstance(consumed, list)
+    last = all_pieces(n, k, history=history, remainder=remainder, batch_size=b, drop_last=drop_last)
+    sizes = [total(p) for p in last]
+    counts = Counter(int(i) for p in [*consumed, *last] for i in indices(p))
+    missing = n - len(counts)
+    if remainder != "uneven":
+        assert len(set(sizes)) == 1, f"unequal shards after resume: {sizes}"
+    if remainder == "uneven" and not drop_last:
+        assert missing == 0, "a sample lost across the resumes"
+        assert max(counts.values()) == 1, "a sample read twice across the resumes"
+    elif remainder == "pad":
+        if not drop_last:
+            assert missing == 0
+            # each stage pads fewer than its shard count
+            assert sum(counts.values()) - n < k + sum(s for s, _ in history)
+    else:
+        assert max(counts.values(), default=1) == 1, "a sample read twice across the resumes"
+        if not drop_last:
+            assert missing < k, f"{missing} samples lost (only < {k} may be dropped)"
+        else:
+            assert missing < k * b + sum(s * b for s, _ in history)
+
+
+def test_resume_example_from_the_docstring() -> None:
+    assert shard_ranges(10, shard=1, num_shards=3) == [(3, 6)]
+    assert shard_ranges(10, shard=0, num_shards=2, history=[(3, 2)]) == [(2, 3), (5, 6)]
+    # the 3 -> 2 resume reads the 4 samples nobody read, once
+    rest = all_pieces(10, 2, history=[(3, 2)])
+    assert sorted(indices([r for p in rest for r in p]).tolist()) == [2, 5, 8, 9]
+
+
+def test_a_history_that_does_not_fit_is_refused() -> None:
+    with pytest.raises(ReaderError, match="more than the stage holds"):
+        shard_ranges(10, shard=0, num_shards=2, history=[(2, 6)])
+    with pytest.raises(ReaderError, match="more than the stage holds"):
+        shard_ranges(10, shard=0, num_shards=2, history=[(3, 5)], remainder="uneven")
+    with pytest.raises(ReaderError, match="invalid"):
+        shard_ranges(10, shard=0, num_shards=2, history=[(0, 1)])
+    with pytest.raises(ReaderError, match="num_shards"):
+        shard_ranges(10, shard=0, num_shards=0)
+    with pytest.raises(ReaderError, match="shard=2"):
+        shard_ranges(10, shard=2, num_shards=2)
+
+
+# ---- scale ----------------------------------------------------------------------------------------
+def test_planning_100k_row_groups() -> None:
+    rng = np.random.default_rng(0)
+    rows = rng.integers(500, 1500, size=100_000).astype(np.int64)
+    n = int(rows.sum())
+    start = time.perf_counter()
+    order = EpochOrder(rows, seed=1, epoch=3, shuffle=True, window=64_000)
+    ranges = shard_ranges(n, shard=5, num_shards=8, history=[(16, 640_000), (4, 2_560_000)])
+    windows = shard_windows(order, ranges)
+    elapsed = time.perf_counter() - start
+    one_shard = time.perf_counter()
+    full = shard_windows(order, shard_ranges(n, shard=0, num_shards=1))
+    whole = time.perf_counter() - one_shard
+    print(f"\nplanning 100,000 row groups ({n:,} rows): shard 5/8 after two resumes {elapsed * 1e3:.0f} ms "
+          f"({len(windows)} windows); a single shard of everything {whole * 1e3:.0f} ms "
+          f"({len(full)} windows)")
+    assert sum(w.num_rows for w in windows) == total(ranges)
+    assert sum(w.num_rows for w in full) == n
+
+
+# ---- shuffle quality ------------------------------------------------------------------------------
+def test_shuffle_quality_matches_a_uniform_permutation_within_windows() -> None:
+    """Numbers for the default algorithm, compared with a uniform permutation of each window.
+
+    For stream-adjacent rows ``j, j+1`` of one window of ``W`` rows, a uniform permutation puts them at
+    two uniformly random distinct positions: ``E|pos(j+1) - pos(j)| = (W + 1) / 3`` and
+    ``P(|pos(j+1) - pos(j)| == 1) = 2 / W``. Unshuffled, the distance is always 1.
+    """
+    rng = np.random.default_rng(7)
+    rows = rng.integers(50, 150, size=1000).astype(np.int64)
+    window = 1000
+    order = EpochOrder(rows, seed=3, epoch=0, shuffle=True, window=window)
+    n = order.num_samples
+    full_windows = n // window
+    pos = np.empty(full_windows * window, dtype=np.int64)  # pi position of each stream position
+    for w in range(full_windows):
+        pos[w * window + order.window_permutation(w)] = np.arange(w * window, (w + 1) * window)
+    pairs = np.arange(len(pos) - 1)
+    pairs = pairs[(pairs + 1) % window != 0]  # both rows in one window
+    distance = np.abs(pos[pairs + 1] - pos[pairs])
+    mean_rel = distance.mean() / window
+    adjacent = (distance == 1).mean()
+    expected_rel, expected_adj = (window + 1) / 3 / window, 2 / window
+    # row groups: how many distinct row groups a batch of 256 consecutive pi rows draws from
+    ids = sample_ids_of_pi(order, np.arange(full_windows * window))
+    group_of = np.searchsorted(np.cumsum(rows), ids, side="right")
+    per_batch = [len(np.unique(group_of[i : i + 256])) for i in range(0, len(ids) - 256, 256)]
+    groups_per_window = window / rows.mean()
+    print(f"\nshuffle quality (W={window}, {len(pairs):,} adjacent pairs): mean |dpos|/W = {mean_rel:.4f} "
+          f"(uniform: {expected_rel:.4f}); still adjacent = {adjacent:.4%} (uniform: {expected_adj:.4%}); "
+          f"row groups per 256-row batch = {np.mean(per_batch):.1f} "
+          f"(a window spans ~{groups_per_window:.1f})")
+    assert abs(mean_rel - expected_rel) < 0.01
+    assert 0.5 * expected_adj < adjacent < 1.5 * expected_adj
+    assert np.mean(per_batch) > 0.8 * groups_per_window
+    # the row-group order is itself shuffled: no correlation with file order
+    corr = np.corrcoef(order.group_order, np.arange(len(rows)))[0, 1]
+    assert abs(corr) < 0.1

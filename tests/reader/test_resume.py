@@ -1,0 +1,210 @@
+"""Resume with real readers: N readers step together, one rank's state goes to M readers, nothing repeats."""
+
+from __future__ import annotations
+
+import json
+import tempfile
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow.compute as pc
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import shardkit
+from shardkit.errors import ReaderError
+from tests.reader.datasets import assert_exactly_once, write_ids, write_layout
+
+row_groups = st.lists(st.one_of(st.integers(1, 3), st.integers(1, 30)), min_size=1, max_size=25)
+
+
+def open_readers(url: str, world: int, state: dict[str, Any] | None, **kw: Any) -> list[shardkit.Reader]:
+    readers = [shardkit.make_reader(url, shard=s, num_shards=world, workers=1, prefetch=2, **kw)
+               for s in range(world)]
+    if state is not None:
+        for r in readers:
+            r.load_state_dict(state)
+    return readers
+
+
+def step_together(readers: list[shardkit.Reader], steps: int | None, seen: list[Counter[int]]) -> list[int]:
+    """Every reader takes ``steps`` batches (None: to the end); ids go to ``seen[epoch]``. Returns the
+    number of batches each reader yielded."""
+    iters = [iter(r) for r in readers]
+    counts = [0] * len(readers)
+    step = 0
+    while steps is None or step < steps:
+        live = False
+        for k, (reader, it) in enumerate(zip(readers, iters, strict=True)):
+            batch = next(it, None)
+            if batch is None:
+                continue
+            live = True
+            counts[k] += 1
+            seen[reader.epoch].update(int(i) for i in batch["id"])  # epoch moves on only after its last batch
+        if not live:
+            break
+        step += 1
+    return counts
+
+
+def roundtrip(state: dict[str, Any]) -> dict[str, Any]:
+    out = json.loads(json.dumps(state))
+    assert out == state
+    return out
+
+
+@st.composite
+def jobs(draw: st.DrawFn) -> dict[str, Any]:
+    layout = draw(row_groups)
+    n = sum(layout)
+    stages = [(draw(st.integers(1, min(n, 4))), draw(st.integers(0, 12)), draw(st.integers(0, 3)))
+              for _ in range(draw(st.integers(1, 3)))]  # (world, steps, rank whose state is saved)
+    final = draw(st.integers(1, min(n, 4)))
+    if all(w == final for w, _, _ in stages):
+        final = final % min(n, 4) + 1 if min(n, 4) > 1 else final
+    return {
+        "layout": layout, "stages": stages, "final": final,
+        "batch_size": draw(st.integers(1, 8)),
+        "remainder": draw(st.sampled_from(["uneven", "drop"])),
+        "shuffle": draw(st.booleans()),
+        "shuffle_buffer": draw(st.integers(1, 60)),
+        "seed": draw(st.integers(0, 2**31)),
+        "num_epochs": draw(st.sampled_from([1, 2])),
+    }
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(job=jobs())
+def test_resume_with_other_world_sizes_reads_every_sample_once(job: dict[str, Any]) -> None:
+    n = sum(job["layout"])
+    kw = {k: job[k] for k in ("batch_size", "remainder", "shuffle", "shuffle_buffer", "seed", "num_epochs")}
+    seen: list[Counter[int]] = [Counter() for _ in range(job["num_epochs"] + 1)]
+    with tempfile.TemporaryDirectory() as tmp:
+        url = write_layout(Path(tmp) / "ds", job["layout"])
+        state = None
+        for world, steps, rank in job["stages"]:
+            readers = open_readers(url, world, state, **kw)
+            step_together(readers, steps, seen)
+            state = roundtrip(readers[rank % world].state_dict())
+            for r in readers:
+                r.close()
+        readers = open_readers(url, job["final"], state, **kw)
+        counts = step_together(readers, None, seen)
+        for r in readers:
+            r.close()
+    assert not seen[job["num_epochs"]], "read past the last epoch"
+    for epoch in range(job["num_epochs"]):
+        if job["remainder"] == "uneven":
+            assert_exactly_once(seen[epoch].elements(), n)
+        else:
+            assert max(seen[epoch].values(), default=1) == 1, f"epoch {epoch}: a sample read twice"
+            assert all(0 <= i < n for i in seen[epoch])
+    if job["remainder"] == "drop":
+        assert len(set(counts)) == 1, f"unequal batch counts after the resume: {counts}"
+
+
+@pytest.fixture(scope="module")
+def ids_ds(tmp_path_factory: pytest.TempPathFactory) -> str:
+    return write_ids(tmp_path_factory.mktemp("ids") / "ds", 500, row_group_size=23)
+
+
+def test_resume_in_the_same_world_gives_the_same_stream(ids_ds: str) -> None:
+    kw: dict[str, Any] = {"batch_size": 16, "seed": 11, "shuffle_buffer": 64, "num_epochs": 2}
+    with shardkit.make_reader(ids_ds, shard=1, num_shards=3, **kw) as reader:
+        it = iter(reader)
+        for _ in range(5):
+            next(it)
+        state = roundtrip(reader.state_dict())
+        rest = list(it)
+    with shardkit.make_reader(ids_ds, shard=1, num_shards=3, **kw) as resumed:
+        resumed.load_state_dict(state)
+        again = list(resumed)
+    assert len(again) == len(rest)
+    for a, b in zip(rest, again, strict=True):
+        assert np.array_equal(a["id"], b["id"])
+        assert np.array_equal(a["x"], b["x"])
+
+
+def test_resume_across_an_epoch_boundary(ids_ds: str) -> None:
+    kw: dict[str, Any] = {"batch_size": 32, "seed": 2, "shuffle_buffer": 100, "num_epochs": 3,
+                          "remainder": "uneven"}
+    seen: list[Counter[int]] = [Counter() for _ in range(4)]
+    old = open_readers(ids_ds, 2, None, **kw)
+    per_epoch = len(old[0])
+    step_together(old, per_epoch + 3, seen)  # into the second epoch
+    assert old[0].epoch == 1
+    state = roundtrip(old[1].state_dict())
+    assert state["epoch"] == 1
+    new = open_readers(ids_ds, 3, state, **kw)
+    step_together(new, None, seen)
+    for epoch in range(3):
+        assert_exactly_once(seen[epoch].elements(), 500)
+    assert not seen[3]
+
+
+def test_state_after_the_last_batch_points_at_the_next_epoch(ids_ds: str) -> None:
+    with shardkit.make_reader(ids_ds, shard=0, num_shards=2, batch_size=100, num_epochs=2) as reader:
+        it = iter(reader)
+        for _ in range(len(reader)):
+            next(it)
+        assert reader.epoch == 0  # the generator has not moved on yet
+        state = reader.state_dict()
+    assert state["epoch"] == 1
+    assert state["history"] == []
+
+
+@pytest.mark.parametrize("remainder", ["uneven", "drop", "pad"])
+def test_any_ranks_state_describes_the_job(tmp_path: Path, remainder: str) -> None:
+    """Uneven shards differ by one sample: the shorter ones may end a step early, the state must not care."""
+    url = write_layout(tmp_path / "ds", [5, 9, 2, 7, 8])  # 31 rows; 3 shards of 11/10/10 (uneven)
+    for batch_size in (1, 2, 5, 10, 11):
+        kw: dict[str, Any] = {"batch_size": batch_size, "remainder": remainder, "shuffle_buffer": 7,
+                              "seed": 1}
+        for steps in range(12):
+            seen: list[Counter[int]] = [Counter(), Counter()]
+            readers = open_readers(url, 3, None, **kw)
+            step_together(readers, steps, seen)
+            states = [r.state_dict() for r in readers]
+            assert all(s == states[0] for s in states), (batch_size, steps, states)
+            step_together(open_readers(url, 2, states[2], **kw), None, seen)
+            if remainder == "uneven":
+                assert_exactly_once(seen[0].elements(), 31)
+            elif remainder == "drop":
+                assert max(seen[0].values()) == 1
+
+
+# ---- states that do not fit ------------------------------------------------------------------------
+def test_state_of_another_dataset_seed_or_filter_is_refused(ids_ds: str, tmp_path: Path) -> None:
+    def state_of(url: str, **kw: Any) -> dict[str, Any]:
+        reader = shardkit.make_reader(url, batch_size=10, shuffle_buffer=50, **kw)
+        next(iter(reader))
+        return reader.state_dict()
+
+    other = write_ids(tmp_path / "other", 400, row_group_size=23)
+    reader = shardkit.make_reader(ids_ds, batch_size=10, shuffle_buffer=50, seed=0)
+    reader.load_state_dict(state_of(ids_ds, seed=0))  # the same configuration loads
+    with pytest.raises(ReaderError, match="another dataset"):
+        reader.load_state_dict(state_of(other, seed=0))
+    with pytest.raises(ReaderError, match="seed=1"):
+        reader.load_state_dict(state_of(ids_ds, seed=1))
+    with pytest.raises(ReaderError, match="another dataset or filter"):
+        reader.load_state_dict(state_of(ids_ds, seed=0, filter=pc.field("label") < 5))
+    with pytest.raises(ReaderError, match="remainder"):
+        reader.load_state_dict(state_of(ids_ds, seed=0, remainder="uneven"))
+    with pytest.raises(ReaderError, match="shuffle_buffer"):
+        reader.load_state_dict({**state_of(ids_ds, seed=0), "shuffle_buffer": 49})
+    filtered = shardkit.make_reader(ids_ds, batch_size=10, shuffle_buffer=50, filter=pc.field("label") < 5)
+    filtered.load_state_dict(state_of(ids_ds, seed=0, filter=pc.field("label") < 5))
+    with pytest.raises(ReaderError, match="another dataset or filter"):
+        filtered.load_state_dict(state_of(ids_ds, seed=0, filter=pc.field("label") < 6))
+
+
+def test_a_state_of_a_bigger_stage_is_refused(ids_ds: str) -> None:
+    reader = shardkit.make_reader(ids_ds, batch_size=10, shuffle_buffer=50)
+    state = {**reader.state_dict(), "history": [[2, 251]]}  # 2 shards hold 250 each
+    with pytest.raises(ReaderError, match="more than the stage holds"):
+        reader.load_state_dict(state)
