@@ -3,30 +3,38 @@
 The plan (`shardkit.reader.plan`) says which rows this shard reads in which order; the reader fetches
 and decodes the plan's tasks ahead of time in a bounded thread pool (in order), assembles each
 shuffle window, and cuts it into batches. Memory is bounded by ``prefetch`` tasks plus one window.
+
+Position. The reader counts, for the current stage of the epoch (see the plan's docstring), the
+samples of its piece that its yielded batches cover (``consumed``) and the batches it yielded
+(``steps``). Iterating again after a ``break`` continues from that position (a reader has one live
+iteration: starting a new one, `load_state_dict` or `close` ends the previous one). Rows of a skipped
+corrupt row group count as covered, so a resume does not read them again.
 """
 
 from __future__ import annotations
 
 import hashlib
 import os
+import sys
 import warnings
 from collections import deque
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Generator, Iterator, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, Literal
 
 import numpy as np
 
-from shardkit.dataset.index import Dataset, open_dataset
+from shardkit.dataset.index import Dataset
 from shardkit.dataset.schema import Schema
 from shardkit.errors import ReaderError
 from shardkit.reader import batching
 from shardkit.reader.filter import Filter, select_rows, to_expression
-from shardkit.reader.plan import EpochOrder, Remainder, Task, Window, shard_ranges, shard_windows, total
+from shardkit.reader.plan import EpochOrder, Remainder, Task, Window, shard_ranges, shard_windows, take, total
 from shardkit.reader.source import Columns, RowGroupSource
 
 STATE_VERSION = 1
 WINDOW_BYTES = 64 << 20  # default shuffle window: about this many decoded bytes of rows
+_POSITION = "\x00shardkit.position"  # rides along in chunks: the piece position of each row
 
 
 class Reader:
@@ -51,6 +59,12 @@ class Reader:
             self.filter_text = str(expr)
             self.rows_per_group, selection, self.stats["pruned_row_groups"] = select_rows(dataset, expr)
         self.num_samples = int(self.rows_per_group.sum())
+        if self.num_samples == 0:
+            raise ReaderError(
+                f"{dataset.url!r} has no samples to read"
+                f"{f' matching the filter {self.filter_text}' if filter is not None else ''}; "
+                "check the filter (or the data)"
+            )
         if self.num_samples < num_shards:
             raise ReaderError(
                 f"num_shards={num_shards} is more than the {self.num_samples} samples of {dataset.url!r}"
@@ -60,8 +74,17 @@ class Reader:
         self._pool: ThreadPoolExecutor | None = None
         self.epoch = 0
         self._history: list[tuple[int, int]] = []
-        self._consumed = 0
-        self._generation = 0
+        self._consumed = 0  # piece positions of the current stage covered by yielded batches
+        self._steps = 0  # batches yielded in the current stage
+        self._generation = 0  # bumped to end the live iteration (new iteration, load_state_dict, close)
+        if len(self) == 0:  # an epoch without a batch: num_epochs=None would spin without yielding
+            samples = total(shard_ranges(self.num_samples, shard=shard, num_shards=num_shards,
+                                         remainder=remainder))
+            raise ReaderError(
+                f"shard {shard} of {num_shards} gets no batch: its {samples} samples per epoch are fewer "
+                f"than batch_size={batch_size} with drop_last=True; use a smaller batch_size, fewer "
+                "shards, or drop_last=False"
+            )
 
     # ---- sizes -------------------------------------------------------------------------------
     def _ranges(self, history: Sequence[tuple[int, int]]) -> list[tuple[int, int]]:
@@ -69,8 +92,14 @@ class Reader:
                             remainder=self.remainder, batch_size=self.batch_size, drop_last=self.drop_last)
 
     def __len__(self) -> int:
-        """Batches this shard yields in a whole epoch."""
-        return -(-total(self._ranges(())) // self.batch_size)
+        """Batches this shard yields in a whole epoch (not counting resumes; per epoch, not in total)."""
+        return (total(self._ranges(())) + self.batch_size - 1) // self.batch_size
+
+    def _stage_steps(self) -> int:
+        """Batches the job steps in the current stage: those of its longest piece (shard 0's)."""
+        longest = shard_ranges(self.num_samples, shard=0, num_shards=self.num_shards, history=self._history,
+                               remainder=self.remainder, batch_size=self.batch_size, drop_last=self.drop_last)
+        return -(-total(longest) // self.batch_size)
 
     @property
     def fingerprint(self) -> str:
@@ -84,47 +113,72 @@ class Reader:
     # ---- iteration ---------------------------------------------------------------------------
     def __iter__(self) -> Iterator[Columns]:
         """Batches of every remaining epoch (``num_epochs=None``: forever)."""
-        generation = self._generation
-        while self.num_epochs is None or self.epoch < self.num_epochs:
-            yield from self.iter_epoch()
-            if generation != self._generation:
-                return
+        generation = self._claim()
+        while (self.num_epochs is None or self.epoch < self.num_epochs) and generation == self._generation:
+            yield from self._epoch(generation)
 
     def iter_epoch(self) -> Iterator[Columns]:
         """Batches of the rest of the current epoch; the reader then moves to the next epoch."""
-        generation = self._generation
+        yield from self._epoch(self._claim())
+
+    def _claim(self) -> int:
+        """Start a new iteration; the previous one, if still suspended somewhere, ends at its next batch."""
+        self._generation += 1
+        return self._generation
+
+    def _epoch(self, generation: int) -> Iterator[Columns]:
         order = EpochOrder(self.rows_per_group, self.seed, self.epoch, self.shuffle, self.shuffle_buffer)
-        windows = shard_windows(order, self._ranges(self._history))
+        ranges = self._ranges(self._history)
+        start = self._consumed  # > 0 when an earlier iteration of this stage stopped early
+        windows = shard_windows(order, take(ranges, start, total(ranges)))
         batcher = batching.Batcher(self.batch_size)
-        results = self._prefetched(t for w in windows for t in w.tasks)
+        prepared: deque[tuple[np.ndarray | None, list[int]]] = deque()
+
+        def reads() -> Iterator[tuple[Task, np.ndarray | None]]:
+            for w in windows:  # prepared just ahead of the reads, popped when the window is assembled
+                emit, rows = _needed_rows(w, order)
+                prepared.append((emit, [t.stop - t.start if r is None else len(r) for t, r in zip(w.tasks, rows, strict=True)]))
+                yield from zip(w.tasks, rows, strict=True)
+
+        results = self._prefetched(reads())
+        position = start
         try:
             for window in windows:
                 parts = [next(results) for _ in window.tasks]
-                chunk = _assemble(window, parts, order)
+                emit, sizes = prepared.popleft()
+                chunk, kept = _assemble(parts, emit, sizes)
+                rows = np.arange(window.num_rows) if kept is None else kept
+                covered, position = position + rows, position + window.num_rows
                 if chunk is None:
                     continue
-                for batch in batcher.add(chunk):
-                    self._consumed += batching.num_rows(batch)
-                    yield batch
+                for batch in batcher.add({**chunk, _POSITION: covered}):
+                    yield self._step(batch)
                     if generation != self._generation:
                         return
             for batch in batcher.flush():
-                self._consumed += batching.num_rows(batch)
-                yield batch
+                yield self._step(batch)
+                if generation != self._generation:
+                    return
         finally:
             results.close()
         if generation == self._generation:
             self._finish_epoch()
+
+    def _step(self, batch: Columns) -> Columns:
+        """Account for a batch about to be yielded: from now on `state_dict` counts it as consumed."""
+        self._consumed = int(batch.pop(_POSITION)[-1]) + 1
+        self._steps += 1
+        return batch
 
     def _finish_epoch(self) -> None:
         skipped = self._source.skipped
         if skipped:
             self.stats["skipped_row_groups"] += len(skipped)
             warnings.warn(f"epoch {self.epoch}: skipped {len(skipped)} corrupt row group(s) "
-                          f"(on_error='skip'); first: {skipped[0]}", stacklevel=3)
+                          f"(on_error='skip'); first: {next(iter(skipped.values()))}", stacklevel=3)
             skipped.clear()
         self.epoch += 1
-        self._history, self._consumed = [], 0
+        self._history, self._consumed, self._steps = [], 0, 0
 
     def rows(self) -> Iterator[dict[str, Any]]:
         """Row-at-a-time iteration (slower than batches): each row a dict of field -> value."""
@@ -138,12 +192,13 @@ class Reader:
             self._pool = ThreadPoolExecutor(max_workers=self.workers, thread_name_prefix="shardkit-read")
         return self._pool
 
-    def _prefetched(self, tasks: Iterator[Task]) -> Iterator[Columns | None]:
-        """Results of ``tasks`` in order, with up to ``prefetch`` tasks running ahead."""
+    def _prefetched(self, tasks: Iterator[tuple[Task, np.ndarray | None]]
+                    ) -> Generator[Columns | None, None, None]:
+        """Results of ``tasks`` (with their row selections) in order, ``prefetch`` tasks running ahead."""
         pool, inflight = self._executor(), deque[Future[Columns | None]]()
         try:
-            for task in tasks:
-                inflight.append(pool.submit(self._source.read, task))
+            for task, rows in tasks:
+                inflight.append(pool.submit(self._source.read, task, rows))
                 if len(inflight) > self.prefetch:
                     yield inflight.popleft().result()
             while inflight:
@@ -154,13 +209,23 @@ class Reader:
 
     # ---- state -------------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
-        """Position in the epoch (JSON-able). Any rank's state describes a data-parallel job."""
-        history = [*self._history, (self.num_shards, self._consumed)]
+        """Position in the epoch (JSON-able). Any rank's state describes a data-parallel job.
+
+        Ranks step together, so after ``k`` batches every shard has consumed ``min(k * batch_size,
+        its piece)``. A shard that yielded the stage's last step has finished the epoch: its state
+        points at the start of the next one (with ``remainder="uneven"`` a shorter piece finishes one
+        step early only when its last batch was full, and then the job has a step to go).
+        """
+        epoch, history = self.epoch, list(self._history)
+        if self._steps and self._steps >= self._stage_steps():
+            epoch, history = epoch + 1, []
+        elif self._consumed:
+            history.append((self.num_shards, self._consumed))
         return {
             "version": STATE_VERSION, "fingerprint": self.fingerprint, "seed": self.seed,
             "shuffle": self.shuffle, "shuffle_buffer": self.shuffle_buffer, "remainder": self.remainder,
-            "drop_last": self.drop_last, "batch_size": self.batch_size, "epoch": self.epoch,
-            "history": [[w, c] for w, c in history if c > 0],
+            "drop_last": self.drop_last, "batch_size": self.batch_size, "epoch": epoch,
+            "history": [[w, c] for w, c in history],
         }
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
@@ -178,9 +243,17 @@ class Reader:
         if state.get("drop_last") and state.get("batch_size") != self.batch_size:
             raise ReaderError("drop_last=True needs the same batch_size to resume; "
                               f"the state has {state.get('batch_size')}, this reader {self.batch_size}")
-        history = [(int(w), int(c)) for w, c in state.get("history", [])]
+        try:
+            epoch = state["epoch"]
+            history = [(w, c) for w, c in state["history"]]
+            if not isinstance(epoch, int) or epoch < 0 or not all(
+                isinstance(v, int) and not isinstance(v, bool) for entry in history for v in entry
+            ):
+                raise TypeError("epoch and history entries must be non-negative ints")
+        except (KeyError, TypeError, ValueError) as e:
+            raise ReaderError(f"the reader state is malformed ({e!r}): {state!r:.200}") from e
         self._ranges(history)  # validates the history against this sample space
-        self.epoch, self._history, self._consumed = int(state["epoch"]), history, 0
+        self.epoch, self._history, self._consumed, self._steps = epoch, history, 0, 0
         self._generation += 1
 
     # ---- lifecycle ---------------------------------------------------------------------------
@@ -202,21 +275,49 @@ class Reader:
                 f"batch_size={self.batch_size}, samples={self.num_samples})")
 
 
-def _assemble(window: Window, parts: list[Columns | None], order: EpochOrder) -> Columns | None:
-    """Concatenate a window's task results and pick its rows in emission order (skipped parts out)."""
+def _needed_rows(window: Window, order: EpochOrder) -> tuple[np.ndarray | None, list[np.ndarray | None]]:
+    """Which rows of each task this shard emits, so only those are decoded.
+
+    Returns the emission order as indices into the concatenated decoded rows (None: all, in order)
+    and, per task, the rows to decode (None: all of them). A shard that needs only part of a shuffle
+    window (at its ends, or when the window spans the whole dataset) decodes only its part.
+    """
     emit = window.emit(order)
-    ok = [p is not None for p in parts]
-    if not all(ok) and emit is not None:
-        sizes = np.array([t.stop - t.start for t in window.tasks])
-        owner = np.searchsorted(np.cumsum(sizes), emit, side="right")
-        keep = np.asarray(ok)[owner]
-        shift = np.cumsum(np.where(ok, 0, sizes)) - np.where(ok, 0, sizes)
+    if emit is None:
+        return None, [None] * len(window.tasks)
+    sizes = [t.stop - t.start for t in window.tasks]
+    if len(emit) == sum(sizes):
+        return emit, [None] * len(window.tasks)
+    needed = np.unique(emit)
+    bounds = np.concatenate([[0], np.cumsum(sizes)])
+    cuts = np.searchsorted(needed, bounds)
+    rows: list[np.ndarray | None] = [needed[cuts[i] : cuts[i + 1]] - bounds[i] for i in range(len(sizes))]
+    return np.searchsorted(needed, emit), rows
+
+
+def _assemble(parts: list[Columns | None], emit: np.ndarray | None, sizes: list[int]
+              ) -> tuple[Columns | None, np.ndarray | None]:
+    """Concatenate a window's decoded parts and pick its rows in emission order (skipped parts out).
+
+    ``sizes`` are the rows each part decoded; ``emit`` indexes their concatenation. Returns the rows
+    and which of the window's emitted rows they are (None: all of them).
+    """
+    ok = np.array([p is not None for p in parts], dtype=bool)
+    kept = None
+    if not ok.all():
+        counts = np.asarray(sizes)
+        if emit is None:
+            emit = np.arange(int(counts.sum()))
+        owner = np.searchsorted(np.cumsum(counts), emit, side="right")
+        keep = ok[owner]
+        shift = np.cumsum(np.where(ok, 0, counts)) - np.where(ok, 0, counts)
+        kept = np.flatnonzero(keep)
         emit = emit[keep] - shift[owner[keep]]
     present = [p for p in parts if p is not None]
     if not present:
-        return None
+        return None, kept
     columns = batching.concat(present)
-    return columns if emit is None else batching.take(columns, emit)
+    return (columns if emit is None else batching.take(columns, emit)), kept
 
 
 def _job_world(shard: int | None, num_shards: int | None) -> tuple[int, int]:
@@ -236,12 +337,20 @@ def _job_world(shard: int | None, num_shards: int | None) -> tuple[int, int]:
             f"shard={shard} was given without num_shards, and this process is not in a job (no WORLD_SIZE, "
             "no initialized torch.distributed); pass num_shards=<number of workers>"
         )
-    return (int(rank or 0) if shard is None else shard), int(world)
+    if shard is None and rank is None:
+        raise ReaderError(
+            f"WORLD_SIZE={world} is set but RANK is not, so this worker's shard is unknown; pass "
+            "shard=<rank> (every worker reading shard 0 would read the same samples)"
+        )
+    try:
+        return (shard if shard is not None else int(str(rank))), int(world)
+    except ValueError as e:
+        raise ReaderError(
+            f"the job's WORLD_SIZE={world!r} / RANK={rank!r} are not ints; pass shard= and num_shards="
+        ) from e
 
 
 def _torch_dist() -> Any:
-    import sys
-
     if "torch.distributed" not in sys.modules:
         return None
     dist = sys.modules["torch.distributed"]

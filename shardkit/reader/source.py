@@ -7,6 +7,8 @@ the GIL, so row groups are fetched and decoded in parallel.
 from __future__ import annotations
 
 import threading
+from collections import OrderedDict
+from concurrent.futures import Future
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Literal
 
@@ -21,6 +23,7 @@ if TYPE_CHECKING:
     from shardkit.reader.cache import RowGroupCache
 
 Columns = dict[str, np.ndarray]
+RECENT_READS = 2  # row-group tables kept for the next task (bounded memory: two row groups)
 
 
 class RowGroupSource:
@@ -40,9 +43,10 @@ class RowGroupSource:
         self.selection = selection or {}
         self.cache = cache
         self.on_error = on_error
-        self.skipped: list[str] = []
+        self.skipped: dict[int, str] = {}  # corrupt row groups skipped (index -> error), until cleared
         self.remote_reads = 0
         self._lock = threading.Lock()
+        self._recent: OrderedDict[int, Future[pa.Table]] = OrderedDict()
 
     def _fetch(self, row_group: int) -> pa.Table:
         with self._lock:
@@ -50,6 +54,27 @@ class RowGroupSource:
         return self.dataset.read_row_group(row_group, self.columns)
 
     def _arrow(self, row_group: int) -> pa.Table:
+        """The row group's Arrow table; neighbouring tasks of one row group (a row group that spans two
+        shuffle windows) share one read through a small table of in-flight and recent reads."""
+        with self._lock:
+            future = self._recent.get(row_group)
+            owner = future is None
+            if future is None:
+                future = self._recent[row_group] = Future()
+                while len(self._recent) > RECENT_READS:
+                    self._recent.popitem(last=False)
+            else:
+                self._recent.move_to_end(row_group)
+        if owner:
+            try:
+                future.set_result(self._load(row_group))
+            except BaseException as e:
+                future.set_exception(e)
+                with self._lock:
+                    self._recent.pop(row_group, None)
+        return future.result()
+
+    def _load(self, row_group: int) -> pa.Table:
         if self.cache is None:
             return self._fetch(row_group)
         rg = self.dataset.row_groups[row_group]
@@ -57,19 +82,26 @@ class RowGroupSource:
                         ",".join(self.columns)])
         return self.cache.get_or_fetch(key, lambda: self._fetch(row_group))
 
-    def read(self, task: Task) -> Columns | None:
-        """Decoded columns of ``task``'s rows; None when the row group is corrupt and skipped."""
+    def read(self, task: Task, rows: np.ndarray | None = None) -> Columns | None:
+        """Decoded columns of ``task``'s rows (only ``rows`` of them, relative to ``task.start``, when
+        given); None when the row group is corrupt and skipped."""
         try:
             table = self._arrow(task.row_group)
-            rows = self.selection.get(task.row_group)
-            if rows is None:
+            selected = self.selection.get(task.row_group)
+            if selected is None and rows is None:
                 table = table.slice(task.start, task.stop - task.start)
             else:
-                table = table.take(pa.array(rows[task.start : task.stop]))
+                index = np.arange(task.start, task.stop) if selected is None else selected[task.start : task.stop]
+                table = table.take(pa.array(index if rows is None else index[rows]))
             return self.dataset.decode(table)
         except CorruptDatasetError as e:
+            rg = self.dataset.row_groups[task.row_group]
+            where = f"row group {rg.index} of {self.dataset.location.join(rg.file)!r}"
+            error = e if where in str(e) else CorruptDatasetError(f"{where}: {e}")
             if self.on_error == "raise":
-                raise
+                if error is e:
+                    raise
+                raise error from e
             with self._lock:
-                self.skipped.append(str(e))
+                self.skipped.setdefault(task.row_group, str(error))
             return None
