@@ -1,0 +1,383 @@
+"""The local-disk row-group cache: hits, values, LRU size limit, corruption, config, and many processes."""
+
+from __future__ import annotations
+
+import gc
+import multiprocessing
+import os
+import struct
+import time
+import zlib
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pytest
+
+import shardkit.reader.cache as cache_mod
+from shardkit.errors import ReaderError
+from shardkit.reader.cache import CacheConfig, RowGroupCache
+
+GiB = 1 << 30
+
+
+def _table(seed: int, rows: int = 50) -> pa.Table:
+    """A table of every kind of column the reader caches, different for each ``seed``."""
+    rng = np.random.default_rng(seed)
+    ids = pa.array([None if i % 7 == 3 else seed * 1000 + i for i in range(rows)], pa.int64())
+    text = pa.array([None if i % 5 == 1 else f"row {seed}-{i} é" for i in range(rows)], pa.string())
+    tensor = pa.FixedShapeTensorArray.from_numpy_ndarray(rng.standard_normal((rows, 4, 3)).astype(np.float32))
+    ragged = pa.array([list(range(i % 4)) for i in range(rows)], pa.list_(pa.int32()))
+    fields = [("id", pa.int64()), ("text", pa.string()), ("tensor", tensor.type), ("ragged", ragged.type)]
+    schema = pa.schema(fields, metadata={b"shardkit.schema": b'{"version": 1}'})
+    return pa.Table.from_arrays([ids, text, tensor, ragged], schema=schema)
+
+
+class Fetcher:
+    """A ``fetch`` callable that counts its calls."""
+
+    def __init__(self, table: pa.Table) -> None:
+        self.table, self.calls = table, 0
+
+    def __call__(self) -> pa.Table:
+        self.calls += 1
+        return self.table
+
+
+def _entries(directory: Path) -> dict[str, int]:
+    return {p.name: p.stat().st_size for p in directory.glob("*.arrow")}
+
+
+def _entry_size(tmp_path: Path, table: pa.Table) -> int:
+    cache = RowGroupCache(CacheConfig(str(tmp_path / "probe"), GiB))
+    cache.get_or_fetch("probe", lambda: table)
+    return os.path.getsize(cache.path_of("probe"))
+
+
+@pytest.fixture
+def new_process(monkeypatch: pytest.MonkeyPatch) -> Callable[[], None]:
+    """Forget which entries this process has verified, as a freshly started process would."""
+    return lambda: monkeypatch.setattr(cache_mod, "_verified", {})
+
+
+def test_miss_then_hits(tmp_path: Path) -> None:
+    cache = RowGroupCache(CacheConfig(str(tmp_path), GiB))
+    fetch = Fetcher(_table(1))
+    for _ in range(3):
+        assert cache.get_or_fetch("s3://b/ds|part-0.parquet|0", fetch).equals(fetch.table)
+    assert fetch.calls == 1
+    assert cache.stats == {"hits": 2, "misses": 1, "evictions": 0, "corrupt": 0}
+
+    other = Fetcher(_table(2))
+    assert cache.get_or_fetch("s3://b/ds|part-0.parquet|1", other).equals(other.table)
+    assert cache.stats["misses"] == 2
+    assert len(_entries(tmp_path)) == 2
+    # another cache over the same folder (another process, a later run) hits what this one wrote
+    again = RowGroupCache(CacheConfig(str(tmp_path), GiB))
+    again.get_or_fetch("s3://b/ds|part-0.parquet|1", Fetcher(_table(99)))
+    assert again.stats == {"hits": 1, "misses": 0, "evictions": 0, "corrupt": 0}
+
+
+def test_values_survive_the_round_trip_memory_mapped(tmp_path: Path, new_process: Callable[[], None]) -> None:
+    original = pa.concat_tables([_table(3), _table(4)])  # two chunks
+    RowGroupCache(CacheConfig(str(tmp_path), GiB)).get_or_fetch("k", lambda: original)
+    new_process()
+    cache = RowGroupCache(CacheConfig(str(tmp_path), GiB))
+    before = pa.total_allocated_bytes()
+    cached = cache.get_or_fetch("k", Fetcher(_table(0)))
+    assert pa.total_allocated_bytes() - before < original.nbytes // 10  # buffers point into the mapping
+    assert cache.stats["hits"] == 1
+
+    assert cached.equals(original)
+    assert cached.schema.equals(original.schema, check_metadata=True)
+    assert isinstance(cached.schema.field("tensor").type, pa.FixedShapeTensorType)
+    assert cached.column("id").null_count == original.column("id").null_count > 0
+    assert cached.column("text").to_pylist() == original.column("text").to_pylist()
+    tensors = [chunk.to_numpy_ndarray() for chunk in cached.column("tensor").chunks]
+    np.testing.assert_array_equal(np.concatenate(tensors), np.concatenate(
+        [chunk.to_numpy_ndarray() for chunk in original.column("tensor").chunks]))
+    del cached, tensors
+    gc.collect()
+
+
+def test_lru_eviction_keeps_the_folder_under_the_limit(tmp_path: Path) -> None:
+    size = _entry_size(tmp_path, _table(0))
+    limit = 3 * size + size // 2  # room for three entries
+    directory = tmp_path / "cache"
+    cache = RowGroupCache(CacheConfig(str(directory), limit))
+    names = {k: Path(cache.path_of(k)).name for k in "abcdef"}
+
+    def get(key: str) -> None:
+        cache.get_or_fetch(key, lambda: _table(ord(key)))
+        assert sum(_entries(directory).values()) <= limit
+
+    for key in "abc":
+        get(key)
+    assert set(_entries(directory)) == {names[k] for k in "abc"}
+    get("a")  # a is now the most recently used: b is the oldest
+    get("d")
+    assert set(_entries(directory)) == {names[k] for k in "acd"}
+    get("e")
+    assert set(_entries(directory)) == {names[k] for k in "ade"}
+    get("c")  # evicted before: fetched again, evicting a
+    assert set(_entries(directory)) == {names[k] for k in "dec"}
+    assert cache.stats == {"hits": 1, "misses": 6, "evictions": 3, "corrupt": 0}
+    assert not [p for p in directory.iterdir() if p.name.startswith(".tmp-")]
+
+
+def test_eviction_never_takes_the_entry_just_written(tmp_path: Path) -> None:
+    size = _entry_size(tmp_path, _table(0))
+    directory = tmp_path / "cache"
+    cache = RowGroupCache(CacheConfig(str(directory), 3 * size + size // 2))
+    for key in "abc":
+        cache.get_or_fetch(key, lambda: _table(0))
+    # other processes hit a, b, c after this one wrote d: d is then the least recently used
+    future = time.time_ns() + 3600 * 10**9
+    for i, key in enumerate("abc"):
+        os.utime(cache.path_of(key), ns=(future + i, os.stat(cache.path_of(key)).st_mtime_ns))
+    cache.get_or_fetch("d", lambda: _table(0))
+    assert set(_entries(directory)) == {Path(cache.path_of(k)).name for k in "bcd"}
+
+
+def test_entry_larger_than_the_limit_is_returned_not_kept(tmp_path: Path) -> None:
+    big, small = _table(1, rows=2000), _table(2, rows=10)
+    cache = RowGroupCache(CacheConfig(str(tmp_path), _entry_size(tmp_path / "p", big) - 1))
+    cache.get_or_fetch("small", lambda: small)
+    fetch = Fetcher(big)
+    assert cache.get_or_fetch("big", fetch).equals(big)
+    assert cache.get_or_fetch("big", fetch).equals(big)
+    assert fetch.calls == 2
+    assert set(_entries(tmp_path)) == {Path(cache.path_of("small")).name}  # and nothing was evicted for it
+    assert cache.stats == {"hits": 0, "misses": 3, "evictions": 0, "corrupt": 0}
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".tmp-")]
+
+    tiny = RowGroupCache(CacheConfig(str(tmp_path / "tiny"), 100))  # smaller than the data: nothing written
+    assert tiny.get_or_fetch("small", lambda: small).equals(small)
+    assert [p.name for p in (tmp_path / "tiny").iterdir()] == []
+
+
+def _flip(path: str) -> None:
+    with open(path, "r+b") as f:
+        f.seek(os.path.getsize(path) // 2)
+        byte = f.read(1)
+        f.seek(-1, os.SEEK_CUR)
+        f.write(bytes([byte[0] ^ 0x40]))
+
+
+def _truncate(path: str) -> None:
+    os.truncate(path, os.path.getsize(path) - 100)
+
+
+def _garbage(path: str) -> None:
+    Path(path).write_bytes(os.urandom(os.path.getsize(path)))
+
+
+def _empty(path: str) -> None:
+    Path(path).write_bytes(b"")
+
+
+def _valid_checksum_bad_ipc(path: str) -> None:
+    payload = os.urandom(1000)
+    Path(path).write_bytes(payload + struct.pack("<4sIQ", b"SKC1", zlib.crc32(payload), len(payload)))
+
+
+@pytest.mark.parametrize("corrupt", [_flip, _truncate, _garbage, _empty, _valid_checksum_bad_ipc])
+def test_corrupt_entry_is_refetched(tmp_path: Path, new_process: Callable[[], None],
+                                    corrupt: Callable[[str], None], caplog: pytest.LogCaptureFixture) -> None:
+    table = _table(5)
+    RowGroupCache(CacheConfig(str(tmp_path), GiB)).get_or_fetch("k", lambda: table)
+    cache = RowGroupCache(CacheConfig(str(tmp_path), GiB))
+    corrupt(cache.path_of("k"))
+    new_process()
+    fetch = Fetcher(table)
+    assert cache.get_or_fetch("k", fetch).equals(table)
+    assert fetch.calls == 1
+    assert cache.stats == {"hits": 0, "misses": 1, "evictions": 0, "corrupt": 1}
+    assert "is corrupt" in caplog.text
+    # the refetched entry replaced the corrupt one
+    new_process()
+    assert cache.get_or_fetch("k", fetch).equals(table)
+    assert cache.stats["hits"] == 1
+    assert fetch.calls == 1
+
+
+def test_entry_is_verified_once_per_process(tmp_path: Path, new_process: Callable[[], None],
+                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    table = _table(6)
+    cache = RowGroupCache(CacheConfig(str(tmp_path), GiB))
+    cache.get_or_fetch("k", lambda: table)
+    new_process()
+    calls = []
+
+    class CountingZlib:
+        @staticmethod
+        def crc32(data: Any) -> int:
+            calls.append(len(memoryview(data)))
+            return zlib.crc32(data)
+
+    monkeypatch.setattr(cache_mod, "zlib", CountingZlib)
+    for _ in range(3):
+        assert cache.get_or_fetch("k", Fetcher(table)).equals(table)
+    assert len(calls) == 1
+    assert calls[0] > table.nbytes  # the whole entry was read
+
+    # an entry changed after its check (new mtime) is checked again, and found corrupt
+    path = cache.path_of("k")
+    mtime = os.stat(path).st_mtime_ns
+    _flip(path)
+    os.utime(path, ns=(mtime + 10**9, mtime + 10**9))
+    assert cache.get_or_fetch("k", Fetcher(table)).equals(table)
+    assert cache.stats["corrupt"] == 1
+
+
+def test_fetch_error_propagates_and_caches_nothing(tmp_path: Path) -> None:
+    cache = RowGroupCache(CacheConfig(str(tmp_path), GiB))
+
+    def fail() -> pa.Table:
+        raise OSError("connection reset")
+
+    with pytest.raises(OSError, match="connection reset"):
+        cache.get_or_fetch("k", fail)
+    assert not list(tmp_path.iterdir())
+
+
+def test_threads_share_one_cache(tmp_path: Path) -> None:
+    cache = RowGroupCache(CacheConfig(str(tmp_path), 5 * _entry_size(tmp_path / "p", _table(0))))
+    expected = {i: _table(i) for i in range(12)}
+
+    def work(worker: int) -> None:
+        for i in list(range(12)) * 3:
+            key = (i + worker) % 12
+            assert cache.get_or_fetch(str(key), lambda key=key: expected[key]).equals(expected[key])
+
+    with ThreadPoolExecutor(8) as pool:
+        list(pool.map(work, range(8)))
+    assert cache.stats["hits"] + cache.stats["misses"] == 8 * 36
+    assert cache.stats["corrupt"] == 0
+
+
+# --- CacheConfig ---------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def clean_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Path:
+    monkeypatch.delenv("SHARDKIT_CACHE_DIR", raising=False)
+    monkeypatch.delenv("SHARDKIT_CACHE_SIZE", raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    return tmp_path / "home"
+
+
+def test_resolve_none_config_and_local_auto(clean_env: Path, tmp_path: Path) -> None:
+    config = CacheConfig(str(tmp_path), 123)
+    assert CacheConfig.resolve(None, remote=True) is None
+    assert CacheConfig.resolve(config, remote=False) is config
+    assert CacheConfig.resolve("auto", remote=False) is None
+
+
+def test_resolve_auto_defaults_and_environment(clean_env: Path, monkeypatch: pytest.MonkeyPatch,
+                                               tmp_path: Path) -> None:
+    default = CacheConfig(str(clean_env / ".cache" / "shardkit"), 10 * GiB)
+    assert CacheConfig.resolve("auto", remote=True) == default
+    monkeypatch.setenv("SHARDKIT_CACHE_DIR", str(tmp_path / "nvme"))
+    monkeypatch.setenv("SHARDKIT_CACHE_SIZE", "2.5GiB")
+    assert CacheConfig.resolve("auto", remote=True) == CacheConfig(str(tmp_path / "nvme"), int(2.5 * GiB))
+
+
+def test_resolve_path(clean_env: Path, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    assert CacheConfig.resolve(str(tmp_path), remote=False) == CacheConfig(str(tmp_path), 10 * GiB)
+    assert CacheConfig.resolve(tmp_path / "x", remote=True) == CacheConfig(str(tmp_path / "x"), 10 * GiB)
+    assert CacheConfig.resolve("~/c", remote=True) == CacheConfig(str(clean_env / "c"), 10 * GiB)
+    monkeypatch.setenv("SHARDKIT_CACHE_SIZE", "500MB")
+    assert CacheConfig.resolve(str(tmp_path), remote=True) == CacheConfig(str(tmp_path), 500 * 10**6)
+
+
+@pytest.mark.parametrize("bad", [42, True, b"/tmp/c", "", "   ", ["/tmp/c"], 1.5])
+def test_resolve_rejects_what_is_not_a_cache(clean_env: Path, bad: Any) -> None:
+    with pytest.raises(ReaderError, match=r"cache=.*'auto', a local folder"):
+        CacheConfig.resolve(bad, remote=True)
+
+
+@pytest.mark.parametrize("size", ["lots", "0", "-1GiB", "10 parsecs"])
+def test_resolve_rejects_a_bad_size_in_the_environment(clean_env: Path, monkeypatch: pytest.MonkeyPatch,
+                                                       size: str) -> None:
+    monkeypatch.setenv("SHARDKIT_CACHE_SIZE", size)
+    with pytest.raises(ReaderError, match=rf"SHARDKIT_CACHE_SIZE={size!r} is not a size; set it"):
+        CacheConfig.resolve("auto", remote=True)
+    assert CacheConfig.resolve("auto", remote=False) is None  # not read when there is no cache
+
+
+def test_config_validates_and_parses(tmp_path: Path) -> None:
+    assert CacheConfig(str(tmp_path), "1MiB").size_limit == 1 << 20  # type: ignore[arg-type]
+    assert CacheConfig(tmp_path, 5).directory == str(tmp_path)  # type: ignore[arg-type]
+    for size in (0, -5, True, "big", None):
+        with pytest.raises(ReaderError, match=r"CacheConfig.size_limit=.* is not a size"):
+            CacheConfig(str(tmp_path), size)  # type: ignore[arg-type]
+    for directory in ("", None, 3):
+        with pytest.raises(ReaderError, match=r"CacheConfig.directory=.* is not a folder path"):
+            CacheConfig(directory, 5)  # type: ignore[arg-type]
+    (tmp_path / "file").write_text("x")
+    with pytest.raises(ReaderError, match=r"cache folder .*file.* cannot be created"):
+        RowGroupCache(CacheConfig(str(tmp_path / "file"), 5))
+
+
+# --- many processes ------------------------------------------------------------------------------
+
+KEYS = [f"s3://bucket/ds|part-{i // 4}.parquet|{i % 4}" for i in range(16)]
+
+
+def _hammer(directory: str, limit: int, worker: int, barrier: Any, results: Any) -> None:
+    try:
+        cache = RowGroupCache(CacheConfig(directory, limit))
+        order = list(range(len(KEYS)))
+        rng = np.random.default_rng(worker)
+        barrier.wait(60)
+        for round_ in range(4):
+            if worker % 2 and round_ % 2:
+                rng.shuffle(order)  # half the time half the workers wander; the rest race on each key
+            for i in order:
+                table = cache.get_or_fetch(KEYS[i], lambda i=i: _table(i, rows=300))
+                if not table.equals(_table(i, rows=300)):
+                    raise AssertionError(f"worker {worker}: wrong values for {KEYS[i]}")
+        results.put((worker, "ok", cache.stats))
+    except BaseException as e:
+        results.put((worker, f"{type(e).__name__}: {e}", {}))
+
+
+@pytest.mark.distributed
+@pytest.mark.timeout(120)
+def test_processes_share_one_folder(tmp_path: Path, new_process: Callable[[], None]) -> None:
+    size = _entry_size(tmp_path, _table(0, rows=300))
+    limit = 6 * size  # 16 keys, room for 6: entries are evicted while others read them
+    directory = str(tmp_path / "cache")
+    ctx = multiprocessing.get_context("spawn")
+    n = 4
+    barrier, results = ctx.Barrier(n), ctx.Queue()
+    procs = [ctx.Process(target=_hammer, args=(directory, limit, w, barrier, results)) for w in range(n)]
+    try:
+        for p in procs:
+            p.start()
+        outcomes = [results.get(timeout=90) for _ in procs]
+        for p in procs:
+            p.join(30)
+    finally:
+        for p in procs:
+            if p.is_alive():
+                p.kill()
+                p.join(5)
+    assert [o for o in outcomes if o[1] != "ok"] == []
+    assert [p.exitcode for p in procs] == [0] * n
+    stats = [o[2] for o in outcomes]
+    assert sum(s["corrupt"] for s in stats) == 0
+    assert sum(s["evictions"] for s in stats) > 0
+    assert sum(s["hits"] for s in stats) > 0
+    assert sum(_entries(Path(directory)).values()) <= limit
+    assert not [p for p in os.listdir(directory) if p.startswith(".tmp-")]
+    # what is left is valid for a fresh process
+    new_process()
+    cache = RowGroupCache(CacheConfig(directory, limit))
+    for i, key in enumerate(KEYS):
+        assert cache.get_or_fetch(key, lambda i=i: _table(i, rows=300)).equals(_table(i, rows=300))
+    assert cache.stats["corrupt"] == 0
