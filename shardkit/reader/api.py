@@ -9,7 +9,7 @@ from typing import Any, Literal
 from shardkit.dataset.index import Dataset, open_dataset
 from shardkit.errors import ReaderError
 from shardkit.reader.filter import Filter
-from shardkit.reader.plan import Remainder
+from shardkit.reader.plan import Remainder, validate_shard
 from shardkit.reader.reader import WINDOW_BYTES, Reader, _job_world, _positive
 
 
@@ -75,8 +75,6 @@ def make_reader(
         DatasetNotFoundError, NotADatasetError: no dataset at ``url``.
     """
     shard, num_shards = _job_world(shard, num_shards)
-    from shardkit.reader.plan import validate_shard
-
     validate_shard(shard, num_shards)
     _positive("batch_size", batch_size)
     if not isinstance(seed, int) or isinstance(seed, bool) or seed < 0:
@@ -97,9 +95,11 @@ def make_reader(
     else:
         if isinstance(columns, str):
             raise ReaderError(f"columns={columns!r} must be a list of names, e.g. [{columns!r}]")
+        if not columns:
+            raise ReaderError(f"columns=[] selects nothing; pass some of the fields {names}, or None for all")
         unknown = [c for c in columns if c not in names]
-        if unknown or not columns:
-            raise ReaderError(f"unknown column(s) {unknown or columns!r} for {dataset.url!r}; its fields are {names}")
+        if unknown:
+            raise ReaderError(f"unknown column(s) {unknown!r} for {dataset.url!r}; its fields are {names}")
     if shuffle_buffer is None:
         per_row = max(1, dataset.num_bytes // max(1, dataset.num_rows))
         shuffle_buffer = max(1024, WINDOW_BYTES // per_row)
@@ -107,7 +107,7 @@ def make_reader(
 
     row_cache = None
     if cache is not None and not (cache == "auto" and dataset.location.is_local):
-        from shardkit.reader.cache import CacheConfig, RowGroupCache
+        from shardkit.reader.cache import CacheConfig, RowGroupCache  # noqa: PLC0415 - only when caching
 
         config = CacheConfig.resolve(cache, remote=not dataset.location.is_local)
         row_cache = None if config is None else RowGroupCache(config)

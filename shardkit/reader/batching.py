@@ -17,7 +17,7 @@ def concat(parts: Sequence[Columns]) -> Columns:
     for name in parts[0]:
         arrays = [p[name] for p in parts]
         if any(isinstance(a, np.ma.MaskedArray) for a in arrays):
-            out[name] = np.ma.concatenate(arrays)
+            out[name] = np.ma.concatenate(arrays)  # type: ignore[no-untyped-call]
         else:
             out[name] = np.concatenate(arrays)
     return out

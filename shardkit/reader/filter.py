@@ -9,7 +9,7 @@ the indices of matching rows. The plan then works on those rows as if they were 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, TypeAlias
 
 import numpy as np
 import pyarrow as pa
@@ -20,7 +20,7 @@ import pyarrow.parquet as pq
 from shardkit.dataset.index import Dataset
 from shardkit.errors import ReaderError
 
-Filter = pc.Expression | Sequence[Any]
+Filter: TypeAlias = pc.Expression | Sequence[Any]
 
 
 def to_expression(filter: Filter, arrow_schema: pa.Schema) -> pc.Expression:
@@ -40,9 +40,8 @@ def to_expression(filter: Filter, arrow_schema: pa.Schema) -> pc.Expression:
                 f"filter={filter!r} is not a pyarrow expression nor a list of (column, op, value) "
                 f"tuples: {e}. Example: pyarrow.compute.field('label') < 5"
             ) from e
-    empty = pa.table({f.name: pa.array([], type=f.type) for f in arrow_schema})
     try:
-        empty.filter(expr)
+        _empty(arrow_schema).filter(expr)
     except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError, KeyError) as e:
         raise ReaderError(
             f"filter {expr} does not apply to this dataset: {e}. Its columns are "
@@ -52,9 +51,26 @@ def to_expression(filter: Filter, arrow_schema: pa.Schema) -> pc.Expression:
 
 
 def filter_columns(expr: pc.Expression, arrow_schema: pa.Schema) -> list[str]:
-    """The columns an expression reads (by name, in schema order)."""
+    """The columns an expression reads (by name, in schema order).
+
+    Arrow does not list an expression's fields, so: every column whose name appears in its text is a
+    candidate, and a candidate is needed when the expression no longer evaluates without it (a name
+    that only occurs inside another name or a string literal is not read).
+    """
     text = str(expr)
-    return [name for name in arrow_schema.names if name in text]
+    candidates = [name for name in arrow_schema.names if name in text]
+    needed = []
+    for name in candidates:
+        rest = pa.schema([f for f in arrow_schema if f.name != name])
+        try:
+            _empty(rest).filter(expr)
+        except (pa.ArrowException, KeyError):
+            needed.append(name)
+    return needed
+
+
+def _empty(arrow_schema: pa.Schema) -> pa.Table:
+    return pa.table({f.name: pa.array([], type=f.type) for f in arrow_schema})
 
 
 def select_rows(ds: Dataset, expr: pc.Expression) -> tuple[np.ndarray, dict[int, np.ndarray], int]:
@@ -95,7 +111,7 @@ def _prunable(ds: Dataset, expr: pc.Expression) -> np.ndarray:
             frag = fmt.make_fragment(path, filesystem=ds.location.arrow_fs,
                                      row_groups=[ds.row_groups[i].index for i in idxs])
             kept = {rg.id for rg in frag.subset(filter=expr, schema=ds.arrow_schema).row_groups}
-        except (pa.ArrowInvalid, OSError):
+        except (pa.ArrowException, OSError):
             continue  # statistics unusable: every row group stays a candidate
         for i in idxs:
             may[i] = ds.row_groups[i].index in kept

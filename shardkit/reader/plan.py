@@ -14,18 +14,20 @@ where a row group is split by row range (so any number of shards works, even mor
 The remainder policy makes the pieces equal: ``drop`` leaves out the last ``len(remaining) %
 num_shards`` samples of the stage, ``pad`` repeats the first ones, ``uneven`` gives the first shards
 one more sample (so the last batch may be missing on some shards: it can hang an allreduce).
+``drop_last`` also cuts every piece down to a multiple of the batch size (the stage's tail is left out).
 
 Resume. A data-parallel job steps all shards together, so "each shard consumed ``c`` samples of
-stage ``i``" describes the global position. The state is the list of stages ``[(num_shards, c),
-...]``; replaying it removes exactly the consumed pieces from ``remaining``, and the next stage splits
-the rest among any number of shards: nothing repeats, nothing is skipped.
+stage ``i``" (a shorter piece: all of it, if that is less) describes the global position. The state
+is the list of stages ``[(num_shards, c), ...]``; replaying it removes exactly the consumed pieces
+from ``remaining``, and the next stage splits the rest among any number of shards: nothing repeats,
+nothing is skipped.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from functools import cached_property
 from collections.abc import Sequence
+from functools import cached_property
 from typing import Literal
 
 import numpy as np
@@ -118,6 +120,8 @@ def _split(remaining: Ranges, num_shards: int, remainder: Remainder, batch: int,
     n = total(remaining)
     if remainder == "uneven":
         sizes = [n // num_shards + (1 if k < n % num_shards else 0) for k in range(num_shards)]
+        if drop_last:  # each shard's last partial batch goes; the pieces stay contiguous
+            sizes = [size // batch * batch for size in sizes]
     else:
         per = n // num_shards if remainder == "drop" else -(-n // num_shards)
         if drop_last:
@@ -187,8 +191,9 @@ def shard_ranges(
         if past_shards <= 0 or consumed < 0:
             raise ReaderError(f"resume history entry {(past_shards, consumed)} is invalid")
         pieces = _split(remaining, past_shards, remainder, batch_size, drop_last)
+        # A shorter piece (remainder="uneven") is read whole when the longest one reaches ``consumed``.
         gone = [r for piece in pieces for r in take(piece, 0, consumed)]
-        if any(total(take(piece, 0, consumed)) < consumed for piece in pieces) and remainder != "uneven":
+        if consumed > max(total(piece) for piece in pieces):
             raise ReaderError(
                 f"resume state says each of {past_shards} shards consumed {consumed} samples, more than "
                 f"the stage holds; the state belongs to another dataset or reader configuration"
@@ -245,15 +250,15 @@ def shard_windows(order: EpochOrder, ranges: Ranges) -> list[Window]:
     """The windows a shard reads for ``ranges`` of ``pi``, in order.
 
     Shuffled: a window's tasks cover its whole stream span and its picks select the shard's rows in
-    ``pi`` order; two ranges in one window (after a resume) share one read. Unshuffled: the tasks
-    cover exactly the shard's rows.
+    ``pi`` order; two ranges in one window (after a resume) share one read. Unshuffled: one window
+    per task, covering exactly the shard's rows.
     """
     group_order, offsets = order.group_order, order.stream_offsets
     out: list[Window] = []
-    if not order.shuffle:
+    if not order.shuffle:  # one window per task: rows stream out as soon as each task is read
         for a, b in ranges:
-            tasks = tuple(Task(*seg) for seg in order.segments(a, b, group_order, offsets))
-            out.append(Window(len(out), tasks, None))
+            for seg in order.segments(a, b, group_order, offsets):
+                out.append(Window(len(out), (Task(*seg),), None))
         return out
     size = order.window_size()
     n = order.num_samples
