@@ -42,7 +42,10 @@ def describe(ds: Dataset) -> dict[str, Any]:
 
 def _table(rows: list[list[str]], header: list[str]) -> str:
     widths = [max(len(str(r[i])) for r in [header, *rows]) for i in range(len(header))]
-    line = lambda r: "  ".join(str(c).ljust(w) for c, w in zip(r, widths, strict=True)).rstrip()  # noqa: E731
+
+    def line(r: list[str]) -> str:
+        return "  ".join(str(c).ljust(w) for c, w in zip(r, widths, strict=True)).rstrip()
+
     return "\n".join([line(header), line(["-" * w for w in widths]), *(line(r) for r in rows)])
 
 
@@ -58,8 +61,9 @@ def format_description(info: dict[str, Any]) -> str:
         for f in info["fields"]
     ]
     files = [[f["file"], str(f["row_groups"]), f"{f['rows']:,}", _human(f["bytes"])] for f in info["files"]]
-    head = (f"{info['url']}  ({info['kind']} dataset)\n{info['rows']:,} rows in {info['row_groups']:,} row groups, "
-            f"{len(info['files']):,} files, {_human(info['bytes'])} uncompressed\n")
+    head = (f"{info['url']}  ({info['kind']} dataset)\n"
+            f"{info['rows']:,} rows in {info['row_groups']:,} row groups, "
+            f"{len(info['files']):,} files, {_human(info['bytes'])} uncompressed")
     return "\n\n".join([head, _table(fields, ["field", "dtype", "shape", "codec", "nullable"]),
                         _table(files, ["file", "row groups", "rows", "bytes"])])
 
@@ -79,7 +83,8 @@ def _index(args: argparse.Namespace) -> int:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", SummaryMissingWarning)
         ds = write_summary(args.url)
-    print(f"wrote {args.url.rstrip('/')}/_metadata: {len(ds.row_groups):,} row groups in {len(ds.files):,} files")
+    summary = f"{args.url.rstrip('/')}/_metadata"
+    print(f"wrote {summary}: {len(ds.row_groups):,} row groups in {len(ds.files):,} files")
     return 0
 
 

@@ -76,7 +76,6 @@ def collect_garbage(loc: Location, live: set[str]) -> None:
         loc.fs.rm(loc.join(STAGING), recursive=True)
     for path in loc.fs.ls(loc.root, detail=False):
         name = str(path).rstrip("/").rsplit("/", 1)[-1]
-        if name.startswith("part-") and name.endswith(".parquet") and name not in live:
-            loc.fs.rm(path)
-        elif name.startswith((f".{SUMMARY}.tmp-", f".{COMMON}.tmp-")):
+        dead_part = name.startswith("part-") and name.endswith(".parquet") and name not in live
+        if dead_part or name.startswith((f".{SUMMARY}.tmp-", f".{COMMON}.tmp-")):
             loc.fs.rm(path)

@@ -25,9 +25,16 @@ import pyarrow.parquet as pq
 
 from shardkit.dataset.location import COMMON, SUMMARY, Location
 from shardkit.dataset.schema import SCHEMA_KEY, Schema, schema_from_arrow
-from shardkit.errors import CorruptDatasetError, DatasetNotFoundError, NotADatasetError, SchemaError
+from shardkit.errors import (
+    CorruptDatasetError,
+    DatasetNotFoundError,
+    NotADatasetError,
+    SchemaError,
+    SchemaMismatchError,
+)
 
 PETASTORM_KEY = b"dataset-toolkit.unischema.v1"
+PARQUET_SUFFIXES = (".parquet", ".parq", ".pq")
 
 
 class SummaryMissingWarning(UserWarning):
@@ -74,7 +81,8 @@ class Dataset:
     @cached_property
     def rows_per_group(self) -> np.ndarray:
         """Row counts of the row groups as an int64 array (what planning works on)."""
-        return np.fromiter((rg.num_rows for rg in self.row_groups), dtype=np.int64, count=len(self.row_groups))
+        counts = (rg.num_rows for rg in self.row_groups)
+        return np.fromiter(counts, dtype=np.int64, count=len(self.row_groups))
 
     def open_file(self, file: str) -> pq.ParquetFile:
         """Open one data file, raising `CorruptDatasetError` (naming it) if it is not readable Parquet."""
@@ -95,14 +103,18 @@ class Dataset:
     def read_row_group(self, i: int, columns: Sequence[str] | None = None) -> pa.Table:
         """Read row group ``i`` of the index (Arrow, not decoded)."""
         rg = self.row_groups[i]
-        pf = self.open_file(rg.file)
+        where = f"row group {rg.index} of {self.location.join(rg.file)!r}"
+        try:
+            pf = self.open_file(rg.file)
+        except CorruptDatasetError as e:
+            raise CorruptDatasetError(f"{where} cannot be read: {e}") from e
         try:
             return pf.read_row_group(rg.index, columns=list(columns) if columns is not None else None,
                                      use_threads=False)
         except (pa.ArrowInvalid, OSError) as e:
             raise CorruptDatasetError(
-                f"row group {rg.index} of {self.location.join(rg.file)!r} cannot be read ({e}); "
-                "the file is corrupt: rewrite the dataset, or read with on_error='skip'"
+                f"{where} cannot be read ({e}); the file is corrupt: rewrite the dataset, or read with "
+                "on_error='skip'"
             ) from e
 
     def decode(self, table: pa.Table) -> dict[str, np.ndarray]:
@@ -122,7 +134,11 @@ def open_dataset(url: str | os.PathLike[str], *, storage_options: dict[str, Any]
         NotADatasetError: the folder has no Parquet data, or holds an unfinished shardkit write.
         CorruptDatasetError: a summary or (for folders without one) a data file is not readable.
     """
-    loc = Location.of(url, storage_options)
+    return open_location(Location.of(url, storage_options))
+
+
+def open_location(loc: Location) -> Dataset:
+    """`open_dataset` of a `Location` (keeps the filesystem, and so its storage options)."""
     if not loc.fs.exists(loc.root):
         raise DatasetNotFoundError(
             f"no dataset at {loc.url!r}: the path does not exist. Check the URL (and credentials), or "
@@ -136,12 +152,13 @@ def open_dataset(url: str | os.PathLike[str], *, storage_options: dict[str, Any]
     else:
         md, arrow_schema, groups = None, *_index_footers(loc)
     if SCHEMA_KEY in (arrow_schema.metadata or {}):
-        return Dataset(loc, schema_from_arrow(arrow_schema), arrow_schema, groups, "shardkit", md)
+        return Dataset(loc, _schema(loc, arrow_schema), arrow_schema, groups, "shardkit", md)
     if is_petastorm(loc):
         from shardkit.dataset.petastorm import petastorm_schema
 
         blob = read_footer(loc, COMMON).metadata[PETASTORM_KEY]
-        return Dataset(loc, petastorm_schema(blob, where=loc.join(COMMON)), arrow_schema, groups, "petastorm", md)
+        schema = petastorm_schema(blob, where=loc.join(COMMON))
+        return Dataset(loc, schema, arrow_schema, groups, "petastorm", md)
     return Dataset(loc, _schema(loc, arrow_schema), arrow_schema, groups, "parquet", md)
 
 
@@ -157,7 +174,7 @@ def _index_footers(loc: Location) -> tuple[pa.Schema, tuple[RowGroup, ...]]:
             f"{loc.url!r} holds no Parquet data files (and no _metadata); point at the dataset's root "
             "folder, or write a dataset there with shardkit.write_dataset"
         )
-    footers = [(name, read_footer(loc, name)) for name in files]
+    footers = read_footers(loc, files)
     first_schema = footers[0][1].schema.to_arrow_schema()
     if SCHEMA_KEY in (first_schema.metadata or {}):
         raise NotADatasetError(
@@ -189,17 +206,30 @@ def _schema(loc: Location, arrow_schema: pa.Schema) -> Schema:
 
 
 def data_files(loc: Location) -> list[str]:
-    """Relative paths of the Parquet data files under the root (hidden and ``_``-prefixed skipped)."""
+    """Relative paths of the Parquet data files under the root (hidden and ``_``-prefixed skipped).
+
+    A file is data when its name ends in ``.parquet`` (``.parq``, ``.pq``), or, for tools that name
+    files otherwise (Hive's ``000000_0``), when it starts with the Parquet magic ``PAR1``.
+    Anything else (a README, a CSV, Spark's ``.crc`` files) is not data: it is neither indexed nor
+    removed by an overwrite.
+    """
     out = []
     root = loc.root.rstrip("/") + "/"
     for path in sorted(loc.fs.find(loc.root)):
         rel = path[len(root):] if path.startswith(root) else path
         if any(part.startswith(("_", ".")) for part in rel.split("/")):
             continue
-        if rel.endswith((".crc", ".json", ".txt")):
-            continue
-        out.append(rel)
+        if rel.lower().endswith(PARQUET_SUFFIXES) or _has_magic(loc, path):
+            out.append(rel)
     return out
+
+
+def _has_magic(loc: Location, path: str) -> bool:
+    try:
+        with loc.fs.open(path, "rb") as f:
+            return bool(f.read(4) == b"PAR1")
+    except OSError:
+        return False
 
 
 def read_footer(loc: Location, name: str) -> pq.FileMetaData:
@@ -214,8 +244,27 @@ def read_footer(loc: Location, name: str) -> pq.FileMetaData:
         ) from e
 
 
+def read_footers(loc: Location, files: Sequence[str]) -> list[tuple[str, pq.FileMetaData]]:
+    """The footers of ``files``, which must all have the columns and types of the first one."""
+    footers = [(name, read_footer(loc, name)) for name in files]
+    first_name, first = footers[0]
+    for name, md in footers[1:]:
+        if not md.schema.equals(first.schema):
+            raise SchemaMismatchError(
+                f"the data files of {loc.url!r} differ: {name!r} has the columns ({_columns(md)}), "
+                f"{first_name!r} has ({_columns(first)}). Every file of a dataset needs the same columns "
+                "and types: rewrite the odd file(s), or move them out of the folder"
+            )
+    return footers
+
+
+def _columns(md: pq.FileMetaData) -> str:
+    return ", ".join(f"{f.name}: {f.type}" for f in md.schema.to_arrow_schema())
+
+
 def _groups_of(md: pq.FileMetaData) -> list[RowGroup]:
-    groups, per_file = [], {}
+    groups: list[RowGroup] = []
+    per_file: dict[str, int] = {}
     for i in range(md.num_row_groups):
         rg = md.row_group(i)
         path = rg.column(0).file_path if rg.num_columns else ""

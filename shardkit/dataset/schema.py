@@ -32,14 +32,17 @@ def _dtype(value: DTypeLike, name: str) -> np.dtype[Any]:
     try:
         dtype = np.dtype(value)
     except TypeError as e:
-        raise SchemaError(f"field {name!r}: {value!r} is not a numpy dtype; use e.g. 'float32', 'int64', 'str'") from e
+        raise SchemaError(
+            f"field {name!r}: {value!r} is not a numpy dtype; use e.g. 'float32', 'int64', 'str'"
+        ) from e
     if dtype.kind == "U":
         return np.dtype(np.str_)
     if dtype.kind == "S":
         return np.dtype(np.bytes_)
     if dtype.kind in "cOV":
         raise SchemaError(
-            f"field {name!r}: dtype {dtype} cannot be stored; use a number, bool, datetime64, 'str' or 'bytes'"
+            f"field {name!r}: dtype {dtype} cannot be stored; use a number, bool, datetime64, 'str' or "
+            "'bytes'"
         )
     return dtype
 
@@ -126,7 +129,8 @@ class Field:
         known = {"name", "dtype", "shape", "codec", "nullable"}
         if not isinstance(obj, Mapping) or set(obj) - known or "name" not in obj or "dtype" not in obj:
             raise SchemaError(f"schema field entry {obj!r} is malformed; expected keys {sorted(known)}")
-        return cls(obj["name"], obj["dtype"], obj.get("shape", ()), obj.get("codec"), obj.get("nullable", False))
+        shape, codec, nullable = obj.get("shape", ()), obj.get("codec"), obj.get("nullable", False)
+        return cls(obj["name"], obj["dtype"], shape, codec, nullable)
 
 
 class Schema(Sequence[Field]):
@@ -226,13 +230,17 @@ class Schema(Sequence[Field]):
 
 def infer_field(name: str, values: Any) -> Field:
     """Infer a field from a column of data (numpy, pandas or Arrow); images are never guessed."""
+    if hasattr(values, "to_numpy") and not isinstance(getattr(values, "dtype", None), np.dtype | None):
+        # pandas extension dtypes (Int64, boolean, string, ...): numpy would turn <NA> into float NaN
+        # and infer float64 for an integer column; Arrow keeps the type and makes <NA> a null.
+        values = pa.array(values, from_pandas=True)
     if isinstance(values, pa.ChunkedArray | pa.Array):
         return field_from_arrow(pa.field(name, values.type, nullable=values.null_count > 0))
-    arr = values.to_numpy() if hasattr(values, "to_numpy") else np.asarray(values)
+    arr = values.to_numpy() if hasattr(values, "to_numpy") else _as_array(values)
     if arr.dtype != object:
-        if arr.ndim == 1:
-            return Field(name, arr.dtype, ())
-        return Field(name, arr.dtype, arr.shape[1:])
+        # NaT is stored as a null (NaN stays a value, as in the float codecs)
+        nat = arr.dtype.kind in "mM" and bool(np.isnat(arr).any())
+        return Field(name, arr.dtype, arr.shape[1:], nullable=nat)
     present = [v for v in arr if v is not None and not (isinstance(v, float) and np.isnan(v))]
     nullable = len(present) < len(arr)
     if not present:
@@ -243,9 +251,17 @@ def infer_field(name: str, values: Any) -> Field:
     if isinstance(first, bytes):
         return Field(name, "bytes", (), nullable=nullable)
     if not isinstance(first, np.ndarray | list | tuple):
-        return Field(name, np.asarray(present).dtype, (), nullable=nullable)
+        dtype = np.asarray(present).dtype
+        if dtype.kind == "O":
+            raise SchemaError(
+                f"column {name!r} holds {type(first).__name__} values, which have no numpy dtype; convert "
+                "them to numbers, str or bytes, or declare the column's Field"
+            )
+        return Field(name, dtype, (), nullable=nullable)
     shapes = {np.shape(v) for v in present}
-    dtype = np.result_type(*[np.asarray(v).dtype for v in present[:64]])
+    # empty rows say nothing about the dtype (numpy calls them float64)
+    dtypes = [a.dtype for a in map(np.asarray, present[:64]) if a.size] or [np.dtype(np.float64)]
+    dtype = np.result_type(*dtypes)
     ndims = {len(s) for s in shapes}
     if len(ndims) != 1:
         raise SchemaError(f"column {name!r} mixes arrays of {sorted(ndims)} dimensions; declare its Field")
@@ -253,6 +269,20 @@ def infer_field(name: str, values: Any) -> Field:
         return Field(name, dtype, next(iter(shapes)), nullable=nullable)
     shape = tuple(s0 if all(s[i] == s0 for s in shapes) else None for i, s0 in enumerate(next(iter(shapes))))
     return Field(name, dtype, shape, nullable=nullable)
+
+
+def _as_array(values: Any) -> np.ndarray:
+    """``values`` as numpy; rows of different shapes (which numpy refuses to stack) as an object array."""
+    if isinstance(values, np.ndarray):
+        return values
+    items = list(values)
+    try:
+        return np.asarray(items)
+    except ValueError:
+        arr = np.empty(len(items), dtype=object)
+        for i, v in enumerate(items):
+            arr[i] = v
+        return arr
 
 
 def field_from_arrow(af: pa.Field) -> Field:

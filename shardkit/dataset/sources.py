@@ -44,14 +44,19 @@ def _from_dataframe(df: Any) -> Iterator[Batch]:
 def _from_mapping(columns: Mapping[str, Any]) -> Iterator[Batch]:
     lengths = {name: _column_len(name, v) for name, v in columns.items()}
     if len(set(lengths.values())) > 1:
-        raise SchemaMismatchError(f"columns have different lengths: {lengths}; every column needs one value per row")
+        raise SchemaMismatchError(
+            f"columns have different lengths: {lengths}; every column needs one value per row"
+        )
     n = next(iter(lengths.values()), 0)
     for start in range(0, n, BATCH_ROWS):
         yield {k: v[start : start + BATCH_ROWS] for k, v in columns.items()}, min(BATCH_ROWS, n - start)
 
 
+_END = object()  # the end of an input iterable (None is an item, and an error)
+
+
 def _from_rows(first: Mapping[str, Any], rest: Iterator[Any], offset: int) -> tuple[Batch, Any]:
-    """Gather up to BATCH_ROWS row dicts into columns; returns the batch and the next non-row item."""
+    """Gather up to BATCH_ROWS row dicts into columns; returns the batch and the next item (or _END)."""
     names = list(first)
     cols: dict[str, list[Any]] = {n: [] for n in names}
     row: Any = first
@@ -66,10 +71,8 @@ def _from_rows(first: Mapping[str, Any], rest: Iterator[Any], offset: int) -> tu
         for n in names:
             cols[n].append(row[n])
         count += 1
-        if count >= BATCH_ROWS:
-            return (cols, count), None
-        row = next(rest, None)
-        if not isinstance(row, Mapping):
+        row = next(rest, _END)
+        if count >= BATCH_ROWS or not is_row(row):
             return (cols, count), row
 
 
@@ -83,18 +86,16 @@ def iter_batches(data: Any) -> Iterator[Batch]:
         yield from _from_mapping(data)
     elif isinstance(data, Iterable) and not isinstance(data, str | bytes):
         it = iter(data)
-        item = next(it, None)
+        item: Any = next(it, _END)
         offset = 0
-        while item is not None:
-            if isinstance(item, Mapping) and item and not _is_columnar(item):
+        while item is not _END:
+            if is_row(item):
                 (cols, n), item = _from_rows(item, it, offset)
                 offset += n
                 yield cols, n
-                if item is None:
-                    item = next(it, None)
-                continue
-            yield from iter_batches(item)
-            item = next(it, None)
+            else:
+                yield from iter_batches(item)  # a None item raises here rather than end the input
+                item = next(it, _END)
     else:
         raise SchemaError(
             f"write_dataset cannot read a {type(data).__name__}; pass a pandas DataFrame, an Arrow Table, "
@@ -102,9 +103,28 @@ def iter_batches(data: Any) -> Iterator[Batch]:
         )
 
 
-def _is_columnar(item: Mapping[str, Any]) -> bool:
+def whole_columns(data: Any) -> Mapping[str, Any] | None:
+    """Every column of an in-memory input (table, frame, dict of columns); None for a stream.
+
+    The writer infers the schema from these, not from the first batch, so that a null or a shape
+    that first appears past ``BATCH_ROWS`` rows is seen too.
+    """
+    if isinstance(data, pa.Table | pa.RecordBatch):
+        return {name: data.column(name) for name in data.schema.names}
+    if _is_dataframe(data):
+        return {str(c): data[c] for c in data.columns}
+    if isinstance(data, Mapping):
+        return data
+    return None
+
+
+def is_row(item: Any) -> bool:
     """A dict inside an iterable is a row, unless all its values are Arrow arrays (a batch)."""
-    return all(isinstance(v, pa.Array | pa.ChunkedArray) for v in item.values())
+    return (
+        isinstance(item, Mapping)
+        and bool(item)
+        and not all(isinstance(v, pa.Array | pa.ChunkedArray) for v in item.values())
+    )
 
 
-__all__ = ["BATCH_ROWS", "iter_batches"]
+__all__ = ["BATCH_ROWS", "is_row", "iter_batches", "whole_columns"]

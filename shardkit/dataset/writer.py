@@ -12,20 +12,28 @@ import os
 import re
 import sys
 import uuid
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Mapping
 from typing import Any, Literal
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 
 from shardkit.dataset.commit import collect_garbage, commit, summary_bytes
-from shardkit.dataset.index import Dataset, data_files, is_petastorm, open_dataset, read_footer
+from shardkit.dataset.index import Dataset, data_files, is_petastorm, open_location, read_footer, read_footers
 from shardkit.dataset.location import COMMON, STAGING, SUMMARY, Location
-from shardkit.dataset.schema import Field, Schema, infer_field
-from shardkit.dataset.sources import iter_batches
-from shardkit.errors import DatasetExistsError, NotADatasetError, SchemaError, SchemaMismatchError
+from shardkit.dataset.schema import SCHEMA_KEY, Field, Schema, infer_field
+from shardkit.dataset.sources import is_row, iter_batches, whole_columns
+from shardkit.errors import (
+    DatasetExistsError,
+    DatasetNotFoundError,
+    NotADatasetError,
+    SchemaError,
+    SchemaMismatchError,
+)
 
 Mode = Literal["error", "overwrite", "append"]
+#: The name of a part file written by `PartWriter`.
+PART_NAME = re.compile(r"part-[0-9a-f]{12}-[0-9]{5}\.parquet")
 _UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "kib": 2**10, "mib": 2**20, "gib": 2**30}
 
 
@@ -119,7 +127,7 @@ def write_dataset(
     *,
     schema: Schema | list[Field] | None = None,
     mode: Mode = "error",
-    row_group_size: int | str = "32MiB",
+    row_group_size: int | str = "16MiB",
     file_size: int | str = "1GiB",
     compression: str = "snappy",
     progress: bool | None = None,
@@ -128,30 +136,36 @@ def write_dataset(
     """Write ``data`` as a shardkit dataset at ``url`` and return it opened.
 
     Example:
-        >>> schema = shardkit.Schema([shardkit.Field("id", "int64"),
-        ...                           shardkit.Field("image", "uint8", (28, 28), codec=shardkit.ImageCodec("png"))])
+        >>> schema = shardkit.Schema([
+        ...     shardkit.Field("id", "int64"),
+        ...     shardkit.Field("image", "uint8", (28, 28), codec=shardkit.ImageCodec("png")),
+        ... ])
         >>> shardkit.write_dataset(df, "s3://bucket/mnist", schema=schema, mode="overwrite")
 
     Args:
         data: a pandas DataFrame, an Arrow Table or RecordBatch, a mapping of column -> values, or an
             iterable of any of those or of row dicts (streamed: only one row group is held in memory).
         url: a folder on any fsspec filesystem.
-        schema: the fields; inferred from the first batch when omitted (images must be declared).
+        schema: the fields; when omitted, inferred from the whole input if it is in memory (a
+            DataFrame, table or dict of columns), else from its first batch (images must be declared).
             With ``mode="append"`` it defaults to the existing dataset's schema.
         mode: ``"error"`` refuses an existing dataset, ``"overwrite"`` replaces it (the old one stays
             readable until the new one commits), ``"append"`` adds row groups to it.
-        row_group_size: encoded bytes per row group (``"32MiB"``), or an int number of rows.
+        row_group_size: encoded bytes per row group (``"16MiB"``), or an int number of rows.
         file_size: encoded bytes per part file before a new one starts.
         compression: Parquet codec (``"snappy"``, ``"zstd"``, ``"lz4"``, ``"none"``).
         progress: show a progress bar with rows/s; default: when stderr is a terminal.
 
     Raises:
         DatasetExistsError: ``mode="error"`` and a dataset exists at ``url``.
+        NotADatasetError: ``url`` is a file.
         SchemaMismatchError: the data does not fit the schema; nothing is written.
     """
     if mode not in ("error", "overwrite", "append"):
         raise SchemaError(f"mode={mode!r} is not one of 'error', 'overwrite', 'append'")
-    rg_rows = row_group_size if isinstance(row_group_size, int) and not isinstance(row_group_size, bool) else None
+    rg_rows: int | None = None
+    if isinstance(row_group_size, int) and not isinstance(row_group_size, bool):
+        rg_rows = row_group_size
     if rg_rows is not None and rg_rows <= 0:
         raise SchemaError(f"row_group_size={row_group_size!r} must be positive")
     rg_bytes = 1 << 62 if rg_rows else parse_size(row_group_size, what="row_group_size")
@@ -166,34 +180,45 @@ def write_dataset(
                 f"{schema!r}; write to a new URL or use mode='overwrite'"
             )
         schema = existing.schema
-    replaced = data_files(loc) if mode == "overwrite" and loc.fs.exists(loc.root) else []
+    file_bytes = parse_size(file_size, what="file_size")
+    check_compression(compression)
+    root_existed = loc.fs.exists(loc.root)
+    replaced = data_files(loc) if mode == "overwrite" and root_existed else []
+    if schema is None and (whole := whole_columns(data)) is not None:
+        schema = infer_schema(whole)
 
     staging = loc.join(STAGING, uuid.uuid4().hex)
     loc.fs.makedirs(staging, exist_ok=True)
     parts: PartWriter | None = None
     bar = _progress_bar(data, progress)
     try:
+        offset = 0
         for columns, n in iter_batches(data):
             if schema is None:
-                schema = Schema([infer_field(name, values) for name, values in columns.items()])
+                schema = infer_schema(columns)
             if parts is None:
                 parts = PartWriter(loc, staging, schema, rg_bytes=rg_bytes, rg_rows=rg_rows,
-                               file_bytes=parse_size(file_size, what="file_size"), compression=compression)
-            table = schema.encode(columns, n)
+                                   file_bytes=file_bytes, compression=compression)
+            try:
+                table = schema.encode(columns, n)
+            except SchemaMismatchError as e:
+                if not offset:
+                    raise
+                raise SchemaMismatchError(f"in the batch that starts at input row {offset}: {e}") from e
             parts.add(table)
+            offset += n
             if bar is not None:
                 bar.update(n)
         if parts is None:
             if schema is None:
                 raise SchemaError("the data has no rows and no schema was given; pass schema=...")
             parts = PartWriter(loc, staging, schema, rg_bytes=rg_bytes, rg_rows=rg_rows,
-                           file_bytes=parse_size(file_size, what="file_size"), compression=compression)
+                               file_bytes=file_bytes, compression=compression)
         staged = parts.finish()
     except BaseException:
         if parts is not None:
             parts.abort()
-        with contextlib.suppress(FileNotFoundError):
-            loc.fs.rm(staging, recursive=True)
+        discard_staging(loc, created_root=not root_existed)
         raise
     finally:
         if bar is not None:
@@ -201,15 +226,58 @@ def write_dataset(
     keep = [existing.metadata] if existing is not None and existing.metadata is not None else []
     keep_files = existing.files if existing is not None else []
     commit(loc, parts.arrow_schema, staged, keep=keep, keep_files=keep_files, replace=replaced)
-    return open_dataset(loc.url, storage_options=storage_options)
+    return open_location(loc)
+
+
+def check_compression(compression: str) -> None:
+    """Raise `SchemaError` unless ``compression`` names a Parquet codec this pyarrow has."""
+    if isinstance(compression, str) and compression.lower() == "none":
+        return
+    try:
+        ok = isinstance(compression, str) and pa.Codec.is_available(compression)
+    except ValueError:
+        ok = False
+    if not ok:
+        raise SchemaError(
+            f"compression={compression!r} is not a Parquet codec available here; use 'snappy', 'zstd', "
+            "'lz4', 'gzip', 'brotli' or 'none'"
+        )
+
+
+def infer_schema(columns: Mapping[str, Any]) -> Schema:
+    """A schema inferred from columns of data (see `shardkit.dataset.schema.infer_field`)."""
+    return Schema([infer_field(name, values) for name, values in columns.items()])
+
+
+def discard_staging(loc: Location, *, created_root: bool) -> None:
+    """Remove what a failed write left: ``_staging``, and the root folder if the write created it.
+
+    Every staging folder is garbage once no write runs (one writer at a time, see
+    `shardkit.dataset.commit`), so all of ``_staging`` goes, as in `collect_garbage`.
+    """
+    with contextlib.suppress(FileNotFoundError):
+        loc.fs.rm(loc.join(STAGING), recursive=True)
+    # Object stores have no folders: once its keys are gone the root does not exist any more. rmdir
+    # only on a real, empty folder (s3fs's rmdir of a bare bucket name would delete the bucket).
+    with contextlib.suppress(OSError):
+        if created_root and loc.fs.exists(loc.root) and not loc.fs.ls(loc.root):
+            loc.fs.rmdir(loc.root)
 
 
 def check_existing(loc: Location, mode: Mode) -> Dataset | None:
-    """Check ``mode`` against what is at ``loc``; returns the dataset to append to, if any."""
+    """Check ``mode`` against what is at ``loc``; returns the dataset to append to, if any.
+
+    The parts of a killed first write (shardkit parts, no ``_metadata``) are no dataset: any mode
+    writes there, and the parts are collected as garbage.
+    """
     if not loc.fs.exists(loc.root):
         return None
+    if loc.fs.isfile(loc.root):
+        raise NotADatasetError(f"{loc.url!r} is a file; a dataset is a folder: write it to another path")
     has_summary = loc.exists(SUMMARY)
     files = data_files(loc) if not has_summary else ["_metadata"]
+    if not has_summary and files and unfinished_write(loc, files):
+        files = []  # garbage of a killed first write (see shardkit.dataset.commit): collected below
     if mode == "error" and files:
         raise DatasetExistsError(
             f"a dataset already exists at {loc.url!r}; pass mode='overwrite' to replace it or "
@@ -221,13 +289,22 @@ def check_existing(loc: Location, mode: Mode) -> Dataset | None:
                 f"cannot append to {loc.url!r}: it is not a shardkit dataset (no _metadata). Index it first "
                 "with shardkit.write_summary(url), or write to a new URL"
             )
-        ds = open_dataset(loc.url)
+        ds = open_location(loc)
         if ds.kind != "shardkit":
-            raise DatasetExistsError(f"cannot append to {loc.url!r}: it is a {ds.kind} dataset, not shardkit's")
+            raise DatasetExistsError(
+                f"cannot append to {loc.url!r}: it is a {ds.kind} dataset, not shardkit's"
+            )
         return ds
     if not files:
         collect_garbage(loc, set())
     return None
+
+
+def unfinished_write(loc: Location, files: list[str]) -> bool:
+    """Whether ``files`` (with no ``_metadata`` beside them) are the parts of a killed shardkit write."""
+    if not all(PART_NAME.fullmatch(name) for name in files):
+        return False
+    return SCHEMA_KEY in (read_footer(loc, files[0]).schema.to_arrow_schema().metadata or {})
 
 
 def _progress_bar(data: Any, progress: bool | None) -> Any:
@@ -236,10 +313,20 @@ def _progress_bar(data: Any, progress: bool | None) -> Any:
         return None
     from tqdm.auto import tqdm
 
-    total = len(data) if hasattr(data, "__len__") and not isinstance(data, Mapping | Iterator) else None
-    if isinstance(data, pa.Table | pa.RecordBatch) or hasattr(data, "columns"):
-        total = data.num_rows if hasattr(data, "num_rows") else len(data)
-    return tqdm(total=total, unit=" rows", unit_scale=True, desc="write_dataset", dynamic_ncols=True)
+    return tqdm(total=_num_rows(data), unit=" rows", unit_scale=True, desc="write_dataset",
+                dynamic_ncols=True)
+
+
+def _num_rows(data: Any) -> int | None:
+    """The number of input rows when it is known up front (not for streams or lists of batches)."""
+    if isinstance(data, pa.Table | pa.RecordBatch):
+        return int(data.num_rows)
+    whole = whole_columns(data)
+    if whole is not None:
+        return len(data) if hasattr(data, "columns") else len(next(iter(whole.values()), ()))
+    if isinstance(data, list | tuple) and data and is_row(data[0]):
+        return len(data)
+    return None
 
 
 def write_summary(url: str | os.PathLike[str], *, storage_options: dict[str, Any] | None = None) -> Dataset:
@@ -252,16 +339,20 @@ def write_summary(url: str | os.PathLike[str], *, storage_options: dict[str, Any
     keeps its own ``_common_metadata`` (where its schema lives).
     """
     loc = Location.of(url, storage_options)
-    files = data_files(loc) if loc.fs.exists(loc.root) else []
+    if not loc.fs.exists(loc.root):
+        raise DatasetNotFoundError(f"cannot index {loc.url!r}: the path does not exist. Check the URL")
+    files = data_files(loc)
     if not files:
-        raise NotADatasetError(f"{loc.url!r} has no Parquet data files to index")
+        raise NotADatasetError(
+            f"{loc.url!r} has no Parquet data files to index; point at the folder that holds the "
+            "*.parquet files"
+        )
     mds = []
-    for name in files:
-        md = read_footer(loc, name)
+    for name, md in read_footers(loc, files):
         md.set_file_path(name)
         mds.append(md)
     meta, common = summary_bytes(mds[0].schema.to_arrow_schema(), mds)
     loc.write_atomic(SUMMARY, meta)
     if not is_petastorm(loc):
         loc.write_atomic(COMMON, common)
-    return open_dataset(url, storage_options=storage_options)
+    return open_location(loc)

@@ -6,6 +6,7 @@ path, so reading a dataset never imports or runs anything the dataset names.
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 from shardkit.dataset.codecs.base import Codec, check_options
@@ -14,7 +15,16 @@ from shardkit.dataset.codecs.scalar import ScalarCodec
 from shardkit.dataset.codecs.tensor import NdarrayCodec, TensorCodec
 from shardkit.errors import SchemaError
 
-__all__ = ["CODECS", "Codec", "ImageCodec", "NdarrayCodec", "ScalarCodec", "TensorCodec", "codec_from_json", "register"]
+__all__ = [
+    "CODECS",
+    "Codec",
+    "ImageCodec",
+    "NdarrayCodec",
+    "ScalarCodec",
+    "TensorCodec",
+    "codec_from_json",
+    "register",
+]
 
 CODECS: dict[str, type[Codec]] = {}
 
@@ -45,10 +55,10 @@ def codec_from_json(spec: Any, *, where: str = "schema") -> Codec:
             f"{where}: unknown codec {name!r}; known codecs are {sorted(CODECS)}. "
             "A dataset written by a newer shardkit may need an upgrade: pip install -U shardkit"
         )
-    import dataclasses
-
-    check_options(name, options, {f.name for f in dataclasses.fields(cls)})
     try:
+        check_options(name, options, {f.name for f in dataclasses.fields(cls)})
         return cls(**options)
-    except TypeError as e:
+    except SchemaError as e:
+        raise SchemaError(f"{where}: {e}") from e
+    except (TypeError, ValueError) as e:
         raise SchemaError(f"{where}: codec {name!r} options {options!r} are invalid: {e}") from e

@@ -9,7 +9,7 @@ hold nulls decode to a ``numpy.ma.MaskedArray`` (numeric) or an object array wit
 from __future__ import annotations
 
 import dataclasses
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, TypeAlias
 
 import numpy as np
 import pyarrow as pa
@@ -19,7 +19,7 @@ from shardkit.errors import SchemaError, SchemaMismatchError
 if TYPE_CHECKING:
     from shardkit.dataset.schema import Field
 
-ArrowColumn = pa.Array | pa.ChunkedArray
+ArrowColumn: TypeAlias = pa.Array | pa.ChunkedArray
 
 
 @dataclasses.dataclass(frozen=True)
@@ -66,6 +66,11 @@ def mask_of(array: pa.Array) -> np.ndarray | None:
     return np.asarray(array.is_null().to_numpy(zero_copy_only=False), dtype=bool)
 
 
+def first_null(array: pa.Array) -> int:
+    """Index of the first null of an Arrow array that has one."""
+    return int(np.argmax(array.is_null().to_numpy(zero_copy_only=False)))
+
+
 def as_masked(values: np.ndarray, mask: np.ndarray | None) -> np.ndarray:
     """Wrap ``values`` in a MaskedArray whose row mask is ``mask`` (broadcast over tensor dims)."""
     if mask is None:
@@ -84,12 +89,19 @@ def cast_array(field: Field, arr: np.ndarray, where: str) -> np.ndarray:
     target = field.dtype
     if arr.dtype == target:
         return arr
-    if arr.dtype == object or not np.can_cast(arr.dtype, target, casting="same_kind"):
-        if not (arr.dtype.kind in "iu" and target.kind in "iu"):
-            raise SchemaMismatchError(
-                f"field {field.name!r} ({where}) is declared {field.dtype_name} but the data has dtype "
-                f"{arr.dtype}; convert the data, or declare Field({field.name!r}, {arr.dtype.name!r}, ...)"
-            )
+    if arr.size == 0:  # no values, nothing to check: an empty list comes as float64 from numpy
+        return arr.astype(target)
+    cross_kind = arr.dtype == object or not np.can_cast(arr.dtype, target, casting="same_kind")
+    if cross_kind and not (arr.dtype.kind in "iu" and target.kind in "iu"):
+        if arr.dtype == object:  # e.g. strings, or a mix of types: no dtype of its own to suggest
+            fix = f"convert the values to {field.dtype_name}"
+        else:
+            found = {"U": "str", "S": "bytes"}.get(arr.dtype.kind, arr.dtype.name)
+            fix = f"convert the data, or declare Field({field.name!r}, {found!r}, ...)"
+        raise SchemaMismatchError(
+            f"field {field.name!r} ({where}) is declared {field.dtype_name} but the data has dtype "
+            f"{arr.dtype}; {fix}"
+        )
     if arr.dtype.kind in "iub" and target.kind in "iu" and arr.size:
         info = np.iinfo(target)
         lo, hi = arr.min(), arr.max()

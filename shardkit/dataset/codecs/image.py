@@ -104,14 +104,17 @@ class ImageCodec(Codec):
             images: list[np.ndarray | None] = [None if mask is not None and mask[i] else stacked[i]
                                                for i in range(len(rows))]
         else:
-            images = [None if v is None else self._checked(field, np.asarray(v), i) for i, v in enumerate(rows)]
+            images = [None if v is None else self._checked(field, np.asarray(v), i)
+                      for i, v in enumerate(rows)]
             if not field.nullable and any(v is None for v in images):
                 raise null_error(field, next(i for i, v in enumerate(images) if v is None), "writing")
         blobs = list(_pool().map(lambda a: None if a is None else self._encode_one(a), images))
         return pa.array(blobs, type=pa.binary())
 
     def _checked(self, field: Field, a: np.ndarray, row: int) -> np.ndarray:
-        ok = a.ndim == len(field.shape) and all(d is None or d == s for d, s in zip(field.shape, a.shape, strict=True))
+        ok = a.ndim == len(field.shape) and all(
+            d is None or d == s for d, s in zip(field.shape, a.shape, strict=True)
+        )
         if not ok or a.dtype != np.uint8:
             raise SchemaMismatchError(
                 f"field {field.name!r} declares uint8 images of shape {field.shape} but row {row} is "

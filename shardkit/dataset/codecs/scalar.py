@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -15,6 +16,7 @@ from shardkit.dataset.codecs.base import (
     as_masked,
     cast_array,
     combine,
+    first_null,
     mask_of,
     null_error,
 )
@@ -31,19 +33,48 @@ def column_source(values: Any) -> pa.Array | np.ndarray:
     numpy so that NaN stays a value, not a null.
     """
     if isinstance(values, pa.ChunkedArray | pa.Array):
-        return combine(values)
+        return _decoded(combine(values))
     if isinstance(values, np.ndarray):
         return values
     to_numpy = getattr(values, "to_numpy", None)
     if to_numpy is not None and hasattr(values, "dtype"):  # pandas Series / Index
         dtype = values.dtype
-        if isinstance(dtype, np.dtype) and dtype != object:
+        if isinstance(dtype, np.dtype) and dtype.kind != "O":
             return np.asarray(to_numpy())
-        return pa.array(values, from_pandas=True)
+        try:
+            return _decoded(pa.array(values, from_pandas=True))
+        except (TypeError, ValueError):  # objects Arrow cannot convert itself, e.g. numpy datetime64[D]
+            if dtype.kind != "O":
+                raise
+            return column_source([None if _missing(v) else v for v in values])
     values = list(values)
-    if any(v is None for v in values):
+    if not values:
+        return pa.array([], pa.null())  # no values: any type fits (numpy would say float64)
+    if any(isinstance(v, str | bytes) for v in values):
+        # Arrow, not numpy, for text: numpy's fixed-width 'U'/'S' arrays drop trailing NUL characters.
         return pa.array(values)
-    return np.asarray(values)
+    nulls = np.fromiter((v is None for v in values), dtype=bool, count=len(values))
+    if not nulls.any():
+        return np.asarray(values)
+    # numbers with None: numpy finds the dtype of the others (Arrow's own conversion rejects, e.g.,
+    # numpy datetime64[D] scalars), and the None rows become Arrow nulls
+    present = np.asarray([v for v in values if v is not None])
+    if nulls.all() or present.dtype == object or present.ndim != 1:
+        return pa.array(values)
+    filled = np.zeros(len(values), present.dtype)
+    filled[~nulls] = present
+    return pa.array(filled, mask=nulls)
+
+
+def _missing(value: Any) -> bool:
+    """pandas' missing values in an object column: None, NaN, pd.NA."""
+    pandas_na = type(value).__name__ == "NAType"
+    return value is None or (isinstance(value, float) and math.isnan(value)) or pandas_na
+
+
+def _decoded(array: pa.Array) -> pa.Array:
+    """Dictionary-encoded values (Arrow dictionaries, pandas categoricals) as plain values."""
+    return array.dictionary_decode() if pa.types.is_dictionary(array.type) else array
 
 
 def arrow_scalar_type(field: Field) -> pa.DataType:
@@ -85,7 +116,13 @@ class ScalarCodec(Codec):
 
     def encode(self, field: Field, values: Any) -> pa.Array:
         target = self.arrow_type(field)
-        src = column_source(values)
+        try:
+            src = column_source(values)
+        except (TypeError, ValueError) as e:  # includes pa.ArrowTypeError and pa.ArrowInvalid
+            raise SchemaMismatchError(
+                f"field {field.name!r} is declared {field.dtype_name} but its values are not all of one "
+                f"type ({e}); convert them to {field.dtype_name} first"
+            ) from e
         where = "writing"
         if field.dtype.kind in "US":
             out = self._encode_text(field, src, target)
@@ -98,7 +135,7 @@ class ScalarCodec(Codec):
         else:
             out = self._encode_arrow_number(field, src, target)
         if not field.nullable and out.null_count:
-            raise null_error(field, int(np.argmax(mask_of(out))), where)
+            raise null_error(field, first_null(out), where)
         return out
 
     def _encode_text(self, field: Field, src: pa.Array | np.ndarray, target: pa.DataType) -> pa.Array:
@@ -133,9 +170,14 @@ class ScalarCodec(Codec):
             return pa.nulls(len(src), target)
         try:
             src_dtype = np.dtype(src.type.to_pandas_dtype())
-        except NotImplementedError:
+        except (NotImplementedError, TypeError):  # no numpy dtype (a pandas one, e.g. with a time zone)
             src_dtype = np.dtype(object)
-        if src.null_count == 0 and src_dtype != object:
+        if src_dtype.kind == "O":  # strings, bytes, decimals, nested values: not numbers of any kind
+            raise SchemaMismatchError(
+                f"field {field.name!r} (writing) is declared {field.dtype_name} but the data has the Arrow "
+                f"type {src.type}; convert the values to {field.dtype_name} first"
+            )
+        if src.null_count == 0:
             data = src.to_numpy(zero_copy_only=False)
             return pa.array(cast_array(field, data, "writing"), type=target)
         # nulls present: check the kind on the non-null values, then let Arrow cast (keeps the nulls)
@@ -150,8 +192,14 @@ class ScalarCodec(Codec):
 
     def decode(self, field: Field, column: ArrowColumn) -> np.ndarray:
         arr = combine(column)
-        if field.dtype.kind in "US" or arr.null_count == 0:
-            return arr.to_numpy(zero_copy_only=False)
+        if field.dtype.kind in "US":
+            text: np.ndarray = arr.to_numpy(zero_copy_only=False)
+            return text
         mask = mask_of(arr)
-        filled = pc.fill_null(arr, pa.scalar(np.zeros((), field.dtype).item(), type=arr.type))
-        return as_masked(filled.to_numpy(zero_copy_only=False), mask)
+        if mask is not None:
+            arr = pc.fill_null(arr, pa.scalar(np.zeros((), field.dtype).item(), type=arr.type))
+        values = arr.to_numpy(zero_copy_only=False)
+        if values.dtype != field.dtype:
+            # Parquet has no seconds timestamp: datetime64[s] comes back as milliseconds
+            values = values.astype(field.dtype)
+        return as_masked(values, mask)

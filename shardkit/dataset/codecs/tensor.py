@@ -16,7 +16,16 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import pyarrow as pa
 
-from shardkit.dataset.codecs.base import ArrowColumn, Codec, as_masked, cast_array, combine, mask_of, null_error
+from shardkit.dataset.codecs.base import (
+    ArrowColumn,
+    Codec,
+    as_masked,
+    cast_array,
+    combine,
+    first_null,
+    mask_of,
+    null_error,
+)
 from shardkit.dataset.codecs.scalar import arrow_scalar_type
 from shardkit.errors import SchemaError, SchemaMismatchError
 
@@ -69,7 +78,13 @@ def fixed_values(arr: pa.Array, shape: tuple[int, ...]) -> np.ndarray:
     storage = arr.storage if isinstance(arr, pa.ExtensionArray) else arr
     size = math.prod(shape)
     child = storage.values.slice(storage.offset * size, len(storage) * size)
-    return child.to_numpy(zero_copy_only=child.null_count == 0).reshape((len(storage), *shape))
+    if child.null_count:
+        # Parquet gives the slots of null rows null children; numpy would turn them into float NaN.
+        child = child.fill_null(pa.scalar(0 if not pa.types.is_boolean(child.type) else False, child.type))
+    # Arrow packs booleans as bits, so they are the one type numpy cannot view without a copy.
+    zero_copy = not pa.types.is_boolean(child.type)
+    values: np.ndarray = child.to_numpy(zero_copy_only=zero_copy)
+    return values.reshape((len(storage), *shape))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -97,7 +112,7 @@ class TensorCodec(Codec):
             arr = combine(values)
             if arr.type == target:
                 if not field.nullable and arr.null_count:
-                    raise null_error(field, int(np.argmax(mask_of(arr))), "writing")
+                    raise null_error(field, first_null(arr), "writing")
                 return arr
             if isinstance(arr.type, pa.FixedShapeTensorType) and tuple(arr.type.shape) == shape:
                 values, mask = cast_array(field, fixed_values(arr, shape), "writing"), mask_of(arr)
@@ -119,7 +134,7 @@ class TensorCodec(Codec):
         storage = pa.FixedSizeListArray.from_arrays(
             flat, type=target.storage_type, mask=None if mask is None else pa.array(mask)
         )
-        assert len(storage) == n  # noqa: S101 - internal invariant, not input validation
+        assert len(storage) == n
         return pa.ExtensionArray.from_storage(target, storage)
 
     def decode(self, field: Field, column: ArrowColumn) -> np.ndarray:
@@ -156,7 +171,9 @@ class NdarrayCodec(Codec):
             if mask[i]:
                 continue
             a = np.asarray(v)
-            ok = a.ndim == ndim and all(d is None or d == s for d, s in zip(field.shape, a.shape, strict=True))
+            ok = a.ndim == ndim and all(
+                d is None or d == s for d, s in zip(field.shape, a.shape, strict=True)
+            )
             if not ok:
                 raise SchemaMismatchError(
                     f"field {field.name!r} declares the shape {field.shape} but row {i} has shape {a.shape}; "

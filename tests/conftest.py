@@ -1,0 +1,61 @@
+"""Shared fixtures; the local Spark session starts only when a `spark`-marked test asks for it."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+# Executors are Python processes started by the JVM: without these they run the system Python,
+# which has neither shardkit nor this venv's pyarrow. SPARK_LOCAL_IP keeps Spark on loopback.
+_SPARK_ENV = {
+    "PYSPARK_PYTHON": sys.executable,
+    "PYSPARK_DRIVER_PYTHON": sys.executable,
+    "SPARK_LOCAL_IP": "127.0.0.1",
+}
+
+
+@pytest.fixture(scope="session")
+def _spark_session() -> Iterator[Any]:
+    pyspark_sql = pytest.importorskip("pyspark.sql")
+    if shutil.which("java") is None and not os.environ.get("JAVA_HOME"):
+        pytest.skip("Spark needs Java 17: no `java` on PATH and no JAVA_HOME")
+    saved = {key: os.environ.get(key) for key in _SPARK_ENV}
+    os.environ.update(_SPARK_ENV)
+    session = (
+        pyspark_sql.SparkSession.builder.master("local[2]")
+        .appName("shardkit-tests")
+        .config("spark.driver.host", "127.0.0.1")
+        .config("spark.driver.bindAddress", "127.0.0.1")
+        .config("spark.ui.enabled", "false")
+        .config("spark.ui.showConsoleProgress", "false")
+        .config("spark.sql.shuffle.partitions", "2")
+        .config("spark.default.parallelism", "2")
+        .config("spark.sql.session.timeZone", "UTC")
+        .getOrCreate()
+    )
+    session.sparkContext.setLogLevel("ERROR")
+    try:
+        yield session
+    finally:
+        session.stop()
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+
+
+@pytest.fixture
+def spark(request: pytest.FixtureRequest) -> Any:
+    """The shared local[2] SparkSession (started on first use, stopped at the end of the run)."""
+    if request.node.get_closest_marker("spark") is None:
+        pytest.fail(
+            f"{request.node.nodeid} uses the `spark` fixture but is not marked @pytest.mark.spark; "
+            "mark it, so that `-m 'not spark'` deselects every test that starts Spark"
+        )
+    return request.getfixturevalue("_spark_session")

@@ -1,0 +1,354 @@
+"""Codecs: every dtype and shape encodes to Arrow, survives Parquet, and decodes to the same values."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+from typing import Any
+
+import hypothesis.strategies as st
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from hypothesis import given, settings
+
+import shardkit
+from shardkit import Field, ImageCodec, NdarrayCodec, ScalarCodec, Schema, TensorCodec
+from shardkit.dataset.codecs import CODECS, codec_from_json
+from shardkit.errors import CorruptDatasetError, SchemaError, SchemaMismatchError
+
+
+def through_parquet(table: pa.Table) -> pa.Table:
+    """``table`` written to Parquet in memory and read back (nulls, extension types and all)."""
+    sink = pa.BufferOutputStream()
+    pq.write_table(table, sink)
+    return pq.read_table(pa.BufferReader(sink.getvalue()))
+
+
+def round_trip(schema: Schema, columns: dict[str, Any], num_rows: int) -> dict[str, np.ndarray]:
+    return schema.decode(through_parquet(schema.encode(columns, num_rows)))
+
+
+@given(data=st.data())
+@settings(max_examples=200, deadline=None)
+def test_every_dtype_and_shape_round_trips_through_parquet(
+    strategies: SimpleNamespace, helpers: SimpleNamespace, data: st.DataObject
+) -> None:
+    schema = data.draw(strategies.schema())
+    n = data.draw(st.integers(0, 6))
+    columns = {f.name: data.draw(strategies.column(f, n)) for f in schema}
+
+    table = schema.encode(columns, n)
+    assert table.schema.equals(schema.arrow_schema(), check_metadata=True)
+    decoded = schema.decode(through_parquet(table))
+
+    helpers.assert_rows_equal(
+        schema, columns, {name: helpers.column_rows(col) for name, col in decoded.items()}
+    )
+    for field in schema:
+        col = decoded[field.name]
+        if field.dtype.kind in "US":  # text decodes to an object array of str / bytes
+            assert col.dtype == object
+            assert col.shape == (n,)
+        elif field.fixed_shape:  # scalars and fixed tensors stack to (rows, *shape) of the field's dtype
+            assert col.dtype == field.dtype
+            assert col.shape == (n, *field.shape)
+        else:
+            assert col.dtype == object
+            assert col.shape == (n,)
+
+
+@pytest.mark.parametrize("dtype", ["int8", "uint64", "float16", "bool", "datetime64[s]", "timedelta64[ms]"])
+def test_nullable_scalars_decode_to_masked_arrays_of_the_field_dtype(dtype: str) -> None:
+    field = Field("x", dtype, nullable=True)
+    values = np.arange(3).astype(dtype)
+    out = round_trip(Schema([field]), {"x": [values[0], None, values[2]]}, 3)["x"]
+    assert isinstance(out, np.ma.MaskedArray)
+    assert out.dtype == np.dtype(dtype)
+    assert out.mask.tolist() == [False, True, False]
+    assert out[0] == values[0]
+    assert out[2] == values[2]
+
+
+@pytest.mark.parametrize("dtype", ["int16", "uint8", "float32", "bool"])
+def test_nullable_tensor_keeps_its_dtype_after_parquet(dtype: str) -> None:
+    # Parquet hands back null child slots for null rows; they must not turn ints into float NaN
+    field = Field("t", dtype, (2, 3), nullable=True)
+    a = (np.arange(6) % 2).astype(dtype).reshape(2, 3)
+    out = round_trip(Schema([field]), {"t": [a, None, a]}, 3)["t"]
+    assert isinstance(out, np.ma.MaskedArray)
+    assert out.dtype == np.dtype(dtype)
+    assert out.shape == (3, 2, 3)
+    assert np.ma.getmaskarray(out)[:, 0, 0].tolist() == [False, True, False]
+    np.testing.assert_array_equal(out.data[2], a)
+
+
+def test_nullable_variable_tensor_with_nulls_after_parquet() -> None:
+    field = Field("v", "int32", (None, 2), nullable=True)
+    rows = [np.arange(6, dtype=np.int32).reshape(3, 2), None, np.zeros((0, 2), np.int32)]
+    out = round_trip(Schema([field]), {"v": rows}, 3)["v"]
+    assert out[1] is None
+    np.testing.assert_array_equal(out[0], rows[0])
+    assert out[2].shape == (0, 2)
+
+
+def test_fixed_tensors_decode_without_copying() -> None:
+    field = Field("t", "float32", (4, 4))
+    values = np.random.default_rng(0).random((5, 4, 4), dtype=np.float32)
+    table = through_parquet(Schema([field]).encode({"t": values}, 5))
+    out = Schema([field]).decode(table)["t"]
+    np.testing.assert_array_equal(out, values)
+    assert not out.flags.owndata  # a view of the Arrow buffer
+
+
+def test_strings_and_bytes_keep_trailing_nul_characters() -> None:
+    schema = Schema([Field("s", "str"), Field("b", "bytes")])
+    rows = {"s": ["a\x00", "\x00", ""], "b": [b"ab\x00\x00", b"\x00", b""]}
+    out = round_trip(schema, rows, 3)
+    assert out["s"].tolist() == rows["s"]
+    assert out["b"].tolist() == rows["b"]
+
+
+def test_nan_is_a_value_and_none_is_a_null() -> None:
+    field = Field("x", "float64", nullable=True)
+    out = round_trip(Schema([field]), {"x": [np.nan, None, 1.5]}, 3)["x"]
+    assert np.ma.getmaskarray(out).tolist() == [False, True, False]
+    assert np.isnan(out.data[0])
+
+
+# --- the cast policy ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("declared", "data"),
+    [
+        ("int64", np.arange(3, dtype=np.int8)),
+        ("int8", np.arange(3, dtype=np.int64)),  # narrower but in range
+        ("float32", np.arange(3, dtype=np.int32)),
+        ("float32", np.linspace(0, 1, 3)),
+        ("uint8", np.arange(3, dtype=np.int64)),
+    ],
+)
+def test_same_kind_casts_are_accepted(declared: str, data: np.ndarray) -> None:
+    out = round_trip(Schema([Field("x", declared)]), {"x": data}, 3)["x"]
+    assert out.dtype == np.dtype(declared)
+    np.testing.assert_array_equal(out, data.astype(declared))
+
+
+@pytest.mark.parametrize(
+    ("declared", "data", "needles"),
+    [
+        ("int64", np.array([1.0, 2.5]), ["'x'", "int64", "float64"]),
+        ("float32", np.array(["a", "b"]), ["'x'", "float32", "'str'"]),
+        ("float32", ["a", "b"], ["'x'", "float32"]),
+        ("int8", np.array([1, 300]), ["'x'", "int8", "300", "[-128, 127]"]),
+        ("uint8", np.array([-1, 3]), ["'x'", "uint8", "-1"]),
+        ("bool", np.array([0, 1]), ["'x'", "bool", "int64"]),
+        ("datetime64[ns]", np.array([1, 2]), ["'x'", "datetime64[ns]", "int64"]),
+        ("str", np.array([1, 2]), ["'x'", "str", "int64"]),
+        ("bytes", ["a", "b"], ["'x'", "bytes", "string"]),
+    ],
+)
+def test_casts_across_kinds_raise_naming_field_and_dtypes(
+    declared: str, data: Any, needles: list[str]
+) -> None:
+    with pytest.raises(SchemaMismatchError) as info:
+        Schema([Field("x", declared)]).encode({"x": data}, 2)
+    for needle in needles:
+        assert needle in str(info.value)
+
+
+def test_mixed_python_types_in_a_column_raise_schema_mismatch() -> None:
+    with pytest.raises(SchemaMismatchError, match=r"'x'.*float32"):
+        Schema([Field("x", "float32", nullable=True)]).encode({"x": ["a", None, 1]}, 3)
+
+
+# --- tensors ---------------------------------------------------------------------------------------
+
+
+def test_tensor_shape_mismatch_names_field_row_and_shapes() -> None:
+    schema = Schema([Field("t", "float32", (2, 2))])
+    with pytest.raises(SchemaMismatchError) as info:
+        schema.encode({"t": [np.zeros((2, 2)), np.zeros((3, 2))]}, 2)
+    for needle in ["'t'", "row 1", "(3, 2)", "(2, 2)", "None"]:
+        assert needle in str(info.value)
+    with pytest.raises(SchemaMismatchError, match=r"'t'.*\(2, 2\).*\(3,\)"):
+        schema.encode({"t": np.zeros((2, 3))}, 2)
+
+
+def test_variable_tensor_rank_mismatch_raises() -> None:
+    schema = Schema([Field("v", "int64", (None, 3))])
+    with pytest.raises(SchemaMismatchError, match=r"'v'.*row 1.*\(3,\)"):
+        schema.encode({"v": [np.zeros((1, 3), np.int64), np.zeros(3, np.int64)]}, 2)
+    with pytest.raises(SchemaMismatchError, match=r"'v'.*row 0.*\(2, 2\)"):
+        schema.encode({"v": [np.zeros((2, 2), np.int64)]}, 1)
+
+
+@pytest.mark.parametrize(
+    ("field_args", "needles"),
+    [
+        (("t", "str", (2,)), ["'t'", "numbers"]),
+        (("t", "datetime64[ns]", (2,)), ["'t'", "numbers"]),
+        (("t", "float32", (None,), "tensor"), ["'t'", "fixed shape", "ndarray"]),
+        (("t", "float32", (), "tensor"), ["'t'", "scalar"]),
+        (("t", "float32", (2,), "scalar"), ["'t'", "(2,)", "tensor"]),
+        (("t", "float32", (), "ndarray"), ["'t'", "dimension"]),
+        (("t", "float32", (-1,)), ["'t'", "negative"]),
+        (("t", "complex64"), ["'t'", "complex64"]),
+        (("t", "object"), ["'t'", "object"]),
+        (("t", "no-such-dtype"), ["'t'", "no-such-dtype"]),
+        (("t", "datetime64[m]"), ["'t'", "datetime64[m]"]),
+    ],
+)
+def test_invalid_fields_raise_schema_error(field_args: tuple[Any, ...], needles: list[str]) -> None:
+    with pytest.raises(SchemaError) as info:
+        Field(*field_args)
+    assert not isinstance(info.value, SchemaMismatchError)
+    for needle in needles:
+        assert needle in str(info.value)
+
+
+# --- images ----------------------------------------------------------------------------------------
+
+IMAGE_SHAPES = [(5, 7), (5, 7, 1), (5, 7, 3), (5, 7, 4)]
+
+
+@given(data=st.data())
+@settings(max_examples=25, deadline=None)
+def test_png_is_bit_exact(data: st.DataObject) -> None:
+    import hypothesis.extra.numpy as hnp
+
+    shape = data.draw(st.sampled_from(IMAGE_SHAPES))
+    n = data.draw(st.integers(0, 4))
+    images = data.draw(hnp.arrays(np.uint8, (n, *shape)))
+    field = Field("im", "uint8", shape, codec=ImageCodec("png"))
+    out = round_trip(Schema([field]), {"im": list(images)}, n)["im"]
+    assert out.dtype == np.uint8
+    assert out.shape == (n, *shape)
+    np.testing.assert_array_equal(out, images)
+
+
+def test_png_variable_size_images_with_nulls() -> None:
+    rng = np.random.default_rng(1)
+    rows = [rng.integers(0, 256, (h, w, 3), dtype=np.uint8) for h, w in [(4, 9), (1, 1), (12, 3)]]
+    field = Field("im", "uint8", (None, None, 3), codec="image", nullable=True)
+    out = round_trip(Schema([field]), {"im": [rows[0], None, rows[1], rows[2]]}, 4)["im"]
+    assert out[1] is None
+    for got, want in zip([out[0], out[2], out[3]], rows, strict=True):
+        np.testing.assert_array_equal(got, want)
+
+
+def smooth_images(n: int, shape: tuple[int, ...]) -> np.ndarray:
+    h, w = shape[:2]
+    y, x = np.mgrid[0:h, 0:w]
+    gray = np.stack([30 + x * 150 / w + y * 40 / h + 10 * k for k in range(n)])  # gradients in 30..240
+    if len(shape) == 2:
+        return gray.astype(np.uint8)
+    channels = [gray, gray / 2 + 40, 255 - gray, gray / 3 + 100][: shape[2]]
+    return np.stack(channels, axis=-1).astype(np.uint8)
+
+
+@pytest.mark.parametrize("shape", [(32, 48), (32, 48, 1), (32, 48, 3)])
+def test_jpeg_is_close_on_smooth_images(shape: tuple[int, ...]) -> None:
+    images = smooth_images(3, shape)
+    field = Field("im", "uint8", shape, codec=ImageCodec("jpeg", quality=90))
+    table = Schema([field]).encode({"im": list(images)}, 3)
+    assert table.column("im").to_pylist()[0][:2] == b"\xff\xd8"  # really JPEG
+    out = Schema([field]).decode(through_parquet(table))["im"]
+    assert out.shape == images.shape
+    assert np.abs(out.astype(int) - images.astype(int)).mean() < 3.0
+
+
+def test_png_bytes_are_png_and_readable_by_pillow() -> None:
+    import io
+
+    from PIL import Image
+
+    images = smooth_images(2, (8, 8, 3))
+    table = Schema([Field("im", "uint8", (8, 8, 3), codec="image")]).encode({"im": images}, 2)
+    blob = table.column("im")[1].as_py()
+    assert blob[:8] == b"\x89PNG\r\n\x1a\n"
+    np.testing.assert_array_equal(np.asarray(Image.open(io.BytesIO(blob))), images[1])
+
+
+@pytest.mark.parametrize(
+    ("args", "needles"),
+    [
+        (("im", "float32", (4, 4), "image"), ["'im'", "uint8", "float32"]),
+        (("im", "uint8", (4,), "image"), ["'im'", "(4,)"]),
+        (("im", "uint8", (4, 4, 2), "image"), ["'im'", "(4, 4, 2)"]),
+        (("im", "uint8", (4, 4, 4), {"name": "image", "format": "jpeg"}), ["'im'", "jpeg", "1 or 3"]),
+    ],
+)
+def test_image_fields_that_cannot_be_images(args: tuple[Any, ...], needles: list[str]) -> None:
+    with pytest.raises(SchemaError) as info:
+        Field(*args)
+    for needle in needles:
+        assert needle in str(info.value)
+
+
+def test_image_codec_options_are_checked() -> None:
+    with pytest.raises(SchemaError, match=r"'gif'.*png.*jpeg"):
+        ImageCodec("gif")  # type: ignore[arg-type]
+    with pytest.raises(SchemaError, match="quality 0"):
+        ImageCodec("jpeg", quality=0)
+
+
+def test_image_row_of_wrong_shape_or_dtype() -> None:
+    fixed = Schema([Field("im", "uint8", (4, 4), codec="image")])
+    with pytest.raises(SchemaMismatchError, match=r"'im'.*row 1.*\(5, 4\)"):
+        fixed.encode({"im": [np.zeros((4, 4), np.uint8), np.zeros((5, 4), np.uint8)]}, 2)
+    variable = Schema([Field("im", "uint8", (None, None), codec="image")])
+    with pytest.raises(SchemaMismatchError, match=r"'im'.*row 0.*float64"):
+        variable.encode({"im": [np.zeros((4, 4))]}, 1)
+    with pytest.raises(SchemaMismatchError, match=r"'im'.*not nullable.*row 1"):
+        variable.encode({"im": [np.zeros((4, 4), np.uint8), None]}, 2)
+
+
+def test_corrupt_image_bytes_raise_corrupt_dataset_error_naming_the_field() -> None:
+    field = Field("im", "uint8", (4, 4), codec="image")
+    table = pa.table({"im": pa.array([b"not an image"], pa.binary())})
+    with pytest.raises(CorruptDatasetError, match="'im'"):
+        Schema([field]).decode(table)
+
+
+# --- codecs as data --------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("codec", "spec"),
+    [
+        (ScalarCodec(), {"name": "scalar"}),
+        (TensorCodec(), {"name": "tensor"}),
+        (NdarrayCodec(), {"name": "ndarray"}),
+        (ImageCodec("jpeg", quality=80), {"name": "image", "format": "jpeg", "quality": 80}),
+    ],
+)
+def test_codec_json_round_trip(codec: shardkit.dataset.codecs.Codec, spec: dict[str, Any]) -> None:
+    assert codec.to_json() == spec
+    assert codec_from_json(spec) == codec
+    assert codec_from_json(dict(spec)) == codec
+    assert spec["name"] in CODECS
+
+
+def test_codec_by_bare_name() -> None:
+    assert codec_from_json("image") == ImageCodec()
+
+
+@pytest.mark.parametrize(
+    ("spec", "needles"),
+    [
+        ({"name": "zstd-tensor"}, ["field 'x'", "'zstd-tensor'", "known codecs", "pip install -U shardkit"]),
+        ({"name": "image", "colour": "red"}, ["field 'x'", "'image'", "colour", "format", "quality"]),
+        ({"name": "image", "format": "gif"}, ["field 'x'", "'gif'"]),
+        ({"name": "image", "quality": "high"}, ["field 'x'", "'image'", "high"]),
+        ({"name": "scalar", "level": 3}, ["field 'x'", "'scalar'", "level"]),
+        ({"format": "png"}, ["field 'x'", "a codec must be"]),
+        (42, ["field 'x'", "42"]),
+    ],
+)
+def test_bad_codec_specs_raise_schema_error_naming_the_field(spec: Any, needles: list[str]) -> None:
+    with pytest.raises(SchemaError) as info:
+        codec_from_json(spec, where="field 'x'")
+    for needle in needles:
+        assert needle in str(info.value)

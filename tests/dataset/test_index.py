@@ -1,0 +1,429 @@
+"""`open_dataset` and `write_summary`: what opens, its row-group index, and what refuses to open."""
+
+from __future__ import annotations
+
+import json
+import os
+import warnings
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import fsspec
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+import shardkit
+from shardkit.dataset.schema import SCHEMA_KEY
+from shardkit.errors import (
+    CorruptDatasetError,
+    DatasetNotFoundError,
+    NotADatasetError,
+    SchemaError,
+    SchemaMismatchError,
+)
+
+
+def frames() -> list[pd.DataFrame]:
+    n = 11
+    df = pd.DataFrame(
+        {
+            "id": np.arange(n, dtype=np.int64),
+            "score": np.linspace(0, 1, n),
+            "name": [f"n{i}" for i in range(n)],
+            "vec": [np.arange(i % 4, dtype=np.float32) for i in range(n)],
+        }
+    )
+    return [df.iloc[:6].reset_index(drop=True), df.iloc[6:].reset_index(drop=True)]
+
+
+def expected_index(url: str, files: list[str]) -> list[tuple[str, int, int, int]]:
+    out = []
+    for name in files:
+        md = pq.ParquetFile(os.path.join(url, name)).metadata
+        out += [
+            (name, i, md.row_group(i).num_rows, md.row_group(i).total_byte_size)
+            for i in range(md.num_row_groups)
+        ]
+    return out
+
+
+def index_of(ds: shardkit.Dataset) -> list[tuple[str, int, int, int]]:
+    return [(rg.file, rg.index, rg.num_rows, rg.num_bytes) for rg in ds.row_groups]
+
+
+# --- plain Parquet folders --------------------------------------------------------------------------
+
+
+def test_plain_folder_opens_with_a_warning_and_correct_index(plain_parquet_folder: Any) -> None:
+    url = plain_parquet_folder(frames(), row_group_size=4)
+    with pytest.warns(
+        shardkit.SummaryMissingWarning, match=r"no _metadata.*2 files.*write_summary"
+    ) as record:
+        ds = shardkit.open_dataset(url)
+    assert record[0].filename == __file__  # points at the caller's line
+    assert ds.kind == "parquet"
+    assert ds.metadata is None
+    assert index_of(ds) == expected_index(url, ["part-0.parquet", "part-1.parquet"])
+    assert [rg.num_rows for rg in ds.row_groups] == [4, 2, 4, 1]
+    assert ds.num_rows == 11
+    assert ds.files == ["part-0.parquet", "part-1.parquet"]
+    assert ds.rows_per_group.tolist() == [4, 2, 4, 1]
+    assert ds.num_bytes == sum(rg.num_bytes for rg in ds.row_groups) > 0
+
+    # schema inferred from the Arrow types pandas wrote (Parquet columns are nullable)
+    assert [(f.name, f.dtype_name, f.shape, f.codec.name) for f in ds.schema] == [
+        ("id", "int64", (), "scalar"),
+        ("score", "float64", (), "scalar"),
+        ("name", "str", (), "scalar"),
+        ("vec", "float32", (None,), "ndarray"),
+    ]
+    out = ds.decode(ds.read_row_group(2))
+    assert out["id"].tolist() == [6, 7, 8, 9]
+    assert out["name"].tolist() == ["n6", "n7", "n8", "n9"]
+    assert [v.tolist() for v in out["vec"]] == [[0.0, 1.0], [0.0, 1.0, 2.0], [], [0.0]]
+
+
+def test_write_summary_removes_the_warning(plain_parquet_folder: Any, helpers: SimpleNamespace) -> None:
+    url = plain_parquet_folder(frames(), row_group_size=4)
+    with pytest.warns(shardkit.SummaryMissingWarning):
+        before = shardkit.open_dataset(url)
+    indexed = shardkit.write_summary(url)
+    assert helpers.files_under(url) == {"_metadata", "_common_metadata", "part-0.parquet", "part-1.parquet"}
+    ds = shardkit.open_dataset(url)  # filterwarnings=error: any warning here fails the test
+    for opened in (indexed, ds):
+        assert opened.kind == "parquet"
+        assert opened.metadata is not None
+        assert index_of(opened) == index_of(before)
+        assert opened.schema == before.schema
+    assert ds.decode(ds.read_row_group(3))["id"].tolist() == [10]
+
+
+def test_pyarrow_written_folder(tmp_path: Path) -> None:
+    import pyarrow.dataset as pads
+
+    table = pa.table({"a": np.arange(20), "b": pa.array([[1, 2]] * 20, pa.list_(pa.int8(), 2))})
+    pads.write_dataset(table, tmp_path / "ds", format="parquet", max_rows_per_group=8, max_rows_per_file=12)
+    pq.write_to_dataset(table.slice(0, 5), tmp_path / "ds")  # pandas-style <uuid>-0.parquet beside them
+    with pytest.warns(shardkit.SummaryMissingWarning):
+        ds = shardkit.open_dataset(tmp_path / "ds")
+    assert len(ds.files) == 3
+    assert ds.num_rows == 25
+    assert index_of(ds) == expected_index(str(tmp_path / "ds"), ds.files)
+    assert ds.schema["b"].shape == (2,)
+    rows = np.concatenate([ds.decode(ds.read_row_group(i))["a"] for i in range(len(ds.row_groups))])
+    assert sorted(rows.tolist()) == sorted([*range(20), *range(5)])
+
+
+def test_spark_style_and_hive_style_names(tmp_path: Path) -> None:
+    folder = tmp_path / "ds"
+    folder.mkdir()
+    pq.write_table(pa.table({"a": [1, 2]}), folder / "part-00000-1b2c-c000.snappy.parquet")
+    pq.write_table(pa.table({"a": [3]}), folder / "000001_0")  # Hive names files without a suffix
+    (folder / "_SUCCESS").write_text("")
+    (folder / ".part-00000-1b2c-c000.snappy.parquet.crc").write_bytes(b"crc")
+    (folder / "README.md").write_text("not data")
+    (folder / "notes.txt").write_text("not data either")
+    with pytest.warns(shardkit.SummaryMissingWarning):
+        ds = shardkit.open_dataset(folder)
+    assert ds.files == ["000001_0", "part-00000-1b2c-c000.snappy.parquet"]
+    assert ds.num_rows == 3
+    ds = shardkit.write_summary(folder)
+    assert ds.files == ["000001_0", "part-00000-1b2c-c000.snappy.parquet"]
+
+
+def test_files_with_different_schemas_are_refused(tmp_path: Path, helpers: SimpleNamespace) -> None:
+    folder = tmp_path / "ds"
+    folder.mkdir()
+    pq.write_table(pa.table({"a": [1, 2]}), folder / "a.parquet")
+    pq.write_table(pa.table({"a": ["x"]}), folder / "b.parquet")
+    for call in (shardkit.open_dataset, shardkit.write_summary):
+        with pytest.raises(SchemaMismatchError) as info:
+            call(folder)
+        for needle in ["'b.parquet'", "'a.parquet'", "a: string", "a: int64", "same columns"]:
+            assert needle in str(info.value)
+    assert helpers.files_under(str(folder)) == {"a.parquet", "b.parquet"}
+
+
+def test_memory_filesystem_plain_folder(memory_url: str) -> None:
+    fs = fsspec.filesystem("memory")
+    root = memory_url.removeprefix("memory://")
+    with fs.open(f"{root}/x.parquet", "wb") as f:
+        pq.write_table(pa.table({"a": np.arange(5)}), f, row_group_size=2)
+    with pytest.warns(shardkit.SummaryMissingWarning):
+        ds = shardkit.open_dataset(memory_url)
+    assert [rg.num_rows for rg in ds.row_groups] == [2, 2, 1]
+    shardkit.write_summary(memory_url)
+    ds = shardkit.open_dataset(memory_url)
+    assert ds.decode(ds.read_row_group(2))["a"].tolist() == [4]
+
+
+# --- shardkit datasets ------------------------------------------------------------------------------
+
+
+def test_shardkit_index_matches_the_footers(tmp_path: Path) -> None:
+    url = str(tmp_path / "ds")
+    ds = shardkit.write_dataset({"x": np.arange(1000.0)}, url, row_group_size=150, file_size="2KiB")
+    assert len(ds.files) > 1
+    assert ds.kind == "shardkit"
+    assert index_of(ds) == expected_index(url, ds.files)
+    assert sum(rg.num_rows for rg in ds.row_groups) == 1000
+    # opening reads _metadata only: the same index with the data files out of the way
+    away = tmp_path / "away"
+    away.mkdir()
+    for name in ds.files:
+        os.replace(os.path.join(url, name), away / name)
+    assert index_of(shardkit.open_dataset(url)) == index_of(ds)
+
+
+def test_schema_travels_as_json_in_the_summary(tmp_path: Path) -> None:
+    schema = shardkit.Schema(
+        [
+            shardkit.Field("im", "uint8", (4, 4, 3), codec=shardkit.ImageCodec("jpeg", quality=70)),
+            shardkit.Field("v", "float16", (None, 2), nullable=True),
+        ]
+    )
+    shardkit.write_dataset([], tmp_path / "ds", schema=schema)
+    for name in ("_metadata", "_common_metadata"):
+        meta = pq.read_schema(tmp_path / "ds" / name).metadata
+        stored = json.loads(meta[SCHEMA_KEY])
+        assert stored["version"] == 1
+        assert stored["fields"][0] == {
+            "name": "im",
+            "dtype": "uint8",
+            "shape": [4, 4, 3],
+            "codec": {"name": "image", "format": "jpeg", "quality": 70},
+            "nullable": False,
+        }
+    assert shardkit.open_dataset(tmp_path / "ds").schema == schema
+
+
+# --- what does not open -----------------------------------------------------------------------------
+
+
+def test_nonexistent_url(any_url: str, helpers: SimpleNamespace) -> None:
+    with pytest.raises(DatasetNotFoundError) as info:
+        shardkit.open_dataset(any_url)
+    assert isinstance(info.value, FileNotFoundError)
+    assert any_url.removeprefix("memory://") in str(info.value)
+    assert "write_dataset" in str(info.value)
+    with pytest.raises(DatasetNotFoundError, match="does not exist"):
+        shardkit.write_summary(any_url)
+    helpers.assert_nothing_written(any_url)
+
+
+def test_a_file_is_not_a_dataset(tmp_path: Path) -> None:
+    pq.write_table(pa.table({"a": [1]}), tmp_path / "one.parquet")
+    with pytest.raises(NotADatasetError, match=r"one\.parquet.*is a file.*folder"):
+        shardkit.open_dataset(tmp_path / "one.parquet")
+
+
+@pytest.mark.parametrize("content", ["empty", "text files", "only staging"])
+def test_folders_that_are_not_datasets(tmp_path: Path, helpers: SimpleNamespace, content: str) -> None:
+    folder = tmp_path / "ds"
+    folder.mkdir()
+    if content == "text files":
+        (folder / "a.csv").write_text("a,b\n1,2\n")
+        (folder / "README").write_text("hello")
+        (folder / "sub").mkdir()
+        (folder / "sub" / "notes.md").write_text("# notes")
+    elif content == "only staging":
+        (folder / "_staging" / "abc").mkdir(parents=True)
+    before = helpers.files_under(str(folder))
+    with pytest.raises(NotADatasetError) as info:
+        shardkit.open_dataset(folder)
+    assert isinstance(info.value, ValueError)
+    for needle in [str(folder), "no Parquet data", "write_dataset"]:
+        assert needle in str(info.value)
+    with pytest.raises(NotADatasetError, match="no Parquet data files to index"):
+        shardkit.write_summary(folder)
+    assert helpers.files_under(str(folder)) == before  # opening and failing wrote nothing
+
+
+def test_unfinished_shardkit_write_does_not_open(tmp_path: Path) -> None:
+    url = str(tmp_path / "ds")
+    ds = shardkit.write_dataset({"x": np.arange(10)}, url, row_group_size=3)
+    os.remove(os.path.join(url, "_metadata"))
+    os.remove(os.path.join(url, "_common_metadata"))
+    with pytest.raises(NotADatasetError, match=r"written by shardkit but no _metadata.*write_summary"):
+        shardkit.open_dataset(url)
+    adopted = shardkit.write_summary(url)
+    assert adopted.kind == "shardkit"
+    assert index_of(adopted) == index_of(ds)
+
+
+# --- corrupt files ----------------------------------------------------------------------------------
+
+
+def corrupt_row_group(path: str, row_group: int) -> None:
+    """Overwrite the first bytes of one row group's first column chunk (its page header) with garbage."""
+    md = pq.read_metadata(path)
+    offset = md.row_group(row_group).column(0).data_page_offset
+    with open(path, "r+b") as f:
+        f.seek(offset)
+        f.write(bytes(np.random.default_rng(row_group).integers(0, 256, 48, dtype=np.uint8)))
+
+
+def truncate(path: str) -> None:
+    size = os.path.getsize(path)
+    with open(path, "r+b") as f:
+        f.truncate(size // 2)
+
+
+def test_corrupt_and_truncated_files_in_a_plain_folder_fail_at_open(plain_parquet_folder: Any) -> None:
+    url = plain_parquet_folder(frames(), row_group_size=4)
+    path = os.path.join(url, "part-1.parquet")
+    with open(path, "r+b") as f:  # garble the footer
+        f.seek(-40, os.SEEK_END)
+        f.write(b"\x13" * 32)
+    with pytest.raises(CorruptDatasetError) as info:
+        shardkit.open_dataset(url)
+    assert isinstance(info.value, OSError)
+    for needle in ["part-1.parquet", "truncated or corrupt"]:
+        assert needle in str(info.value)
+
+    url = plain_parquet_folder(frames(), row_group_size=4, name="truncated")
+    truncate(os.path.join(url, "part-0.parquet"))
+    with pytest.raises(CorruptDatasetError, match=r"part-0\.parquet.*truncated or corrupt"):
+        shardkit.open_dataset(url)
+    with pytest.raises(CorruptDatasetError, match=r"part-0\.parquet"):
+        shardkit.write_summary(url)
+
+
+def test_corrupt_pages_in_a_plain_folder_fail_at_read(plain_parquet_folder: Any) -> None:
+    url = plain_parquet_folder(frames(), row_group_size=4)
+    corrupt_row_group(os.path.join(url, "part-0.parquet"), 1)
+    with pytest.warns(shardkit.SummaryMissingWarning):
+        ds = shardkit.open_dataset(url)
+    with pytest.raises(CorruptDatasetError, match=r"(?s)row group 1 of '.*part-0\.parquet'.*corrupt"):
+        ds.read_row_group(1)
+    assert ds.decode(ds.read_row_group(0))["id"].tolist() == [0, 1, 2, 3]
+
+
+@pytest.fixture
+def three_files(tmp_path: Path) -> tuple[str, shardkit.Dataset]:
+    url = str(tmp_path / "ds")
+    data = {"x": np.arange(900, dtype=np.int64), "s": [f"s{i}" for i in range(900)]}
+    ds = shardkit.write_dataset(data, url, row_group_size=100, file_size="4KiB")
+    assert len(ds.files) == 3
+    return url, ds
+
+
+def test_corrupt_row_group_in_a_shardkit_dataset(three_files: tuple[str, shardkit.Dataset]) -> None:
+    url, ds = three_files
+    target = next(i for i, rg in enumerate(ds.row_groups) if rg.file == ds.files[1] and rg.index == 1)
+    corrupt_row_group(os.path.join(url, ds.files[1]), 1)
+    ds = shardkit.open_dataset(url)  # the summary is intact: opening does not read data files
+    with pytest.raises(CorruptDatasetError) as info:
+        ds.read_row_group(target)
+    for needle in ["row group 1", ds.files[1], "corrupt"]:
+        assert needle in str(info.value)
+    for i in range(len(ds.row_groups)):
+        if i != target:
+            assert ds.decode(ds.read_row_group(i))["x"].tolist() == list(range(100 * i, 100 * i + 100))
+
+
+def test_truncated_file_in_a_shardkit_dataset(three_files: tuple[str, shardkit.Dataset]) -> None:
+    url, ds = three_files
+    truncate(os.path.join(url, ds.files[2]))
+    ds = shardkit.open_dataset(url)
+    last = len(ds.row_groups) - 1
+    with pytest.raises(CorruptDatasetError) as info:
+        ds.read_row_group(last)
+    for needle in [f"row group {ds.row_groups[last].index}", ds.files[2], "truncated or corrupt"]:
+        assert needle in str(info.value)
+    assert ds.decode(ds.read_row_group(0))["x"][0] == 0
+
+
+def test_missing_file_in_a_shardkit_dataset(three_files: tuple[str, shardkit.Dataset]) -> None:
+    url, ds = three_files
+    os.remove(os.path.join(url, ds.files[0]))
+    with pytest.raises(CorruptDatasetError, match=rf"row group 0 of .*{ds.files[0]}.*missing.*write_summary"):
+        shardkit.open_dataset(url).read_row_group(0)
+
+
+def test_corrupt_summary(three_files: tuple[str, shardkit.Dataset]) -> None:
+    url, _ = three_files
+    with open(os.path.join(url, "_metadata"), "wb") as f:
+        f.write(b"PAR1 this is not a footer PAR1")
+    with pytest.raises(CorruptDatasetError, match=r"_metadata.*truncated or corrupt"):
+        shardkit.open_dataset(url)
+
+
+# --- schemas this shardkit cannot read --------------------------------------------------------------
+
+
+def dataset_with_stored_schema(folder: Path, schema_json: dict[str, Any]) -> str:
+    """A dataset whose files and summary carry ``schema_json`` as the shardkit schema."""
+    folder.mkdir()
+    table = pa.table({"x": np.arange(3, dtype=np.int64)}).replace_schema_metadata(
+        {SCHEMA_KEY: json.dumps(schema_json)}
+    )
+    collector: list[pq.FileMetaData] = []
+    pq.write_table(table, folder / "part-0.parquet", metadata_collector=collector)
+    collector[0].set_file_path("part-0.parquet")
+    pq.write_metadata(table.schema, folder / "_metadata", metadata_collector=collector)
+    return os.fspath(folder)
+
+
+def field_json(**codec: Any) -> dict[str, Any]:
+    return {"name": "x", "dtype": "int64", "shape": [], "codec": codec, "nullable": False}
+
+
+def test_the_stored_schema_helper_makes_a_dataset_that_opens(tmp_path: Path) -> None:
+    url = dataset_with_stored_schema(tmp_path / "ok", {"version": 1, "fields": [field_json(name="scalar")]})
+    ds = shardkit.open_dataset(url)
+    assert ds.kind == "shardkit"
+    assert ds.decode(ds.read_row_group(0))["x"].tolist() == [0, 1, 2]
+
+
+@pytest.mark.parametrize(
+    ("stored", "needles"),
+    [
+        (
+            {"version": 2, "fields": [field_json(name="scalar")]},
+            ["version 2", "version 1", "pip install -U shardkit"],
+        ),
+        (
+            {"version": 1, "fields": [field_json(name="zfp")]},
+            ["field 'x'", "unknown codec 'zfp'", "pip install -U"],
+        ),
+        ({"version": 1, "fields": [field_json(name="scalar", level=9)]}, ["field 'x'", "'scalar'", "level"]),
+        ({"version": 1, "fields": [field_json(name="image", format="webp")]}, ["field 'x'", "'webp'"]),
+        ({"version": 1, "fields": [{"name": "x", "dtype": "int64", "colour": 1}]}, ["colour", "malformed"]),
+        ({"version": 1}, ["no 'fields' list"]),
+    ],
+    ids=["future version", "unknown codec", "bad codec option", "bad codec value", "bad field", "no fields"],
+)
+def test_stored_schemas_that_cannot_be_read(
+    tmp_path: Path, stored: dict[str, Any], needles: list[str]
+) -> None:
+    url = dataset_with_stored_schema(tmp_path / "ds", stored)
+    with pytest.raises(SchemaError) as info:
+        shardkit.open_dataset(url)
+    message = str(info.value)
+    assert url in message
+    for needle in needles:
+        assert needle in message
+
+
+def test_stored_schema_that_is_not_json(tmp_path: Path) -> None:
+    folder = tmp_path / "ds"
+    folder.mkdir()
+    table = pa.table({"x": [1]}).replace_schema_metadata({SCHEMA_KEY: b"{not json"})
+    collector: list[pq.FileMetaData] = []
+    pq.write_table(table, folder / "p.parquet", metadata_collector=collector)
+    collector[0].set_file_path("p.parquet")
+    pq.write_metadata(table.schema, folder / "_metadata", metadata_collector=collector)
+    with pytest.raises(SchemaError, match="not valid JSON"):
+        shardkit.open_dataset(folder)
+
+
+def test_open_never_warns_for_a_shardkit_dataset(tmp_path: Path) -> None:
+    shardkit.write_dataset({"x": [1, 2]}, tmp_path / "ds")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        shardkit.open_dataset(tmp_path / "ds")

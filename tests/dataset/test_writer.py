@@ -1,0 +1,712 @@
+"""`write_dataset`: every input form round-trips through the files; bad input raises and writes nothing."""
+
+from __future__ import annotations
+
+import math
+import os
+import uuid
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import fsspec
+import hypothesis.strategies as st
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from hypothesis import HealthCheck, given, settings
+
+import shardkit
+from shardkit import Field, Schema
+from shardkit.dataset.sources import BATCH_ROWS
+from shardkit.errors import DatasetExistsError, SchemaError, SchemaMismatchError
+
+FORMS = ["dict", "rows", "dataframe", "table", "batches"]
+
+
+# --- building each input form from per-column row lists (None = null) ------------------------------
+
+
+def _no_nulls(rows: list[Any]) -> bool:
+    return all(r is not None for r in rows)
+
+
+def as_dict(schema: Schema, columns: dict[str, list[Any]]) -> dict[str, Any]:
+    """Columns as numpy arrays where they can be (no nulls, fixed shape), else lists."""
+    out: dict[str, Any] = {}
+    for f in schema:
+        rows = columns[f.name]
+        if _no_nulls(rows) and f.fixed_shape and f.dtype.kind not in "US":
+            out[f.name] = np.stack(rows) if rows else np.zeros((0, *f.shape), f.dtype)
+        else:
+            out[f.name] = rows
+    return out
+
+
+def as_rows(schema: Schema, columns: dict[str, list[Any]], n: int) -> list[dict[str, Any]]:
+    return [{f.name: columns[f.name][i] for f in schema} for i in range(n)]
+
+
+def as_dataframe(schema: Schema, columns: dict[str, list[Any]], n: int) -> pd.DataFrame:
+    """What a pandas user has: numpy columns for plain numbers, pandas' own dtypes for text, objects else."""
+    data: dict[str, Any] = {}
+    for f in schema:
+        rows = columns[f.name]
+        if f.shape == () and f.dtype.kind not in "US" and _no_nulls(rows):
+            data[f.name] = np.asarray(rows, dtype=f.dtype)
+        elif f.dtype.kind == "U":
+            data[f.name] = pd.Series(rows, dtype="str" if _no_nulls(rows) else object)
+        else:
+            data[f.name] = pd.Series(rows, dtype=object)
+    return pd.DataFrame(data, index=range(n))
+
+
+def arrow_column(f: Field, rows: list[Any]) -> pa.Array:
+    """An Arrow array of the rows as an Arrow user builds it: native types, tensors as the canonical type."""
+    mask = np.array([r is None for r in rows], dtype=bool)
+    if f.dtype.kind == "U":
+        return pa.array(rows, pa.string())
+    if f.dtype.kind == "S":
+        return pa.array(rows, pa.binary())
+    if f.shape == ():
+        values = np.array([np.zeros((), f.dtype) if r is None else r for r in rows], dtype=f.dtype)
+        return pa.array(values, mask=mask if mask.any() else None)
+    if f.fixed_shape:
+        values = (
+            np.stack([np.zeros(f.shape, f.dtype) if r is None else r for r in rows])
+            if rows
+            else (np.zeros((0, *f.shape), f.dtype))
+        )
+        tensor_type = pa.fixed_shape_tensor(pa.from_numpy_dtype(f.dtype), list(f.shape))
+        storage = pa.FixedSizeListArray.from_arrays(
+            pa.array(values.reshape(-1)), math.prod(f.shape), mask=pa.array(mask) if mask.any() else None
+        )
+        return pa.ExtensionArray.from_storage(tensor_type, storage)
+    assert len(f.shape) == 1, "Arrow input of multi-dimensional variable tensors is not a thing users have"
+    return pa.array([None if r is None else r for r in rows], pa.list_(pa.from_numpy_dtype(f.dtype)))
+
+
+def as_table(schema: Schema, columns: dict[str, list[Any]]) -> pa.Table:
+    return pa.table({f.name: arrow_column(f, columns[f.name]) for f in schema})
+
+
+def make_input(form: str, schema: Schema, columns: dict[str, list[Any]], n: int, chunk: int) -> Any:
+    if form == "dict":
+        return as_dict(schema, columns)
+    if form == "rows":
+        return iter(as_rows(schema, columns, n))  # a one-shot iterator, as a generator would be
+    if form == "dataframe":
+        return as_dataframe(schema, columns, n)
+    if form == "table":
+        return as_table(schema, columns)
+    return iter(as_table(schema, columns).to_batches(max_chunksize=chunk))
+
+
+def expected_for(form: str, schema: Schema, columns: dict[str, list[Any]]) -> dict[str, list[Any]]:
+    """What reading back must give: the rows written, except that pandas reads NaN as missing in object
+    columns (pandas' own convention), so a NaN in a nullable float column with nulls comes back null."""
+    if form != "dataframe":
+        return columns
+    out = dict(columns)
+    for f in schema:
+        rows = columns[f.name]
+        if f.shape == () and f.dtype.kind == "f" and not _no_nulls(rows):
+            out[f.name] = [None if r is None or np.isnan(r) else r for r in rows]
+    return out
+
+
+# --- reading back -----------------------------------------------------------------------------------
+
+
+def pyarrow_table(url: str) -> pa.Table:
+    fs, root = fsspec.core.url_to_fs(url)
+    return pq.read_table(root, filesystem=fs)
+
+
+@st.composite
+def write_case(draw: st.DrawFn, strategies: SimpleNamespace) -> SimpleNamespace:
+    form = draw(st.sampled_from(FORMS))
+    schema = draw(strategies.schema(multi_dim_variable=form not in ("table", "batches")))
+    n = draw(st.integers(0, 9))
+    columns = {f.name: draw(strategies.column(f, n)) for f in schema}
+    row_group_size = draw(st.one_of(st.integers(1, 4), st.sampled_from(["1B", "100B", "2KiB", "32MiB"])))
+    return SimpleNamespace(
+        form=form,
+        schema=schema,
+        n=n,
+        columns=columns,
+        row_group_size=row_group_size,
+        chunk=draw(st.integers(1, 4)),
+        where=draw(st.sampled_from(["local", "memory"])),
+    )
+
+
+@given(data=st.data())
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+def test_round_trip_every_form_dtype_shape_and_store(
+    tmp_path: Path, strategies: SimpleNamespace, helpers: SimpleNamespace, data: st.DataObject
+) -> None:
+    case = data.draw(write_case(strategies))
+    name = f"ds-{uuid.uuid4().hex[:8]}"
+    url = str(tmp_path / name) if case.where == "local" else f"memory://shardkit-writer-test/{name}"
+    try:
+        written = shardkit.write_dataset(
+            make_input(case.form, case.schema, case.columns, case.n, case.chunk),
+            url,
+            schema=case.schema,
+            row_group_size=case.row_group_size,
+            progress=False,
+        )
+        expected = expected_for(case.form, case.schema, case.columns)
+
+        ds = shardkit.open_dataset(url)
+        assert ds.kind == "shardkit"
+        assert ds.schema == case.schema == written.schema
+        assert ds.num_rows == case.n
+        if isinstance(case.row_group_size, int) and case.n:
+            sizes = [rg.num_rows for rg in ds.row_groups]
+            assert sizes[:-1] == [case.row_group_size] * (len(sizes) - 1)
+            assert 0 < sizes[-1] <= case.row_group_size
+        helpers.assert_rows_equal(case.schema, expected, helpers.read_all(ds))
+
+        # the same files through plain pyarrow: same rows, the schema travels in the metadata
+        table = pyarrow_table(url)
+        assert table.num_rows == case.n
+        assert table.schema.names == case.schema.names
+        assert shardkit.dataset.schema.schema_from_arrow(table.schema) == case.schema
+        decoded = case.schema.decode(table)
+        helpers.assert_rows_equal(
+            case.schema, expected, {k: helpers.column_rows(v) for k, v in decoded.items()}
+        )
+        for f in case.schema:
+            if f.codec.name == "tensor":
+                assert table.schema.field(f.name).type == pa.fixed_shape_tensor(
+                    pa.from_numpy_dtype(f.dtype), list(f.shape)
+                )
+        parts = helpers.files_under(url) - {"_metadata", "_common_metadata"}
+        if case.n:
+            assert parts == set(ds.files)
+        else:  # no row groups, so no file listed: one empty part carries the schema for plain readers
+            assert len(parts) == 1
+    finally:
+        fs, root = fsspec.core.url_to_fs(url)
+        if fs.exists(root):
+            fs.rm(root, recursive=True)
+
+
+def test_plain_readers_see_plain_parquet(tmp_path: Path) -> None:
+    """pyarrow.dataset and pandas read the folder as Parquet, scalar columns as their native types."""
+    import pyarrow.dataset as pads
+
+    url = str(tmp_path / "ds")
+    n = 50
+    df = pd.DataFrame(
+        {
+            "id": np.arange(n, dtype=np.int64),
+            "score": np.linspace(0, 1, n, dtype=np.float32),
+            "name": [f"row {i}" for i in range(n)],
+            "when": np.arange(n).astype("datetime64[ms]"),
+            "vec": list(np.arange(n * 3, dtype=np.float32).reshape(n, 3)),
+        }
+    )
+    shardkit.write_dataset(df, url, row_group_size=7)
+
+    got = pd.read_parquet(url)
+    assert list(got.columns) == ["id", "score", "name", "when", "vec"]
+    pd.testing.assert_series_equal(got["id"], df["id"])
+    pd.testing.assert_series_equal(got["score"], df["score"])
+    assert got["name"].tolist() == df["name"].tolist()
+    assert (got["when"].to_numpy() == df["when"].to_numpy()).all()
+    np.testing.assert_array_equal(np.stack(got["vec"].map(np.asarray)).reshape(n, 3), np.stack(df["vec"]))
+
+    dataset = pads.dataset(url, format="parquet")
+    assert dataset.count_rows() == n
+    assert sorted(dataset.to_table(columns=["id"]).column("id").to_pylist()) == list(range(n))
+    tensor = pq.read_table(url, columns=["vec"]).column("vec").combine_chunks()
+    np.testing.assert_array_equal(tensor.to_numpy_ndarray(), np.stack(df["vec"]))
+
+
+def test_row_group_size_in_bytes_cuts_by_encoded_size(tmp_path: Path) -> None:
+    data = {"x": np.arange(1000, dtype=np.int64)}  # 8 encoded bytes per row
+    ds = shardkit.write_dataset(data, tmp_path / "a", row_group_size="800B")
+    assert [rg.num_rows for rg in ds.row_groups] == [100] * 10
+    ds = shardkit.write_dataset(data, tmp_path / "b", row_group_size="1KiB")
+    assert [rg.num_rows for rg in ds.row_groups] == [128] * 7 + [104]
+
+
+def test_row_group_size_in_rows_across_input_batches(tmp_path: Path) -> None:
+    n = 2 * BATCH_ROWS + 5
+    ds = shardkit.write_dataset({"x": np.arange(n)}, tmp_path / "ds", row_group_size=3000)
+    assert [rg.num_rows for rg in ds.row_groups] == [3000, 3000, n - 6000]
+    assert np.concatenate([ds.decode(ds.read_row_group(i))["x"] for i in range(3)]).tolist() == list(range(n))
+
+
+def test_file_size_rolls_part_files(tmp_path: Path) -> None:
+    ds = shardkit.write_dataset(
+        {"x": np.arange(1000.0)}, tmp_path / "ds", row_group_size=100, file_size="1.5KiB"
+    )
+    assert len(ds.files) == 5  # two 800-byte row groups per file
+    assert all(rg.num_rows == 100 for rg in ds.row_groups)
+    assert [rg.index for rg in ds.row_groups] == [0, 1] * 5
+
+
+@pytest.mark.parametrize("size", ["0B", "-1", "lots", "12 parsecs", 0, -5, True])
+def test_bad_sizes_raise_before_writing(tmp_path: Path, helpers: SimpleNamespace, size: Any) -> None:
+    url = str(tmp_path / "ds")
+    with pytest.raises(SchemaError, match="row_group_size") as info:
+        shardkit.write_dataset({"x": [1]}, url, row_group_size=size)
+    assert repr(size) in str(info.value)
+    with pytest.raises(SchemaError, match="file_size"):
+        shardkit.write_dataset({"x": [1]}, url, file_size=size if size is not True else "x")
+    helpers.assert_nothing_written(url)
+
+
+@pytest.mark.parametrize("compression", ["snappy", "zstd", "none", "gzip"])
+def test_compression(tmp_path: Path, compression: str) -> None:
+    ds = shardkit.write_dataset({"x": np.zeros(100)}, tmp_path / "ds", compression=compression)
+    codec = pq.ParquetFile(tmp_path / "ds" / ds.files[0]).metadata.row_group(0).column(0).compression
+    assert codec == ("UNCOMPRESSED" if compression == "none" else compression.upper())
+
+
+@pytest.mark.parametrize("compression", ["bogus", "", None])
+def test_bad_compression(tmp_path: Path, helpers: SimpleNamespace, compression: Any) -> None:
+    url = str(tmp_path / "ds")
+    with pytest.raises(SchemaError, match=rf"compression={compression!r}.*'zstd'"):
+        shardkit.write_dataset({"x": [1]}, url, compression=compression)
+    helpers.assert_nothing_written(url)
+
+
+# --- schema inference -------------------------------------------------------------------------------
+
+
+def test_schema_inferred_from_pandas(tmp_path: Path) -> None:
+    n = BATCH_ROWS + 10  # nulls and shapes that first appear after the first batch count too
+    late = [None] * n
+    late[-1] = "x"
+    df = pd.DataFrame(
+        {
+            "i": np.arange(n, dtype=np.int16),
+            "f": np.ones(n, dtype=np.float32),
+            "b": np.ones(n, dtype=bool),
+            "t": np.arange(n).astype("datetime64[us]"),
+            "s": [str(i) for i in range(n)],
+            "late_null": ["a"] * (n - 1) + [None],
+            "mostly_null": late,
+            "blob": [b"\x00\x01"] * n,
+            "nullable_int": pd.array([1] * (n - 1) + [None], dtype="Int64"),
+            "nullable_bool": pd.array([True] * (n - 1) + [None], dtype="boolean"),
+            "tensor": list(np.zeros((n, 2, 3), np.float64)),
+            "var": [np.zeros(i % 3 if i < BATCH_ROWS else 7, np.int32) for i in range(n)],
+        }
+    )
+    ds = shardkit.write_dataset(df, tmp_path / "ds")
+    want = {
+        "i": ("int16", (), False),
+        "f": ("float32", (), False),
+        "b": ("bool", (), False),
+        "t": ("datetime64[us]", (), False),
+        "s": ("str", (), False),
+        "late_null": ("str", (), True),
+        "mostly_null": ("str", (), True),
+        "blob": ("bytes", (), False),
+        "nullable_int": ("int64", (), True),
+        "nullable_bool": ("bool", (), True),
+        "tensor": ("float64", (2, 3), False),
+        "var": ("int32", (None,), False),
+    }
+    assert {f.name: (f.dtype_name, f.shape, f.nullable) for f in ds.schema} == want
+    assert ds.schema["tensor"].codec.name == "tensor"
+    assert ds.schema["var"].codec.name == "ndarray"
+    assert ds.num_rows == n
+
+
+def test_schema_inferred_from_arrow(tmp_path: Path) -> None:
+    table = pa.table(
+        {
+            "i": pa.array([1, 2, None], pa.int32()),
+            "f": pa.array([1.0, 2.0, 3.0], pa.float16()),
+            "s": pa.array(["a", "b", "c"], pa.large_string()),
+            "d": pa.array(["x", "y", "x"]).dictionary_encode(),
+            "l": pa.array([[1.0], [], [2.0, 3.0]], pa.list_(pa.float32())),
+            "fl": pa.array([[1, 2], [3, 4], [5, 6]], pa.list_(pa.int64(), 2)),
+            "ts": pa.array([0, 1, 2], pa.timestamp("ms")),
+            "tensor": pa.FixedShapeTensorArray.from_numpy_ndarray(np.zeros((3, 2, 2), np.uint8)),
+        }
+    )
+    ds = shardkit.write_dataset(table, tmp_path / "ds")
+    got = {f.name: (f.dtype_name, f.shape, f.nullable) for f in ds.schema}
+    assert got == {
+        "i": ("int32", (), True),
+        "f": ("float16", (), False),
+        "s": ("str", (), False),
+        "d": ("str", (), False),
+        "l": ("float32", (None,), False),
+        "fl": ("int64", (2,), False),
+        "ts": ("datetime64[ms]", (), False),
+        "tensor": ("uint8", (2, 2), False),
+    }
+    out = ds.decode(ds.read_row_group(0))
+    assert out["d"].tolist() == ["x", "y", "x"]
+    np.testing.assert_array_equal(out["fl"], [[1, 2], [3, 4], [5, 6]])
+
+
+def test_schema_inferred_from_row_dicts_and_dict_of_columns(tmp_path: Path) -> None:
+    rows = [{"id": i, "x": np.full((2,), i, np.float32), "tag": "t" if i else None} for i in range(5)]
+    ds = shardkit.write_dataset(rows, tmp_path / "rows")
+    assert [(f.name, f.dtype_name, f.shape, f.nullable) for f in ds.schema] == [
+        ("id", "int64", (), False),
+        ("x", "float32", (2,), False),
+        ("tag", "str", (), True),
+    ]
+    ds = shardkit.write_dataset(
+        {"id": np.arange(3, dtype=np.uint8), "v": [[1, 2], [3], []]}, tmp_path / "cols"
+    )
+    assert [(f.name, f.dtype_name, f.shape) for f in ds.schema] == [
+        ("id", "uint8", ()),
+        ("v", "int64", (None,)),
+    ]
+
+
+def test_inference_refuses_columns_it_cannot_guess(tmp_path: Path, helpers: SimpleNamespace) -> None:
+    url = str(tmp_path / "ds")
+    with pytest.raises(SchemaError, match=r"'n'.*only nulls.*Field"):
+        shardkit.write_dataset({"n": [None, None]}, url)
+    with pytest.raises(SchemaError, match=r"'m'.*dimensions.*Field"):
+        shardkit.write_dataset({"m": [np.zeros(2), np.zeros((2, 2))]}, url)
+    with pytest.raises(SchemaError, match="no rows and no schema"):
+        shardkit.write_dataset(iter([]), url)
+    helpers.assert_nothing_written(url)
+
+
+# --- bad input: the error class, a message naming value / place / fix, and nothing written ---------
+
+GOOD_SCHEMA = Schema(
+    [Field("id", "int64"), Field("score", "float32"), Field("x", "float32", (3,)), Field("name", "str")]
+)
+
+
+def good_columns(n: int = 4) -> dict[str, Any]:
+    return {
+        "id": np.arange(n),
+        "score": np.linspace(0, 1, n),
+        "x": np.zeros((n, 3), np.float32),
+        "name": [f"n{i}" for i in range(n)],
+    }
+
+
+def with_changes(**changes: Any) -> dict[str, Any]:
+    columns = good_columns()
+    for key, value in changes.items():
+        if value is KeyError:
+            del columns[key]
+        else:
+            columns[key] = value
+    return columns
+
+
+BAD_DATA = {
+    "missing column": (with_changes(name=KeyError), ["['name']", "add them", "schema"]),
+    "extra column": (with_changes(extra=[1, 2, 3, 4]), ["['extra']", "Field", "drop"]),
+    "float in int field": (with_changes(id=np.array([1.0, 2.5, 3.0, 4.0])), ["'id'", "int64", "float64"]),
+    "str in float field": (with_changes(score=["a", "b", "c", "d"]), ["'score'", "float32", "string"]),
+    "str in float tensor": (
+        with_changes(x=[np.array(["a", "b", "c"])] * 4),
+        ["'x'", "float32", "str", "convert"],
+    ),
+    "wrong shape": (with_changes(x=np.zeros((4, 4), np.float32)), ["'x'", "(3,)", "(4,)", "reshape"]),
+    "mixed shapes": (
+        with_changes(
+            x=[np.zeros(3, np.float32), np.zeros(3, np.float32), np.zeros(2, np.float32), np.zeros(3)]
+        ),
+        ["'x'", "row 2", "(2,)", "(3,)"],
+    ),
+    "null in non-nullable": (with_changes(name=["a", None, "c", "d"]), ["'name'", "row 1", "nullable=True"]),
+    "null tensor in non-nullable": (
+        with_changes(x=[np.zeros(3, np.float32), None, None, None]),
+        ["'x'", "row 1", "nullable=True"],
+    ),
+    "columns of different lengths": (with_changes(id=np.arange(5)), ["'id': 5", "'name': 4"]),
+}
+
+
+@pytest.mark.parametrize("case", BAD_DATA, ids=list(BAD_DATA))
+@pytest.mark.parametrize("first_write", [True, False], ids=["first-write", "overwrite"])
+def test_bad_data_raises_schema_mismatch_and_writes_nothing(
+    any_url: str, helpers: SimpleNamespace, case: str, first_write: bool
+) -> None:
+    data, needles = BAD_DATA[case]
+    if not first_write:
+        shardkit.write_dataset(good_columns(3), any_url, schema=GOOD_SCHEMA)
+        before = helpers.files_under(any_url)
+    with pytest.raises(SchemaMismatchError) as info:
+        shardkit.write_dataset(
+            data, any_url, schema=GOOD_SCHEMA, mode="error" if first_write else "overwrite"
+        )
+    for needle in needles:
+        assert needle in str(info.value), (needle, str(info.value))
+    if first_write:
+        helpers.assert_nothing_written(any_url)
+    else:
+        assert helpers.files_under(any_url) == before  # the old dataset, untouched, no staging
+        assert shardkit.open_dataset(any_url).num_rows == 3
+
+
+def test_bad_row_far_into_a_stream_names_its_input_row(tmp_path: Path, helpers: SimpleNamespace) -> None:
+    url = str(tmp_path / "ds")
+    rows = ({"id": i, "name": "x" if i != BATCH_ROWS + 7 else None} for i in range(BATCH_ROWS + 10))
+    schema = Schema([Field("id", "int64"), Field("name", "str")])
+    with pytest.raises(SchemaMismatchError) as info:
+        shardkit.write_dataset(rows, url, schema=schema, row_group_size=100)
+    message = str(info.value)
+    assert f"input row {BATCH_ROWS}" in message
+    assert "row 7" in message
+    assert "'name'" in message
+    helpers.assert_nothing_written(url)
+
+
+def test_row_dicts_with_different_keys(tmp_path: Path, helpers: SimpleNamespace) -> None:
+    url = str(tmp_path / "ds")
+    with pytest.raises(SchemaMismatchError, match=r"row 2.*missing \['b'\].*extra \['c'\]"):
+        shardkit.write_dataset([{"a": 1, "b": 2}, {"a": 1, "b": 2}, {"a": 1, "c": 2}], url)
+    helpers.assert_nothing_written(url)
+
+
+@pytest.mark.parametrize("data", [42, "a string", b"bytes", 3.5])
+def test_unsupported_input_types(tmp_path: Path, helpers: SimpleNamespace, data: Any) -> None:
+    url = str(tmp_path / "ds")
+    with pytest.raises(SchemaError, match=rf"{type(data).__name__}.*DataFrame"):
+        shardkit.write_dataset(data, url, schema=GOOD_SCHEMA)
+    helpers.assert_nothing_written(url)
+
+
+def test_an_exception_from_the_input_itself_leaves_nothing(tmp_path: Path, helpers: SimpleNamespace) -> None:
+    def rows() -> Any:
+        for i in range(BATCH_ROWS * 3):
+            if i == BATCH_ROWS * 2 + 1:
+                raise RuntimeError("the source broke")
+            yield {"id": i, "name": "n"}
+
+    url = str(tmp_path / "ds")
+    with pytest.raises(RuntimeError, match="the source broke"):
+        shardkit.write_dataset(
+            rows(), url, schema=[Field("id", "int64"), Field("name", "str")], row_group_size=10
+        )
+    helpers.assert_nothing_written(url)
+
+
+@pytest.mark.parametrize(
+    "data",
+    [
+        [pa.record_batch({"a": [1]}), None, pa.record_batch({"a": [2]})],
+        [{"a": 1}, None, {"a": 2}],
+    ],
+    ids=["batches", "rows"],
+)
+def test_none_inside_an_input_stream_is_an_error_not_its_end(
+    tmp_path: Path, helpers: SimpleNamespace, data: list[Any]
+) -> None:
+    url = str(tmp_path / "ds")
+    with pytest.raises(SchemaError, match="NoneType"):
+        shardkit.write_dataset(iter(data), url, schema=[Field("a", "int64")])
+    helpers.assert_nothing_written(url)
+
+
+def test_url_that_is_a_file(tmp_path: Path) -> None:
+    target = tmp_path / "data.parquet"
+    pq.write_table(pa.table({"a": [1]}), target)
+    for mode in ("error", "overwrite", "append"):
+        with pytest.raises(shardkit.errors.NotADatasetError, match=r"data\.parquet.*is a file.*folder"):
+            shardkit.write_dataset(good_columns(), target, mode=mode)  # type: ignore[arg-type]
+    assert pq.read_table(target).column("a").to_pylist() == [1]
+
+
+def test_file_urls_and_paths_name_the_same_dataset(tmp_path: Path) -> None:
+    shardkit.write_dataset(good_columns(), f"file://{tmp_path}/ds")
+    assert shardkit.open_dataset(tmp_path / "ds").num_rows == 4
+    assert shardkit.write_dataset(good_columns(2), tmp_path / "ds", mode="append").num_rows == 6
+    assert shardkit.open_dataset(f"file://{tmp_path}/ds/").num_rows == 6
+
+
+def test_images_through_write_dataset(any_url: str, helpers: SimpleNamespace) -> None:
+    rng = np.random.default_rng(3)
+    png = rng.integers(0, 256, (7, 6, 5, 3), dtype=np.uint8)
+    y, x = np.mgrid[0:16, 0:16]
+    smooth = np.stack([(40 + 8 * x + 4 * y + k).astype(np.uint8) for k in range(7)])
+    schema = Schema(
+        [
+            Field("png", "uint8", (6, 5, 3), codec=shardkit.ImageCodec("png")),
+            Field("jpeg", "uint8", (16, 16), codec=shardkit.ImageCodec("jpeg", quality=92)),
+            Field("any", "uint8", (None, None), codec="image", nullable=True),
+        ]
+    )
+    sizes = [None if i == 3 else png[i, : i + 1, : 7 - i, 0] for i in range(7)]
+    ds = shardkit.write_dataset(
+        {"png": png, "jpeg": list(smooth), "any": sizes}, any_url, schema=schema, row_group_size=3
+    )
+    got = helpers.read_all(shardkit.open_dataset(any_url))
+    np.testing.assert_array_equal(np.stack(got["png"]), png)
+    assert np.abs(np.stack(got["jpeg"]).astype(int) - smooth).mean() < 2.0
+    assert got["any"][3] is None
+    for i in (0, 1, 2, 4, 5, 6):
+        np.testing.assert_array_equal(got["any"][i], sizes[i])
+    table = pyarrow_table(any_url)
+    assert table.schema.field("png").type == pa.binary()
+    np.testing.assert_array_equal(ds.schema.decode(table)["png"], png)
+
+
+def test_bad_mode(tmp_path: Path, helpers: SimpleNamespace) -> None:
+    url = str(tmp_path / "ds")
+    with pytest.raises(SchemaError, match=r"'replace'.*'overwrite'"):
+        shardkit.write_dataset(good_columns(), url, mode="replace")  # type: ignore[arg-type]
+    helpers.assert_nothing_written(url)
+
+
+# --- modes ------------------------------------------------------------------------------------------
+
+
+def test_mode_error_over_an_existing_dataset(any_url: str, helpers: SimpleNamespace) -> None:
+    shardkit.write_dataset(good_columns(), any_url)
+    before = helpers.files_under(any_url)
+    with pytest.raises(DatasetExistsError) as info:
+        shardkit.write_dataset(good_columns(), any_url)
+    assert isinstance(info.value, FileExistsError)
+    for needle in [any_url, "mode='overwrite'", "mode='append'"]:
+        assert needle in str(info.value)
+    assert helpers.files_under(any_url) == before
+
+
+def test_mode_error_over_a_plain_parquet_folder(tmp_path: Path, plain_parquet_folder: Any) -> None:
+    url = plain_parquet_folder([pd.DataFrame({"a": [1, 2]})])
+    with pytest.raises(DatasetExistsError, match="already exists"):
+        shardkit.write_dataset(good_columns(), url)
+
+
+def test_mode_error_into_an_empty_folder_or_one_without_parquet(tmp_path: Path) -> None:
+    (tmp_path / "empty").mkdir()
+    assert shardkit.write_dataset(good_columns(), tmp_path / "empty").num_rows == 4
+    (tmp_path / "notes").mkdir()
+    (tmp_path / "notes" / "README.md").write_text("hello")
+    ds = shardkit.write_dataset(good_columns(), tmp_path / "notes")
+    assert ds.num_rows == 4
+    assert (tmp_path / "notes" / "README.md").read_text() == "hello"
+
+
+@pytest.mark.parametrize("mode", ["error", "append", "overwrite"])
+def test_any_mode_writes_over_an_unfinished_write(
+    tmp_path: Path, helpers: SimpleNamespace, mode: str
+) -> None:
+    url = str(tmp_path / "ds")
+    killed = shardkit.write_dataset(good_columns(8), url, row_group_size=2, file_size=1)
+    for name in ("_metadata", "_common_metadata"):  # what a writer killed before its commit leaves
+        os.remove(os.path.join(url, name))
+    with pytest.raises(shardkit.errors.NotADatasetError, match="did not finish"):
+        shardkit.open_dataset(url)
+    ds = shardkit.write_dataset(good_columns(3), url, mode=mode)  # type: ignore[arg-type]
+    assert ds.num_rows == 3
+    assert not set(killed.files) & helpers.files_under(url)
+    assert helpers.files_under(url) == {"_metadata", "_common_metadata", *ds.files}
+
+
+def test_overwrite_replaces_data_files_and_keeps_others(tmp_path: Path, helpers: SimpleNamespace) -> None:
+    url = str(tmp_path / "ds")
+    old = shardkit.write_dataset(good_columns(8), url, row_group_size=2)
+    (tmp_path / "ds" / "README.md").write_text("about this dataset")
+    new = shardkit.write_dataset({"other": np.arange(3)}, url, mode="overwrite")
+    assert new.schema.names == ["other"]
+    assert new.num_rows == 3
+    assert not set(old.files) & set(new.files)
+    assert helpers.files_under(url) == {"_metadata", "_common_metadata", "README.md", *new.files}
+    assert shardkit.open_dataset(url).decode(new.read_row_group(0))["other"].tolist() == [0, 1, 2]
+
+
+def test_overwrite_a_plain_parquet_folder(
+    tmp_path: Path, plain_parquet_folder: Any, helpers: SimpleNamespace
+) -> None:
+    url = plain_parquet_folder([pd.DataFrame({"a": [1, 2]}), pd.DataFrame({"a": [3]})])
+    ds = shardkit.write_dataset({"b": ["x"]}, url, mode="overwrite")
+    assert helpers.files_under(url) == {"_metadata", "_common_metadata", *ds.files}
+    assert shardkit.open_dataset(url).kind == "shardkit"
+
+
+def test_append_adds_row_groups(any_url: str, helpers: SimpleNamespace) -> None:
+    first = shardkit.write_dataset(good_columns(4), any_url, schema=GOOD_SCHEMA, row_group_size=2)
+    more = good_columns(3)
+    more["id"] = np.arange(100, 103)
+    ds = shardkit.write_dataset(more, any_url, mode="append", row_group_size=2)
+    assert ds.schema == GOOD_SCHEMA
+    assert ds.num_rows == 7
+    assert ds.row_groups[:2] == first.row_groups
+    assert [rg.num_rows for rg in ds.row_groups] == [2, 2, 2, 1]
+    assert helpers.read_all(shardkit.open_dataset(any_url))["id"] == [0, 1, 2, 3, 100, 101, 102]
+    assert helpers.files_under(any_url) == {"_metadata", "_common_metadata", *ds.files}
+
+
+def test_append_creates_a_missing_dataset(any_url: str) -> None:
+    assert shardkit.write_dataset(good_columns(), any_url, mode="append").num_rows == 4
+
+
+def test_append_with_a_different_schema(any_url: str, helpers: SimpleNamespace) -> None:
+    shardkit.write_dataset(good_columns(), any_url, schema=GOOD_SCHEMA)
+    before = helpers.files_under(any_url)
+    other = Schema([Field("id", "int32"), *GOOD_SCHEMA[1:]])
+    with pytest.raises(SchemaMismatchError) as info:
+        shardkit.write_dataset(good_columns(), any_url, schema=other, mode="append")
+    for needle in [any_url, "id: int64", "id: int32", "mode='overwrite'"]:
+        assert needle in str(info.value)
+    with pytest.raises(SchemaMismatchError, match=r"\['extra'\]"):
+        shardkit.write_dataset(with_changes(extra=np.arange(4)), any_url, mode="append")
+    assert helpers.files_under(any_url) == before
+    assert shardkit.open_dataset(any_url).num_rows == 4
+
+
+def test_append_to_a_plain_parquet_folder_is_refused(tmp_path: Path, plain_parquet_folder: Any) -> None:
+    url = plain_parquet_folder([pd.DataFrame({"a": [1, 2]})])
+    with pytest.raises(DatasetExistsError, match=r"no _metadata.*write_summary"):
+        shardkit.write_dataset({"a": [3]}, url, mode="append")
+
+
+def test_empty_dataset_with_a_schema(any_url: str, helpers: SimpleNamespace) -> None:
+    ds = shardkit.write_dataset([], any_url, schema=GOOD_SCHEMA)
+    assert ds.num_rows == 0
+    assert ds.row_groups == ()
+    assert shardkit.open_dataset(any_url).schema == GOOD_SCHEMA
+    assert pyarrow_table(any_url).num_rows == 0
+    ds = shardkit.write_dataset(good_columns(2), any_url, mode="append")
+    assert ds.num_rows == 2
+
+
+def test_storage_options_reach_every_open(tmp_path: Path) -> None:
+    """A filesystem that only works with its storage options (here fsspec's DirFileSystem)."""
+    options = {"path": os.fspath(tmp_path), "target_protocol": "file"}
+    shardkit.write_dataset(good_columns(2), "dir://ds", storage_options=options)
+    ds = shardkit.write_dataset(good_columns(3), "dir://ds", mode="append", storage_options=options)
+    assert ds.num_rows == 5
+    assert shardkit.open_dataset("dir://ds", storage_options=options).num_rows == 5
+    assert shardkit.open_dataset(tmp_path / "ds").num_rows == 5
+
+
+# --- progress ---------------------------------------------------------------------------------------
+
+
+def test_progress_bar_counts_rows(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    n = 3 * BATCH_ROWS + 11
+    shardkit.write_dataset({"x": np.arange(n)}, tmp_path / "a", progress=True)
+    err = capsys.readouterr().err
+    assert "write_dataset" in err
+    assert "rows" in err
+    assert "12.3k/12.3k" in err  # done / total, unit-scaled by tqdm
+    assert "rows/s" in err
+
+    shardkit.write_dataset([{"x": i} for i in range(25)], tmp_path / "b", progress=True)
+    assert "25.0/25.0" in capsys.readouterr().err
+
+    batches = [pa.record_batch({"x": np.arange(10)})] * 4  # a list of 4 batches is 40 rows, not 4
+    shardkit.write_dataset(iter(batches), tmp_path / "c", progress=True)
+    err = capsys.readouterr().err
+    assert "40.0 rows" in err
+    assert "/" not in err.split("rows")[-2]  # no total for a stream
+
+    shardkit.write_dataset({"x": np.arange(n)}, tmp_path / "d", progress=False)
+    assert capsys.readouterr().err == ""

@@ -1,0 +1,172 @@
+"""The ``shardkit`` command: ``inspect`` (text and ``--json``) and ``index``, and its errors."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+import shardkit
+from shardkit.cli import main
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture
+def dataset(tmp_path: Path) -> shardkit.Dataset:
+    schema = shardkit.Schema(
+        [
+            shardkit.Field("id", "int64"),
+            shardkit.Field("image", "uint8", (8, 8), codec=shardkit.ImageCodec("png")),
+            shardkit.Field("vec", "float32", (None,), nullable=True),
+            shardkit.Field("label", "str"),
+        ]
+    )
+    n = 40
+    data = {
+        "id": np.arange(n),
+        "image": np.zeros((n, 8, 8), np.uint8),
+        "vec": [np.ones(i % 3, np.float32) if i % 5 else None for i in range(n)],
+        "label": [f"l{i % 4}" for i in range(n)],
+    }
+    return shardkit.write_dataset(data, tmp_path / "ds", schema=schema, row_group_size=6, file_size="1KiB")
+
+
+@pytest.fixture
+def plain_folder(tmp_path: Path) -> str:
+    folder = tmp_path / "plain"
+    folder.mkdir()
+    pd.DataFrame({"a": np.arange(7), "b": list("abcdefg")}).to_parquet(folder / "x.parquet", row_group_size=3)
+    return os.fspath(folder)
+
+
+def test_inspect_json(dataset: shardkit.Dataset, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["inspect", dataset.url, "--json"]) == 0
+    out, err = capsys.readouterr()
+    assert err == ""
+    info = json.loads(out)
+    assert info["url"] == dataset.url
+    assert info["kind"] == "shardkit"
+    assert info["rows"] == 40
+    assert info["row_groups"] == len(dataset.row_groups) == 7
+    assert info["bytes"] == dataset.num_bytes == sum(f["bytes"] for f in info["files"])
+    assert info["fields"] == [f.to_json() for f in dataset.schema]
+    assert info["fields"][1] == {
+        "name": "image",
+        "dtype": "uint8",
+        "shape": [8, 8],
+        "codec": {"name": "image", "format": "png", "quality": 95},
+        "nullable": False,
+    }
+    assert [f["file"] for f in info["files"]] == dataset.files
+    assert len(info["files"]) > 1
+    for entry in info["files"]:
+        groups = [rg for rg in dataset.row_groups if rg.file == entry["file"]]
+        assert entry["row_groups"] == len(groups)
+        assert entry["rows"] == sum(rg.num_rows for rg in groups)
+        assert entry["bytes"] == sum(rg.num_bytes for rg in groups)
+    assert sum(f["rows"] for f in info["files"]) == 40
+
+
+def test_inspect_text(dataset: shardkit.Dataset, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["inspect", dataset.url]) == 0
+    out = capsys.readouterr().out
+    lines = out.splitlines()
+    assert lines[0] == f"{dataset.url}  (shardkit dataset)"
+    assert lines[1].startswith(f"40 rows in 7 row groups, {len(dataset.files)} files, ")
+    rows = [line.split() for line in lines]
+    assert ["image", "uint8", "(8,", "8)", "image(format=png,", "quality=95)", "no"] in rows
+    assert ["vec", "float32", "(None)", "ndarray", "yes"] in rows
+    assert ["field", "dtype", "shape", "codec", "nullable"] in rows
+    for name in dataset.files:
+        assert name in out
+
+
+def test_inspect_plain_folder_prints_the_warning(
+    plain_folder: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["inspect", plain_folder, "--json"]) == 0  # filterwarnings=error: no Python warning escapes
+    out, err = capsys.readouterr()
+    assert err.startswith("warning: ")
+    assert "write_summary" in err
+    assert "shardkit index" in err
+    info = json.loads(out)
+    assert info["kind"] == "parquet"
+    assert info["rows"] == 7
+    assert info["files"] == [{"file": "x.parquet", "row_groups": 3, "rows": 7, "bytes": info["bytes"]}]
+
+
+def test_index_writes_the_summary(plain_folder: str, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["index", plain_folder]) == 0
+    out, err = capsys.readouterr()
+    assert out == f"wrote {plain_folder}/_metadata: 3 row groups in 1 files\n"
+    assert err == ""
+    assert os.path.exists(os.path.join(plain_folder, "_metadata"))
+    assert main(["inspect", plain_folder]) == 0
+    assert capsys.readouterr().err == ""  # no more warning
+    shardkit.open_dataset(plain_folder)  # and none from Python either
+
+
+@pytest.mark.parametrize(
+    ("argv", "needles"),
+    [
+        (["inspect", "{tmp}/missing"], ["shardkit inspect: error:", "no dataset at", "{tmp}/missing"]),
+        (["inspect", "{tmp}/empty"], ["shardkit inspect: error:", "{tmp}/empty", "no Parquet data"]),
+        (["inspect", "{tmp}/corrupt"], ["shardkit inspect: error:", "bad.parquet", "truncated or corrupt"]),
+        (["index", "{tmp}/missing"], ["shardkit index: error:", "{tmp}/missing", "does not exist"]),
+        (["index", "{tmp}/empty"], ["shardkit index: error:", "no Parquet data files to index"]),
+    ],
+)
+def test_errors_exit_2_with_the_message(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], argv: list[str], needles: list[str]
+) -> None:
+    (tmp_path / "empty").mkdir()
+    (tmp_path / "corrupt").mkdir()
+    (tmp_path / "corrupt" / "bad.parquet").write_bytes(b"PAR1 nothing here PAR1")
+    argv = [a.format(tmp=tmp_path) for a in argv]
+    assert main(argv) == 2
+    out, err = capsys.readouterr()
+    assert out == ""
+    assert err.count("\n") == 1
+    for needle in needles:
+        assert needle.format(tmp=tmp_path) in err
+    assert not os.path.exists(tmp_path / "missing")
+    assert os.listdir(tmp_path / "empty") == []
+
+
+@pytest.mark.parametrize("argv", [[], ["inspect"], ["frobnicate", "x"], ["inspect", "x", "--yaml"]])
+def test_usage_errors(argv: list[str], capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as info:
+        main(argv)
+    assert info.value.code == 2
+    assert "usage: shardkit" in capsys.readouterr().err
+
+
+@pytest.mark.timeout(60)
+def test_runs_as_a_program(dataset: shardkit.Dataset, tmp_path: Path) -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "shardkit.cli", "inspect", dataset.url, "--json"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["rows"] == 40
+    done = subprocess.run(
+        [sys.executable, "-m", "shardkit.cli", "inspect", str(tmp_path / "nothing")],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 2
+    assert "no dataset at" in done.stderr
