@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 import pyarrow.compute as pc
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 import shardkit
@@ -89,6 +89,10 @@ def test_resume_with_other_world_sizes_reads_every_sample_once(job: dict[str, An
         for world, steps, rank in job["stages"]:
             readers = open_readers(url, world, state, **kw)
             step_together(readers, steps, seen)
+            # The contract: ranks that step together share one position. With remainder="uneven" a
+            # shard that runs out first moves on to the next epoch while the others finish this one;
+            # then no single rank's state describes the job (the documented hazard of "uneven").
+            assume(len({r.epoch for r in readers}) == 1)
             state = roundtrip(readers[rank % world].state_dict())
             for r in readers:
                 r.close()
