@@ -352,3 +352,13 @@ def test_bad_codec_specs_raise_schema_error_naming_the_field(spec: Any, needles:
         codec_from_json(spec, where="field 'x'")
     for needle in needles:
         assert needle in str(info.value)
+
+
+def test_tensor_field_accepts_a_flat_fixed_size_list_column(tmp_path) -> None:
+    """Plain Parquet (pq.read_table) gives fixed_size_list<T>[prod(shape)]: it reshapes, no per-row path."""
+    flat = np.arange(48, dtype=np.uint8).reshape(4, 12)
+    column = pa.FixedSizeListArray.from_arrays(pa.array(flat.ravel()), 12)
+    ds = shardkit.write_dataset(pa.table({"t": column}), tmp_path / "ds",
+                                schema=[shardkit.Field("t", "uint8", (2, 2, 3))])
+    got = ds.decode(ds.read_row_group(0))["t"]
+    np.testing.assert_array_equal(got, flat.reshape(4, 2, 2, 3))

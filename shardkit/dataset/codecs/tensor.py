@@ -114,7 +114,12 @@ class TensorCodec(Codec):
                 if not field.nullable and arr.null_count:
                     raise null_error(field, first_null(arr), "writing")
                 return arr
-            if isinstance(arr.type, pa.FixedShapeTensorType) and tuple(arr.type.shape) == shape:
+            same_tensor = isinstance(arr.type, pa.FixedShapeTensorType) and tuple(arr.type.shape) == shape
+            # a flat fixed_size_list of the right size: what plain Parquet holds (pq.read_table output)
+            flat_list = pa.types.is_fixed_size_list(arr.type) and arr.type.list_size == math.prod(shape)
+            if same_tensor or flat_list:
+                if not field.nullable and arr.null_count:
+                    raise null_error(field, first_null(arr), "writing")
                 values, mask = cast_array(field, fixed_values(arr, shape), "writing"), mask_of(arr)
                 return self._build(target, values, mask, field)
         if isinstance(values, np.ndarray) and values.dtype != object:
