@@ -7,7 +7,7 @@
     │   ├── DatasetExistsError        (also FileExistsError)    mode="error" over an existing dataset
     │   ├── CorruptDatasetError       (also OSError)            a file or row group that cannot be read
     │   └── UnsafePickleError         (also ValueError)         a Petastorm schema pickle with foreign content
-    ├── SchemaError                   (also ValueError)         a schema, field or codec that is invalid itself
+    ├── SchemaError                   (also ValueError)         a schema, field or codec invalid in itself
     │   └── SchemaMismatchError                                 data that does not fit the declared schema
     ├── ReaderError                   (also ValueError)         bad reader arguments or resume state
     └── MissingDependencyError        (also ImportError)        an optional extra is not installed
@@ -96,4 +96,4 @@ def require(module: str, *, extra: str, purpose: str) -> object:
     try:
         return importlib.import_module(module)
     except ImportError as e:
-        raise MissingDependencyError(module.split(".")[0], extra, purpose) from e
+        raise MissingDependencyError(module.split(".", maxsplit=1)[0], extra, purpose) from e

@@ -107,7 +107,7 @@ def make_reader(
 
     row_cache = None
     if cache is not None and not (cache == "auto" and dataset.location.is_local):
-        from shardkit.reader.cache import CacheConfig, RowGroupCache  # noqa: PLC0415 - only when caching
+        from shardkit.reader.cache import CacheConfig, RowGroupCache
 
         config = CacheConfig.resolve(cache, remote=not dataset.location.is_local)
         row_cache = None if config is None else RowGroupCache(config)

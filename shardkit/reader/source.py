@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import threading
 from collections import OrderedDict
-from concurrent.futures import Future
 from collections.abc import Sequence
+from concurrent.futures import Future
 from typing import TYPE_CHECKING, Literal
 
 import numpy as np
@@ -91,7 +91,8 @@ class RowGroupSource:
             if selected is None and rows is None:
                 table = table.slice(task.start, task.stop - task.start)
             else:
-                index = np.arange(task.start, task.stop) if selected is None else selected[task.start : task.stop]
+                span = slice(task.start, task.stop)
+                index = np.arange(task.start, task.stop) if selected is None else selected[span]
                 table = table.take(pa.array(index if rows is None else index[rows]))
             return self.dataset.decode(table)
         except CorruptDatasetError as e:
