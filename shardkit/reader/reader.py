@@ -137,10 +137,9 @@ class Reader:
         def reads() -> Iterator[tuple[Task, np.ndarray | None]]:
             for w in windows:  # prepared just ahead of the reads, popped when the window is assembled
                 emit, rows = _needed_rows(w, order)
-                sizes = [t.stop - t.start if r is None else len(r) for t, r in zip(w.tasks, rows, strict=True)
-                         ]
-                prepared.append((emit, sizes))
-                yield from zip(w.tasks, rows, strict=True)
+                pairs = list(zip(w.tasks, rows, strict=True))
+                prepared.append((emit, [t.stop - t.start if r is None else len(r) for t, r in pairs]))
+                yield from pairs
 
         results = self._prefetched(reads())
         position = start
