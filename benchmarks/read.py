@@ -1,0 +1,749 @@
+"""READ benchmark: shardkit's reader vs raw pyarrow, Petastorm 0.13.1 and HF datasets, same rows, one run.
+
+Every reading case runs in a fresh process (see `benchmarks.common`) on the ANCHORS rows of
+`benchmarks.data`, page cache warm (each dataset is materialized, then read k times; the median is
+kept). The clock starts just before the reader is created (imports are not counted) and stops after
+the last batch; "first batch" is reader creation -> first batch in hand (Petastorm's row reader: the
+first 256 rows). Every batch's image and features are copied once into a preallocated buffer (what a
+collate does; see `benchmarks.petastorm_side._consume`), so a zero-copy reader is not timed without
+reading its bytes. Every case sums the ``id`` column, so an epoch that ends early is seen. Peak RSS
+is the process's VmHWM (imports included; ``ru_maxrss`` would include the parent's, inherited across
+exec), plus that of worker processes where a reader has them. CPU seconds (all threads and workers)
+are kept too: steadier than wall time when other work shares the machine.
+
+Cases (ratios are to the best raw pyarrow reader of shardkit's files and to Petastorm's best mode):
+    raw-iter               pq.ParquetFile(f).iter_batches(256) over shardkit's files -> numpy (zero-copy)
+    raw-table              pq.read_table(shardkit's folder) -> numpy per column (the whole table)
+    raw-iter-plain         iter_batches(256) over data.py's plain Parquet copy (pyarrow defaults; context)
+    shardkit-noshuffle     make_reader(tensor dataset, batch_size=256, shuffle=False)
+    shardkit               make_reader(tensor dataset, batch_size=256) (default shuffle)
+    shardkit-shard         the same, num_shards=2, shard 0 (half the rows)
+    petastorm-batch        Petastorm make_batch_reader, thread pool, 2 workers (its best) ┐ on a plain
+    petastorm-batch-dflt   Petastorm make_batch_reader, defaults (10 threads)             ┘ list<> copy
+    petastorm-rows         Petastorm make_reader, process pool, 2 workers (its best), on a dataset
+                           Petastorm wrote itself (PNG image, NdarrayCodec features)
+    shardkit-petastorm     shardkit make_reader on that Petastorm dataset (default shuffle)
+    shardkit-petastorm-ns  the same, shuffle=False
+    hf-mmap / hf-mmap-u8   HF datasets, saved Arrow cache memory-mapped, .with_format("numpy"), batches
+                           of 256 (as a user gets it: ints widened to int64 / with dtype=None: kept)
+    s3-cache               shardkit on a loopback S3 (moto) copy, shuffle=False: epoch 1 uncached
+                           (fills the disk cache) and epoch 2 from the cache, one process
+    s3-cache-fresh         a new process reading one epoch from that warm cache
+    rss-small              shardkit (defaults) and raw-iter at rows/10: peak RSS flat as data grows 10x
+    plan                   shard_ranges + shard_windows for 1k, 10k, 100k row groups (in one process)
+    quality                shuffle quality of the default reader (ids of the stream)
+
+Usage (from the repository root):
+    python -m benchmarks.read                   # full run: 200,000 rows, saves results/
+    python -m benchmarks.read --quick           # smoke run: 4,000 rows, no Petastorm/HF, not saved
+    python -m benchmarks.read --rows 50000 --cases raw-iter,shardkit --repeat 5
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Iterable, Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+import shardkit
+from benchmarks import data
+from benchmarks.common import (
+    ROOT,
+    SCRATCH,
+    CaseFailed,
+    fmt_bytes,
+    machine_id,
+    machine_info,
+    median_of,
+    phase_peak_rss,
+    repeat_case,
+    reset_peak_rss,
+    run_case,
+    save_results,
+    table,
+    tree_cpu_seconds,
+)
+from benchmarks.petastorm_env import SIDE, run_in_petastorm
+from benchmarks.petastorm_side._consume import Consumer
+
+BATCH = 256
+HF_VENV = ROOT / ".bench" / "hf-venv"
+HF_PYTHON = HF_VENV / "bin" / "python"
+# the same pyarrow and numpy as shardkit's venv, so the comparison is of the readers, not the libraries
+HF_PINS = ["datasets==5.2.0", f"pyarrow=={pa.__version__}", f"numpy=={np.__version__}"]
+BUCKET = "shardkit-bench"
+GB = 1e9
+
+# ANCHORS.md targets (fixed before the run; a MISS is reported, not tuned away)
+RAW_RATIO = 0.9  # shardkit >= 0.9x the best raw pyarrow reader of its files
+BATCH_RATIO = 2.0  # >= 2x Petastorm's best make_batch_reader
+ROWS_RATIO = 3.0  # >= 3x Petastorm's best make_reader, on Petastorm's own dataset
+FIRST_BATCH_S = 0.5
+RSS_LIMIT = 0.5 * GB
+RSS_FLAT = 1.25  # "flat": peak RSS at 10x the rows at most this many times the peak at 1x
+
+LOCAL = ["raw-iter", "raw-table", "raw-iter-plain", "shardkit-noshuffle", "shardkit", "shardkit-shard"]
+PETASTORM = ["petastorm-batch", "petastorm-batch-dflt", "petastorm-rows", "shardkit-petastorm",
+             "shardkit-petastorm-ns"]
+HF = ["hf-mmap", "hf-mmap-u8"]
+S3 = ["s3-cache", "s3-cache-fresh"]
+EXTRA = ["rss-small", "plan", "quality"]
+ALL_CASES = [*LOCAL, *PETASTORM, *HF, *S3, *EXTRA]
+QUICK = [*LOCAL, *S3, *EXTRA]
+SLOW = ["petastorm-rows", "shardkit-petastorm", "shardkit-petastorm-ns", *S3]
+
+
+# ---- measuring one pass -------------------------------------------------------------------------------
+
+def _clock() -> tuple[float, float]:
+    """Now: wall clock and the CPU seconds of every thread of this process (steadier under load)."""
+    return time.perf_counter(), tree_cpu_seconds()
+
+
+def _drain(batches: Iterable[Mapping[str, Any]], clock: tuple[float, float]) -> dict[str, Any]:
+    """Iterate ``batches`` to the end: rows, the sum of ``id`` (completeness), seconds, first batch.
+
+    Each batch's tensors are copied once into a preallocated buffer (see `Consumer`), so a reader that
+    returns zero-copy views is timed reading its bytes, like one that copies.
+
+    ``clock`` is `_clock()` taken just before the reader was created.
+    """
+    started, cpu0 = clock
+    rows = id_sum = count = 0
+    first = None
+    consumer = Consumer()
+    for batch in batches:
+        ids = batch["id"]
+        consumer.consume(batch)
+        if first is None:
+            first = time.perf_counter() - started
+        rows += len(ids)
+        id_sum += int(ids.sum())
+        count += 1
+    seconds = time.perf_counter() - started
+    return {"rows": rows, "id_sum": id_sum, "batches": count, "seconds": seconds,
+            "first_batch_seconds": seconds if first is None else first,
+            "cpu_seconds": tree_cpu_seconds() - cpu0}
+
+
+def _arrow_to_numpy(column: pa.Array | pa.ChunkedArray) -> np.ndarray:
+    """A column as numpy the cheapest way: tensors as zero-copy ``(n, *shape)`` views, strings as objects."""
+    if isinstance(column, pa.ChunkedArray):
+        column = column.combine_chunks()
+    if isinstance(column.type, pa.FixedShapeTensorType):
+        return column.to_numpy_ndarray()
+    if pa.types.is_fixed_size_list(column.type):
+        return column.flatten().to_numpy().reshape(len(column), column.type.list_size)
+    return column.to_numpy(zero_copy_only=False)
+
+
+def _parquet_files(path: str) -> list[str]:
+    root = Path(path)
+    if root.is_file():
+        return [str(root)]
+    return sorted(str(p) for p in root.rglob("*.parquet") if not p.name.startswith(("_", ".")))
+
+
+def _local_cases_env() -> None:
+    os.environ.setdefault("AWS_EC2_METADATA_DISABLED", "true")
+
+
+# ---- cases (each runs in its own process) -------------------------------------------------------------
+
+def case_raw_iter(path: str) -> dict[str, Any]:
+    """``pq.ParquetFile(f).iter_batches(256)`` over every data file, each column -> numpy."""
+    started = _clock()
+
+    def batches() -> Iterator[dict[str, np.ndarray]]:
+        for f in _parquet_files(path):
+            for rb in pq.ParquetFile(f).iter_batches(BATCH):
+                names = rb.schema.names
+                yield {name: _arrow_to_numpy(col) for name, col in zip(names, rb.columns, strict=True)}
+
+    return {**_drain(batches(), started), "rss": phase_peak_rss()}
+
+
+def case_raw_table(path: str) -> dict[str, Any]:
+    """``pq.read_table(folder)`` (the whole table in memory), then every column -> numpy."""
+    started = _clock()
+    tbl = pq.read_table(path)
+    columns = {name: _arrow_to_numpy(tbl.column(name)) for name in tbl.column_names}
+    del tbl
+    return {**_drain([columns], started), "rss": phase_peak_rss()}
+
+
+def case_shardkit(url: str, shuffle: bool = True, num_shards: int = 1, shard: int = 0,
+                  storage_options: dict[str, Any] | None = None) -> dict[str, Any]:
+    """``shardkit.make_reader(url, batch_size=256, ...)``, one epoch, everything else default."""
+    import warnings
+
+    warnings.simplefilter("ignore")  # a Petastorm folder has no _metadata: the reader says so, once
+    started = _clock()
+    with shardkit.make_reader(url, batch_size=BATCH, shuffle=shuffle, num_shards=num_shards, shard=shard,
+                              storage_options=storage_options) as reader:
+        result = _drain(reader, started)
+        settings = {"workers": reader.workers, "prefetch": reader.prefetch,
+                    "shuffle_buffer": reader.shuffle_buffer, "row_groups": len(reader.dataset.row_groups)}
+    return {**result, "rss": phase_peak_rss(), **settings}
+
+
+def case_s3_cache(url: str, storage_options: dict[str, Any], cache_dir: str, epochs: int = 2,
+                  clear: bool = True) -> dict[str, Any]:
+    """shardkit over S3 with the disk cache, shuffle=False: epoch 1 fills it, epoch 2 reads it back.
+
+    With ``clear=False, epochs=1`` (a new process, cache already warm): the cached epoch as a restarted
+    job sees it, checksums verified once.
+    """
+    from shardkit.reader.cache import CacheConfig
+
+    _local_cases_env()
+    if clear:
+        shutil.rmtree(cache_dir, ignore_errors=True)
+    config = CacheConfig(cache_dir, "64GiB")
+    out: dict[str, Any] = {}
+    started = _clock()
+    with shardkit.make_reader(url, batch_size=BATCH, shuffle=False, cache=config, num_epochs=epochs,
+                              storage_options=storage_options) as reader:
+        for epoch in range(epochs):
+            if epoch:
+                reset_peak_rss()
+                started = _clock()
+            stats0 = dict(reader._source.cache.stats)
+            result = _drain(reader.iter_epoch(), started)
+            result["rss"] = phase_peak_rss()  # VmHWM: since exec, or since the reset
+            stats = {k: v - stats0[k] for k, v in reader._source.cache.stats.items()}
+            result.update({f"cache_{k}": v for k, v in stats.items()})
+            out.update({f"e{epoch + 1}_{k}": v for k, v in result.items()})
+    return out
+
+
+def case_plan(groups: list[int], rows_per_group: int = 1000, num_shards: int = 8, shard: int = 3,
+              window: int = 18_000, repeat: int = 5) -> dict[str, Any]:
+    """Planning cost (pure): `EpochOrder` + `shard_ranges` + `shard_windows` per row-group count."""
+    from shardkit.reader.plan import EpochOrder, shard_ranges, shard_windows
+
+    out: dict[str, Any] = {}
+    for g in groups:
+        rpg = np.full(g, rows_per_group, dtype=np.int64)
+        n = int(rpg.sum())
+        for label, shuffle, history, shards in [
+            ("shuffled", True, (), num_shards),
+            ("in order", False, (), num_shards),
+            # a job that stopped a third into the epoch on 8 shards and resumes on 4
+            ("resumed 8->4", True, ((num_shards, n // num_shards // 3),), num_shards // 2),
+        ]:
+            t_ranges, t_windows, n_windows = [], [], 0
+            for _ in range(repeat):
+                t0 = time.perf_counter()
+                order = EpochOrder(rpg, 0, 0, shuffle, window)
+                ranges = shard_ranges(n, shard=shard % shards, num_shards=shards, history=history)
+                t1 = time.perf_counter()
+                windows = shard_windows(order, ranges)
+                t2 = time.perf_counter()
+                t_ranges.append(t1 - t0)
+                t_windows.append(t2 - t1)
+                n_windows = len(windows)
+            key = f"{g}|{label}"
+            out[key] = {"row_groups": g, "samples": n, "mode": label, "shards": shards,
+                        "ranges_ms": 1e3 * float(np.median(t_ranges)),
+                        "windows_ms": 1e3 * float(np.median(t_windows)), "windows": n_windows}
+    return {"plan": out, "rss": phase_peak_rss()}
+
+
+def case_quality(url: str, epochs: int = 2) -> dict[str, Any]:
+    """How well the default reader mixes: ids (= file positions) of the stream of two epochs."""
+    started = time.perf_counter()
+    with shardkit.make_reader(url, batch_size=BATCH, num_epochs=epochs) as reader:
+        window = reader.shuffle_buffer
+        bounds = np.cumsum(reader.dataset.rows_per_group)
+        streams: list[list[np.ndarray]] = [[] for _ in range(epochs)]
+        for epoch in range(epochs):
+            for batch in reader.iter_epoch():
+                streams[epoch].append(np.array(batch["id"], copy=True))
+    seconds = time.perf_counter() - started
+    n = int(bounds[-1])
+    groups = len(bounds)
+    ids = np.concatenate(streams[0])
+    complete = bool(np.array_equal(np.sort(ids), np.arange(n)))
+    gap = np.abs(np.diff(ids)).astype(np.float64)
+    per_batch = [len(np.unique(np.searchsorted(bounds, b, side="right"))) for b in streams[0]]
+    pos = np.arange(len(ids), dtype=np.float64)
+    batch_rows = min(BATCH, n)
+    # a uniform shuffle of everything: E|a-b| = N/3; distinct groups in a batch ~ G(1-(1-1/G)^256)
+    ideal_groups = groups * (1 - (1 - 1 / groups) ** batch_rows)
+    e2 = np.concatenate(streams[1])
+    return {
+        "rows": len(ids), "complete": complete, "seconds": seconds, "window_rows": window,
+        "row_groups": groups, "rows_per_group": float(np.mean(reader.dataset.rows_per_group)),
+        "mean_adjacent_gap": float(gap.mean()), "gap_over_window": float(gap.mean() / window),
+        "gap_ideal_window": window / 3, "gap_ideal_full": n / 3,
+        "corr_position_id": float(np.corrcoef(pos, ids)[0, 1]),
+        "groups_per_batch": float(np.mean(per_batch)), "groups_per_batch_ideal": float(ideal_groups),
+        "epoch2_differs": bool(not np.array_equal(ids, e2)),
+        "epoch2_complete": bool(np.array_equal(np.sort(e2), np.arange(n))), "rss": phase_peak_rss(),
+    }
+
+
+# ---- data -------------------------------------------------------------------------------------------
+
+def _atomic_dir(path: Path, build: Any) -> Path:
+    """Build a folder under a temporary name and rename it into place (cached: built once)."""
+    if path.exists():
+        return path
+    tmp = path.with_name(path.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    build(tmp)
+    tmp.rename(path)
+    return path
+
+
+def materialize_list_copy(rows: int) -> Path:
+    """Plain Parquet for Petastorm's make_batch_reader: shardkit's rows and row groups, arrays as ``list<>``.
+
+    Petastorm silently drops ``fixed_size_list`` columns, so arrays become variable lists here; written
+    with pyarrow's defaults (dictionary encoding on), as a plain Parquet user would.
+    """
+    src = data.materialize_shardkit(rows, "tensor")
+
+    def build(tmp: Path) -> None:
+        tmp.mkdir(parents=True)
+        writer = None
+        for f in _parquet_files(str(src)):
+            pf = pq.ParquetFile(f)
+            for i in range(pf.num_row_groups):
+                t = pf.read_row_group(i)
+                cols = []
+                for col in t.columns:
+                    if isinstance(col.type, pa.BaseExtensionType):
+                        storage = col.type.storage_type
+                        flat = pa.chunked_array([c.storage for c in col.chunks], type=storage)
+                        cols.append(flat.cast(pa.list_(storage.value_type)))
+                    else:
+                        cols.append(col)
+                t = pa.table(cols, names=t.column_names)
+                if writer is None:
+                    writer = pq.ParquetWriter(tmp / "part-00000.parquet", t.schema,
+                                              compression=data.COMPRESSION)
+                writer.write_table(t, row_group_size=max(1, t.num_rows))
+        if writer is not None:
+            writer.close()
+
+    return _atomic_dir(data.CACHE / f"list-v{data.VERSION}-n{rows}", build)
+
+
+def materialize_petastorm(rows: int) -> Path:
+    """The rows written by Petastorm's own ``materialize_dataset`` (PNG image, npy features), in its venv."""
+    raw = data.materialize_raw(rows)
+
+    def build(tmp: Path) -> None:
+        run_in_petastorm(SIDE / "materialize.py", [str(raw), str(tmp), str(rows)])
+
+    return _atomic_dir(data.CACHE / f"petastorm-v{data.VERSION}-png-n{rows}", build)
+
+
+def ensure_hf_venv() -> Path:
+    """HF ``datasets`` in its own venv (it pins fsspec, which would disturb shardkit's)."""
+    stamp = HF_VENV / ".pins.json"
+    if HF_PYTHON.exists() and stamp.exists() and json.loads(stamp.read_text()) == HF_PINS:
+        return HF_PYTHON
+    if not HF_PYTHON.exists():
+        HF_VENV.parent.mkdir(parents=True, exist_ok=True)
+        subprocess.run([sys.executable, "-m", "venv", str(HF_VENV)], check=True)
+    subprocess.run([str(HF_PYTHON), "-m", "pip", "install", "-q", *HF_PINS], check=True)
+    stamp.write_text(json.dumps(HF_PINS))
+    return HF_PYTHON
+
+
+def materialize_hf(rows: int) -> tuple[Path, dict[str, Any]]:
+    """HF's Arrow cache of the plain Parquet copy (``Dataset.from_parquet`` + ``save_to_disk``)."""
+    raw = data.materialize_raw(rows)
+    info: dict[str, Any] = {}
+
+    def build(tmp: Path) -> None:
+        info.update(run_case("benchmarks.read_hf:case_build", {"parquet": str(raw), "out": str(tmp)},
+                             python=ensure_hf_venv()))
+
+    return _atomic_dir(data.CACHE / f"hf-v{data.VERSION}-n{rows}", build), info
+
+
+class MotoServer:
+    """A loopback S3 server (``python -m moto.server``) for the cached-epoch cases; killed on exit."""
+
+    def __init__(self) -> None:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            self.port = s.getsockname()[1]
+        self.endpoint = f"http://127.0.0.1:{self.port}"
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def __enter__(self) -> MotoServer:
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(self.port)],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        )
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                with urllib.request.urlopen(self.endpoint, timeout=2):
+                    break
+            except OSError:
+                if self.proc.poll() is not None or time.monotonic() > deadline:
+                    raise RuntimeError(f"moto server did not start on {self.endpoint}") from None
+                time.sleep(0.2)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.proc is not None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+    @property
+    def storage_options(self) -> dict[str, Any]:
+        return {"key": "x", "secret": "x",
+                "client_kwargs": {"endpoint_url": self.endpoint, "region_name": "us-east-1"}}
+
+    def upload(self, rows: int) -> tuple[str, float]:
+        """Write the tensor dataset to ``s3://shardkit-bench/`` with shardkit; its URL and seconds taken."""
+        import fsspec
+
+        _local_cases_env()
+        fs = fsspec.filesystem("s3", **self.storage_options)
+        with contextlib.suppress(Exception):  # already there (a second size in one run)
+            fs.call_s3("create_bucket", Bucket=BUCKET)
+        url = f"s3://{BUCKET}/tensor-n{rows}"
+        started = time.perf_counter()
+        shardkit.write_dataset(data.iter_batches(rows, "tensor"), url, schema=data.shardkit_schema("tensor"),
+                               mode="overwrite", compression=data.COMPRESSION, progress=False,
+                               storage_options=self.storage_options)
+        return url, time.perf_counter() - started
+
+
+# ---- the driver ---------------------------------------------------------------------------------------
+
+def _log(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)
+
+
+def _petastorm(script: str, url: str, args: list[str], k: int) -> dict[str, Any]:
+    runs = []
+    for _ in range(k):
+        r = run_in_petastorm(SIDE / script, [url, *args], timeout=1800)
+        r["rss"] = r["rss"] + r.pop("children_rss", 0)
+        runs.append(r)
+    return median_of(runs)
+
+
+class Run:
+    """Collects the cases of one run: results by name, failures recorded (not fatal)."""
+
+    def __init__(self, rows: int, repeat: int, slow_repeat: int) -> None:
+        self.rows, self.repeat, self.slow_repeat = rows, repeat, slow_repeat
+        self.results: dict[str, dict[str, Any]] = {}
+
+    def k(self, name: str) -> int:
+        return self.slow_repeat if name in SLOW else self.repeat
+
+    def case(self, name: str, fn: Any, *args: Any, **kwargs: Any) -> dict[str, Any] | None:
+        started = time.perf_counter()
+        try:
+            res: dict[str, Any] = fn(*args, **kwargs)
+        except (CaseFailed, RuntimeError, subprocess.SubprocessError, OSError) as e:
+            _log(f"  {name}: FAILED\n{str(e)[-3000:]}")
+            self.results[name] = {"case": name, "error": str(e)[-3000:]}
+            return None
+        res["case"] = name
+        res["wall_seconds"] = time.perf_counter() - started
+        self.results[name] = res
+        rate = f"{res['rows'] / res['seconds']:>10,.0f} rows/s" if res.get("seconds") else ""
+        _log(f"  {name:<22} {rate}  ({res['wall_seconds']:.0f} s wall)")
+        return res
+
+    def local(self, name: str, target: str, params: dict[str, Any], **kwargs: Any) -> dict[str, Any] | None:
+        return self.case(name, repeat_case, f"benchmarks.read:{target}", params, self.k(name), **kwargs)
+
+
+def run(rows: int, cases: list[str], repeat: int, slow_repeat: int) -> Run:
+    r = Run(rows, repeat, slow_repeat)
+    want = set(cases)
+    tensor = str(data.materialize_shardkit(rows, "tensor"))
+    if "raw-iter" in want:
+        r.local("raw-iter", "case_raw_iter", {"path": tensor})
+    if "raw-table" in want:
+        r.local("raw-table", "case_raw_table", {"path": tensor})
+    if "raw-iter-plain" in want:
+        r.local("raw-iter-plain", "case_raw_iter", {"path": str(data.materialize_raw(rows))})
+    if "shardkit-noshuffle" in want:
+        r.local("shardkit-noshuffle", "case_shardkit", {"url": tensor, "shuffle": False})
+    if "shardkit" in want:
+        r.local("shardkit", "case_shardkit", {"url": tensor})
+    if "shardkit-shard" in want:
+        r.local("shardkit-shard", "case_shardkit", {"url": tensor, "num_shards": 2, "shard": 0})
+
+    if want & {"petastorm-batch", "petastorm-batch-dflt"}:
+        listed = materialize_list_copy(rows).as_uri()
+        if "petastorm-batch" in want:
+            r.case("petastorm-batch", _petastorm, "read_batch.py", listed,
+                   ["--pool", "thread", "--workers", "2"], r.k("petastorm-batch"))
+        if "petastorm-batch-dflt" in want:
+            r.case("petastorm-batch-dflt", _petastorm, "read_batch.py", listed, [],
+                   r.k("petastorm-batch-dflt"))
+    if want & {"petastorm-rows", "shardkit-petastorm", "shardkit-petastorm-ns"}:
+        started = time.perf_counter()
+        pst = materialize_petastorm(rows)
+        _log(f"  petastorm dataset: {pst} ({time.perf_counter() - started:.0f} s)")
+        if "petastorm-rows" in want:
+            r.case("petastorm-rows", _petastorm, "read_rows.py", pst.as_uri(),
+                   ["--pool", "process", "--workers", "2", "--batch", str(BATCH)], r.k("petastorm-rows"))
+        if "shardkit-petastorm" in want:
+            r.local("shardkit-petastorm", "case_shardkit", {"url": str(pst)})
+        if "shardkit-petastorm-ns" in want:
+            r.local("shardkit-petastorm-ns", "case_shardkit", {"url": str(pst), "shuffle": False})
+
+    if want & set(HF):
+        hf, info = materialize_hf(rows)
+        if info:
+            r.results["hf-build"] = {"case": "hf-build", **info}
+        for name, keep in (("hf-mmap", False), ("hf-mmap-u8", True)):
+            if name in want:
+                r.case(name, repeat_case, "benchmarks.read_hf:case_iter",
+                       {"path": str(hf), "batch_size": BATCH, "keep_dtype": keep}, r.k(name),
+                       python=HF_PYTHON)
+
+    if want & set(S3):
+        cache_dir = str(SCRATCH / f"read-cache-n{rows}")
+        with MotoServer() as moto:
+            url, upload_s = moto.upload(rows)
+            _log(f"  s3 dataset: {url} via {moto.endpoint} ({upload_s:.0f} s to write)")
+            so = moto.storage_options
+            where = {"url": url, "storage_options": so, "cache_dir": cache_dir}
+            if "s3-cache" in want:
+                r.local("s3-cache", "case_s3_cache", where)
+            if "s3-cache-fresh" in want:
+                # the cache must be warm: one uncounted epoch fills it if s3-cache did not run
+                if "s3-cache" not in want:
+                    run_case("benchmarks.read:case_s3_cache", {**where, "epochs": 1})
+                r.local("s3-cache-fresh", "case_s3_cache", {**where, "epochs": 1, "clear": False})
+        shutil.rmtree(cache_dir, ignore_errors=True)
+
+    if "rss-small" in want:
+        small = max(1000, rows // 10)
+        small_tensor = str(data.materialize_shardkit(small, "tensor"))
+        r.local("rss-small-shardkit", "case_shardkit", {"url": small_tensor})
+        r.local("rss-small-raw-iter", "case_raw_iter", {"path": small_tensor})
+    if "plan" in want:
+        r.case("plan", run_case, "benchmarks.read:case_plan", {"groups": [1000, 10_000, 100_000]})
+    if "quality" in want:
+        r.case("quality", run_case, "benchmarks.read:case_quality", {"url": tensor})
+    return r
+
+
+# ---- the report -------------------------------------------------------------------------------------
+
+def _rate(res: dict[str, Any] | None, prefix: str = "") -> float | None:
+    if not res or "error" in res or not res.get(prefix + "seconds"):
+        return None
+    return float(res[prefix + "rows"] / res[prefix + "seconds"])
+
+
+def _complete(res: dict[str, Any], prefix: str, rows: int, full: bool = True) -> str:
+    """"yes" when the epoch delivered every row (by count; for a ``full`` epoch also by the sum of ids)."""
+    got = res.get(prefix + "rows")
+    if got is None:
+        return "-"
+    if got != rows:
+        return f"NO ({got:,} rows)"
+    if full and prefix + "id_sum" in res and res[prefix + "id_sum"] != rows * (rows - 1) // 2:
+        return "NO (ids)"
+    return "yes"
+
+
+def report(run_: Run) -> tuple[str, list[dict[str, Any]]]:
+    """The main table (rows/s, ratios, first batch, RSS, targets) and the target verdicts."""
+    res, rows = run_.results, run_.rows
+    def best(*keys: str) -> float | None:
+        return max((v for v in (_rate(res.get(k)) for k in keys) if v), default=None)
+
+    raw_best = best("raw-iter", "raw-table")
+    pb_best = best("petastorm-batch", "petastorm-batch-dflt")
+    pr_best = best("petastorm-rows")
+    hf_best = best("hf-mmap", "hf-mmap-u8")
+    local_uncached = _rate(res.get("shardkit-noshuffle"))
+    verdicts: list[dict[str, Any]] = []
+
+    def verdict(what: str, ok: bool | None, detail: str) -> str:
+        if ok is None:
+            return "-"
+        verdicts.append({"target": what, "result": "PASS" if ok else "MISS", "detail": detail})
+        return "PASS" if ok else "MISS"
+
+    specs = [  # (label, result key, prefix, reference rate for the Petastorm column, expected rows)
+        ("raw pyarrow iter_batches(256), shardkit's files", "raw-iter", "", None, rows),
+        ("raw pyarrow read_table -> numpy, shardkit's files", "raw-table", "", None, rows),
+        ("raw pyarrow iter_batches(256), plain copy (dict. on)", "raw-iter-plain", "", None, rows),
+        ("shardkit make_reader, shuffle=False", "shardkit-noshuffle", "", pb_best, rows),
+        ("shardkit make_reader, default shuffle", "shardkit", "", pb_best, rows),
+        ("shardkit make_reader, num_shards=2 (one shard)", "shardkit-shard", "", pb_best, rows // 2),
+        ("Petastorm make_batch_reader, thread x2 (list copy)", "petastorm-batch", "", pb_best, rows),
+        ("Petastorm make_batch_reader, defaults (list copy)", "petastorm-batch-dflt", "", pb_best, rows),
+        ("Petastorm make_reader, process x2, own dataset", "petastorm-rows", "", pr_best, rows),
+        ("shardkit make_reader on Petastorm's dataset", "shardkit-petastorm", "", pr_best, rows),
+        ("shardkit on Petastorm's dataset, shuffle=False", "shardkit-petastorm-ns", "", pr_best, rows),
+        ("HF datasets mmap numpy (ints -> int64)", "hf-mmap", "", None, rows),
+        ("HF datasets mmap numpy, dtype=None (uint8 kept)", "hf-mmap-u8", "", None, rows),
+        ("shardkit S3 (moto) epoch 1, uncached", "s3-cache", "e1_", None, rows),
+        ("shardkit S3 epoch 2 from disk cache, same process", "s3-cache", "e2_", None, rows),
+        ("shardkit S3 cached epoch, new process", "s3-cache-fresh", "e1_", None, rows),
+        (f"shardkit make_reader, default, {max(1000, rows // 10):,} rows", "rss-small-shardkit", "", None,
+         max(1000, rows // 10)),
+        (f"raw pyarrow iter_batches(256), {max(1000, rows // 10):,} rows", "rss-small-raw-iter", "", None,
+         max(1000, rows // 10)),
+    ]
+    lines = []
+    for label, key, prefix, pet_ref, expected in specs:
+        r = res.get(key)
+        if r is None:
+            continue
+        if "error" in r:
+            lines.append([label, "failed", *["-"] * 9])
+            continue
+        rate = _rate(r, prefix)
+        rss = r.get(prefix + "rss")
+        targets: list[str] = []
+        shardkit_case = key.startswith(("shardkit", "s3", "rss-small-shardkit"))
+        if key in ("shardkit-noshuffle", "shardkit") and rate and raw_best:
+            targets.append(verdict(f"{label}: >= {RAW_RATIO}x raw pyarrow", rate >= RAW_RATIO * raw_best,
+                                   f"{rate / raw_best:.2f}x"))
+        if key in ("shardkit-noshuffle", "shardkit") and rate and pb_best:
+            targets.append(verdict(f"{label}: >= {BATCH_RATIO}x Petastorm make_batch_reader best",
+                                   rate >= BATCH_RATIO * pb_best, f"{rate / pb_best:.2f}x"))
+        if key in ("shardkit-petastorm", "shardkit-petastorm-ns") and rate and pr_best:
+            targets.append(verdict(f"{label}: >= {ROWS_RATIO}x Petastorm make_reader best",
+                                   rate >= ROWS_RATIO * pr_best, f"{rate / pr_best:.2f}x"))
+        if shardkit_case and not (key == "s3-cache" and prefix == "e2_"):
+            fb = r.get(prefix + "first_batch_seconds")
+            targets.append(verdict(f"{label}: first batch <= {FIRST_BATCH_S} s", fb <= FIRST_BATCH_S,
+                                   f"{fb:.2f} s"))
+        if key in ("shardkit", "rss-small-shardkit") and rss:
+            targets.append(verdict(f"{label}: peak RSS <= {RSS_LIMIT / GB} GB", rss <= RSS_LIMIT,
+                                   fmt_bytes(rss)))
+        if key == "shardkit" and res.get("rss-small-shardkit", {}).get("rss") and rss:
+            small = res["rss-small-shardkit"]["rss"]
+            targets.append(verdict(f"peak RSS flat over 10x rows (<= {RSS_FLAT}x)", rss <= RSS_FLAT * small,
+                                   f"{rss / small:.2f}x ({fmt_bytes(small)} -> {fmt_bytes(rss)})"))
+        cached = (key == "s3-cache" and prefix == "e2_") or key == "s3-cache-fresh"
+        if cached and rate and local_uncached:
+            targets.append(verdict(f"{label}: >= uncached local read", rate >= local_uncached,
+                                   f"{rate / local_uncached:.2f}x"))
+        if cached and rate and hf_best:
+            targets.append(verdict(f"{label}: >= HF mmap numpy (best)", rate >= hf_best,
+                                   f"{rate / hf_best:.2f}x"))
+        lines.append([
+            label,
+            f"{rate:,.0f}" if rate else "-",
+            f"{rate / raw_best:.2f}x" if rate and raw_best else "-",
+            f"{rate / pet_ref:.2f}x" if rate and pet_ref else "-",
+            f"{r[prefix + 'rows'] / cpu:,.0f}" if (cpu := r.get(prefix + "cpu_seconds")) else "-",
+            f"{r.get(prefix + 'first_batch_seconds', 0):.2f} s",
+            fmt_bytes(rss) if rss else "-",
+            _complete(r, prefix, expected, full=key != "shardkit-shard"),
+            f"{r.get('load_1m', 0):.1f}",
+            f"{r.get('repeat', len(r.get('runs', [])) or 1)}",
+            " ".join(targets) or "",
+        ])
+    headers = ["reader", "rows/s", "vs raw pyarrow", "vs Petastorm best", "rows/CPU-s", "first batch",
+               "peak RSS", "complete", "load", "k", "targets"]
+    return table(headers, lines), verdicts
+
+
+def report_plan(res: dict[str, Any] | None) -> str:
+    if not res or "plan" not in res:
+        return ""
+    lines = [[f"{p['row_groups']:,}", f"{p['samples']:,}", p["mode"], str(p["shards"]),
+              f"{p['ranges_ms']:.2f}", f"{p['windows_ms']:.2f}", f"{p['ranges_ms'] + p['windows_ms']:.2f}",
+              f"{p['windows']:,}"] for p in res["plan"].values()]
+    headers = ["row groups", "samples", "mode", "shards", "shard_ranges ms", "shard_windows ms", "total ms",
+               "windows"]
+    return table(headers, lines)
+
+
+def report_quality(q: dict[str, Any] | None) -> str:
+    if not q or "error" in q:
+        return ""
+    lines = [
+        ["shuffle window (rows)", f"{q['window_rows']:,}",
+         f"{q['row_groups']} row groups of ~{q['rows_per_group']:,.0f} rows"],
+        ["mean |id gap| of stream-adjacent rows", f"{q['mean_adjacent_gap']:,.0f}",
+         f"= {q['gap_over_window']:.2f} x window; uniform in a window: {q['gap_ideal_window']:,.0f}, "
+         f"full shuffle: {q['gap_ideal_full']:,.0f}"],
+        ["corr(stream position, id)", f"{q['corr_position_id']:.3f}",
+         "0 = no global order left, 1 = file order"],
+        ["distinct row groups per 256-row batch", f"{q['groups_per_batch']:.2f}",
+         f"full shuffle: {q['groups_per_batch_ideal']:.2f}"],
+        ["epoch complete / epoch 2 complete, differs", f"{q['complete']} / {q['epoch2_complete']}",
+         f"differs: {q['epoch2_differs']}"],
+    ]
+    return table(["shuffle quality (default reader)", "value", "reference"], lines)
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true",
+                        help="smoke run: 4,000 rows, each case once, no Petastorm/HF, not saved")
+    parser.add_argument("--rows", type=int, default=data.REFERENCE_ROWS)
+    parser.add_argument("--cases", default="all", help=f"comma-separated, from {ALL_CASES}")
+    parser.add_argument("--repeat", type=int, default=3, help="fresh-process runs per case (median)")
+    parser.add_argument("--slow-repeat", type=int, default=2, help=f"runs for the slow cases {SLOW}")
+    parser.add_argument("--no-save", action="store_true", help="do not write benchmarks/results/")
+    args = parser.parse_args(argv)
+    rows = 4000 if args.quick else args.rows
+    cases = QUICK if args.quick else (ALL_CASES if args.cases == "all" else args.cases.split(","))
+    unknown = sorted(set(cases) - set(ALL_CASES))
+    if unknown:
+        parser.error(f"unknown case(s) {unknown}; choose from {ALL_CASES}")
+    repeat, slow = (1, 1) if args.quick else (args.repeat, args.slow_repeat)
+    info = machine_info()
+    load_before = os.getloadavg()
+    _log(f"read benchmark on {machine_id(info)} ({info['cpu_model']}), {rows:,} rows, cases {cases}, "
+         f"load {load_before[0]:.1f}")
+    started = time.perf_counter()
+    r = run(rows, cases, repeat, slow)
+    total = time.perf_counter() - started
+    main_table, verdicts = report(r)
+    parts = [main_table, report_plan(r.results.get("plan")), report_quality(r.results.get("quality"))]
+    load_after = os.getloadavg()
+    before, after = ("/".join(f"{v:.1f}" for v in la) for la in (load_before, load_after))
+    parts.append(f"{rows:,} rows ({rows * data.ROW_BYTES / 1e6:,.0f} MB decoded); ran {total / 60:.1f} min; "
+                 f"load average (1/5/15 min) before {before}, after {after} on {info['cpus']} CPUs")
+    text = "\n\n".join(p for p in parts if p)
+    print(text)
+    if not (args.quick or args.no_save):
+        path = save_results("read", {
+            "rows": rows, "cases": cases, "repeat": repeat, "slow_repeat": slow, "row_bytes": data.ROW_BYTES,
+            "seconds": total, "load_before": load_before, "load_after": load_after, "table": text,
+            "targets": verdicts, "results": r.results,
+        })
+        _log(f"saved {path.relative_to(Path.cwd()) if path.is_relative_to(Path.cwd()) else path}")
+    if any("error" in v for v in r.results.values()):
+        sys.exit(1)
+
+
+if __name__ == "__main__":
+    main()
