@@ -290,7 +290,7 @@ def case_quality(url: str, epochs: int = 2) -> dict[str, Any]:
         "rows": len(ids), "complete": complete, "seconds": seconds, "window_rows": window,
         "row_groups": groups, "rows_per_group": float(np.mean(reader.dataset.rows_per_group)),
         "mean_adjacent_gap": float(gap.mean()), "gap_over_window": float(gap.mean() / window),
-        "gap_ideal_window": window / 3, "gap_ideal_full": n / 3,
+        "gap_ideal_full": n / 3,
         "corr_position_id": float(np.corrcoef(pos, ids)[0, 1]),
         "groups_per_batch": float(np.mean(per_batch)), "groups_per_batch_ideal": float(ideal_groups),
         "epoch2_differs": bool(not np.array_equal(ids, e2)),
@@ -689,10 +689,10 @@ def report_quality(q: dict[str, Any] | None) -> str:
         return ""
     lines = [
         ["shuffle window (rows)", f"{q['window_rows']:,}",
-         f"{q['row_groups']} row groups of ~{q['rows_per_group']:,.0f} rows"],
-        ["mean |id gap| of stream-adjacent rows", f"{q['mean_adjacent_gap']:,.0f}",
-         f"= {q['gap_over_window']:.2f} x window; uniform in a window: {q['gap_ideal_window']:,.0f}, "
-         f"full shuffle: {q['gap_ideal_full']:,.0f}"],
+         f"{q['row_groups']} row groups of ~{q['rows_per_group']:,.0f} rows; "
+         f"64 MiB of decoded rows would be {64 * 2**20 // data.ROW_BYTES:,}"],
+        ["mean |file position gap| of stream-adjacent rows", f"{q['mean_adjacent_gap']:,.0f}",
+         f"file order: 1; full shuffle: {q['gap_ideal_full']:,.0f} (N/3)"],
         ["corr(stream position, id)", f"{q['corr_position_id']:.3f}",
          "0 = no global order left, 1 = file order"],
         ["distinct row groups per 256-row batch", f"{q['groups_per_batch']:.2f}",
@@ -701,6 +701,27 @@ def report_quality(q: dict[str, Any] | None) -> str:
          f"differs: {q['epoch2_differs']}"],
     ]
     return table(["shuffle quality (default reader)", "value", "reference"], lines)
+
+
+def render(r: Run, total: float, load_before: Any, load_after: Any, cpus: int) -> tuple[str, list[Any]]:
+    main_table, verdicts = report(r)
+    parts = [main_table, report_plan(r.results.get("plan")), report_quality(r.results.get("quality"))]
+    before, after = ("/".join(f"{v:.1f}" for v in la) for la in (load_before, load_after))
+    mb = r.rows * data.ROW_BYTES / 1e6
+    parts.append(f"{r.rows:,} rows ({mb:,.0f} MB decoded); ran {total / 60:.1f} min; "
+                 f"load average (1/5/15 min) before {before}, after {after} on {cpus} CPUs")
+    return "\n\n".join(p for p in parts if p), verdicts
+
+
+def rerender(path: Path) -> None:
+    """Print a saved run's tables with the current report code, and store them in the file."""
+    doc = json.loads(path.read_text())
+    r = Run(doc["rows"], doc["repeat"], doc["slow_repeat"])
+    r.results = doc["results"]
+    text, verdicts = render(r, doc["seconds"], doc["load_before"], doc["load_after"], doc["machine"]["cpus"])
+    doc.update(table=text, targets=verdicts)
+    path.write_text(json.dumps(doc, indent=2) + "\n")
+    print(text)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -712,7 +733,12 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--repeat", type=int, default=3, help="fresh-process runs per case (median)")
     parser.add_argument("--slow-repeat", type=int, default=2, help=f"runs for the slow cases {SLOW}")
     parser.add_argument("--no-save", action="store_true", help="do not write benchmarks/results/")
+    parser.add_argument("--report-only", metavar="RESULTS_JSON",
+                        help="print the tables of a saved run again (and update its table), measure nothing")
     args = parser.parse_args(argv)
+    if args.report_only:
+        rerender(Path(args.report_only))
+        return
     rows = 4000 if args.quick else args.rows
     cases = QUICK if args.quick else (ALL_CASES if args.cases == "all" else args.cases.split(","))
     unknown = sorted(set(cases) - set(ALL_CASES))
@@ -726,13 +752,8 @@ def main(argv: list[str] | None = None) -> None:
     started = time.perf_counter()
     r = run(rows, cases, repeat, slow)
     total = time.perf_counter() - started
-    main_table, verdicts = report(r)
-    parts = [main_table, report_plan(r.results.get("plan")), report_quality(r.results.get("quality"))]
     load_after = os.getloadavg()
-    before, after = ("/".join(f"{v:.1f}" for v in la) for la in (load_before, load_after))
-    parts.append(f"{rows:,} rows ({rows * data.ROW_BYTES / 1e6:,.0f} MB decoded); ran {total / 60:.1f} min; "
-                 f"load average (1/5/15 min) before {before}, after {after} on {info['cpus']} CPUs")
-    text = "\n\n".join(p for p in parts if p)
+    text, verdicts = render(r, total, load_before, load_after, info["cpus"])
     print(text)
     if not (args.quick or args.no_save):
         path = save_results("read", {
