@@ -39,8 +39,8 @@ from shardkit.dataset.index import Dataset, data_files, open_location, read_foot
 from shardkit.dataset.location import STAGING, Location
 from shardkit.dataset.schema import Field, Schema
 from shardkit.dataset.spark_columns import check_spark_columns, columns_from_batch, schema_from_spark
-from shardkit.dataset.writer import Mode, PartWriter, check_existing, discard_staging, parse_size
-from shardkit.errors import DatasetError, SchemaError, SchemaMismatchError, ShardkitError, require
+from shardkit.dataset.writer import Mode, PartWriter, discard_staging, parse_size, resolve_target
+from shardkit.errors import DatasetError, SchemaError, ShardkitError, require
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
@@ -169,16 +169,7 @@ def write_spark(
             f"write_spark cannot write to {loc.url!r}: executors run in other processes and cannot see "
             "the driver's in-memory filesystem; use a local folder, an object store or HDFS"
         )
-    existing = check_existing(loc, mode)
-    if isinstance(schema, list):
-        schema = Schema(schema)
-    if mode == "append" and existing is not None:
-        if schema is not None and schema != existing.schema:
-            raise SchemaMismatchError(
-                f"cannot append to {loc.url!r}: its schema is {existing.schema!r}, the given one "
-                f"{schema!r}; write to a new URL or use mode='overwrite'"
-            )
-        schema = existing.schema
+    existing, schema = resolve_target(loc, mode, schema)
     if schema is None:
         schema = schema_from_spark(df.schema)
     check_spark_columns(schema, df.schema)

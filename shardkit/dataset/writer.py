@@ -187,16 +187,7 @@ def write_dataset(
         raise SchemaError(f"row_group_size={row_group_size!r} must be positive")
     rg_bytes = 1 << 62 if rg_rows else parse_size(row_group_size, what="row_group_size")
     loc = Location.of(url, storage_options)
-    existing = check_existing(loc, mode)
-    if isinstance(schema, list):
-        schema = Schema(schema)
-    if mode == "append" and existing is not None:
-        if schema is not None and schema != existing.schema:
-            raise SchemaMismatchError(
-                f"cannot append to {loc.url!r}: its schema is {existing.schema!r}, the given one "
-                f"{schema!r}; write to a new URL or use mode='overwrite'"
-            )
-        schema = existing.schema
+    existing, schema = resolve_target(loc, mode, schema)
     file_bytes = parse_size(file_size, what="file_size")
     check_compression(compression)
     root_existed = loc.fs.exists(loc.root)
@@ -279,6 +270,25 @@ def discard_staging(loc: Location, *, created_root: bool) -> None:
     with contextlib.suppress(OSError):
         if created_root and loc.fs.exists(loc.root) and not loc.fs.ls(loc.root):
             loc.fs.rmdir(loc.root)
+
+
+def resolve_target(loc: Location, mode: Mode, schema: Schema | list[Field] | None
+                   ) -> tuple[Dataset | None, Schema | None]:
+    """Check ``mode`` against ``loc``; returns the dataset appended to (if any) and the schema to write.
+
+    Appending keeps the existing schema; a different given schema is a `SchemaMismatchError`.
+    """
+    existing = check_existing(loc, mode)
+    if isinstance(schema, list):
+        schema = Schema(schema)
+    if mode == "append" and existing is not None:
+        if schema is not None and schema != existing.schema:
+            raise SchemaMismatchError(
+                f"cannot append to {loc.url!r}: its schema is {existing.schema!r}, the given one "
+                f"{schema!r}; write to a new URL or use mode='overwrite'"
+            )
+        schema = existing.schema
+    return existing, schema
 
 
 def check_existing(loc: Location, mode: Mode) -> Dataset | None:
