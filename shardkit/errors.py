@@ -10,7 +10,14 @@
     ├── SchemaError                   (also ValueError)         a schema, field or codec invalid in itself
     │   └── SchemaMismatchError                                 data that does not fit the declared schema
     ├── ReaderError                   (also ValueError)         bad reader arguments or resume state
+    ├── AdapterError                  (also ValueError)         a field or device an adapter cannot serve
+    ├── ConfigError                   (also ValueError)         a job config key missing, unknown or wrong
+    ├── CheckpointError               (also OSError)            no checkpoint can be written or restored
+    │   └── CorruptCheckpointError                              a commit or file that does not verify
+    ├── JobError                      (also RuntimeError)       a job that failed (restarts exhausted)
     └── MissingDependencyError        (also ImportError)        an optional extra is not installed
+
+    CheckpointWarning                 (a UserWarning)           a broken newer checkpoint was skipped
 
 Each message names the bad value, where it came from (URL, file, row group, field) and what to do.
 Every class also subclasses the matching built-in, so ``except FileNotFoundError`` keeps working.
@@ -19,10 +26,16 @@ Every class also subclasses the matching built-in, so ``except FileNotFoundError
 from __future__ import annotations
 
 __all__ = [
+    "AdapterError",
+    "CheckpointError",
+    "CheckpointWarning",
+    "ConfigError",
+    "CorruptCheckpointError",
     "CorruptDatasetError",
     "DatasetError",
     "DatasetExistsError",
     "DatasetNotFoundError",
+    "JobError",
     "MissingDependencyError",
     "NotADatasetError",
     "ReaderError",
@@ -75,6 +88,32 @@ class SchemaMismatchError(SchemaError):
 
 class ReaderError(ShardkitError, ValueError):
     """Raised for bad reader arguments (shard, columns, filter) or a resume state that does not fit."""
+
+
+class AdapterError(ShardkitError, ValueError):
+    """Raised when a framework adapter cannot represent a field (names the field and the options) or a
+    requested device does not exist."""
+
+
+class ConfigError(ShardkitError, ValueError):
+    """Raised when a job config is invalid: the message names the key path (``roles.worker.count``)
+    and the fix. Raised before any process starts."""
+
+
+class CheckpointError(ShardkitError, OSError):
+    """Raised when a checkpoint cannot be written, or none can be restored when one is required."""
+
+
+class CorruptCheckpointError(CheckpointError):
+    """Raised when a checkpoint's commit marker or files do not verify (size, checksum, format)."""
+
+
+class CheckpointWarning(UserWarning):
+    """Warned when a broken or incomplete newer checkpoint is skipped for an older complete one."""
+
+
+class JobError(ShardkitError, RuntimeError):
+    """Raised when a training job fails for good (restarts exhausted); the message holds the history."""
 
 
 class MissingDependencyError(ShardkitError, ImportError):
