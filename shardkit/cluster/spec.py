@@ -1,0 +1,230 @@
+"""The cluster spec: from a `JobConfig`, every process of the job with its argv and environment."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from shardkit.cluster import protocol as p
+from shardkit.cluster.config import JobConfig
+from shardkit.errors import ConfigError
+
+__all__ = ["ClusterSpec", "ProcessSlot", "ProcessSpec", "build_spec", "free_ports", "layout"]
+
+_START_ORDER = ("ps", "chief", "worker", "evaluator")  # servers first: the others connect to them
+REDACTED = "<redacted>"
+
+
+@dataclass(frozen=True)
+class ProcessSlot:
+    """One process's place in the job, before ports are chosen (see `layout`).
+
+    ``rank``/``world_size`` are the torch.distributed rank and world (None for TensorFlow and for
+    processes outside the process group); ``data_shard``/``num_data_shards`` say which reader shard
+    the process reads (None for roles that read no job data).
+    """
+
+    role: str
+    index: int
+    rank: int | None = None
+    world_size: int | None = None
+    data_shard: int | None = None
+    num_data_shards: int | None = None
+
+
+@dataclass(frozen=True)
+class ProcessSpec:
+    """One process to start: ``argv`` with ``env`` added to the engine's own environment.
+
+    ``env`` holds only what the trainer sets (never the parent's environment): the engine starts
+    from ``os.environ`` (or a clean one) and overlays it. It includes secret values, so it is left out
+    of ``repr``; log `redacted_env` instead.
+    """
+
+    role: str
+    index: int
+    argv: list[str]
+    env: dict[str, str] = field(repr=False)
+    secret_names: frozenset[str] = frozenset()
+    slot: ProcessSlot | None = None
+
+    @property
+    def name(self) -> str:
+        """``worker-0``: a name for logs and log files."""
+        return f"{self.role}-{self.index}"
+
+    def redacted_env(self) -> dict[str, str]:
+        """``env`` with every secret's value replaced by ``<redacted>``: safe to log."""
+        return {k: REDACTED if k in self.secret_names else v for k, v in self.env.items()}
+
+
+@dataclass(frozen=True)
+class ClusterSpec:
+    """Every process of one attempt of a job, in start order (ps, chief, workers, evaluator)."""
+
+    processes: list[ProcessSpec]
+    host: str
+    attempt: int
+    job_dir: Path
+    heartbeat_addr: str | None
+    ports: list[int]
+
+    def process(self, role: str, index: int = 0) -> ProcessSpec:
+        """The process of ``role`` number ``index``; KeyError when the job has none."""
+        for proc in self.processes:
+            if (proc.role, proc.index) == (role, index):
+                return proc
+        raise KeyError(f"no process {role}[{index}] in this job")
+
+
+def layout(config: JobConfig) -> list[ProcessSlot]:
+    """Every process of the job with its rank and data shard, in start order; pure (no ports).
+
+    Example:
+        >>> [(s.role, s.index, s.rank, s.data_shard) for s in layout(config)]
+        [('worker', 0, 0, 0), ('worker', 1, 1, 1)]
+
+    Who reads the job's data (gets ``SHARDKIT_DATA_SHARD``/``_NUM_SHARDS``):
+    - allreduce (torch and tensorflow): every process of the collective, one shard each: torch
+      worker i reads shard i; tensorflow chief (if any) reads shard 0 and worker i shard i + 1 (the
+      order MultiWorkerMirroredStrategy numbers them in).
+    - torch parameter server: the workers (worker j reads shard j of the workers' count); the ps only
+      serve parameters.
+    - tensorflow parameter server: the chief alone, as the one shard of 1: the coordinator builds
+      the input and dispatches steps to workers, and a shardkit reader (Python) cannot run inside a
+      remote worker's tf.data graph.
+    - evaluators read no training data (they evaluate on their own data).
+    torch ranks: allreduce worker i has rank i; parameter server: ps i has rank i and worker j rank
+    ``num_ps + j`` (one `torch.distributed.rpc` world).
+    """
+    counts = {role: config.roles[role].count if role in config.roles else 0 for role in p.ROLES}
+    torch = config.framework == "torch"
+    allreduce = config.strategy == "allreduce"
+    slots: list[ProcessSlot] = []
+    for role in _START_ORDER:
+        for index in range(counts[role]):
+            rank = world = shard = shards = None
+            if torch and role == "worker":
+                rank = index + (0 if allreduce else counts["ps"])
+                world = counts["worker"] + (0 if allreduce else counts["ps"])
+                shard, shards = index, counts["worker"]
+            elif torch and role == "ps":
+                rank, world = index, counts["worker"] + counts["ps"]
+            elif not torch and allreduce and role in ("chief", "worker"):
+                shard = index + (counts["chief"] if role == "worker" else 0)
+                shards = counts["chief"] + counts["worker"]
+            elif not torch and role == "chief":
+                shard, shards = 0, 1
+            slots.append(ProcessSlot(role, index, rank, world, shard, shards))
+    return slots
+
+
+def free_ports(count: int, host: str = "127.0.0.1") -> list[int]:
+    """``count`` distinct TCP ports that are free now on ``host``.
+
+    Each port is found by binding port 0; all sockets stay open until every port is picked (so the
+    ports differ) and are closed before returning, so the processes can bind them. That leaves a
+    race: another program may take a port between this close and the role's bind. It is rare (the
+    kernel hands out ephemeral ports in rotation), and the supervisor treats the failed start like
+    any failure: the next attempt calls `build_spec` again and gets new ports.
+    """
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sockets: list[socket.socket] = []
+    try:
+        for _ in range(count):
+            sock = socket.socket(family, socket.SOCK_STREAM)
+            sockets.append(sock)
+            # The wildcard address: a port free there is free on every interface the role may bind.
+            sock.bind(("::" if family == socket.AF_INET6 else "", 0))
+        return [sock.getsockname()[1] for sock in sockets]
+    finally:
+        for sock in sockets:
+            sock.close()
+
+
+def build_spec(
+    config: JobConfig,
+    *,
+    host: str = "127.0.0.1",
+    attempt: int = 0,
+    job_dir: Path | str | None = None,
+    heartbeat_addr: str | None = None,
+) -> ClusterSpec:
+    """The processes of one attempt of ``config``, with fresh free ports and their environments.
+
+    Example:
+        >>> spec = build_spec(config, attempt=0, heartbeat_addr="127.0.0.1:41000")
+        >>> for proc in spec.processes:
+        ...     subprocess.Popen(proc.argv, env={**os.environ, **proc.env})
+
+    Environment of each process, in this order (later wins; the config cannot override trainer
+    variables): ``SHARDKIT_*`` (job config ``<job_dir>/job.json``, job dir, role, index, attempt,
+    heartbeat address when given, data shard for data-reading roles, see `layout`); for torch
+    ``MASTER_ADDR/MASTER_PORT/RANK/WORLD_SIZE/LOCAL_RANK/LOCAL_WORLD_SIZE`` (processes in the process
+    group; one machine, so local rank = rank); for tensorflow ``TF_CONFIG`` (the cluster of chief,
+    worker and ps addresses, and this process's task; an evaluator is only a task, never in the
+    cluster, as TensorFlow expects); then ``config.env``; then the secrets' values (read now).
+    argv: ``[python, "-u", script]`` or ``[python, "-u", "-m", "shardkit.trainer.run", "mod:fn"]``.
+
+    Args:
+        host: the address the roles listen on and connect to (``MASTER_ADDR``, TF_CONFIG hosts).
+        attempt: 0 for the first start, then one more per restart (``SHARDKIT_ATTEMPT``).
+        job_dir: the job's folder (default ``config.logdir``); ``job.json`` is expected there.
+        heartbeat_addr: the supervisor's UDP ``host:port``; None leaves heartbeats off.
+
+    Raises:
+        ConfigError: a secret that cannot be read, or a bad ``attempt``/``heartbeat_addr``.
+    """
+    if isinstance(attempt, bool) or not isinstance(attempt, int) or attempt < 0:
+        raise ConfigError(f"build_spec: attempt {attempt!r} is not an integer >= 0. Fix: pass 0, 1, ...")
+    if heartbeat_addr is not None:
+        try:
+            p.parse_addr(heartbeat_addr)
+        except ValueError as e:
+            raise ConfigError(f"build_spec: heartbeat_addr: {e}. Fix: pass the UDP socket's host:port") from e
+    secrets = config.secret_values()  # first: a missing secret fails before any port is taken
+    job_path = Path(job_dir) if job_dir is not None else config.logdir
+    slots = layout(config)
+    torch = config.framework == "torch"
+    tf_members = [s for s in slots if not torch and s.role != "evaluator"]
+    # torch: one rendezvous port (MASTER_PORT); tensorflow: one gRPC port per cluster member.
+    ports = free_ports(1 if torch else len(tf_members), host)
+    tf_cluster: dict[str, list[str]] = {}
+    for slot, port in zip(tf_members, ports if not torch else [], strict=True):
+        tf_cluster.setdefault(slot.role, []).append(p.format_addr(host, port))
+
+    processes = []
+    for slot in slots:
+        env = {
+            p.ENV_JOB_CONFIG: str(job_path / p.JOB_CONFIG_FILE),
+            p.ENV_JOB_DIR: str(job_path),
+            p.ENV_ROLE: slot.role,
+            p.ENV_ROLE_INDEX: str(slot.index),
+            p.ENV_ATTEMPT: str(attempt),
+        }
+        if heartbeat_addr is not None:
+            env[p.ENV_HEARTBEAT_ADDR] = heartbeat_addr
+        if slot.data_shard is not None:
+            env[p.ENV_DATA_SHARD] = str(slot.data_shard)
+            env[p.ENV_DATA_NUM_SHARDS] = str(slot.num_data_shards)
+        if slot.rank is not None:
+            env.update({p.MASTER_ADDR: host, p.MASTER_PORT: str(ports[0]), p.RANK: str(slot.rank),
+                        p.WORLD_SIZE: str(slot.world_size), p.LOCAL_RANK: str(slot.rank),
+                        p.LOCAL_WORLD_SIZE: str(slot.world_size)})
+        if not torch:
+            task = {"type": slot.role, "index": slot.index}
+            env[p.TF_CONFIG] = json.dumps({"cluster": tf_cluster, "task": task}, separators=(",", ":"))
+        env.update(config.env)
+        env.update(secrets)
+        processes.append(ProcessSpec(slot.role, slot.index, _argv(config), env, frozenset(secrets), slot))
+    return ClusterSpec(processes, host, attempt, job_path, heartbeat_addr, ports)
+
+
+def _argv(config: JobConfig) -> list[str]:
+    python = os.fspath(config.python)
+    if config.entrypoint_kind == "script":
+        return [python, "-u", config.entrypoint]
+    return [python, "-u", "-m", "shardkit.trainer.run", config.entrypoint]

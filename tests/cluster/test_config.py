@@ -1,0 +1,436 @@
+"""Job config: every bad input fails with the key path, the bad value and the fix; secrets never leak."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from pydantic import ValidationError
+
+from shardkit.cluster.config import JobConfig, describe, load_config
+from shardkit.cluster.spec import build_spec
+from shardkit.errors import ConfigError
+
+SECRET = "s3cr3t-Q7vX9-never-print-me"  # distinctive: searched for in every output below
+
+
+def base(**changes: Any) -> dict[str, Any]:
+    config: dict[str, Any] = {
+        "name": "digits",
+        "entrypoint": "train.py",
+        "framework": "torch",
+        "strategy": "allreduce",
+        "roles": {"worker": {"count": 2}},
+    }
+    config.update(changes)
+    return config
+
+
+@pytest.fixture
+def job_dir(tmp_path: Path) -> Path:
+    (tmp_path / "train.py").write_text("print('hi')\n")
+    return tmp_path
+
+
+def write(job_dir: Path, config: dict[str, Any] | str, name: str = "job.yaml") -> Path:
+    path = job_dir / name
+    path.write_text(config if isinstance(config, str) else yaml.safe_dump(config, sort_keys=False))
+    return path
+
+
+def fails(job_dir: Path, config: dict[str, Any] | str, overrides: tuple[str, ...] = ()) -> str:
+    path = write(job_dir, config)
+    with pytest.raises(ConfigError) as info:
+        load_config(path, overrides)
+    message = str(info.value)
+    assert str(path) in message, message
+    return message
+
+
+def problem_line(message: str, key: str) -> str:
+    """The message's line about ``key``; it must carry a fix."""
+    lines = [line for line in message.splitlines() if line.strip().startswith(f"- {key} ")
+             or line.strip().startswith(f"- {key}:")]
+    assert lines, f"no problem about {key!r} in:\n{message}"
+    assert "Fix: " in lines[0], lines[0]
+    return lines[0]
+
+
+# -- valid configs ---------------------------------------------------------------------------------
+
+
+def test_minimal_config_resolves_paths_and_defaults(job_dir: Path) -> None:
+    config = load_config(write(job_dir, base()))
+    assert config.entrypoint == str(job_dir / "train.py")
+    assert config.entrypoint_kind == "script"
+    assert config.logdir == job_dir / "runs" / "digits"
+    assert config.checkpoint.dir == str(job_dir / "runs" / "digits" / "checkpoints")
+    assert config.checkpoint_dir == config.checkpoint.dir
+    assert config.python == Path(sys.executable)
+    assert config.engine.name == "local"
+    assert config.engine.options == {}
+    assert config.data is None
+    assert config.source == job_dir / "job.yaml"
+    assert config.fault_tolerance.heartbeat_timeout > config.fault_tolerance.heartbeat_interval
+
+
+def test_design_doc_example_loads(job_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    (job_dir / "cfg").mkdir()
+    (job_dir / "cfg" / "train_digits.py").write_text("")
+    (job_dir / "token").write_text(SECRET + "\n")
+    text = f"""\
+name: digits
+entrypoint: train_digits.py
+framework: torch
+strategy: allreduce
+roles:
+  worker: {{count: 2, resources: {{cpus: 1, gpus: 0, memory: 2G}}}}
+data:
+  url: ../runs/digits
+  batch_size: 64
+  seed: 0
+  shuffle: true
+  num_epochs: 1
+  options: {{columns: [pixels, label], filter: [[label, "<", 5]]}}
+checkpoint: {{dir: null, every_steps: 50, every_seconds: null, keep: 3}}
+fault_tolerance: {{max_restarts: 3, heartbeat_interval: 1.0, heartbeat_timeout: 30.0, startup_timeout: 120.0}}
+engine: local
+logdir: ../runs/digits-job
+python: null
+params: {{epochs: 5, lr: 0.05}}
+env: {{OMP_NUM_THREADS: "1"}}
+secrets: {{AWS_SECRET_ACCESS_KEY: {{env: MY_SECRET}}, TOKEN: {{file: {job_dir / "token"}}}}}
+"""
+    monkeypatch.setenv("MY_SECRET", SECRET)
+    config = load_config(write(job_dir / "cfg", text))
+    assert config.roles["worker"].resources.memory == 2 * 2**30
+    assert config.data is not None
+    assert config.data.url == str(job_dir / "runs" / "digits")
+    assert config.logdir == job_dir / "runs" / "digits-job"
+    assert config.checkpoint_dir == str(job_dir / "runs" / "digits-job" / "checkpoints")
+    assert config.params == {"epochs": 5, "lr": 0.05}
+    assert config.secret_values() == {"AWS_SECRET_ACCESS_KEY": SECRET, "TOKEN": SECRET}
+
+
+def test_module_function_entrypoint(job_dir: Path) -> None:
+    config = load_config(write(job_dir, base(entrypoint="mypkg.train:main")))
+    assert config.entrypoint == "mypkg.train:main"
+    assert config.entrypoint_kind == "function"
+
+
+def test_tensorflow_parameter_server_gets_one_chief_implicitly(job_dir: Path) -> None:
+    config = load_config(write(job_dir, base(framework="tensorflow", strategy="parameter_server",
+                                             roles={"worker": {"count": 2}, "ps": {"count": 1}})))
+    assert config.roles["chief"].count == 1
+    assert config.redacted()["roles"]["chief"]["count"] == 1
+
+
+@pytest.mark.parametrize(
+    ("memory", "expected"),
+    [("2G", 2 * 2**30), ("512M", 512 * 2**20), ("1.5Gi", 3 * 2**29), ("2GB", 2 * 2**30), ("64k", 65536),
+     ("100", 100), (4096, 4096), (None, None)],
+)
+def test_memory_sizes(job_dir: Path, memory: Any, expected: int | None) -> None:
+    config = load_config(write(job_dir, base(roles={"worker": {"resources": {"memory": memory}}})))
+    assert config.roles["worker"].resources.memory == expected
+
+
+def test_engine_as_name_or_mapping(job_dir: Path) -> None:
+    assert load_config(write(job_dir, base(engine="ray"))).engine.name == "ray"
+    config = load_config(write(job_dir, base(engine={"name": "spark", "master": "local[2]"})))
+    assert (config.engine.name, config.engine.options) == ("spark", {"master": "local[2]"})
+    config = load_config(write(job_dir, base(engine="local")), ["engine.workers=2", "engine.name=torchrun"])
+    assert (config.engine.name, config.engine.options) == ("torchrun", {"workers": 2})
+
+
+def test_python_as_venv_folder_or_relative_path(job_dir: Path) -> None:
+    venv = Path(sys.prefix)  # the test's own virtual environment
+    config = load_config(write(job_dir, base(python=str(venv))))
+    assert config.python.parent == venv / "bin"
+    assert config.python.name.startswith("python")
+    (job_dir / "env" / "bin").mkdir(parents=True)
+    fake = job_dir / "env" / "bin" / "python"
+    fake.write_text("#!/bin/sh\n")
+    fake.chmod(0o755)
+    assert load_config(write(job_dir, base(python="env"))).python == fake
+    assert load_config(write(job_dir, base(python="env/bin/python"))).python == fake
+
+
+def test_data_url_with_scheme_is_kept_and_env_numbers_become_strings(job_dir: Path) -> None:
+    config = load_config(write(job_dir, base(data={"url": "s3://bucket/ds"}, env={"OMP_NUM_THREADS": 1})))
+    assert config.data is not None
+    assert config.data.url == "s3://bucket/ds"
+    assert config.env == {"OMP_NUM_THREADS": "1"}
+
+
+def test_overrides_apply_yaml_values(job_dir: Path) -> None:
+    config = load_config(write(job_dir, base(params={"lr": 0.1})), [
+        "roles.worker.count=4", "params.lr=0.5", "params.layers=[64, 32]", "roles.evaluator={count: 1}",
+        "data.url=ds", "data.options.columns=[x]", "checkpoint.every_seconds=30", "logdir=out",
+    ])
+    assert config.roles["worker"].count == 4
+    assert config.params == {"lr": 0.5, "layers": [64, 32]}
+    assert config.roles["evaluator"].count == 1
+    assert config.data is not None
+    assert config.data.options == {"columns": ["x"]}
+    assert config.checkpoint.every_seconds == 30
+    # the default checkpoint dir follows the overridden logdir
+    assert config.checkpoint_dir == str(job_dir / "out" / "checkpoints")
+
+
+def test_redacted_is_json_and_round_trips(job_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("MY_SECRET", SECRET)
+    config = load_config(write(job_dir, base(data={"url": "ds"}, secrets={"TOKEN": {"env": "MY_SECRET"}},
+                                             engine={"name": "local", "x": 1})))
+    data = json.loads(json.dumps(config.redacted()))
+    assert data["secrets"] == ["TOKEN"]
+    again = JobConfig.from_redacted(data)
+    assert again.redacted() == data
+    assert again.secrets["TOKEN"].env == "TOKEN"  # inside a role the value is in its own variable
+    assert again.engine == config.engine
+
+
+def test_config_is_frozen_and_direct_construction_raises_config_error(job_dir: Path) -> None:
+    config = JobConfig.from_dict(base(), base_dir=job_dir)
+    with pytest.raises(ValidationError, match="frozen"):
+        config.name = "other"  # type: ignore[misc]
+    with pytest.raises(ConfigError, match=r"roles\.worker\.count = 0"):
+        JobConfig.from_dict(base(roles={"worker": {"count": 0}}), base_dir=job_dir)
+    with pytest.raises(ConfigError, match="entrypoint"):
+        JobConfig(name="x", entrypoint=str(job_dir / "missing.py"), framework="torch", roles={"worker": {}})
+
+
+def test_describe_summarizes_the_job(job_dir: Path) -> None:
+    config = load_config(write(job_dir, base(
+        framework="tensorflow", strategy="parameter_server", data={"url": "ds", "batch_size": 32},
+        roles={"worker": {"count": 2}, "ps": {"count": 1}, "evaluator": {}},
+        checkpoint={"every_steps": 10, "every_seconds": 60}, engine={"name": "ray", "address": "auto"})))
+    text = describe(config)
+    for expected in ["tensorflow parameter_server", "5 processes", "worker x2", "ps x1", "chief x1",
+                     "evaluator x1", "chief[0], data shard 0/1", "worker[1]", "batch 32",
+                     "every 10 steps and every 60 s", "keep 3", "engine: ray", "auto", str(job_dir)]:
+        assert expected in text, (expected, text)
+
+
+# -- every bad input ---------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("changes", "key", "words"),
+    [
+        ({"colour": "red"}, "colour", ["unknown key", "remove it"]),
+        ({"roles": {"worker": {"count": 2, "cpus": 2}}}, "roles.worker.cpus", ["unknown key", "resources"]),
+        ({"checkpoint": {"evry_steps": 5}}, "checkpoint.evry_steps", ["did you mean 'every_steps'"]),
+        ({"roles": {"worker": {"count": "two"}}}, "roles.worker.count", ["'two'", "string where"]),
+        ({"roles": {"worker": {"count": "2"}}}, "roles.worker.count", ["'2'", "without quotes"]),
+        ({"roles": {"worker": {"count": 0}}}, "roles.worker.count", ["= 0", "at least 1", "1 or more"]),
+        ({"roles": {"worker": {"count": 1.5}}}, "roles.worker.count", ["1.5", "integer"]),
+        ({"roles": {"workers": {"count": 2}}}, "roles.workers", ["unknown role", "worker, ps, chief"]),
+        ({"roles": []}, "roles", ["mapping of keys"]),
+        ({"framework": "pytorch"}, "framework", ["'pytorch'", "'torch' or 'tensorflow'"]),
+        ({"strategy": "ps"}, "strategy", ["'allreduce' or 'parameter_server'"]),
+        ({"entrypoint": "missing.py"}, "entrypoint", ["'missing.py'", "does not exist", "module:function"]),
+        ({"entrypoint": "pkg.mod:fn:x"}, "entrypoint", ["does not exist"]),
+        ({"name": "my job/1"}, "name", ["'my job/1'", "rename"]),
+        ({"strategy": "parameter_server"}, "roles.ps", ["needs parameter servers", "ps: {count: 1}"]),
+        ({"roles": {"worker": {}, "ps": {}}}, "roles.ps", ["no parameter servers", "remove roles.ps"]),
+        ({"roles": {"ps": {}}, "strategy": "parameter_server"}, "roles.worker", ["needs workers"]),
+        ({"roles": {"worker": {}, "chief": {}}}, "roles.chief", ["torch jobs have no chief", "rank 0"]),
+        ({"roles": {"worker": {}, "evaluator": {"count": 2}}}, "roles.evaluator.count", ["exactly one"]),
+        ({"framework": "tensorflow", "strategy": "parameter_server",
+          "roles": {"worker": {}, "ps": {}, "chief": {"count": 2}}},
+         "roles.chief.count", ["set roles.chief"]),
+        ({"roles": {"worker": {"resources": {"memory": "2X"}}}}, "roles.worker.resources.memory",
+         ["'2X'", "memory size", "512M"]),
+        ({"roles": {"worker": {"resources": {"memory": "-1G"}}}}, "roles.worker.resources.memory", ["'-1G'"]),
+        ({"roles": {"worker": {"resources": {"memory": 0}}}}, "roles.worker.resources.memory", ["greater"]),
+        ({"roles": {"worker": {"resources": {"cpus": 0}}}}, "roles.worker.resources.cpus", ["greater"]),
+        ({"roles": {"worker": {"resources": {"gpus": -1}}}}, "roles.worker.resources.gpus", ["-1"]),
+        ({"engine": "mesos"}, "engine.name", ["'mesos'", "'local'", "'kubernetes'"]),
+        ({"engine": {"name": "slurm", "nodes": 2}}, "engine.name", ["'slurm'"]),
+        ({"python": "/nonexistent/bin/python"}, "python", ["not an executable", "virtual environment"]),
+        ({"python": "train.py"}, "python", ["not an executable"]),  # a file, not executable
+        ({"python": "."}, "python", ["bin/python"]),  # a folder with no interpreter
+        ({"data": {"url": "ds", "batch_size": 0}}, "data.batch_size", ["greater than or equal to 1"]),
+        ({"data": {"batch_size": 8}}, "data.url", ["missing", "add url:"]),
+        ({"data": {"url": "ds", "options": {"colums": ["a"]}}}, "data.options.colums",
+         ["make_reader has no argument", "did you mean 'columns'"]),
+        ({"data": {"url": "ds", "options": {"num_shards": 4}}}, "data.options.num_shards", ["trainer sets"]),
+        ({"data": {"url": "ds", "options": {"seed": 4}}}, "data.options.seed", ["use data.seed"]),
+        ({"checkpoint": {"keep": 0}}, "checkpoint.keep", ["= 0", "greater than or equal to 1"]),
+        ({"checkpoint": {"every_steps": -5}}, "checkpoint.every_steps", ["-5"]),
+        ({"fault_tolerance": {"max_restarts": -1}}, "fault_tolerance.max_restarts", ["-1"]),
+        ({"fault_tolerance": {"heartbeat_interval": 0}}, "fault_tolerance.heartbeat_interval", ["greater"]),
+        ({"fault_tolerance": {"heartbeat_interval": 5, "heartbeat_timeout": 5}},
+         "fault_tolerance.heartbeat_timeout", ["not longer than heartbeat_interval"]),
+        ({"env": {"OK": True}}, "env.OK", ["quote it", "booleans"]),
+        ({"env": {"RANK": "3"}}, "env.RANK", ["trainer sets", "remove it"]),
+        ({"env": {"TF_CONFIG": "{}"}}, "env.TF_CONFIG", ["trainer sets"]),
+        ({"env": {"1BAD": "x"}}, "env.1BAD", ["not an environment variable name"]),
+        ({"env": {"A": "1"}, "secrets": {"A": {"env": "B"}}}, "secrets.A", ["also in env"]),
+        ({"secrets": {"T": {"env": "A", "file": "b"}}}, "secrets.T", ["exactly one source"]),
+        ({"secrets": {"T": {}}}, "secrets.T", ["exactly one source"]),
+        ({"secrets": {"T": "plain"}}, "secrets.T", ["mapping of keys"]),
+        ({"secrets": {"SHARDKIT_ROLE": {"env": "X"}}}, "secrets.SHARDKIT_ROLE", ["trainer sets"]),
+        ({"params": [1, 2]}, "params", ["mapping of keys"]),
+        ({"logdir": 5}, "logdir", ["= 5"]),
+    ],
+)
+def test_bad_value_names_key_value_and_fix(job_dir: Path, changes: dict[str, Any], key: str,
+                                           words: list[str]) -> None:
+    line = problem_line(fails(job_dir, base(**changes)), key)
+    for word in words:
+        assert word in line, (word, line)
+
+
+@pytest.mark.parametrize("key", ["name", "entrypoint", "framework", "roles"])
+def test_missing_required_key(job_dir: Path, key: str) -> None:
+    config = base()
+    del config[key]
+    line = problem_line(fails(job_dir, config), key)
+    assert "missing" in line
+    assert f"add {key}:" in line
+
+
+def test_all_problems_at_once_with_line_numbers(job_dir: Path) -> None:
+    text = """\
+name: digits
+entrypoint: train.py
+framework: torch
+roles:
+  worker: {count: 0}
+engine: mesos
+colour: red
+"""
+    message = fails(job_dir, text)
+    assert "3 problems" in message
+    assert "(line 5)" in problem_line(message, "roles.worker.count")
+    assert "(line 6)" in problem_line(message, "engine.name")
+    assert "(line 7)" in problem_line(message, "colour")
+
+
+def test_yaml_syntax_error_names_line_and_column(job_dir: Path) -> None:
+    message = fails(job_dir, "name: digits\nroles:\n  worker: {count: 2\nframework: torch\n")
+    assert "YAML syntax error at line 4, column" in message
+    assert "Fix:" in message
+    message = fails(job_dir, "name: 'digits\n")
+    assert "YAML syntax error at line" in message
+
+
+def test_duplicate_key_is_an_error(job_dir: Path) -> None:
+    text = "name: a\nentrypoint: train.py\nframework: torch\nname: b\nroles: {worker: {}}\n"
+    message = fails(job_dir, text)
+    assert "name is written twice (lines 1 and 4)" in message
+    assert "Fix: keep one" in message
+
+
+@pytest.mark.parametrize("text", ["", "- a\n- b\n", "just a string\n"])
+def test_file_that_is_not_a_mapping(job_dir: Path, text: str) -> None:
+    assert "not a mapping of keys" in fails(job_dir, text)
+
+
+def test_missing_config_file(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match=r"nope\.yaml: it does not exist\. Fix:"):
+        load_config(tmp_path / "nope.yaml")
+
+
+@pytest.mark.parametrize(
+    ("override", "words"),
+    [
+        ("roles.worker.count", ["not KEY.PATH=VALUE", "--set roles.worker.count=4"]),
+        ("=3", ["not KEY.PATH=VALUE"]),
+        ("roles..count=3", ["not KEY.PATH=VALUE"]),
+        ("colour=red", ["unknown key colour", "under the top level"]),
+        ("roles.wroker.count=2", ["unknown key roles.wroker", "did you mean 'worker'"]),
+        ("roles.worker.cont=2", ["unknown key roles.worker.cont", "did you mean 'count'"]),
+        ("checkpoint.every.steps=2", ["unknown key checkpoint.every"]),
+        ("name.first=x", ["name is a single value", "--set name=VALUE"]),
+        ("name=[1, 2", ["the value is not YAML", "quote it"]),
+        ("data.url.x=1", ["data.url is a single value"]),
+    ],
+)
+def test_bad_override(job_dir: Path, override: str, words: list[str]) -> None:
+    message = fails(job_dir, base(), (override,))
+    assert repr(override) in message
+    assert "Fix:" in message
+    for word in words:
+        assert word in message, (word, message)
+
+
+def test_override_value_failing_validation_points_at_the_override(job_dir: Path) -> None:
+    line = problem_line(fails(job_dir, base(), ("roles.worker.count=0",)), "roles.worker.count")
+    assert "from --set roles.worker.count" in line
+
+
+def test_override_into_a_scalar_set_in_the_file(job_dir: Path) -> None:
+    message = fails(job_dir, base(params={"lr": 0.1}), ("params.lr.x=1",))
+    assert "params.lr is 0.1, not a mapping" in message
+
+
+# -- secrets -----------------------------------------------------------------------------------------
+
+
+def test_secret_from_missing_env_var(job_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("SHARDKIT_TEST_NO_SUCH_VAR", raising=False)
+    config = load_config(write(job_dir, base(secrets={"TOKEN": {"env": "SHARDKIT_TEST_NO_SUCH_VAR"}})))
+    assert "NOT SET" in describe(config)
+    with pytest.raises(ConfigError) as info:
+        config.secret_values()
+    line = problem_line(str(info.value), "secrets.TOKEN.env")
+    assert "SHARDKIT_TEST_NO_SUCH_VAR is not set" in line
+    assert "export SHARDKIT_TEST_NO_SUCH_VAR=" in line
+    with pytest.raises(ConfigError, match="SHARDKIT_TEST_NO_SUCH_VAR"):
+        build_spec(config)  # before any process could start
+
+
+def test_secret_from_missing_file(job_dir: Path) -> None:
+    config = load_config(write(job_dir, base(secrets={"TOKEN": {"file": "no/such/token"}})))
+    assert config.secrets["TOKEN"].file == job_dir / "no" / "such" / "token"
+    assert "MISSING" in describe(config)
+    with pytest.raises(ConfigError) as info:
+        config.secret_values()
+    line = problem_line(str(info.value), "secrets.TOKEN.file")
+    assert str(job_dir / "no" / "such" / "token") in line
+    assert "FileNotFoundError" in line
+
+
+def test_secret_file_unreadable(job_dir: Path) -> None:
+    (job_dir / "token").mkdir()  # unreadable as a file for every user, root included
+    config = load_config(write(job_dir, base(secrets={"TOKEN": {"file": "token"}})))
+    with pytest.raises(ConfigError, match=r"secrets\.TOKEN\.file .*IsADirectoryError"):
+        config.secret_values()
+
+
+def test_secret_values_never_leak(job_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("MY_SECRET", SECRET)
+    (job_dir / "token").write_text(SECRET + "-file\n")
+    (job_dir / "nul").write_text(SECRET + "\0")
+    secrets = {"AWS_SECRET_ACCESS_KEY": {"env": "MY_SECRET"}, "TOKEN": {"file": "token"}}
+    config = load_config(write(job_dir, base(secrets=secrets, data={"url": "ds"})))
+    assert config.secret_values() == {"AWS_SECRET_ACCESS_KEY": SECRET, "TOKEN": SECRET + "-file"}
+    spec = build_spec(config, heartbeat_addr="127.0.0.1:9")
+    assert all(proc.env["AWS_SECRET_ACCESS_KEY"] == SECRET for proc in spec.processes)
+
+    outputs = [repr(config), str(config), json.dumps(config.redacted()), describe(config), repr(spec),
+               str(spec), *(json.dumps(proc.redacted_env()) for proc in spec.processes),
+               *(repr(proc) for proc in spec.processes)]
+    # errors raised while secrets are set: another secret missing, a NUL in a value, a bad key elsewhere
+    broken = [
+        base(secrets={**secrets, "OTHER": {"env": "SHARDKIT_TEST_NO_SUCH_VAR"}}),
+        base(secrets={**secrets, "NUL": {"file": "nul"}}),
+        base(secrets=secrets, roles={"worker": {"count": 0}}),
+    ]
+    for changes in broken:
+        try:
+            load_config(write(job_dir, changes)).secret_values()
+        except ConfigError as e:
+            outputs.append(str(e))
+        else:
+            pytest.fail(f"no error for {changes}")
+    assert "holds a NUL" in outputs[-2]
+    for text in outputs:
+        assert SECRET not in text, text
