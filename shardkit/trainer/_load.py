@@ -1,0 +1,116 @@
+"""One checkpoint folder in and out: every needed file is verified and deserialized before anything is set."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import tempfile
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from shardkit.errors import CheckpointError, CorruptCheckpointError
+from shardkit.trainer import _frameworks as fw
+from shardkit.trainer._state import decode_state
+from shardkit.trainer._store import CheckpointInfo, Store, digest
+
+MODEL, OPTIMIZER, STATE = "model.pt", "optimizer.pt", "state.json"
+TF_DIR = os.path.dirname(fw.TF_PREFIX)
+
+
+@dataclasses.dataclass
+class Loaded:
+    """A verified checkpoint, deserialized but not yet applied to any object."""
+
+    info: CheckpointInfo
+    state: dict[str, Any]
+    model: Mapping[str, Any] | None = None
+    optimizer: Mapping[str, Any] | None = None
+    tf_prefix: str | None = None
+
+
+def write_tf(store: Store, step: int, checkpoint: Any) -> dict[str, dict[str, Any]]:
+    """``checkpoint.write`` into the step's ``tf/`` folder; returns the files' ``{"size", "sha256"}``.
+
+    Local folders: TensorFlow writes in place, then each file is fsynced (TensorFlow does not, and
+    ``COMMIT`` must not reach the disk before them). Elsewhere: written to a temporary local folder,
+    then uploaded file by file.
+    """
+    if store.loc.is_local:
+        files = {}
+        for path in fw.tf_write(checkpoint, store.path(step, fw.TF_PREFIX)):
+            with open(path, "rb+") as f:
+                os.fsync(f.fileno())
+                f.seek(0)
+                files[f"{TF_DIR}/{os.path.basename(path)}"] = digest(iter(lambda: f.read(1 << 22), b""))
+        return files
+    with tempfile.TemporaryDirectory(prefix="shardkit-ckpt-") as tmp:
+        paths = fw.tf_write(checkpoint, f"{tmp}/{fw.TF_PREFIX}")
+        names = {f"{TF_DIR}/{os.path.basename(p)}": p for p in paths}
+        return {name: store.write(step, name, Path(p).read_bytes()) for name, p in names.items()}
+
+
+def load(store: Store, step: int, tmp: str, *, model: bool, optimizer: bool, reader: bool,
+         tf: bool) -> Loaded:
+    """Read and verify what the caller asked for (flags) from step ``step``; remote TF files go to ``tmp``.
+
+    Raises `CorruptCheckpointError` for what an older checkpoint can cure (uncommitted, damaged, not a
+    plain state dict) and `CheckpointError` for what it cannot (an object asked for that was not saved).
+    """
+    info = store.info(step)
+    files = info.files
+    if STATE not in files:
+        raise CorruptCheckpointError(f"{store.url(step, 'COMMIT')} lists no {STATE}")
+    tf_files = sorted(n for n in files if n.startswith(TF_DIR + "/"))
+    for want, present, name, arg in ((model, MODEL in files, MODEL, "model"),
+                                      (optimizer, OPTIMIZER in files, OPTIMIZER, "optimizer"),
+                                      (tf, bool(tf_files), fw.TF_PREFIX, "tf_checkpoint")):
+        if want and not present:
+            raise CheckpointError(f"checkpoint {info.url} (framework {info.framework!r}) has no {name}: it "
+                                  f"was saved without {arg}=; restore with the objects that were saved")
+    try:
+        state = decode_state(store.read(step, STATE, files[STATE]), step)
+    except (UnicodeDecodeError, ValueError) as e:
+        raise CorruptCheckpointError(f"{store.url(step, STATE)} is not a valid state ({e})") from e
+    if reader and state.get("reader") is None:
+        raise CheckpointError(f"checkpoint {info.url} has no reader state: it was saved without reader=; "
+                              "restore without reader=, or save with it")
+    out = Loaded(info, state)
+    if model:
+        out.model = _torch_state(store, step, MODEL, files[MODEL])
+    if optimizer:
+        out.optimizer = _torch_state(store, step, OPTIMIZER, files[OPTIMIZER])
+    if tf:
+        local = store.loc.is_local
+        for name in tf_files:
+            path = store.path(step, name) if local else os.path.join(tmp, name)
+            if not local:
+                os.makedirs(os.path.dirname(path), exist_ok=True)
+                Path(path).write_bytes(store.read(step, name, files[name]))
+            store.verify_file(step, name, files[name], path)
+        out.tf_prefix = store.path(step, fw.TF_PREFIX) if local else os.path.join(tmp, fw.TF_PREFIX)
+    return out
+
+
+def apply(loaded: Loaded, *, model: Any, optimizer: Any, reader: Any) -> None:
+    """Load the states into the objects (those given); a state that does not fit raises `CheckpointError`."""
+    targets = ((fw.unwrap(model) if model is not None else None, MODEL, loaded.model),
+               (optimizer, OPTIMIZER, loaded.optimizer),
+               (reader, "reader state", loaded.state.get("reader")))
+    for obj, name, state in targets:
+        if obj is None:
+            continue
+        try:
+            obj.load_state_dict(state)
+        except (RuntimeError, ValueError, KeyError, TypeError) as e:
+            raise CheckpointError(
+                f"the {name} of checkpoint {loaded.info.url} does not fit this {type(obj).__name__} ({e}); "
+                "restore into the same architecture, optimizer and dataset that were saved") from e
+
+
+def _torch_state(store: Store, step: int, name: str, meta: Mapping[str, Any]) -> Mapping[str, Any]:
+    state = fw.torch_load(store.read(step, name, meta), store.url(step, name))
+    if not isinstance(state, Mapping):
+        raise CorruptCheckpointError(f"{store.url(step, name)} holds a {type(state).__name__}, "
+                                     "not a state dict")
+    return state

@@ -1,0 +1,198 @@
+"""Checkpoint folders on an fsspec filesystem: step names, atomic file writes, the ``COMMIT`` marker, checks.
+
+Crash safety, by filesystem. Local: every file is written under a temporary name, fsynced and moved
+into place with ``os.replace``; the folder is fsynced before ``COMMIT`` is written the same way, so a
+power cut cannot leave a ``COMMIT`` whose files are not on disk. Object stores: each file is one PUT
+(whole or absent), and ``COMMIT`` is PUT last, which is the atomic point.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import os
+import re
+import time
+import uuid
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+from shardkit.dataset.location import Location
+from shardkit.errors import CorruptCheckpointError
+
+COMMIT = "COMMIT"
+COMMIT_VERSION = 1
+CHUNK = 4 << 20  # large tensors go out in pieces: bounded syscalls, and a kill can land mid-file
+_STEP = re.compile(r"^step-(\d+)$")
+
+
+@dataclasses.dataclass(frozen=True)
+class CheckpointInfo:
+    """One committed checkpoint as listed: ``COMMIT`` parsed, file sizes checked (sha256 only on restore)."""
+
+    step: int
+    url: str
+    time: float
+    framework: str
+    files: Mapping[str, Mapping[str, Any]]
+
+
+def step_name(step: int) -> str:
+    return f"step-{step:09d}"
+
+
+def digest(chunks: Iterator[bytes] | bytes) -> dict[str, Any]:
+    """``{"size", "sha256"}`` of bytes or of a stream of chunks."""
+    h, size = hashlib.sha256(), 0
+    for chunk in [chunks] if isinstance(chunks, bytes) else chunks:
+        h.update(chunk)
+        size += len(chunk)
+    return {"size": size, "sha256": h.hexdigest()}
+
+
+class Store:
+    """The checkpoint root ``loc``: ``Store(Location.of("s3://bucket/ckpt"))``."""
+
+    def __init__(self, loc: Location) -> None:
+        self.loc = loc
+
+    def url(self, step: int, name: str = "") -> str:
+        base = f"{self.loc.url.rstrip('/')}/{step_name(step)}"
+        return f"{base}/{name}" if name else base
+
+    def path(self, step: int, name: str = "") -> str:
+        return self.loc.join(step_name(step), name) if name else self.loc.join(step_name(step))
+
+    def steps(self) -> list[int]:
+        """Steps that have a folder, committed or not, ascending."""
+        self.loc.fs.invalidate_cache(self.loc.root)  # another process may have saved since: s3fs caches lists
+        try:
+            entries = self.loc.fs.ls(self.loc.root, detail=True)
+        except FileNotFoundError:
+            return []
+        found = []
+        for entry in entries:
+            match = _STEP.match(entry["name"].rstrip("/").rsplit("/", 1)[-1])
+            if match and entry.get("type") == "directory":
+                found.append(int(match.group(1)))
+        return sorted(found)
+
+    def begin(self, step: int) -> None:
+        """Make the step's folder empty and uncommitted: ``COMMIT`` goes first, so a crash from here on
+        leaves an uncommitted folder, never an old commit that lists new files."""
+        path = self.path(step)
+        fs = self.loc.fs
+        fs.invalidate_cache(self.loc.root)
+        if fs.exists(path):
+            self.remove(step)
+        fs.makedirs(path, exist_ok=True)
+        self.sync_dir(self.loc.root)
+
+    def write(self, step: int, name: str, data: bytes) -> dict[str, Any]:
+        """Write one file of the step atomically; returns its ``{"size", "sha256"}``."""
+        path = self.path(step, name)
+        if not self.loc.is_local:
+            self.loc.fs.pipe_file(path, data)
+            return digest(data)
+        folder, base = os.path.split(path)
+        os.makedirs(folder, exist_ok=True)
+        tmp = os.path.join(folder, f".{base}.tmp-{uuid.uuid4().hex[:8]}")
+        view = memoryview(data)
+        with open(tmp, "wb") as f:
+            for start in range(0, len(view), CHUNK):
+                f.write(view[start:start + CHUNK])
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+        return digest(data)
+
+    def commit(self, step: int, files: Mapping[str, Mapping[str, Any]], framework: str) -> None:
+        """Write ``COMMIT`` after every file (and, locally, every folder entry) is durable."""
+        if self.loc.is_local:
+            for folder in {os.path.dirname(self.path(step, name)) for name in files}:
+                self.sync_dir(folder)
+        doc = {"version": COMMIT_VERSION, "step": step, "time": time.time(), "framework": framework,
+               "files": {name: dict(meta) for name, meta in sorted(files.items())}}
+        self.write(step, COMMIT, json.dumps(doc, indent=1).encode())
+        self.sync_dir(self.path(step))
+
+    def info(self, step: int) -> CheckpointInfo:
+        """The step's `CheckpointInfo`; raises `CorruptCheckpointError` when it is not committed or broken."""
+        doc = self.read_commit(step)
+        time_ = doc.get("time")
+        return CheckpointInfo(step, self.url(step), float(time_) if isinstance(time_, int | float) else 0.0,
+                              str(doc.get("framework", "")), doc["files"])
+
+    def read_commit(self, step: int) -> dict[str, Any]:
+        """The step's ``COMMIT``, checked against the sizes of its files (not their sha256)."""
+        where = self.url(step, COMMIT)
+        try:
+            doc = json.loads(self.loc.fs.cat_file(self.path(step, COMMIT)).decode())
+        except FileNotFoundError as e:
+            raise CorruptCheckpointError(f"{where} is missing: the save of step {step} did not finish") from e
+        except (UnicodeDecodeError, ValueError) as e:
+            raise CorruptCheckpointError(f"{where} is not JSON ({e})") from e
+        files = doc.get("files") if isinstance(doc, dict) else None
+        if (not isinstance(doc, dict) or doc.get("version") != COMMIT_VERSION or doc.get("step") != step
+                or not isinstance(files, dict) or not all(_file_meta(m) for m in files.values())):
+            raise CorruptCheckpointError(
+                f"{where} is not a version-{COMMIT_VERSION} commit of step {step} with a files table")
+        sizes = self._sizes(step)
+        for name, meta in files.items():
+            if name not in sizes:
+                raise CorruptCheckpointError(f"{self.url(step, name)} is listed in {where} but missing")
+            if sizes[name] != meta["size"]:
+                raise CorruptCheckpointError(f"{self.url(step, name)} has {sizes[name]} bytes, {where} "
+                                             f"says {meta['size']} (truncated?)")
+        return doc
+
+    def read(self, step: int, name: str, meta: Mapping[str, Any]) -> bytes:
+        """A file's bytes, verified against its size and sha256 in ``COMMIT``."""
+        try:
+            data = self.loc.fs.cat_file(self.path(step, name))
+        except FileNotFoundError as e:
+            raise CorruptCheckpointError(f"{self.url(step, name)} is listed in its COMMIT but missing") from e
+        self._check(step, name, digest(data), meta)
+        return bytes(data)
+
+    def verify_file(self, step: int, name: str, meta: Mapping[str, Any], local_path: str) -> None:
+        """Check a local copy (or the local original) of a step's file against ``COMMIT``."""
+        with open(local_path, "rb") as f:
+            self._check(step, name, digest(iter(lambda: f.read(CHUNK), b"")), meta)
+
+    def remove(self, step: int) -> None:
+        """Delete a step's folder, ``COMMIT`` first: a crash midway leaves an uncommitted folder, not a
+        commit with missing files (which would be reported as damaged)."""
+        if self.loc.fs.exists(self.path(step, COMMIT)):
+            self.loc.fs.rm_file(self.path(step, COMMIT))
+            self.sync_dir(self.path(step))
+        self.loc.fs.rm(self.path(step), recursive=True)
+
+    def sync_dir(self, path: str) -> None:
+        """fsync a local folder so the names moved into it survive a power cut (no-op elsewhere)."""
+        if not self.loc.is_local:
+            return
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+    def _sizes(self, step: int) -> dict[str, int]:
+        base = self.path(step).rstrip("/") + "/"
+        self.loc.fs.invalidate_cache(self.path(step))
+        found = self.loc.fs.find(self.path(step), detail=True)
+        return {name[len(base):]: int(info["size"]) for name, info in found.items() if name.startswith(base)}
+
+    def _check(self, step: int, name: str, got: Mapping[str, Any], meta: Mapping[str, Any]) -> None:
+        if got["size"] != meta["size"] or got["sha256"] != meta["sha256"]:
+            raise CorruptCheckpointError(
+                f"{self.url(step, name)} does not match its COMMIT ({got['size']} bytes, sha256 "
+                f"{got['sha256'][:12]}..; expected {meta['size']} bytes, {str(meta['sha256'])[:12]}..): "
+                "the file was changed or damaged after the save")
+
+
+def _file_meta(meta: Any) -> bool:
+    return (isinstance(meta, dict) and isinstance(meta.get("size"), int)
+            and isinstance(meta.get("sha256"), str) and len(meta["sha256"]) == 64)

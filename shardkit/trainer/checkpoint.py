@@ -1,0 +1,256 @@
+"""Atomic checkpoints on any fsspec URL: torch or TensorFlow state, reader state, step and RNG, JSON only.
+
+Layout (``docs/design/trainer.md``)::
+
+    <dir>/step-000000050/model.pt        torch model state dict       (torch.save; loaded weights_only)
+    <dir>/step-000000050/optimizer.pt    torch optimizer state dict
+    <dir>/step-000000050/tf/ckpt.*       a tf.train.Checkpoint written with its own format
+    <dir>/step-000000050/state.json      step, reader state, RNG states, user extra (JSON)
+    <dir>/step-000000050/COMMIT          written LAST: {"version", "step", "time", "framework", "files"}
+
+A checkpoint exists only when its ``COMMIT`` exists and every file it lists has the listed size (and
+sha256, checked before anything is loaded). Saving a step that has a folder already (a restart that
+reaches it again) first deletes that folder's ``COMMIT``, then the folder: a crash while re-saving
+leaves an uncommitted folder (the older checkpoints serve), never a commit that lists foreign files.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import shutil
+import tempfile
+import time
+import warnings
+import weakref
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any, Protocol
+
+from shardkit.dataset.location import Location
+from shardkit.errors import CheckpointError, CheckpointWarning, ConfigError, CorruptCheckpointError
+from shardkit.trainer import _frameworks as fw
+from shardkit.trainer import _load
+from shardkit.trainer._load import MODEL, OPTIMIZER, STATE
+from shardkit.trainer._state import capture_rng, encode_state, restore_rng
+from shardkit.trainer._store import CheckpointInfo, Store
+
+if TYPE_CHECKING:
+    import tensorflow as tf
+    import torch
+
+__all__ = ["CheckpointInfo", "CheckpointManager", "Restored", "Schedule", "Stateful"]
+
+
+class Stateful(Protocol):
+    """Anything with a JSON-able ``state_dict()`` and ``load_state_dict(state)``: a shardkit `Reader`."""
+
+    def state_dict(self) -> dict[str, Any]: ...
+
+    def load_state_dict(self, state: Mapping[str, Any], /) -> None: ...
+
+
+@dataclasses.dataclass(frozen=True)
+class Restored:
+    """What `CheckpointManager.restore` loaded: the step, where from, the reader state and the user extra."""
+
+    step: int
+    url: str
+    info: CheckpointInfo
+    extra: Mapping[str, Any]
+    reader_state: Mapping[str, Any] | None
+
+
+@dataclasses.dataclass
+class Schedule:
+    """When a save is due, given the step and time of the last save (or restore).
+
+    ``every_steps``: on multiples of it (a run resumed from step 50 saves at 100, 150, ... like the run it
+    replaces). ``every_seconds``: that long since the last save. Either is enough; neither: never due. A
+    step at or before the last save is never due. Times are ``time.monotonic()`` readings.
+    """
+
+    every_steps: int | None = None
+    every_seconds: float | None = None
+    last_step: int = 0
+    last_time: float = 0.0
+
+    def due(self, step: int, now: float) -> bool:
+        if step <= self.last_step:
+            return False
+        if self.every_steps is not None and step // self.every_steps > self.last_step // self.every_steps:
+            return True
+        return self.every_seconds is not None and now - self.last_time >= self.every_seconds
+
+    def record(self, step: int, now: float) -> None:
+        self.last_step, self.last_time = step, now
+
+
+class CheckpointManager:
+    """Saves and restores checkpoints under one folder URL (local path, ``file://``, ``s3://``, ``memory://``).
+
+    Example:
+        >>> ckpt = CheckpointManager("s3://bucket/job/checkpoints", keep=3, every_steps=50)
+        >>> restored = ckpt.restore(model=model, optimizer=opt, reader=reader)   # None on a fresh start
+        >>> for step in range(restored.step + 1 if restored else 1, steps + 1):
+        ...     train_one_step()
+        ...     if ckpt.due(step):
+        ...         ckpt.save(step, model=model, optimizer=opt, reader=reader, writer=rank == 0)
+
+    Choices: one writer per job (the chief / rank 0); the others pass ``writer=False``. ``keep=None`` keeps
+    every checkpoint. torch state is serialized in memory before it is written (peak memory: one extra copy
+    of the state dict's bytes), so its sha256 is known without reading the file back. ``every_seconds``
+    reads each process's own clock: where every worker must take part in a save (TensorFlow's
+    ``MultiWorkerMirroredStrategy``), decide on the chief and share the decision, or use ``every_steps``.
+    A remote TensorFlow checkpoint is restored from a local copy that lives as long as the
+    ``tf.train.Checkpoint`` object (TensorFlow fills variables created later, such as Keras optimizer
+    slots, from the file when they appear).
+    """
+
+    def __init__(self, url: str | os.PathLike[str], *, keep: int | None = 3, every_steps: int | None = None,
+                 every_seconds: float | None = None, storage_options: dict[str, Any] | None = None) -> None:
+        for name, value, low in (("keep", keep, 1), ("every_steps", every_steps, 1)):
+            if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < low):
+                raise ConfigError(f"checkpoint.{name}={value!r}: use an integer >= {low}, or null for "
+                                  f"{'all' if name == 'keep' else 'no step-based saves'}")
+        if every_seconds is not None and not every_seconds > 0:
+            raise ConfigError(f"checkpoint.every_seconds={every_seconds!r}: use a number > 0, or null")
+        self.url = os.fspath(url)
+        self.keep = keep
+        self.schedule = Schedule(every_steps, every_seconds, 0, time.monotonic())
+        self._store = Store(Location.of(self.url, storage_options))
+
+    def __repr__(self) -> str:
+        return f"CheckpointManager({self.url!r}, keep={self.keep})"
+
+    def due(self, step: int, *, now: float | None = None) -> bool:
+        """Whether ``step`` should be saved (see `Schedule`); ``now`` is a ``time.monotonic()`` reading."""
+        return self.schedule.due(step, time.monotonic() if now is None else now)
+
+    def save(self, step: int, *, model: torch.nn.Module | None = None,
+             optimizer: torch.optim.Optimizer | None = None, reader: Stateful | None = None,
+             tf_checkpoint: tf.train.Checkpoint | None = None, extra: Mapping[str, Any] | None = None,
+             writer: bool = True) -> str | None:
+        """Write step ``step`` and commit it; returns its URL (None when ``writer=False``).
+
+        ``model`` may be wrapped in DDP (its ``.module`` is saved). ``extra`` and the reader state must be
+        JSON. ``writer=False``: a non-chief worker of ``MultiWorkerMirroredStrategy``, whose
+        ``tf_checkpoint.write`` must run (it takes part in collectives) but into a temporary folder that is
+        deleted; torch state is not touched. After the commit, checkpoints beyond the ``keep`` newest
+        and uncommitted folders of earlier steps are deleted (never a folder of a later step).
+        """
+        if not isinstance(step, int) or isinstance(step, bool) or step < 0:
+            raise CheckpointError(f"checkpoint step {step!r} under {self.url}: pass the training step, "
+                                  "an int >= 0")
+        if not writer:
+            if tf_checkpoint is not None:
+                with tempfile.TemporaryDirectory(prefix="shardkit-ckpt-") as tmp:
+                    fw.tf_write(tf_checkpoint, os.path.join(tmp, fw.TF_PREFIX))
+            self.schedule.record(step, time.monotonic())
+            return None
+        where = self._store.url(step)
+        state = encode_state(step, reader=reader.state_dict() if reader is not None else None,
+                             rng=capture_rng(), extra=extra, where=where)
+        blobs = {}
+        if model is not None:
+            blobs[MODEL] = fw.torch_bytes(fw.unwrap(model).state_dict())
+        if optimizer is not None:
+            blobs[OPTIMIZER] = fw.torch_bytes(optimizer.state_dict())
+        kinds = ["torch"] * bool(blobs) + ["tensorflow"] * (tf_checkpoint is not None)
+        try:
+            self._store.begin(step)
+            files = {name: self._store.write(step, name, data) for name, data in blobs.items()}
+            if tf_checkpoint is not None:
+                files.update(_load.write_tf(self._store, step, tf_checkpoint))
+            files[STATE] = self._store.write(step, STATE, state)
+            self._store.commit(step, files, "+".join(kinds) or "none")
+        except CheckpointError:
+            raise
+        except OSError as e:
+            raise CheckpointError(f"could not write checkpoint {where} ({e}); check that the folder is "
+                                  "writable and has space (the previous checkpoints are intact)") from e
+        self.schedule.record(step, time.monotonic())
+        self._prune(step)
+        return where
+
+    def restore(self, *, model: torch.nn.Module | None = None, optimizer: torch.optim.Optimizer | None = None,
+                reader: Stateful | None = None, tf_checkpoint: tf.train.Checkpoint | None = None,
+                rng: bool = True, required: bool = False) -> Restored | None:
+        """Load the newest checkpoint that verifies into the given objects; None when there is none.
+
+        A newer folder that is uncommitted or does not verify (missing or bad ``COMMIT``, a missing,
+        truncated or altered file, a torch file that is not a plain state dict) is skipped with a
+        `CheckpointWarning` naming it and why. Everything is read and checked before any object is
+        changed. ``rng=True`` sets python's, numpy's and torch's global RNGs to their saved states, so the
+        resumed run draws the same numbers as an uninterrupted one. ``required=True`` raises instead of
+        returning None: `CorruptCheckpointError` when folders exist but none verifies, `CheckpointError`
+        when there are none. A checkpoint that verifies but does not fit the objects (another model,
+        a reader of another dataset, a file that was not saved) raises `CheckpointError`: an older one
+        would not fit either.
+        """
+        steps = self._store.steps()
+        for step in reversed(steps):
+            tmp = tempfile.mkdtemp(prefix="shardkit-ckpt-")
+            try:
+                loaded = _load.load(self._store, step, tmp, model=model is not None,
+                                    optimizer=optimizer is not None, reader=reader is not None,
+                                    tf=tf_checkpoint is not None)
+                if tf_checkpoint is not None and loaded.tf_prefix is not None:
+                    fw.tf_read(tf_checkpoint, loaded.tf_prefix, self._store.url(step, "tf"))
+            except CorruptCheckpointError as e:
+                shutil.rmtree(tmp, ignore_errors=True)
+                warnings.warn(f"skipping checkpoint {self._store.url(step)}: {e}", CheckpointWarning,
+                              stacklevel=2)
+                continue
+            except BaseException:
+                shutil.rmtree(tmp, ignore_errors=True)
+                raise
+            if tf_checkpoint is None:
+                shutil.rmtree(tmp, ignore_errors=True)
+            else:  # TensorFlow restores variables created later (Keras optimizer slots) from the file,
+                # lazily: the local copy of a remote checkpoint lives as long as the tf.train.Checkpoint
+                weakref.finalize(tf_checkpoint, shutil.rmtree, tmp, True)
+            _load.apply(loaded, model=model, optimizer=optimizer, reader=reader)
+            if rng and loaded.state.get("rng") is not None:
+                restore_rng(loaded.state["rng"])
+            self.schedule.record(step, time.monotonic())
+            state = loaded.state
+            return Restored(step, loaded.info.url, loaded.info, state["extra"], state.get("reader"))
+        if required:
+            if steps:
+                raise CorruptCheckpointError(f"none of the {len(steps)} checkpoints under {self.url} "
+                                             "verifies (see the warnings above); delete them to start afresh")
+            raise CheckpointError(f"no checkpoint under {self.url}: save one first, or restore without "
+                                  "required=True")
+        if steps:
+            warnings.warn(f"none of the {len(steps)} checkpoints under {self.url} verifies; starting from "
+                          "scratch", CheckpointWarning, stacklevel=2)
+        return None
+
+    def list(self) -> list[CheckpointInfo]:
+        """Committed checkpoints whose files have the committed sizes, oldest first."""
+        return [info for info in map(self._info, self._store.steps()) if info is not None]
+
+    def latest(self) -> CheckpointInfo | None:
+        """The newest entry of `list` (sha256 not checked: `restore` does that)."""
+        for step in reversed(self._store.steps()):
+            info = self._info(step)
+            if info is not None:
+                return info
+        return None
+
+    def _info(self, step: int) -> CheckpointInfo | None:
+        try:
+            return self._store.info(step)
+        except CorruptCheckpointError:
+            return None
+
+    def _prune(self, step: int) -> None:
+        older = [s for s in self._store.steps() if s < step]
+        complete = [s for s in older if self._info(s) is not None] + [step]
+        doomed = sorted(set(older) - set(complete)) + (complete[: -self.keep] if self.keep else [])
+        for s in doomed:
+            try:
+                self._store.remove(s)
+            except OSError as e:  # the new checkpoint is committed; a leftover must not stop training
+                warnings.warn(f"could not delete old checkpoint {self._store.url(s)} ({e}); delete it "
+                              "by hand", CheckpointWarning, stacklevel=3)
