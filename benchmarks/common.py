@@ -2,9 +2,9 @@
 
 A *case* is a function ``f(**params) -> dict`` in a benchmarks module. `run_case` runs it in a fresh
 interpreter (``python -m benchmarks.common --child module:function PARAMS_JSON``), so imports, caches
-and the peak RSS (``ru_maxrss``) belong to that one run. The child prints one line
-``BENCH_RESULT {json}``: the case's dict plus ``peak_rss`` (this process) and ``children_peak_rss``
-(waited-for children, e.g. a JVM that exited).
+and the peak RSS (``VmHWM``) belong to that one run. The child prints one line
+``BENCH_RESULT {json}``: the case's dict plus ``peak_rss`` (this process's ``VmHWM``) and
+``children_peak_rss`` (waited-for children, e.g. a JVM that exited).
 
 This module imports only the standard library, so the child runner also works in the other venvs
 (Petastorm's, Hugging Face's) with ``python=`` pointing there.
@@ -86,8 +86,13 @@ def current_rss() -> int:
 
 
 def peak_rss() -> int:
-    """This process's peak resident set size over its whole life, in bytes (Linux reports KiB)."""
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    """This process's peak resident set size, in bytes: the kernel's ``VmHWM``.
+
+    Not ``ru_maxrss``: the kernel carries it across fork+exec, so a child started by a large parent
+    (the benchmark driver, a test runner) would report the parent's peak. ``ru_maxrss`` only where
+    ``/proc`` is missing.
+    """
+    return _vm_hwm() or resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
 def _vm_hwm(pid: int | str = "self") -> int:
@@ -133,7 +138,7 @@ def reset_peak_rss(*, children: bool = False) -> None:
 
 def phase_peak_rss() -> int:
     """This process's peak RSS since `reset_peak_rss`, in bytes."""
-    return _vm_hwm() or peak_rss()
+    return peak_rss()
 
 
 def descendants_peak_rss(pid: int | None = None) -> int:

@@ -8,10 +8,11 @@ Rows are generated in chunks of `CHUNK_ROWS`, chunk ``k`` from its own seed, so 
 the same whatever N is and no more than one chunk is ever built at a time.
 
 Cached under ``.bench/data/`` (gitignored; ``$SHARDKIT_BENCH_DIR/data`` when that is set), keyed by N
-and `VERSION`:
-    raw-v2-n200000/data.parquet        plain pyarrow Parquet, arrays as fixed_size_list (the reference)
-    shardkit-v2-tensor-n200000/        a shardkit dataset (image as a fixed-shape tensor)
-    shardkit-v2-png-n200000/           a shardkit dataset (image as PNG)
+and `VERSION`, and shardkit's datasets also by the format shardkit's writer produces (`writer_key`:
+a change to the writer's encodings or row-group sizing writes them again):
+    raw-v2-n200000/data.parquet             plain pyarrow Parquet, arrays as fixed_size_list (the reference)
+    shardkit-v2-w1a2b3c4-tensor-n200000/    a shardkit dataset (image as a fixed-shape tensor)
+    shardkit-v2-w1a2b3c4-png-n200000/       a shardkit dataset (image as PNG)
 
 Usage (from the repository root):
     python -m benchmarks.data 200000          # materialize both caches for 200k rows
@@ -20,7 +21,10 @@ Usage (from the repository root):
 from __future__ import annotations
 
 import argparse
+import functools
+import hashlib
 import shutil
+import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -157,8 +161,32 @@ def raw_path(rows: int) -> Path:
     return CACHE / f"raw-v{VERSION}-n{rows}" / "data.parquet"
 
 
+@functools.cache
+def writer_key() -> str:
+    """A short hash of the format shardkit's writer gives these rows now (one chunk written to a scratch
+    folder): per column its physical type, encodings, compression and statistics, plus the rows of each
+    row group and the stored schema. Cached datasets written by a different writer get another key."""
+    parts = []
+    with tempfile.TemporaryDirectory(prefix="shardkit-writer-key-") as tmp:
+        for image in ("tensor", "png"):
+            chunks = iter_batches(CHUNK_ROWS, "tensor") if image == "tensor" else iter_frames(CHUNK_ROWS)
+            ds = shardkit.write_dataset(chunks, Path(tmp) / image, schema=shardkit_schema(image),
+                                        compression=COMPRESSION, progress=False)
+            md = pq.read_metadata(Path(tmp) / image / "_metadata")
+            parts.append(str(md.schema.to_arrow_schema().metadata))
+            for i in range(md.num_row_groups):
+                rg = md.row_group(i)
+                parts.append(str(rg.num_rows))
+                for j in range(rg.num_columns):
+                    c = rg.column(j)
+                    parts.append(f"{c.path_in_schema}:{c.physical_type}:{sorted(c.encodings)}:"
+                                 f"{c.compression}:{c.is_stats_set}")
+            parts.append(str(len(ds.row_groups)))
+    return hashlib.sha256("\n".join(parts).encode()).hexdigest()[:8]
+
+
 def shardkit_path(rows: int, image: ImageLayout = "tensor") -> Path:
-    return CACHE / f"shardkit-v{VERSION}-{image}-n{rows}"
+    return CACHE / f"shardkit-v{VERSION}-w{writer_key()}-{image}-n{rows}"
 
 
 def materialize_raw(rows: int) -> Path:

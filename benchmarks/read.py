@@ -342,7 +342,7 @@ def materialize_list_copy(rows: int) -> Path:
         if writer is not None:
             writer.close()
 
-    return _atomic_dir(data.CACHE / f"list-v{data.VERSION}-n{rows}", build)
+    return _atomic_dir(data.CACHE / f"list-v{data.VERSION}-w{data.writer_key()}-n{rows}", build)
 
 
 def materialize_petastorm(rows: int) -> Path:
@@ -690,7 +690,7 @@ def report_quality(q: dict[str, Any] | None) -> str:
     lines = [
         ["shuffle window (rows)", f"{q['window_rows']:,}",
          f"{q['row_groups']} row groups of ~{q['rows_per_group']:,.0f} rows; "
-         f"64 MiB of decoded rows would be {64 * 2**20 // data.ROW_BYTES:,}"],
+         f"32 MiB of decoded rows would be {32 * 2**20 // data.ROW_BYTES:,}"],
         ["mean |file position gap| of stream-adjacent rows", f"{q['mean_adjacent_gap']:,.0f}",
          f"file order: 1; full shuffle: {q['gap_ideal_full']:,.0f} (N/3)"],
         ["corr(stream position, id)", f"{q['corr_position_id']:.3f}",

@@ -12,7 +12,8 @@ def current_rss() -> int:
 
 
 def peak_rss() -> int:
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    """VmHWM of this process (ru_maxrss, carried across fork+exec from the parent, only without /proc)."""
+    return _vm_hwm() or resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
 def _descendants() -> set:

@@ -14,8 +14,10 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import threading
 import warnings
-from collections.abc import Sequence
+from collections import OrderedDict
+from collections.abc import Iterator, Sequence
 from functools import cached_property
 from typing import Any, Literal
 
@@ -35,6 +37,12 @@ from shardkit.errors import (
 
 PETASTORM_KEY = b"dataset-toolkit.unischema.v1"
 PARQUET_SUFFIXES = (".parquet", ".parq", ".pq")
+#: Rows Parquet decodes at a time. A whole row group at once needs several times its decoded size in
+#: scratch buffers (uint8 tensors go through int32 values plus repetition and definition levels), and
+#: small slices decode faster (measured on the benchmark rows: 256 rows 14 % less CPU than 1024, which
+#: took 30 % less than whole 4,600-row groups) as their scratch buffers stay in the CPU caches.
+SLICE_ROWS = 256
+FOOTERS_KEPT = 256  # data-file footers an opened dataset keeps (LRU), so a file's footer is read once
 
 
 class SummaryMissingWarning(UserWarning):
@@ -61,6 +69,10 @@ class Dataset:
     row_groups: tuple[RowGroup, ...]
     kind: Literal["shardkit", "petastorm", "parquet"]
     metadata: pq.FileMetaData | None = dataclasses.field(default=None, repr=False)
+    _footers: OrderedDict[str, pq.FileMetaData] = dataclasses.field(
+        default_factory=OrderedDict, init=False, repr=False, compare=False)
+    _footer_lock: threading.Lock = dataclasses.field(
+        default_factory=threading.Lock, init=False, repr=False, compare=False)
 
     @property
     def url(self) -> str:
@@ -85,10 +97,18 @@ class Dataset:
         return np.fromiter(counts, dtype=np.int64, count=len(self.row_groups))
 
     def open_file(self, file: str) -> pq.ParquetFile:
-        """Open one data file, raising `CorruptDatasetError` (naming it) if it is not readable Parquet."""
+        """Open one data file, raising `CorruptDatasetError` (naming it) if it is not readable Parquet.
+
+        The file's footer is read on its first opening and then reused (for the last `FOOTERS_KEPT`
+        files), so reading row group after row group of a remote file does not fetch its footer again.
+        """
         path = self.location.join(file)
+        with self._footer_lock:
+            footer = self._footers.get(file)
+            if footer is not None:
+                self._footers.move_to_end(file)
         try:
-            return pq.ParquetFile(self.location.arrow_fs.open_input_file(path))
+            pf = pq.ParquetFile(self.location.arrow_fs.open_input_file(path), metadata=footer)
         except FileNotFoundError as e:
             raise CorruptDatasetError(
                 f"data file {path!r} of dataset {self.url!r} is missing; the dataset was changed outside "
@@ -99,25 +119,84 @@ class Dataset:
                 f"data file {path!r} of dataset {self.url!r} is not readable Parquet ({e}); "
                 "it is truncated or corrupt: rewrite the dataset or remove the file and rerun write_summary"
             ) from e
+        if footer is None:
+            self.keep_footer(file, pf.metadata)
+        return pf
 
-    def read_row_group(self, i: int, columns: Sequence[str] | None = None) -> pa.Table:
-        """Read row group ``i`` of the index (Arrow, not decoded)."""
+    def keep_footer(self, file: str, footer: pq.FileMetaData) -> None:
+        """Remember ``file``'s footer (already read elsewhere) for `open_file`."""
+        with self._footer_lock:
+            self._footers[file] = footer
+            while len(self._footers) > FOOTERS_KEPT:
+                self._footers.popitem(last=False)
+
+    def iter_row_group(self, i: int, columns: Sequence[str] | None = None, *,
+                       batch_size: int = SLICE_ROWS) -> Iterator[pa.RecordBatch]:
+        """Row group ``i`` of the index as record batches of ``batch_size`` rows (Arrow, not decoded).
+
+        Decoding slice by slice needs scratch memory for one slice, not for the whole row group, and
+        is faster (the slice's buffers stay in the CPU caches).
+        """
         rg = self.row_groups[i]
         where = f"row group {rg.index} of {self.location.join(rg.file)!r}"
         try:
             pf = self.open_file(rg.file)
         except CorruptDatasetError as e:
             raise CorruptDatasetError(f"{where} cannot be read: {e}") from e
+        names = list(columns) if columns is not None else None
         try:
-            return pf.read_row_group(rg.index, columns=list(columns) if columns is not None else None,
-                                     use_threads=False)
+            yield from pf.iter_batches(batch_size=batch_size, row_groups=[rg.index], columns=names,
+                                       use_threads=False)
         except (pa.ArrowInvalid, OSError) as e:
             raise CorruptDatasetError(
                 f"{where} cannot be read ({e}); the file is corrupt: rewrite the dataset, or read with "
                 "on_error='skip'"
             ) from e
 
-    def decode(self, table: pa.Table) -> dict[str, np.ndarray]:
+    def read_row_group(self, i: int, columns: Sequence[str] | None = None) -> pa.Table:
+        """Read row group ``i`` of the index (Arrow, not decoded): a table of `SLICE_ROWS`-row chunks."""
+        batches = list(self.iter_row_group(i, columns))
+        if batches:
+            return pa.Table.from_batches(batches)
+        names = list(columns) if columns is not None else self.arrow_schema.names
+        schema = pa.schema([self.arrow_schema.field(n) for n in names], metadata=self.arrow_schema.metadata)
+        return schema.empty_table()
+
+    def decoded_row_bytes(self, columns: Sequence[str] | None = None) -> int:
+        """About how many bytes one row of ``columns`` takes decoded (what a shuffle buffer holds).
+
+        Fixed-shape numeric fields (images included) count their dtype's size times their shape;
+        strings, bytes and variable shapes count their uncompressed Parquet bytes per row in the first
+        row group with rows (at least 8 bytes: the pointer of an object array).
+        """
+        names = list(columns) if columns is not None else self.schema.names
+        fixed, variable = 0, []
+        for name in names:
+            field = self.schema[name]
+            if field.fixed_shape and field.dtype.kind in "biuf":
+                fixed += field.dtype.itemsize * int(np.prod([d or 1 for d in field.shape]))
+            else:
+                variable.append(name)
+        return fixed + sum(max(8, b) for b in self._plain_bytes_per_row(variable).values())
+
+    def _plain_bytes_per_row(self, names: Sequence[str]) -> dict[str, int]:
+        out = dict.fromkeys(names, 0)
+        rg = next((rg for rg in self.row_groups if rg.num_rows), None)
+        if not names or rg is None:
+            return out
+        try:
+            footer = self.open_file(rg.file).metadata
+        except CorruptDatasetError:
+            return out  # the read itself reports it, naming the row group
+        meta = footer.row_group(rg.index)
+        for j in range(meta.num_columns):
+            col = meta.column(j)
+            top = col.path_in_schema.split(".", 1)[0]
+            if top in out:
+                out[top] += col.total_uncompressed_size // max(1, rg.num_rows)
+        return out
+
+    def decode(self, table: pa.Table | pa.RecordBatch) -> dict[str, np.ndarray]:
         """Decode an Arrow table of this dataset's columns to numpy."""
         return self.schema.decode(table)
 
@@ -149,17 +228,22 @@ def open_location(loc: Location) -> Dataset:
     if loc.exists(SUMMARY):
         md = read_footer(loc, SUMMARY)
         arrow_schema, groups = md.schema.to_arrow_schema(), tuple(_groups_of(md))
+        footers: Footers = []
     else:
-        md, arrow_schema, groups = None, *_index_footers(loc)
+        md, (arrow_schema, groups, footers) = None, _index_footers(loc)
     if SCHEMA_KEY in (arrow_schema.metadata or {}):
-        return Dataset(loc, _schema(loc, arrow_schema), arrow_schema, groups, "shardkit", md)
-    if is_petastorm(loc):
+        ds = Dataset(loc, _schema(loc, arrow_schema), arrow_schema, groups, "shardkit", md)
+    elif is_petastorm(loc):
         from shardkit.dataset.petastorm import petastorm_schema
 
         blob = read_footer(loc, COMMON).metadata[PETASTORM_KEY]
         schema = petastorm_schema(blob, where=loc.join(COMMON))
-        return Dataset(loc, schema, arrow_schema, groups, "petastorm", md)
-    return Dataset(loc, _schema(loc, arrow_schema), arrow_schema, groups, "parquet", md)
+        ds = Dataset(loc, schema, arrow_schema, groups, "petastorm", md)
+    else:
+        ds = Dataset(loc, _schema(loc, arrow_schema), arrow_schema, groups, "parquet", md)
+    for name, footer in footers[:FOOTERS_KEPT]:  # read already: the first reads need not fetch them again
+        ds.keep_footer(name, footer)
+    return ds
 
 
 def is_petastorm(loc: Location) -> bool:
@@ -167,7 +251,10 @@ def is_petastorm(loc: Location) -> bool:
     return loc.exists(COMMON) and PETASTORM_KEY in (read_footer(loc, COMMON).metadata or {})
 
 
-def _index_footers(loc: Location) -> tuple[pa.Schema, tuple[RowGroup, ...]]:
+Footers = list[tuple[str, pq.FileMetaData]]
+
+
+def _index_footers(loc: Location) -> tuple[pa.Schema, tuple[RowGroup, ...], Footers]:
     files = data_files(loc)
     if not files:
         raise NotADatasetError(
@@ -195,7 +282,7 @@ def _index_footers(loc: Location) -> tuple[pa.Schema, tuple[RowGroup, ...]]:
         for i in range(md.num_row_groups):
             rg = md.row_group(i)
             groups.append(RowGroup(name, i, rg.num_rows, rg.total_byte_size))
-    return first_schema, tuple(groups)
+    return first_schema, tuple(groups), footers
 
 
 def _schema(loc: Location, arrow_schema: pa.Schema) -> Schema:

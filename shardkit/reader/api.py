@@ -56,7 +56,7 @@ def make_reader(
         filter: a ``pyarrow.compute`` expression or DNF tuples (``[("label", "<", 5)]``), pushed down
             to row-group statistics; matching rows are counted before reading so shards stay equal.
         shuffle, seed: shuffle row groups per epoch, then rows within a window of ``shuffle_buffer``
-            rows (default: about 64 MiB of decoded rows), reproducibly from ``seed`` and the epoch.
+            rows (default: about 32 MiB of decoded rows), reproducibly from ``seed`` and the epoch.
         num_epochs: epochs to iterate; None for forever.
         remainder: samples that do not divide among the shards: ``"drop"`` (default; fewer than
             ``num_shards`` per epoch are left out), ``"pad"`` (repeat a few), ``"uneven"`` (first
@@ -101,8 +101,9 @@ def make_reader(
         if unknown:
             raise ReaderError(f"unknown column(s) {unknown!r} for {dataset.url!r}; its fields are {names}")
     if shuffle_buffer is None:
-        per_row = max(1, dataset.num_bytes // max(1, dataset.num_rows))
-        shuffle_buffer = max(1024, WINDOW_BYTES // per_row)
+        # decoded bytes, not Parquet's: compression and dictionaries (PNG images even more) make the
+        # encoded size several times smaller than what the window holds in memory
+        shuffle_buffer = max(1024, WINDOW_BYTES // max(1, dataset.decoded_row_bytes(columns)))
     _positive("shuffle_buffer", shuffle_buffer)
 
     row_cache = None

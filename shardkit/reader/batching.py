@@ -31,6 +31,42 @@ def num_rows(columns: Columns) -> int:
     return len(next(iter(columns.values()))) if columns else 0
 
 
+def gather(chunks: Sequence[Columns], owner: np.ndarray, local: np.ndarray) -> Columns:
+    """Rows ``local[i]`` of chunk ``owner[i]``, for every ``i``, as new arrays (one copy, no concatenation).
+
+    Example:
+        >>> gather([{"x": np.array([0, 1])}, {"x": np.array([2, 3])}], np.array([1, 0]), np.array([1, 0]))
+        {'x': array([3, 0])}
+
+    Rows are grouped by chunk (a stable sort of ``owner``), so each chunk costs one fancy index per
+    column, however its rows interleave with the others'.
+    """
+    if len(chunks) == 1:
+        return take(chunks[0], local)
+    order = np.argsort(owner, kind="stable")
+    cuts = np.searchsorted(owner[order], np.arange(len(chunks) + 1))
+    present = np.flatnonzero(cuts[1:] > cuts[:-1]).tolist()
+    if len(present) == 1:
+        return take(chunks[present[0]], local)
+    rows = local[order]
+    out: Columns = {}
+    for name in chunks[0]:
+        arrays = [c[name] for c in chunks]
+        first = arrays[0]
+        alike = all(type(a) is np.ndarray and a.dtype == first.dtype and a.shape[1:] == first.shape[1:]
+                    for a in arrays)
+        if not alike:  # masked (nulls) in some chunks, or object rows: the general, slower way
+            starts = np.cumsum([0, *(len(a) for a in arrays[:-1])])
+            out[name] = concat([{name: a} for a in arrays])[name][starts[owner] + local]
+            continue
+        result = np.empty((len(owner), *first.shape[1:]), first.dtype)
+        for p in present:
+            a, b = cuts[p], cuts[p + 1]
+            result[order[a:b]] = arrays[p][rows[a:b]]
+        out[name] = result
+    return out
+
+
 class Batcher:
     """Cuts a stream of column chunks into batches of ``batch_size`` rows (views when possible)."""
 
@@ -38,6 +74,10 @@ class Batcher:
         self.batch_size = batch_size
         self.pending: list[Columns] = []
         self.pending_rows = 0
+
+    def need(self) -> int:
+        """Rows that complete the next batch: a chunk of this size is cut without any copy."""
+        return self.batch_size - self.pending_rows
 
     def add(self, chunk: Columns) -> Iterator[Columns]:
         """Add a chunk; yield every full batch now available."""

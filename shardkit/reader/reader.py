@@ -18,7 +18,7 @@ import os
 import sys
 import warnings
 from collections import deque
-from collections.abc import Generator, Iterator, Mapping, Sequence
+from collections.abc import Callable, Generator, Iterator, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, Literal
 
@@ -30,10 +30,10 @@ from shardkit.errors import ReaderError
 from shardkit.reader import batching
 from shardkit.reader.filter import Filter, select_rows, to_expression
 from shardkit.reader.plan import EpochOrder, Remainder, Task, Window, shard_ranges, shard_windows, take, total
-from shardkit.reader.source import Columns, RowGroupSource
+from shardkit.reader.source import Columns, Part, RowGroupSource
 
 STATE_VERSION = 1
-WINDOW_BYTES = 64 << 20  # default shuffle window: about this many decoded bytes of rows
+WINDOW_BYTES = 32 << 20  # default shuffle window: about this many decoded bytes of rows
 _POSITION = "\x00shardkit.position"  # rides along in chunks: the piece position of each row
 
 
@@ -147,15 +147,12 @@ class Reader:
             for window in windows:
                 parts = [next(results) for _ in window.tasks]
                 emit, sizes = prepared.popleft()
-                chunk, kept = _assemble(parts, emit, sizes)
-                rows = np.arange(window.num_rows) if kept is None else kept
-                covered, position = position + rows, position + window.num_rows
-                if chunk is None:
-                    continue
-                for batch in batcher.add({**chunk, _POSITION: covered}):
-                    yield self._step(batch)
-                    if generation != self._generation:
-                        return
+                for chunk in _chunks(parts, emit, sizes, position, batcher.need):
+                    for batch in batcher.add(chunk):
+                        yield self._step(batch)
+                        if generation != self._generation:
+                            return
+                position += window.num_rows
             for batch in batcher.flush():
                 yield self._step(batch)
                 if generation != self._generation:
@@ -194,12 +191,12 @@ class Reader:
         return self._pool
 
     def _prefetched(self, tasks: Iterator[tuple[Task, np.ndarray | None]]
-                    ) -> Generator[Columns | None, None, None]:
+                    ) -> Generator[Part | None, None, None]:
         """Results of ``tasks`` (with their row selections) in order, ``prefetch`` tasks running ahead."""
-        pool, inflight = self._executor(), deque[Future[Columns | None]]()
+        pool, inflight = self._executor(), deque[Future[Part | None]]()
         try:
             for task, rows in tasks:
-                inflight.append(pool.submit(self._source.read, task, rows))
+                inflight.append(pool.submit(self._source.read, task, rows, whole=self.shuffle))
                 if len(inflight) > self.prefetch:
                     yield inflight.popleft().result()
             while inflight:
@@ -296,29 +293,45 @@ def _needed_rows(window: Window, order: EpochOrder) -> tuple[np.ndarray | None, 
     return np.searchsorted(needed, emit), rows
 
 
-def _assemble(parts: list[Columns | None], emit: np.ndarray | None, sizes: list[int]
-              ) -> tuple[Columns | None, np.ndarray | None]:
-    """Concatenate a window's decoded parts and pick its rows in emission order (skipped parts out).
+def _chunks(parts: list[Part | None], emit: np.ndarray | None, sizes: list[int], position: int,
+            need: Callable[[], int]) -> Iterator[Columns]:
+    """A window's rows in emission order, as chunks for the batcher, each with its piece positions.
 
-    ``sizes`` are the rows each part decoded; ``emit`` indexes their concatenation. Returns the rows
-    and which of the window's emitted rows they are (None: all of them).
+    ``parts`` are the decoded tasks (None: skipped as corrupt), ``sizes`` the rows each decoded, and
+    ``emit`` indexes their concatenation (None: all rows, in order). In order, the decoded chunks go
+    out as they are (views, no copy); otherwise each chunk is gathered from the parts, ``need()`` rows
+    at a time so that it completes the batcher's next batch without a further copy. The position
+    column holds, per row, ``position`` plus its index in the window's emission order (rows of a
+    skipped part are left out, but still count as covered).
     """
+    chunks = [c for p in parts if p is not None for c in p]
+    if not chunks:
+        return
+    if emit is None and all(p is not None for p in parts):
+        offset = position
+        for chunk in chunks:
+            n = batching.num_rows(chunk)
+            yield {**chunk, _POSITION: np.arange(offset, offset + n)}
+            offset += n
+        return
+    counts = np.asarray(sizes, dtype=np.int64)
+    order = np.arange(int(counts.sum())) if emit is None else emit
+    covered = np.arange(len(order))
     ok = np.array([p is not None for p in parts], dtype=bool)
-    kept = None
-    if not ok.all():
-        counts = np.asarray(sizes)
-        if emit is None:
-            emit = np.arange(int(counts.sum()))
-        owner = np.searchsorted(np.cumsum(counts), emit, side="right")
+    if not ok.all():  # drop the rows of skipped parts; renumber the rest within the present ones
+        owner = np.searchsorted(np.cumsum(counts), order, side="right")
         keep = ok[owner]
-        shift = np.cumsum(np.where(ok, 0, counts)) - np.where(ok, 0, counts)
-        kept = np.flatnonzero(keep)
-        emit = emit[keep] - shift[owner[keep]]
-    present = [p for p in parts if p is not None]
-    if not present:
-        return None, kept
-    columns = batching.concat(present)
-    return (columns if emit is None else batching.take(columns, emit)), kept
+        gone_before = np.cumsum(np.where(ok, 0, counts)) - np.where(ok, 0, counts)
+        covered, order = covered[keep], order[keep] - gone_before[owner[keep]]
+    lengths = np.array([batching.num_rows(c) for c in chunks], dtype=np.int64)
+    bounds = np.cumsum(lengths)
+    owner = np.searchsorted(bounds, order, side="right")
+    local = order - (bounds - lengths)[owner]
+    pos = 0
+    while pos < len(order):
+        cut = slice(pos, pos + need())
+        yield {**batching.gather(chunks, owner[cut], local[cut]), _POSITION: position + covered[cut]}
+        pos = cut.stop
 
 
 def _job_world(shard: int | None, num_shards: int | None) -> tuple[int, int]:

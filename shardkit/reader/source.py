@@ -1,7 +1,10 @@
 """Reading one task: a row range of a row group -> decoded numpy columns (through the cache if any).
 
 Runs in the reader's worker threads: Parquet decoding, Arrow->numpy and image decoding all release
-the GIL, so row groups are fetched and decoded in parallel.
+the GIL, so row groups are fetched and decoded in parallel. A task decodes to a list of chunks (the
+row group's `SLICE_ROWS`-row record batches, cut to the task's rows): read in order, fixed-shape
+tensors stay zero-copy views of the Arrow buffers up to the batches; a shuffled reader's task is
+concatenated once, in the worker, into the chunk its window gathers batches from.
 """
 
 from __future__ import annotations
@@ -17,12 +20,14 @@ import pyarrow as pa
 
 from shardkit.dataset.index import Dataset
 from shardkit.errors import CorruptDatasetError
+from shardkit.reader import batching
 from shardkit.reader.plan import Task
 
 if TYPE_CHECKING:
     from shardkit.reader.cache import RowGroupCache
 
 Columns = dict[str, np.ndarray]
+Part = list[Columns]  # one task's decoded rows, as chunks in row order
 RECENT_READS = 2  # row-group tables kept for the next task (bounded memory: two row groups)
 
 
@@ -82,9 +87,13 @@ class RowGroupSource:
                         ",".join(self.columns)])
         return self.cache.get_or_fetch(key, lambda: self._fetch(row_group))
 
-    def read(self, task: Task, rows: np.ndarray | None = None) -> Columns | None:
-        """Decoded columns of ``task``'s rows (only ``rows`` of them, relative to ``task.start``, when
-        given); None when the row group is corrupt and skipped."""
+    def read(self, task: Task, rows: np.ndarray | None = None, *, whole: bool = False) -> Part | None:
+        """Decoded chunks of ``task``'s rows (only ``rows`` of them, relative to ``task.start``, when
+        given), in order; None when the row group is corrupt and skipped.
+
+        ``whole=True`` concatenates the chunks into one (here, in the worker thread): what a shuffle
+        window gathers from, at a fraction of the cost of gathering from many small chunks.
+        """
         try:
             table = self._arrow(task.row_group)
             selected = self.selection.get(task.row_group)
@@ -94,7 +103,8 @@ class RowGroupSource:
                 span = slice(task.start, task.stop)
                 index = np.arange(task.start, task.stop) if selected is None else selected[span]
                 table = table.take(pa.array(index if rows is None else index[rows]))
-            return self.dataset.decode(table)
+            chunks = [self.dataset.decode(batch) for batch in table.to_batches() if batch.num_rows]
+            return [batching.concat(chunks)] if whole and len(chunks) > 1 else chunks
         except CorruptDatasetError as e:
             rg = self.dataset.row_groups[task.row_group]
             where = f"row group {rg.index} of {self.dataset.location.join(rg.file)!r}"

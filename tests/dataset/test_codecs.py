@@ -362,3 +362,92 @@ def test_tensor_field_accepts_a_flat_fixed_size_list_column(tmp_path) -> None:
                                 schema=[shardkit.Field("t", "uint8", (2, 2, 3))])
     got = ds.decode(ds.read_row_group(0))["t"]
     np.testing.assert_array_equal(got, flat.reshape(4, 2, 2, 3))
+
+
+# --- image decoding backends ---------------------------------------------------------------------
+
+
+def _pillow_png(image: np.ndarray, **params: Any) -> bytes:
+    import io
+
+    from PIL import Image
+
+    buf = io.BytesIO()
+    pixels = image[:, :, 0] if image.ndim == 3 and image.shape[2] == 1 else image
+    Image.fromarray(pixels).save(buf, format="PNG", **params)
+    return buf.getvalue()
+
+
+def _decode_both(field: Field, blobs: list[bytes | None], monkeypatch: pytest.MonkeyPatch
+                 ) -> tuple[np.ndarray, np.ndarray]:
+    """The column decoded with OpenCV allowed (when installed) and with Pillow only."""
+    from shardkit.dataset.codecs import image as image_module
+
+    column = pa.array(blobs, pa.binary())
+    fast = field.codec.decode(field, column)
+    with monkeypatch.context() as m:
+        m.setattr(image_module, "USE_OPENCV", False)
+        slow = field.codec.decode(field, column)
+    return fast, slow
+
+
+@given(data=st.data())
+@settings(max_examples=30, deadline=None)
+def test_png_decodes_to_the_same_pixels_with_opencv_and_pillow(data: st.DataObject) -> None:
+    import hypothesis.extra.numpy as hnp
+
+    shape = data.draw(st.sampled_from([(6, 5), (6, 5, 1), (6, 5, 3), (6, 5, 4), (33, 17, 3)]))
+    n = data.draw(st.integers(1, 300))  # more than one IMAGE_SLICE: several pool tasks
+    first = data.draw(hnp.arrays(np.uint8, shape))
+    images = np.stack([np.roll(first, k) for k in range(n)])
+    field = Field("im", "uint8", shape, codec=ImageCodec("png"))
+    blobs: list[bytes | None] = [_pillow_png(im, optimize=bool(k % 2)) for k, im in enumerate(images)]
+    with pytest.MonkeyPatch.context() as mp:
+        fast, slow = _decode_both(field, blobs, mp)
+    np.testing.assert_array_equal(fast, images)
+    np.testing.assert_array_equal(slow, images)
+
+
+def test_images_opencv_does_not_take_go_through_pillow(monkeypatch: pytest.MonkeyPatch) -> None:
+    from PIL import Image
+
+    rng = np.random.default_rng(3)
+    rgb = rng.integers(0, 256, (8, 8, 3), dtype=np.uint8)
+    palette = Image.fromarray(rgb).convert("P", palette=Image.Palette.ADAPTIVE, colors=16)
+    import io
+
+    buf = io.BytesIO()
+    palette.save(buf, format="PNG")
+    gray16 = io.BytesIO()
+    Image.fromarray(rng.integers(0, 60000, (8, 8), dtype=np.uint16)).save(gray16, format="PNG")
+    field = Field("im", "uint8", (8, 8), codec="image")  # a palette PNG decodes to its indices
+    fast, slow = _decode_both(field, [buf.getvalue(), None], monkeypatch)
+    np.testing.assert_array_equal(fast.data, slow.data)
+    np.testing.assert_array_equal(np.ma.getmaskarray(fast), np.ma.getmaskarray(slow))
+    fast, slow = _decode_both(Field("im", "uint8", (None, None), codec="image"), [gray16.getvalue()],
+                              monkeypatch)
+    np.testing.assert_array_equal(fast[0], slow[0])
+    jpeg = Schema([Field("im", "uint8", (16, 16, 3), codec=ImageCodec("jpeg"))]).encode(
+        {"im": list(smooth_images(2, (16, 16, 3)))}, 2)
+    fast, slow = _decode_both(Field("im", "uint8", (16, 16, 3), codec=ImageCodec("jpeg")),
+                              jpeg.column("im").to_pylist(), monkeypatch)
+    np.testing.assert_array_equal(fast, slow)  # JPEG is always Pillow's: no decoder differences
+
+
+def test_corrupt_png_raises_with_either_backend(monkeypatch: pytest.MonkeyPatch) -> None:
+    good = _pillow_png(np.zeros((4, 4), np.uint8))
+    bad = good[:20] + b"\x00" * (len(good) - 20)  # a PNG header, then garbage
+    field = Field("im", "uint8", (4, 4), codec="image")
+    from shardkit.dataset.codecs import image as image_module
+
+    for use in (True, False):
+        monkeypatch.setattr(image_module, "USE_OPENCV", use)
+        with pytest.raises(CorruptDatasetError, match="'im'"):
+            field.codec.decode(field, pa.array([good, bad], pa.binary()))
+
+
+def test_png_with_a_wrong_size_names_the_row(monkeypatch: pytest.MonkeyPatch) -> None:
+    field = Field("im", "uint8", (4, 4), codec="image")
+    blobs = [_pillow_png(np.zeros((4, 4), np.uint8)), _pillow_png(np.zeros((4, 5), np.uint8))]
+    with pytest.raises(SchemaMismatchError, match=r"'im'.*row 1.*\(4, 5\)"):
+        field.codec.decode(field, pa.array(blobs, pa.binary()))

@@ -427,3 +427,66 @@ def test_open_never_warns_for_a_shardkit_dataset(tmp_path: Path) -> None:
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         shardkit.open_dataset(tmp_path / "ds")
+
+
+# --- reading row groups ---------------------------------------------------------------------------
+
+
+def test_row_groups_are_read_in_slices_equal_to_pyarrow(tmp_path: Path) -> None:
+    from shardkit.dataset.index import SLICE_ROWS
+
+    n = 3 * SLICE_ROWS + 17
+    data = {"x": np.arange(n, dtype=np.int64), "t": np.arange(2 * n, dtype=np.float32).reshape(n, 2)}
+    ds = shardkit.write_dataset(data, tmp_path / "ds", row_group_size=n)
+    batches = list(ds.iter_row_group(0))
+    assert [b.num_rows for b in batches] == [SLICE_ROWS] * 3 + [17]
+    assert [b.num_rows for b in ds.iter_row_group(0, ["t"], batch_size=500)] == [500] * (n // 500) + [n % 500]
+    table = ds.read_row_group(0)
+    path = tmp_path / "ds" / ds.row_groups[0].file
+    assert table.equals(pq.ParquetFile(path).read_row_group(0))
+    np.testing.assert_array_equal(ds.decode(table)["t"], data["t"])
+
+
+def test_an_empty_selection_reads_an_empty_table_with_the_columns(tmp_path: Path) -> None:
+    ds = shardkit.write_dataset({"x": np.arange(3), "y": np.ones(3)}, tmp_path / "ds")
+    table = ds.read_row_group(0, ["y"])
+    assert table.column_names == ["y"]
+    assert table.num_rows == 3
+
+
+def test_a_file_footer_is_read_once_per_dataset(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    ds = shardkit.write_dataset({"x": np.arange(400)}, tmp_path / "ds", row_group_size=100)
+    assert len(ds.files) == 1
+    assert len(ds.row_groups) == 4
+    ds = shardkit.open_dataset(tmp_path / "ds")
+    reads: list[object] = []
+    real = pq.ParquetFile.__init__
+
+    def counting(self: pq.ParquetFile, source: Any, *args: Any, metadata: Any = None, **kw: Any) -> None:
+        reads.append(metadata)
+        real(self, source, *args, metadata=metadata, **kw)
+
+    monkeypatch.setattr(pq.ParquetFile, "__init__", counting)
+    values = [ds.decode(ds.read_row_group(i))["x"] for i in range(4)]
+    assert np.concatenate(values).tolist() == list(range(400))
+    assert len(reads) == 4
+    assert reads[0] is None  # the first opening reads the footer ...
+    assert all(md is not None for md in reads[1:])  # ... the others reuse it
+
+
+def test_decoded_row_bytes_counts_shapes_not_encoded_bytes(tmp_path: Path) -> None:
+    rng = np.random.default_rng(0)
+    schema = shardkit.Schema([
+        shardkit.Field("id", "int64"),
+        shardkit.Field("im", "uint8", (8, 8, 3), codec=shardkit.ImageCodec("png")),
+        shardkit.Field("v", "float32", (None,)),
+        shardkit.Field("s", "str"),
+    ])
+    n = 50
+    data = {"id": np.arange(n), "im": list(np.zeros((n, 8, 8, 3), np.uint8)),
+            "v": [rng.standard_normal(10).astype(np.float32) for _ in range(n)], "s": ["abcd"] * n}
+    ds = shardkit.write_dataset(data, tmp_path / "ds", schema=schema)
+    assert ds.decoded_row_bytes(["id", "im"]) == 8 + 8 * 8 * 3  # the PNG bytes are far fewer
+    assert ds.decoded_row_bytes(["v"]) >= 40  # ten float32 a row, from Parquet's plain size
+    assert ds.decoded_row_bytes(["s"]) >= 8
+    assert ds.decoded_row_bytes() == sum(ds.decoded_row_bytes([f]) for f in schema.names)

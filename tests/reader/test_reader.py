@@ -346,3 +346,20 @@ def test_filter_reads_only_the_columns_it_names() -> None:
     assert filter_columns(pc.field("ab") == "image", schema) == ["ab"]  # not "a", not "image"
     assert filter_columns((pc.field("label") < 3) | (pc.field("a") > 1), schema) == ["a", "label"]
     assert filter_columns(pc.scalar(True), schema) == []
+
+
+def test_default_shuffle_buffer_is_sized_by_decoded_bytes(tmp_path: Path) -> None:
+    from shardkit.reader.reader import WINDOW_BYTES
+
+    schema = shardkit.Schema([shardkit.Field("id", "int64"),
+                              shardkit.Field("im", "uint8", (64, 64, 3), codec=shardkit.ImageCodec("png"))])
+    n = 64
+    url = tmp_path / "png"
+    shardkit.write_dataset({"id": np.arange(n), "im": list(np.zeros((n, 64, 64, 3), np.uint8))}, url,
+                           schema=schema)
+    with shardkit.make_reader(url, batch_size=8) as reader:
+        # blank PNGs take a few hundred bytes each, but a row holds 8 + 12,288 bytes decoded
+        assert reader.shuffle_buffer == WINDOW_BYTES // (8 + 64 * 64 * 3)
+        assert sorted(np.concatenate([b["id"] for b in reader]).tolist()) == list(range(n))
+    with shardkit.make_reader(url, batch_size=8, columns=["id"]) as reader:
+        assert reader.shuffle_buffer == WINDOW_BYTES // 8
