@@ -34,6 +34,9 @@ PINS = [
     "opencv-python-headless==4.11.0.86",
 ]
 TORCH = "torch==2.13.0"  # never unpinned: an unpinned torch pulls several GB of CUDA packages
+# for make_petastorm_dataset (benchmarks/adapters.py): a THIRD pip command, after torch; 2.21 is the
+# newest that still takes numpy 1.26 (checked: it installs beside pyarrow 14 and imports)
+TF = "tensorflow-cpu==2.21.0"
 STAMP = VENV / ".pins.json"
 FIXTURES = Path(os.environ.get("SHARDKIT_SHARED", ROOT.parent / "shared")) / "fixtures" / "petastorm"
 
@@ -44,11 +47,17 @@ def _pip(*args: str) -> None:
     subprocess.run(cmd, check=True)
 
 
-def ensure_venv(*, with_torch: bool = True) -> Path:
-    """Create the Petastorm venv if it is missing or its pins changed; return its python."""
-    wanted = {"pins": PINS, "torch": TORCH if with_torch else None}
-    if PYTHON.exists() and STAMP.exists() and json.loads(STAMP.read_text()) == wanted:
-        return PYTHON
+def ensure_venv(*, with_torch: bool = True, with_tf: bool = False) -> Path:
+    """Create the Petastorm venv if it is missing or its pins changed; return its python.
+
+    ``with_tf`` adds TensorFlow (a third pip command); a venv that has it also serves callers that do
+    not ask for it.
+    """
+    wanted = {"pins": PINS, "torch": TORCH if with_torch else None, **({"tf": TF} if with_tf else {})}
+    if PYTHON.exists() and STAMP.exists():
+        have = json.loads(STAMP.read_text())
+        if all(have.get(k) == v for k, v in wanted.items()):
+            return PYTHON
     if not PYTHON.exists():
         VENV.parent.mkdir(parents=True, exist_ok=True)
         subprocess.run([sys.executable, "-m", "venv", str(VENV)], check=True)
@@ -56,6 +65,8 @@ def ensure_venv(*, with_torch: bool = True) -> Path:
     _pip(*PINS)
     if with_torch:
         _pip(TORCH)
+    if with_tf:  # with numpy and pyarrow pinned again: alone, pip would move numpy to 2.x under pyarrow 14
+        _pip(TF, *(p for p in PINS if p.startswith(("numpy==", "pyarrow=="))))
     STAMP.write_text(json.dumps(wanted))
     print(f"petastorm venv ready in {time.monotonic() - started:.0f} s: {VENV}", file=sys.stderr)
     return PYTHON

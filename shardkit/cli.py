@@ -4,13 +4,18 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import signal
 import sys
 import warnings
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from shardkit.dataset import Dataset, SummaryMissingWarning, open_dataset, write_summary
-from shardkit.errors import ShardkitError
+from shardkit.errors import JobError, ShardkitError
+
+if TYPE_CHECKING:
+    from shardkit.cluster.config import JobConfig
 
 
 def _human(n: float) -> str:
@@ -88,6 +93,51 @@ def _index(args: argparse.Namespace) -> int:
     return 0
 
 
+def _load(args: argparse.Namespace) -> JobConfig:
+    from shardkit.cluster.config import load_config
+
+    return load_config(args.config, args.set)
+
+
+def _validate(args: argparse.Namespace) -> int:
+    from shardkit.cluster.config import describe
+
+    print(describe(_load(args)))
+    return 0
+
+
+def _train(args: argparse.Namespace) -> int:
+    from shardkit.cluster import run_job
+
+    config = _load(args)
+    try:
+        run_job(config, echo=not args.quiet)
+    except JobError as e:
+        print(f"shardkit train: {e}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt as e:
+        return 128 + int(getattr(e, "signum", signal.SIGINT))
+    return 0
+
+
+def _render(args: argparse.Namespace) -> int:
+    from shardkit.cluster.render import render
+
+    files = render(_load(args), engine=args.engine, out_dir=args.out)
+    for name, text in files.items():
+        if args.out is None:
+            print(f"# ---- {name} ----\n{text}")
+        else:
+            print(f"wrote {os.path.join(args.out, name)}")
+    return 0
+
+
+def _add_config(p: argparse.ArgumentParser) -> None:
+    p.add_argument("config", help="the job's YAML file")
+    p.add_argument("--set", action="append", default=[], metavar="KEY.PATH=VALUE",
+                   help="override a config value (YAML), e.g. --set roles.worker.count=4; repeatable")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="shardkit", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -98,6 +148,18 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("index", help="write the _metadata summary of a plain Parquet folder")
     p.add_argument("url")
     p.set_defaults(func=_index)
+    p = sub.add_parser("train", help="run a training job: start its processes, watch, restart, summarize")
+    _add_config(p)
+    p.add_argument("--quiet", action="store_true", help="show progress lines only, not the processes' output")
+    p.set_defaults(func=_train)
+    p = sub.add_parser("validate", help="check a job config and print what it would start")
+    _add_config(p)
+    p.set_defaults(func=_validate)
+    p = sub.add_parser("render", help="write the manifests that submit a job to Kubernetes or YARN")
+    _add_config(p)
+    p.add_argument("--engine", help="kubernetes or yarn (default: the config's engine.name)")
+    p.add_argument("--out", metavar="DIR", help="write the files into DIR (default: print them)")
+    p.set_defaults(func=_render)
     return parser
 
 

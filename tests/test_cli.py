@@ -170,3 +170,71 @@ def test_runs_as_a_program(dataset: shardkit.Dataset, tmp_path: Path) -> None:
     )
     assert done.returncode == 2
     assert "no dataset at" in done.stderr
+
+
+def _job_yaml(tmp_path: Path, **extra: object) -> Path:
+    import yaml
+
+    config = {"name": "cli-job", "entrypoint": str(REPO / "tests" / "trainer" / "scripts" / "behave.py"),
+              "framework": "tensorflow", "roles": {"worker": {"count": 1}}, "logdir": str(tmp_path / "job"),
+              "params": {"steps": 3, "sleep": 0.0}, **extra}
+    path = tmp_path / "job.yaml"
+    path.write_text(yaml.safe_dump(config))
+    return path
+
+
+def test_validate_prints_the_description(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = _job_yaml(tmp_path)
+    assert main(["validate", str(path), "--set", "roles.worker.count=3", "--set", "params.steps=9"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("job cli-job: tensorflow allreduce, 3 processes")
+    assert "worker[2], data shard 2/3" in out
+    assert not (tmp_path / "job").exists()  # validate starts nothing
+
+
+@pytest.mark.parametrize(
+    ("overrides", "needle"),
+    [
+        (["roles.worker.count=0"], "roles.worker.count = 0"),
+        (["fault_tolerance.max_restart=1"], "unknown key fault_tolerance.max_restart"),
+        (["strategy=parameter_server"], "roles.ps"),
+    ],
+)
+def test_validate_and_train_exit_2_on_a_bad_config(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                                   overrides: list[str], needle: str) -> None:
+    path = _job_yaml(tmp_path)
+    for command in ("validate", "train"):
+        argv = [command, str(path)] + [arg for o in overrides for arg in ("--set", o)]
+        assert main(argv) == 2
+        out, err = capsys.readouterr()
+        assert out == ""
+        assert err.startswith(f"shardkit {command}: error: ")
+        assert needle in err
+    assert not (tmp_path / "job").exists()
+
+
+@pytest.mark.distributed
+@pytest.mark.timeout(60)
+def test_train_runs_the_job(tmp_path: Path) -> None:
+    proc = subprocess.run([sys.executable, "-m", "shardkit.cli", "train", str(_job_yaml(tmp_path)),
+                           "--set", "params.steps=4"], cwd=REPO, capture_output=True, text=True, timeout=50,
+                          start_new_session=True, check=False)
+    assert proc.returncode == 0, proc.stderr
+    assert "[worker-0] worker-0 attempt 0 starts at step 0" in proc.stdout
+    assert "job cli-job succeeded" in proc.stdout
+    assert "4 steps" in proc.stdout
+    assert json.loads((tmp_path / "job" / "summary.json").read_text())["steps"] == 4
+
+
+def test_render_writes_or_prints_the_manifests(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    example = str(REPO / "examples" / "digits.yaml")
+    out = tmp_path / "deploy"
+    assert main(["render", example, "--engine", "kubernetes", "--set", "engine.image=reg/digits:1",
+                 "--out", str(out)]) == 0
+    assert capsys.readouterr().out.splitlines() == [f"wrote {out}/digits-config.yaml",
+                                                    f"wrote {out}/digits-pytorchjob.yaml"]
+    assert "kind: PyTorchJob" in (out / "digits-pytorchjob.yaml").read_text()
+    assert main(["render", example, "--engine", "yarn"]) == 0
+    assert "# ---- digits-skein.yaml ----" in capsys.readouterr().out
+    assert main(["render", example]) == 2  # engine: local has nothing to render
+    assert "has nothing to render" in capsys.readouterr().err

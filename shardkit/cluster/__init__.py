@@ -1,1 +1,50 @@
-"""Job config -> roles -> processes on an engine (not yet built: issues 5 and 6)."""
+"""Job config -> roles -> processes on an engine: `run_job` is what ``shardkit train`` calls."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, TextIO
+
+if TYPE_CHECKING:
+    from shardkit.cluster.config import JobConfig
+    from shardkit.cluster.report import JobResult
+
+__all__ = ["run_job"]
+
+
+def run_job(config: JobConfig, *, echo: bool = True, console: TextIO | None = None) -> JobResult:
+    """Run a job to its end: start every process, watch them, restart from checkpoints, summarize.
+
+    Example:
+        >>> from shardkit.cluster.config import load_config
+        >>> result = run_job(load_config("examples/digits.yaml"))
+        >>> result.steps, result.restarts, result.samples_per_s
+
+    Policy (the job config's ``fault_tolerance``):
+    - Before anything starts: the secrets are read, ``<logdir>/job.json`` (the config without secret
+      values) is written, and ``<logdir>/logs`` and ``<logdir>/tensorboard`` from an earlier run are
+      cleared. Checkpoints are kept: a job started again resumes from its newest one.
+    - Each attempt starts every process with fresh ports (`shardkit.cluster.spec.build_spec`); output
+      goes to ``<logdir>/logs/attempt-<k>/<role>-<i>.log`` and, with ``echo``, to the console prefixed
+      with ``[role-i]``. A progress line (step, samples/s, metrics, restarts) shows every few seconds.
+    - An attempt fails when a process exits non-zero, or is silent longer than ``heartbeat_timeout``
+      after its first heartbeat showing life (a step, ``alive``; ``startup_timeout`` before it, and
+      after it reported ``done``). Then every process is stopped (SIGTERM, SIGKILL after the engine's
+      grace period, whole process groups) and, up to ``max_restarts`` times, the job starts again; the
+      script resumes from the newest complete checkpoint with ``ctx.checkpoint.restore``.
+    - The job succeeds when every driver role (`shardkit.cluster.supervisor.driver_roles`) exited 0;
+      the other roles (parameter servers, ...) are then stopped. A process that reported ``done`` and
+      then aborted (SIGABRT, seen with gloo at exit) counts as finished, with a note in the summary.
+    - At the end ``<logdir>/summary.json`` is written and a summary printed; TensorBoard scalars
+      (metrics, samples/s, restarts) are in ``<logdir>/tensorboard``. Secret values are replaced by
+      ``<redacted>`` in everything the supervisor prints or writes.
+    - Ctrl-C or SIGTERM stops every process (no orphans), writes the summary and raises
+      KeyboardInterrupt.
+
+    Raises:
+        JobError: restarts exhausted (the message holds every failure with the end of its log; the
+            `JobResult` is its ``result`` attribute), or the processes could not start.
+        ConfigError: an unknown engine or engine option, or a secret that cannot be read.
+    """
+    from shardkit.cluster.supervisor import Supervisor
+
+    return Supervisor(config, echo=echo, console=console).run()

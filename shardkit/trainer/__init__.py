@@ -1,1 +1,5 @@
-"""What a training script imports: context, checkpoints, strategy helpers (not yet built: issue 5)."""
+"""What a training script imports: `init` gives the `TrainContext` (rank, data, checkpoints, heartbeats)."""
+
+from shardkit.trainer.context import TrainContext, init
+
+__all__ = ["TrainContext", "init"]

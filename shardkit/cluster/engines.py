@@ -1,0 +1,115 @@
+"""Engines by name: where a job's processes run (``engine:`` in the job config), imported lazily.
+
+An engine starts the processes of one attempt and hands back a `ProcessGroup`; the supervisor does
+everything else (heartbeats, restarts, summary), so an engine only has to start, report exits, show
+output and stop.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Iterator, Mapping, Sequence
+from pathlib import Path
+from typing import Any, Protocol
+
+from shardkit.cluster.spec import ClusterSpec
+from shardkit.errors import ConfigError
+
+__all__ = ["ENGINES", "Engine", "ProcessGroup", "RoleProcess", "get_engine"]
+
+#: name -> "module:class" of the engine, or None for engines that come with a later release.
+ENGINES: dict[str, str | None] = {
+    "local": "shardkit.cluster.local:LocalEngine",
+    "torchrun": None,
+    "ray": None,
+    "spark": None,
+    "kubernetes": None,
+    "yarn": None,
+}
+_LATER = {  # name -> (what it is, the extra it will need)
+    "torchrun": ("torchrun's rendezvous across machines", "torch"),
+    "ray": ("Ray Train", "ray"),
+    "spark": ("Spark barrier mode", "spark"),
+    "kubernetes": ("Kubeflow jobs (`shardkit render` writes their manifests)", None),
+    "yarn": ("YARN through Skein (`shardkit render` writes its spec)", None),
+}
+
+
+class RoleProcess(Protocol):
+    """One started process as the supervisor sees it."""
+
+    @property
+    def role(self) -> str: ...
+
+    @property
+    def index(self) -> int: ...
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def pid(self) -> int: ...
+
+    @property
+    def started(self) -> float:
+        """``time.monotonic()`` when it was started."""
+
+    @property
+    def log_path(self) -> Path: ...
+
+    @property
+    def returncode(self) -> int | None:
+        """None while it runs; the exit code, or ``-signal`` when a signal ended it."""
+
+    def tail(self, lines: int = 20) -> list[str]:
+        """The last ``lines`` lines of its output."""
+
+
+class ProcessGroup(Protocol):
+    """The processes of one attempt."""
+
+    @property
+    def processes(self) -> Sequence[RoleProcess]: ...
+
+    def poll(self) -> list[RoleProcess]:
+        """Processes that exited since the last call (each reported once)."""
+
+    def output(self) -> Iterator[tuple[RoleProcess, str]]:
+        """Complete output lines written since the last call, per process."""
+
+    def stop(self, grace: float | None = None) -> None:
+        """Stop every process and everything it started; return when all are gone."""
+
+
+class Engine(Protocol):
+    """Starts the processes of a `ClusterSpec`."""
+
+    name: str
+
+    def start(self, spec: ClusterSpec, *, log_dir: Path) -> ProcessGroup:
+        """Start every process of ``spec``, their output going under ``log_dir``."""
+
+
+def get_engine(name: str, options: Mapping[str, Any] | None = None) -> Engine:
+    """The engine called ``name``, built with its ``options`` (the config's ``engine:`` entry).
+
+    Example:
+        >>> engine = get_engine(config.engine.name, config.engine.options)
+
+    Raises:
+        ConfigError: an unknown engine, one that is not built yet (naming what it will need), or an
+            option the engine does not take.
+    """
+    if name not in ENGINES:
+        raise ConfigError(f"engine.name={name!r} is not an engine. Fix: use one of {', '.join(ENGINES)}")
+    target = ENGINES[name]
+    if target is None:
+        what, extra = _LATER[name]
+        needs = f"; it will need pip install 'shardkit[{extra}]'" if extra else ""
+        raise ConfigError(
+            f"engine.name={name!r}: the {name} engine ({what}) is not built yet in this version of shardkit"
+            f"{needs}. Fix: use engine: local to run every process on this machine"
+        )
+    module, _, cls = target.partition(":")
+    engine: Engine = getattr(importlib.import_module(module), cls)(dict(options or {}))
+    return engine

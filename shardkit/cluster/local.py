@@ -1,0 +1,249 @@
+"""The ``local`` engine: every process of the job on this machine, each in its own process group."""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+from typing import IO, Any
+
+from shardkit.cluster import protocol
+from shardkit.cluster.spec import ClusterSpec, ProcessSpec
+from shardkit.errors import ConfigError
+
+__all__ = ["LocalEngine", "LocalGroup", "LocalProcess", "group_members"]
+
+DEFAULT_GRACE = 5.0
+_PR_SET_PDEATHSIG = 1
+_TAIL_BYTES = 64 << 10
+
+
+def _libc() -> Any:
+    try:
+        return ctypes.CDLL(None, use_errno=True) if sys.platform.startswith("linux") else None
+    except OSError:
+        return None
+
+
+_LIBC = _libc()  # loaded here, not in the forked child (where loading could take a lock)
+
+
+class LocalProcess:
+    """One role process: its `subprocess.Popen`, log file and the part of the log already echoed."""
+
+    def __init__(self, spec: ProcessSpec, popen: subprocess.Popen[bytes], log_path: Path,
+                 started: float) -> None:
+        self.spec, self.popen, self.log_path, self.started = spec, popen, log_path, started
+        self.reported = False
+        self._reader: IO[bytes] | None = None
+        self._partial = b""
+        self._closed = False
+
+    role = property(lambda self: self.spec.role)
+    index = property(lambda self: self.spec.index)
+    name = property(lambda self: self.spec.name)
+    pid = property(lambda self: self.popen.pid)
+
+    @property
+    def returncode(self) -> int | None:
+        return self.popen.poll()
+
+    def tail(self, lines: int = 20) -> list[str]:
+        try:
+            with open(self.log_path, "rb") as f:
+                f.seek(max(0, f.seek(0, os.SEEK_END) - _TAIL_BYTES))
+                data = f.read()
+        except OSError:
+            return []
+        return data.decode("utf-8", "replace").splitlines()[-lines:]
+
+    def new_lines(self, final: bool = False) -> list[str]:
+        """Complete lines appended to the log since the last call (``final``: the unterminated rest too)."""
+        if self._closed:
+            return []
+        if self._reader is None:
+            try:
+                self._reader = open(self.log_path, "rb")  # noqa: SIM115 - kept open while the job runs
+            except OSError:
+                return []
+        data = self._partial + self._reader.read()
+        *lines, self._partial = data.split(b"\n")
+        if final and self._partial:
+            lines.append(self._partial)
+            self._partial = b""
+        if final:
+            self._reader.close()
+            self._closed = True
+        return [line.decode("utf-8", "replace").rstrip("\r") for line in lines]
+
+    def __repr__(self) -> str:
+        return f"LocalProcess({self.name}, pid={self.pid}, returncode={self.returncode})"
+
+
+def _child_setup(parent: int) -> Any:
+    """Run in the forked child before exec: die with the trainer, even when it is SIGKILLed."""
+
+    def setup() -> None:
+        if _LIBC is not None:
+            _LIBC.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+        if os.getppid() != parent:  # the trainer died before prctl took effect
+            os._exit(1)
+
+    return setup
+
+
+class LocalGroup:
+    """The processes of one attempt on this machine (see `LocalEngine`)."""
+
+    def __init__(self, processes: list[LocalProcess], grace: float) -> None:
+        self.processes = processes
+        self.grace = grace
+        self._rest: list[tuple[LocalProcess, str]] = []  # output read when the group stopped
+
+    def poll(self) -> list[LocalProcess]:
+        exited = [p for p in self.processes if not p.reported and p.returncode is not None]
+        for p in exited:
+            p.reported = True
+        return exited
+
+    def output(self) -> Iterator[tuple[LocalProcess, str]]:
+        for p in self.processes:
+            for line in p.new_lines():
+                yield p, line
+
+    def final_output(self) -> Iterator[tuple[LocalProcess, str]]:
+        """What was left of the output (the unterminated last line too) when the group stopped."""
+        rest, self._rest = self._rest, []
+        yield from rest
+
+    def _signal(self, sig: signal.Signals) -> None:
+        # Each process leads its own group; signalling the group also reaches what it started
+        # (DataLoader workers, TensorFlow servers), even after the leader itself has exited.
+        for p in self.processes:
+            try:
+                os.killpg(p.popen.pid, sig)
+            except ProcessLookupError:
+                pass
+            except PermissionError:  # pragma: no cover - the group's pid was reused by another user
+                pass
+
+    def stop(self, grace: float | None = None) -> None:
+        """SIGTERM every process group, SIGKILL what is left after ``grace`` seconds, wait for all.
+
+        A KeyboardInterrupt while waiting (a second Ctrl-C) skips the rest of the grace period; it is
+        raised again once every process is gone.
+        """
+        grace = self.grace if grace is None else grace
+        interrupted = False
+        try:
+            self._signal(signal.SIGTERM)
+            deadline = time.monotonic() + grace
+            while any(p.returncode is None for p in self.processes) and time.monotonic() < deadline:
+                time.sleep(0.02)
+        except KeyboardInterrupt:
+            interrupted = True
+        while True:
+            try:
+                self._signal(signal.SIGKILL)
+                for p in self.processes:
+                    p.popen.wait()
+                self._reap_groups()
+                self._rest += [(p, line) for p in self.processes for line in p.new_lines(final=True)]
+                break
+            except KeyboardInterrupt:
+                interrupted = True
+        if interrupted:
+            raise KeyboardInterrupt
+
+    def _reap_groups(self, timeout: float = 2.0) -> None:
+        """Wait until no live member of any group is left (its grandchildren are reaped by init)."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline and any(group_members(p.popen.pid) for p in self.processes):
+            self._signal(signal.SIGKILL)
+            time.sleep(0.02)
+
+
+def group_members(pgid: int) -> list[int]:
+    """Pids of the live (not zombie) processes in process group ``pgid`` (Linux ``/proc``; elsewhere a
+    probe with signal 0 that cannot tell zombies apart)."""
+    proc = Path("/proc")
+    if not proc.is_dir():
+        try:
+            os.killpg(pgid, 0)
+        except OSError:
+            return []
+        return [pgid]
+    members = []
+    for entry in proc.iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue
+        # "pid (comm) state ppid pgrp ...": comm may hold spaces and parentheses, so split after the last ")"
+        fields = stat[stat.rindex(")") + 2:].split()
+        if len(fields) > 2 and fields[0] != "Z" and int(fields[2]) == pgid:
+            members.append(int(entry.name))
+    return members
+
+
+class LocalEngine:
+    """Starts each process of a job as its own process group on this machine.
+
+    Example:
+        >>> group = LocalEngine({}).start(build_spec(config, heartbeat_addr=addr), log_dir=Path("logs"))
+        >>> group.stop()
+
+    Choices: each process gets a new session (``start_new_session``), so a Ctrl-C in the terminal
+    reaches only the trainer, which then stops every group itself; and on Linux a parent-death signal
+    (SIGKILL), so that even a SIGKILLed trainer leaves no role running. stdout and stderr go to one
+    file per process, ``<log_dir>/<role>-<index>.log``. The environment is the trainer's, without any
+    variable the trainer sets itself (``RANK``, ``TF_CONFIG``, ...: from an enclosing job they would
+    mislead the roles), plus the spec's. Options: ``grace`` (seconds between SIGTERM and SIGKILL when
+    stopping, default 5).
+
+    Why not torch's elastic agent: it starts only torch workers (no TensorFlow, no parameter servers),
+    it knows exits but not hangs, and its restarts reuse a rendezvous store that hung restarted gloo
+    workers here about half the time (ENGINES.md). Each attempt here gets fresh ports instead, and
+    torch's own ``env://`` rendezvous.
+    """
+
+    name = "local"
+
+    def __init__(self, options: Mapping[str, Any] | None = None) -> None:
+        options = dict(options or {})
+        grace = options.pop("grace", DEFAULT_GRACE)
+        if isinstance(grace, bool) or not isinstance(grace, int | float) or grace < 0:
+            raise ConfigError(f"engine.grace={grace!r}: seconds between SIGTERM and SIGKILL when stopping a "
+                              "process. Fix: a number >= 0, e.g. 5")
+        if options:
+            raise ConfigError(f"engine option(s) {', '.join(sorted(options))} are not options of the local "
+                              "engine. Fix: remove them (the local engine takes: grace)")
+        self.grace = float(grace)
+
+    def start(self, spec: ClusterSpec, *, log_dir: Path) -> LocalGroup:
+        """Start every process of ``spec`` in order; if one cannot start, stop those already started."""
+        log_dir.mkdir(parents=True, exist_ok=True)
+        base = {k: v for k, v in os.environ.items() if k not in protocol.ALL_ENV}
+        processes: list[LocalProcess] = []
+        group = LocalGroup(processes, self.grace)
+        try:
+            for proc in spec.processes:
+                log_path = log_dir / f"{proc.name}.log"
+                with open(log_path, "wb") as log:
+                    popen = subprocess.Popen(
+                        proc.argv, env={**base, **proc.env}, stdin=subprocess.DEVNULL, stdout=log,
+                        stderr=subprocess.STDOUT, start_new_session=True, close_fds=True,
+                        preexec_fn=_child_setup(os.getpid()),  # noqa: PLW1509 - no lock is taken in it
+                    )
+                processes.append(LocalProcess(proc, popen, log_path, time.monotonic()))
+        except BaseException:
+            group.stop(0)
+            raise
+        return group

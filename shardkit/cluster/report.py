@@ -1,0 +1,159 @@
+"""What a job run leaves behind: its failures, the `JobResult`, ``summary.json`` and the printed summary."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import signal
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any, Literal
+
+__all__ = ["AttemptRecord", "CheckpointRecord", "Failure", "JobResult", "Status", "exit_reason", "scrub"]
+
+Status = Literal["succeeded", "failed", "interrupted"]
+REDACTED = "<redacted>"
+
+
+def exit_reason(returncode: int) -> str:
+    """``-9`` -> ``"killed by SIGKILL"``, ``3`` -> ``"exit code 3"``."""
+    if returncode < 0:
+        try:
+            return f"killed by {signal.Signals(-returncode).name}"
+        except ValueError:
+            return f"killed by signal {-returncode}"
+    return f"exit code {returncode}"
+
+
+def scrub(text: str, secrets: Iterable[str]) -> str:
+    """``text`` with every secret value (of 4 characters or more) replaced by ``<redacted>``."""
+    for value in sorted((s for s in secrets if len(s) >= 4), key=len, reverse=True):
+        text = text.replace(value, REDACTED)
+    return text
+
+
+@dataclasses.dataclass(frozen=True)
+class Failure:
+    """Why an attempt ended: the first process that died or fell silent, with the end of its log."""
+
+    attempt: int
+    role: str
+    index: int
+    reason: str  # "killed by SIGKILL", "exit code 1", "silent for 12.0 s (heartbeat_timeout 10 s)"
+    returncode: int | None  # None: it was alive (silent) and was stopped
+    silent_s: float | None
+    step: int  # the last step it reported
+    log: str
+    last_lines: list[str]
+
+    @property
+    def name(self) -> str:
+        return f"{self.role}-{self.index}"
+
+    def describe(self, lines: int = 10) -> str:
+        head = (f"attempt {self.attempt}: {self.name} {self.reason} (last reported step {self.step}); "
+                f"log {self.log}")
+        tail = "".join(f"\n      | {line}" for line in self.last_lines[-lines:])
+        return f"  - {head}{tail}"
+
+
+@dataclasses.dataclass(frozen=True)
+class CheckpointRecord:
+    """A checkpoint a role reported writing."""
+
+    attempt: int
+    step: int
+    url: str | None
+
+
+@dataclasses.dataclass
+class AttemptRecord:
+    """One start of the job's processes."""
+
+    attempt: int
+    started_s: float  # seconds since the job started
+    ended_s: float | None = None
+    first_step_s: float | None = None  # seconds since the job started, at the first step heartbeat
+    last_step_s: float | None = None  # ... at the lead's last step heartbeat
+    resumed_from: int | None = None  # the newest complete checkpoint's step when the attempt started
+    steps: int = 0  # the last step the lead role reported
+    samples: int = 0
+    outcome: str = "running"
+
+
+@dataclasses.dataclass
+class JobResult:
+    """How a job ended: returned by `shardkit.cluster.run_job` (failed: carried by its `JobError`)."""
+
+    name: str
+    status: Status
+    logdir: Path
+    steps: int
+    restarts: int
+    failures: list[Failure]
+    checkpoints: list[CheckpointRecord]
+    attempts: list[AttemptRecord]
+    samples: int
+    wall_s: float
+    train_s: float  # summed over attempts: from the lead's first step heartbeat to its last
+    metrics: dict[str, float]
+    notes: list[str] = dataclasses.field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return self.status == "succeeded"
+
+    @property
+    def samples_per_s(self) -> float:
+        """Samples of every process per second of training (see ``train_s``)."""
+        return self.samples / self.train_s if self.train_s > 0 else 0.0
+
+    @property
+    def first_step_s(self) -> float | None:
+        """Seconds from the start of the job to its first step heartbeat."""
+        return self.attempts[0].first_step_s if self.attempts else None
+
+    @property
+    def summary_path(self) -> Path:
+        return self.logdir / "summary.json"
+
+    def to_json(self) -> dict[str, Any]:
+        data = dataclasses.asdict(self)
+        data["logdir"] = os.fspath(self.logdir)
+        data["samples_per_s"] = self.samples_per_s
+        data["first_step_s"] = self.first_step_s
+        data["version"] = 1
+        return data
+
+    def write(self) -> Path:
+        """Write ``<logdir>/summary.json`` atomically (a temporary file renamed over it)."""
+        tmp = self.summary_path.with_suffix(".json.tmp")
+        tmp.write_text(json.dumps(self.to_json(), indent=2, default=str) + "\n")
+        os.replace(tmp, self.summary_path)
+        return self.summary_path
+
+    def history(self) -> str:
+        """Every failure, one per restart, with the end of the failing process's log."""
+        return "\n".join(f.describe() for f in self.failures)
+
+    def format(self) -> str:
+        """The summary printed at the end of a job."""
+        why = "; ".join(f"attempt {f.attempt}: {f.name} {f.reason}" for f in self.failures)
+        last_ckpt = max((c.step for c in self.checkpoints), default=None)
+        metrics = ", ".join(f"{k} {v:.4g}" for k, v in sorted(self.metrics.items()))
+        lines = [
+            f"job {self.name} {self.status} in {self.wall_s:.1f} s: {self.steps} steps, "
+            f"{self.samples:,} samples, {self.samples_per_s:,.0f} samples/s",
+            f"  restarts: {self.restarts}" + (f" ({why})" if why else ""),
+            f"  checkpoints: {len(self.checkpoints)} written"
+            + (f", newest step {last_ckpt}" if last_ckpt is not None else ""),
+        ]
+        if self.first_step_s is not None:
+            lines.append(f"  first step {self.first_step_s:.1f} s after the start")
+        if metrics:
+            lines.append(f"  last metrics: {metrics}")
+        lines += [f"  note: {n}" for n in self.notes]
+        lines.append(f"  logs: {self.logdir / 'logs'}, TensorBoard: {self.logdir / 'tensorboard'}, "
+                     f"summary: {self.summary_path}")
+        return "\n".join(lines)

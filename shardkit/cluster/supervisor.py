@@ -1,0 +1,317 @@
+"""The supervisor: starts a job's processes on an engine, watches heartbeats and exits, restarts, sums up."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import FrameType
+from typing import TextIO
+
+from shardkit.cluster import protocol
+from shardkit.cluster.config import JobConfig
+from shardkit.cluster.engines import Engine, ProcessGroup, RoleProcess, get_engine
+from shardkit.cluster.heartbeats import HeartbeatReceiver
+from shardkit.cluster.progress import Progress
+from shardkit.cluster.report import (
+    AttemptRecord,
+    CheckpointRecord,
+    Failure,
+    JobResult,
+    Status,
+    exit_reason,
+    scrub,
+)
+from shardkit.cluster.spec import build_spec
+from shardkit.errors import JobError
+
+__all__ = ["HeartbeatReceiver", "Supervisor", "driver_roles"]
+
+_POLL_S = 0.1
+
+
+def driver_roles(config: JobConfig) -> frozenset[str]:
+    """The roles whose successful exit ends the job: the chief of a TensorFlow parameter-server job (the
+    coordinator), the workers otherwise (and a TensorFlow allreduce chief). Other roles (ps, TensorFlow
+    workers serving a coordinator, an evaluator) are stopped when these are done."""
+    if config.framework == "tensorflow" and config.strategy == "parameter_server":
+        return frozenset({"chief"})
+    return frozenset({"worker", "chief"})
+
+
+@dataclass
+class _Watch:
+    """What the supervisor knows about one process of the current attempt."""
+
+    proc: RoleProcess
+    driver: bool
+    last_beat: float | None = None  # monotonic time of the last heartbeat that shows progress or life
+    done_at: float | None = None
+    step: int = 0
+    samples: int = 0
+    finished: bool = False
+    metrics: dict[str, float] = field(default_factory=dict)
+
+
+class _Terminated(KeyboardInterrupt):
+    """SIGTERM to the trainer: handled like Ctrl-C (stop everything, then exit)."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+
+
+class Supervisor:
+    """Runs one job to its end. Use `shardkit.cluster.run_job`; see its docstring for the policy."""
+
+    def __init__(self, config: JobConfig, *, echo: bool = True, console: TextIO | None = None,
+                 engine: Engine | None = None, progress_interval: float = 5.0) -> None:
+        self.config = config
+        self.engine = engine if engine is not None else get_engine(config.engine.name, config.engine.options)
+        self.console = console if console is not None else sys.stdout
+        self.echo = echo
+        self.ft = config.fault_tolerance
+        self.drivers = driver_roles(config)
+        self.lead = "chief-0" if "chief" in config.roles else "worker-0"
+        self.logdir = Path(config.logdir)
+        self.progress = Progress(self.logdir / "tensorboard", self._say, progress_interval)
+        self._secrets: list[str] = []
+        self._group: ProcessGroup | None = None
+        self._t0 = time.monotonic()
+        self._checkpoints: list[CheckpointRecord] = []
+        self._attempts: list[AttemptRecord] = []
+        self._failures: list[Failure] = []
+        self._notes: list[str] = []
+        self._metrics: dict[str, float] = {}
+
+    # -- output ------------------------------------------------------------------------------------
+    def _say(self, text: str) -> None:
+        print(scrub(text, self._secrets), file=self.console, flush=True)
+
+    def _echo(self, lines: Iterator[tuple[RoleProcess, str]]) -> None:
+        for proc, line in lines:
+            if self.echo:
+                self._say(f"[{proc.name}] {line}")
+
+    def _elapsed(self) -> float:
+        return time.monotonic() - self._t0
+
+    # -- the job -----------------------------------------------------------------------------------
+    def run(self) -> JobResult:
+        """Run every attempt until the job succeeds, fails for good, or is interrupted."""
+        self._secrets = list(self.config.secret_values().values())  # a missing secret fails before any start
+        self._prepare_logdir()
+        status: Status = "failed"
+        with _signals_as_interrupts(), HeartbeatReceiver() as receiver:
+            try:
+                for attempt in range(self.ft.max_restarts + 1):
+                    failure = self._attempt(attempt, receiver)
+                    if failure is None:
+                        status = "succeeded"
+                        break
+                    self._failures.append(failure)
+                    if attempt < self.ft.max_restarts:
+                        self.progress.restarted(attempt + 1, self._attempts[-1].steps)
+            except KeyboardInterrupt as e:
+                status = "interrupted"
+                why = str(e) or type(e).__name__
+                self._say(f"[shardkit] {why}: stopping every process")
+                self._stop()
+                raise
+            finally:
+                self._stop()
+                self.progress.close()
+                result = self._result(status)
+                result.write()
+                self._say(f"[shardkit] {result.format()}")
+        if not result.ok:
+            error = JobError(
+                f"job {self.config.name} failed: {len(self._failures)} failure(s), "
+                f"max_restarts={self.ft.max_restarts} exhausted:\n{result.history()}\n"
+                f"Fix: see the logs above; summary in {result.summary_path}"
+            )
+            error.result = result  # type: ignore[attr-defined]
+            raise error
+        return result
+
+    def _prepare_logdir(self) -> None:
+        self.logdir.mkdir(parents=True, exist_ok=True)
+        for old in ("logs", "tensorboard"):  # one run's outputs; checkpoints stay (the job resumes from them)
+            shutil.rmtree(self.logdir / old, ignore_errors=True)
+        job_json = self.logdir / protocol.JOB_CONFIG_FILE
+        tmp = job_json.with_suffix(".json.tmp")
+        tmp.write_text(json.dumps(self.config.redacted(), indent=2, default=str) + "\n")
+        os.replace(tmp, job_json)
+        self.progress.open()
+
+    def _attempt(self, attempt: int, receiver: HeartbeatReceiver) -> Failure | None:
+        record = AttemptRecord(attempt, self._elapsed(), resumed_from=self._latest_checkpoint())
+        self._attempts.append(record)
+        spec = build_spec(self.config, attempt=attempt, job_dir=self.logdir,
+                          heartbeat_addr=receiver.addr)
+        log_dir = self.logdir / "logs" / f"attempt-{attempt}"
+        log_dir.mkdir(parents=True, exist_ok=True)
+        (log_dir / "processes.json").write_text(json.dumps(
+            [{"name": p.name, "argv": p.argv, "env": p.redacted_env()} for p in spec.processes], indent=2))
+        step = record.resumed_from
+        resumed = f"from checkpoint step {step}" if step is not None else "no checkpoint yet"
+        self._say(f"[shardkit] attempt {attempt} ({resumed}): starting "
+                  f"{', '.join(p.name for p in spec.processes)}; logs in {log_dir}")
+        try:
+            self._group = self.engine.start(spec, log_dir=log_dir)
+        except OSError as e:
+            record.outcome = f"could not start: {e}"
+            raise JobError(f"job {self.config.name}: could not start its processes ({e}). Fix: check "
+                           f"`python` ({self.config.python}) and the entrypoint in the config") from e
+        failure = self._watch(self._group, receiver, record)
+        if failure is not None:
+            self._say(f"[shardkit] attempt {attempt} failed: {failure.name} {failure.reason} (last reported "
+                      f"step {failure.step}); stopping the other processes")
+        self._stop()
+        record.ended_s = self._elapsed()
+        record.outcome = "succeeded" if failure is None else f"{failure.name} {failure.reason}"
+        return failure
+
+    def _stop(self) -> None:
+        group, self._group = self._group, None
+        if group is not None:
+            group.stop()
+            final = getattr(group, "final_output", None)
+            if final is not None:
+                self._echo(final())
+
+    def _latest_checkpoint(self) -> int | None:
+        try:  # informative only: the script restores the checkpoint itself
+            from shardkit.trainer.checkpoint import CheckpointManager
+
+            info = CheckpointManager(self.config.checkpoint_dir, keep=None).latest()
+        except Exception:  # remote storage without the roles' credentials, a missing extra, ...
+            return None
+        return None if info is None else info.step
+
+    # -- watching one attempt ------------------------------------------------------------------------
+    def _watch(self, group: ProcessGroup, receiver: HeartbeatReceiver,
+               record: AttemptRecord) -> Failure | None:
+        attempt = record.attempt
+        watches = {p.name: _Watch(p, p.role in self.drivers) for p in group.processes}
+        lead = watches.get(self.lead)
+        base_samples = sum(a.samples for a in self._attempts[:-1])
+        while True:
+            # Exits first, then the socket: a process's heartbeats are in the socket before its exit
+            # shows, so those of every exited process are read before its exit is judged.
+            exited = sorted(group.poll(), key=lambda p: (p.returncode or 0) >= 0)  # signals first
+            self._echo(group.output())
+            now = time.monotonic()
+            for beat in receiver.receive(0.0 if exited else _POLL_S):
+                w = watches.get(f"{beat.role}-{beat.index}")
+                if beat.attempt != attempt or w is None:
+                    continue
+                self._on_beat(beat, w, w is lead, record, now)
+            record.samples = sum(w.samples for w in watches.values())
+            for proc in exited:
+                w = watches[proc.name]
+                code = proc.returncode if proc.returncode is not None else 0
+                if code == 0 or (w.done_at is not None and code == -signal.SIGABRT):
+                    if code != 0:  # gloo sometimes aborts at exit after the work is done (ENGINES.md)
+                        self._notes.append(f"attempt {attempt}: {proc.name} {exit_reason(code)} after it "
+                                           "reported done; counted as finished")
+                    w.finished = True
+                    continue
+                return self._failure(attempt, w, exit_reason(code), code, None)
+            drivers = [w for w in watches.values() if w.driver]
+            if drivers and all(w.finished for w in drivers):
+                return None
+            for w in watches.values():
+                if w.finished or w.proc.returncode is not None:
+                    continue
+                failure = self._silence(attempt, w, now)
+                if failure is not None:
+                    return failure
+            self.progress.tick(record.steps, base_samples + record.samples, self._metrics)
+
+    def _on_beat(self, beat: protocol.Heartbeat, w: _Watch, is_lead: bool, record: AttemptRecord,
+                 now: float) -> None:
+        if beat.kind != "start":
+            w.last_beat = now
+        if beat.kind == "done":
+            w.done_at = now
+        if beat.kind in ("step", "checkpoint", "done"):
+            w.step, w.samples = beat.step, beat.samples
+        if beat.metrics:
+            w.metrics = dict(beat.metrics)
+        if beat.kind == "checkpoint":
+            self._checkpoints.append(CheckpointRecord(record.attempt, beat.step, beat.checkpoint))
+            self.progress.checkpoint(beat.step, beat.checkpoint)
+        if is_lead and beat.kind in ("step", "checkpoint", "done"):
+            if record.first_step_s is None:
+                record.first_step_s = self._elapsed()
+                self.progress.first_step(record.attempt, record.first_step_s - record.started_s)
+            record.steps, record.last_step_s = beat.step, self._elapsed()
+            self._metrics = dict(w.metrics)
+            samples = sum(a.samples for a in self._attempts[:-1]) + record.samples
+            self.progress.scalars(beat.step, samples, w.metrics)
+
+    def _silence(self, attempt: int, w: _Watch, now: float) -> Failure | None:
+        ft = self.ft
+        if w.done_at is not None:
+            limit, since = ft.startup_timeout, w.done_at
+            what = f"did not exit {{:.1f}} s after reporting done (startup_timeout {ft.startup_timeout:g} s)"
+        elif w.last_beat is None:
+            limit, since = ft.startup_timeout, w.proc.started
+            what = f"no heartbeat in {{:.1f}} s since its start (startup_timeout {ft.startup_timeout:g} s)"
+        else:
+            limit, since = ft.heartbeat_timeout, w.last_beat
+            what = f"silent for {{:.1f}} s (heartbeat_timeout {ft.heartbeat_timeout:g} s)"
+        silent = now - since
+        if silent <= limit:
+            return None
+        return self._failure(attempt, w, what.format(silent), None, silent)
+
+    def _failure(self, attempt: int, w: _Watch, reason: str, code: int | None,
+                 silent: float | None) -> Failure:
+        lines = [scrub(line, self._secrets) for line in w.proc.tail(20)]
+        return Failure(attempt, w.proc.role, w.proc.index, reason, code, silent, w.step,
+                       str(w.proc.log_path), lines)
+
+    def _result(self, status: Status) -> JobResult:
+        end = self._elapsed()
+        train_s = sum(a.last_step_s - a.first_step_s for a in self._attempts
+                      if a.first_step_s is not None and a.last_step_s is not None)
+        for a in self._attempts:
+            if a.ended_s is None:
+                a.ended_s, a.outcome = end, status
+        return JobResult(
+            name=self.config.name, status=status, logdir=self.logdir,
+            steps=self._attempts[-1].steps if self._attempts else 0,
+            restarts=max(0, len(self._attempts) - 1), failures=list(self._failures),
+            checkpoints=list(self._checkpoints), attempts=list(self._attempts),
+            samples=sum(a.samples for a in self._attempts), wall_s=end,
+            train_s=train_s, metrics=dict(self._metrics),
+            notes=list(self._notes),
+        )
+
+
+@contextmanager
+def _signals_as_interrupts() -> Iterator[None]:
+    """In the main thread, SIGTERM (and SIGINT) raise KeyboardInterrupt, so the job is stopped cleanly."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def handler(signum: int, frame: FrameType | None) -> None:
+        raise _Terminated(signum)
+
+    previous = {sig: signal.signal(sig, handler) for sig in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        yield
+    finally:
+        for sig, old in previous.items():
+            signal.signal(sig, old)

@@ -1,0 +1,227 @@
+"""TensorFlow adapter: a reader as a ``tf.data.Dataset`` whose element_spec comes from the schema.
+
+Public as ``shardkit.tf``. Importing it without TensorFlow installed raises `MissingDependencyError`
+naming ``pip install 'shardkit[tf]'``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
+
+import numpy as np
+
+from shardkit.errors import AdapterError, require
+
+require("tensorflow", extra="tf", purpose="shardkit.tf (tf.data datasets)")
+
+import tensorflow as tf  # noqa: E402
+
+from shardkit.dataset.schema import Schema  # noqa: E402
+from shardkit.reader.api import make_reader  # noqa: E402
+from shardkit.reader.collate import (  # noqa: E402
+    MASK_SUFFIX,
+    VALID_SUFFIX,
+    Collate,
+    FieldPlan,
+    Passes,
+    plan_fields,
+    prepare,
+)
+from shardkit.reader.reader import Reader  # noqa: E402
+
+
+def _ragged_rank(plan: FieldPlan) -> int:
+    return max(plan.variable_dims) + 1
+
+
+def _field_specs(plan: FieldPlan) -> dict[str, tf.TypeSpec]:
+    shape, name = plan.field.shape, plan.name
+    specs: dict[str, tf.TypeSpec] = {}
+    if plan.kind == "text":
+        specs[name] = tf.TensorSpec((None,), tf.string, name=name)
+    elif plan.kind in ("dense", "pad"):
+        specs[name] = tf.TensorSpec((None, *shape), tf.as_dtype(plan.dtype), name=name)
+        if plan.kind == "pad":
+            specs[name + MASK_SUFFIX] = tf.TensorSpec((None, *(None for _ in plan.variable_dims)), tf.bool)
+    else:
+        k = _ragged_rank(plan)
+        specs[name] = tf.RaggedTensorSpec((None, *(None for _ in range(k)), *shape[k:]),
+                                          tf.as_dtype(plan.dtype), ragged_rank=k, row_splits_dtype=tf.int64)
+    if plan.nullable:
+        specs[name + VALID_SUFFIX] = tf.TensorSpec((None,), tf.bool)
+    return specs
+
+
+def element_spec(schema: Schema, collate: Collate | None = None) -> dict[str, tf.TypeSpec]:
+    """The ``tf.data`` element spec of batches of ``schema`` under ``collate`` (see `Collate`).
+
+    Example:
+        >>> shardkit.tf.element_spec(reader.schema)["image"]
+        TensorSpec(shape=(None, 32, 32, 3), dtype=tf.uint8, name='image')
+
+    The batch dimension and variable dimensions are None; str and bytes are ``tf.string``; variable
+    shapes are `tf.RaggedTensorSpec` (``Collate(variable="rows")``, every dimension up to the last
+    variable one ragged) or padded `tf.TensorSpec` plus a mask (``variable="pad"``).
+    """
+    out: dict[str, tf.TypeSpec] = {}
+    for plan in plan_fields(schema, collate or Collate(), "tf"):
+        out.update(_field_specs(plan))
+    return out
+
+
+def _ragged(plan: FieldPlan, rows: Sequence[np.ndarray | None]) -> tf.RaggedTensor:
+    """Rows of varying shape as a RaggedTensor (a null is an empty row), without per-element Python."""
+    k = _ragged_rank(plan)
+    trailing = tuple(int(d) for d in plan.field.shape[k:] if d is not None)
+    empty = np.zeros((0,) * len(plan.field.shape), plan.dtype)
+    arrays = [empty if r is None else r for r in rows]
+    shapes = np.array([a.shape for a in arrays], dtype=np.int64).reshape(len(arrays), -1)
+    lengths, counts = [], np.ones(len(arrays), dtype=np.int64)
+    for j in range(k):  # level j: each of the prod(shape[:j]) sub-rows of row i has shape[i, j] items
+        lengths.append(np.repeat(shapes[:, j], counts))
+        counts = counts * shapes[:, j]
+    parts = [a.reshape(-1, *trailing) for a in arrays] or [empty.reshape(0, *trailing)]
+    flat = np.concatenate(parts)
+    return tf.RaggedTensor.from_nested_row_lengths(flat, lengths, validate=False)
+
+
+def _to_tf(plans: Sequence[FieldPlan], prepared: dict[str, Any]) -> dict[str, Any]:
+    for plan in plans:
+        value = prepared[plan.name]
+        if plan.kind == "rows":
+            prepared[plan.name] = _ragged(plan, value)
+        elif plan.kind == "text" and plan.nullable:
+            blank = "" if plan.field.dtype.kind == "U" else b""
+            prepared[plan.name] = np.array([blank if v is None else v for v in value], dtype=object)
+    return prepared
+
+
+def make_dataset(reader_or_url: Reader | Any, *, label: str | None = None,
+                 features: str | Sequence[str] | None = None, collate: Collate | None = None,
+                 prefetch: int | None = tf.data.AUTOTUNE, **make_reader_kwargs: Any) -> tf.data.Dataset:
+    """A reader's batches as a ``tf.data.Dataset`` (dicts of tensors, or ``(features, label)`` pairs).
+
+    Example:
+        >>> ds = shardkit.tf.make_dataset("runs/digits", batch_size=64, features="pixels", label="label")
+        >>> model.fit(ds, epochs=3)
+
+    The element spec comes from the schema (`element_spec`), so nothing is read to build it. Batches
+    come from a Python generator yielding numpy arrays with that spec (``from_generator`` with
+    ``output_signature``): tf.data copies each array once into a tensor, and ``prefetch`` batches are
+    prepared ahead of the model (the reader itself reads ahead too).
+
+    Each iteration of the dataset (each Keras epoch) is ``num_epochs`` whole epochs (one, by default),
+    each shuffled anew, and its cardinality is known (Keras sees its steps); ``num_epochs=None`` never
+    ends (give Keras ``steps_per_epoch``). The first iteration starts where the reader is (load a
+    resume state into the reader before calling this); a later one that finds the reader inside an epoch
+    (an iterator stopped early, or one Keras or prefetching made and dropped) starts the next epoch, so
+    no iteration ever gets a partial epoch. One iteration runs at a time: a new one ends the previous.
+    tf.data reads ahead of the model, so the reader's ``state_dict()`` during an epoch is ahead of
+    training; between epochs it is exact.
+
+    Args:
+        reader_or_url: a `Reader`, or a dataset URL and ``make_reader_kwargs`` for `make_reader`.
+        label: a field to yield apart, as ``(features, label)`` pairs for ``model.fit``.
+        features: with ``label``: one field (yielded as a tensor) or several (a dict); default every
+            other field. Without ``columns=``, only these fields and ``label`` are read.
+        collate: the `Collate` policy for strings, nulls and variable shapes (``cast`` included).
+        prefetch: batches tf.data prepares ahead (``tf.data.AUTOTUNE``; None or 0: none).
+
+    Raises:
+        AdapterError: a field TensorFlow cannot represent (datetime64; cast it with ``Collate(cast=...)``),
+            or ``features``/``label`` that are not fields.
+    """
+    policy = collate or Collate()
+    if isinstance(reader_or_url, Reader):
+        if make_reader_kwargs:
+            raise AdapterError(f"make_dataset got a Reader and reader options {sorted(make_reader_kwargs)}; "
+                               "pass the options to make_reader, or pass a URL instead of a Reader")
+        reader = reader_or_url
+    else:
+        if "columns" not in make_reader_kwargs and features is not None:
+            wanted = [features] if isinstance(features, str) else list(features)
+            fields = [_field_of(n) for n in [*wanted, *([label] if label else [])]]
+            make_reader_kwargs["columns"] = list(dict.fromkeys(fields))
+        reader = make_reader(reader_or_url, **make_reader_kwargs)
+    plans = plan_fields(reader.schema, policy, "tf")
+    spec = element_spec(reader.schema, policy)
+    split = _splitter(spec, label, features)
+
+    passes = Passes(reader, fresh=True)
+
+    def generate() -> Iterator[Any]:
+        for batch in passes():
+            yield split(_to_tf(plans, prepare(plans, batch, policy)))
+
+    ds = tf.data.Dataset.from_generator(generate, output_signature=split(spec))
+    if reader.num_epochs is None:
+        ds = ds.apply(tf.data.experimental.assert_cardinality(tf.data.INFINITE_CARDINALITY))
+    elif not reader.state_dict()["history"]:  # every pass is whole epochs: Keras knows its steps
+        ds = ds.apply(tf.data.experimental.assert_cardinality(reader.num_epochs * len(reader)))
+    return ds.prefetch(prefetch) if prefetch else ds
+
+
+def _field_of(key: str) -> str:
+    """The field an output key belongs to (``x__mask`` and ``x__valid`` belong to ``x``)."""
+    for suffix in (MASK_SUFFIX, VALID_SUFFIX):
+        if key.endswith(suffix):
+            return key[: -len(suffix)]
+    return key
+
+
+def _splitter(spec: dict[str, Any], label: str | None, features: str | Sequence[str] | None
+              ) -> Callable[[dict[str, Any]], Any]:
+    """Turns an element dict (or the spec itself) into what the dataset yields."""
+    if label is None and features is None:
+        return lambda d: d
+    names = [features] if isinstance(features, str) else list(features or [])
+    unknown = [n for n in [*names, *([label] if label else [])] if n not in spec]
+    if unknown:
+        raise AdapterError(f"make_dataset: {unknown} are not fields of the batches; they hold {sorted(spec)}")
+    if label is None:
+        return (lambda d: d[names[0]]) if isinstance(features, str) else (lambda d: {n: d[n] for n in names})
+    if features is None:
+        return lambda d: ({k: v for k, v in d.items() if k != label}, d[label])
+    if isinstance(features, str):
+        return lambda d: (d[names[0]], d[label])
+    return lambda d: ({n: d[n] for n in names}, d[label])
+
+
+def dataset_fn(url: Any, *, batch_size: int, **kwargs: Any) -> Callable[[tf.distribute.InputContext],
+                                                                         tf.data.Dataset]:
+    """The function ``strategy.distribute_datasets_from_function`` calls once per input pipeline.
+
+    Pipeline ``input_pipeline_id`` of ``num_input_pipelines`` reads shard ``input_pipeline_id`` of
+    ``num_input_pipelines``, in batches of ``batch_size / num_replicas_in_sync`` (``batch_size`` is the
+    global batch, as in ``tf.distribute``). The other arguments go to `make_dataset`.
+    """
+    for key in ("shard", "num_shards"):
+        if key in kwargs:
+            raise AdapterError(f"dataset_fn got {key}=; the InputContext gives each input pipeline its shard")
+
+    def fn(context: tf.distribute.InputContext) -> tf.data.Dataset:
+        try:
+            per_replica = context.get_per_replica_batch_size(batch_size)
+        except ValueError as e:
+            raise AdapterError(f"batch_size={batch_size} (the global batch) does not divide among "
+                               f"{context.num_replicas_in_sync} replicas; use a multiple of it") from e
+        return make_dataset(url, shard=context.input_pipeline_id, num_shards=context.num_input_pipelines,
+                            batch_size=per_replica, **kwargs)
+
+    return fn
+
+
+def distribute_dataset(strategy: tf.distribute.Strategy, url: Any, *, batch_size: int,
+                       **kwargs: Any) -> Any:
+    """A distributed dataset for ``strategy``: each input pipeline reads its own shard (see `dataset_fn`).
+
+    Example:
+        >>> strategy = tf.distribute.MultiWorkerMirroredStrategy()
+        >>> dist = shardkit.tf.distribute_dataset(strategy, url, batch_size=512, label="label")
+        >>> for features, labels in dist: strategy.run(step, args=(features, labels))
+    """
+    return strategy.distribute_datasets_from_function(dataset_fn(url, batch_size=batch_size, **kwargs))
+
+
+__all__ = ["dataset_fn", "distribute_dataset", "element_spec", "make_dataset"]

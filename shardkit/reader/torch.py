@@ -1,0 +1,317 @@
+"""PyTorch adapter: reader batches as torch tensors, staged through reused pinned memory onto a CUDA device.
+
+Public as ``shardkit.torch`` (with `ShardkitIterableDataset` from `shardkit.reader.torch_data`). Importing
+it without torch installed raises `MissingDependencyError` naming ``pip install 'shardkit[torch]'``.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Callable, Iterator, Mapping
+from typing import Any
+
+import numpy as np
+
+from shardkit.errors import AdapterError, require
+
+require("torch", extra="torch", purpose="shardkit.torch (PyTorch tensors and DataLoader workers)")
+
+import torch  # noqa: E402
+
+from shardkit.dataset.index import Dataset  # noqa: E402
+from shardkit.reader.api import make_reader  # noqa: E402
+from shardkit.reader.collate import Collate, Passes, plan_fields, prepare  # noqa: E402
+from shardkit.reader.reader import Reader  # noqa: E402
+
+Batch = dict[str, Any]
+CollateFn = Callable[[dict[str, np.ndarray]], Mapping[str, Any]]
+_STAGING_SLOTS = 2  # pinned buffer sets: batch k+1 is staged while batch k is in use
+_warned: set[str] = set()  # messages said once per process
+
+
+def resolve_device(device: str | torch.device | None) -> torch.device | None:
+    """``device`` as a `torch.device` that exists here, or `AdapterError` (before anything is read)."""
+    if device is None:
+        return None
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, TypeError, ValueError) as e:
+        raise AdapterError(f"device={device!r} is not a torch device; use 'cpu', 'cuda' or 'cuda:<index>'"
+                           ) from e
+    if dev.type == "cpu":
+        return dev
+    if dev.type != "cuda":
+        raise AdapterError(f"device={device!r}: shardkit.torch copies batches to 'cpu' or 'cuda' devices; "
+                           f"use device=None and move them to {dev.type!r} yourself")
+    if not torch.cuda.is_available():
+        raise AdapterError(f"device={device!r}, but this torch ({torch.__version__}) sees no CUDA device; "
+                           "use device='cpu' (or None) on this machine")
+    count = torch.cuda.device_count()
+    index = torch.cuda.current_device() if dev.index is None else dev.index
+    if index >= count:
+        raise AdapterError(f"device={device!r} does not exist: this machine has {count} CUDA device(s), "
+                           f"cuda:0 to cuda:{count - 1}")
+    return torch.device("cuda", index)
+
+
+def _tensor(a: np.ndarray, writable: bool) -> torch.Tensor:
+    if not a.flags.c_contiguous:
+        a = np.ascontiguousarray(a)
+    if a.flags.writeable:
+        return torch.from_numpy(a)
+    if writable:
+        return torch.from_numpy(a.copy())
+    with warnings.catch_warnings():  # "The given NumPy array is not writable": the caller chose to share it
+        warnings.simplefilter("ignore", UserWarning)
+        return torch.from_numpy(a)
+
+
+def to_torch(prepared: Mapping[str, Any], writable: bool = True) -> Batch:
+    """Arrays from `shardkit.reader.collate.prepare` as torch values (see `Collate` for the policy)."""
+    out: Batch = {}
+    for key, value in prepared.items():
+        if isinstance(value, np.ndarray):
+            out[key] = value.tolist() if value.dtype == object else _tensor(value, writable)
+        else:  # rows of a variable-shape field
+            out[key] = [None if r is None else _tensor(r, writable) for r in value]
+    return out
+
+
+def _tensors(value: Any) -> list[torch.Tensor]:
+    """The tensors in a batch value: the tensor itself, or those in a list of row tensors."""
+    if isinstance(value, torch.Tensor):
+        return [value]
+    if isinstance(value, list):
+        return [v for v in value if isinstance(v, torch.Tensor)]
+    return []
+
+
+class _CudaStager:
+    """Copies batches to a CUDA device: host tensors into reused pinned buffers, then ``non_blocking``
+    copies on a side stream, so the copy of the next batch overlaps the compute on this one.
+
+    Pinned slot ``i`` is rewritten only after the event of its previous copy has completed; device tensors
+    are fresh (the caching allocator makes that cheap) and marked with ``record_stream`` for the stream that
+    uses them, so neither host nor device memory is reused while a copy or a kernel still needs it.
+    """
+
+    def __init__(self, device: torch.device, slots: int = _STAGING_SLOTS) -> None:
+        self.device = device
+        self.stream = torch.cuda.Stream(device)  # type: ignore[no-untyped-call]
+        self.buffers: list[dict[str, torch.Tensor]] = [{} for _ in range(slots)]
+        self.done: list[torch.cuda.Event | None] = [None] * slots
+        self.slot = 0
+
+    def _pinned(self, slot: int, key: str, like: torch.Tensor) -> torch.Tensor:
+        nbytes = like.numel() * like.element_size()
+        buf = self.buffers[slot].get(key)
+        if buf is None or buf.numel() < nbytes:
+            buf = self.buffers[slot][key] = torch.empty(max(nbytes, 1), dtype=torch.uint8, pin_memory=True)
+        return buf[:nbytes].view(like.dtype).view(like.shape)
+
+    def stage(self, batch: Batch) -> tuple[Batch, torch.cuda.Event]:
+        i = self.slot
+        self.slot = (i + 1) % len(self.buffers)
+        previous = self.done[i]
+        if previous is not None:
+            previous.synchronize()
+        out: Batch = {}
+        with torch.cuda.device(self.device), torch.cuda.stream(self.stream):
+            for key, value in batch.items():
+                if isinstance(value, torch.Tensor):
+                    pinned = self._pinned(i, key, value)
+                    pinned.copy_(value)
+                    out[key] = pinned.to(self.device, non_blocking=True)
+                elif _tensors(value):  # rows of varying shape: pageable, copied one by one
+                    out[key] = [None if v is None else v.to(self.device) for v in value]
+                else:
+                    out[key] = value
+            event = torch.cuda.Event()  # type: ignore[no-untyped-call]
+            event.record(self.stream)
+        self.done[i] = event
+        return out, event
+
+    def hand(self, staged: tuple[Batch, torch.cuda.Event]) -> Batch:
+        out, event = staged
+        stream = torch.cuda.current_stream(self.device)
+        stream.wait_event(event)  # this batch's copy only: the next one keeps running on the side stream
+        for value in out.values():
+            for t in _tensors(value):
+                t.record_stream(stream)
+        return out
+
+
+class Loader:
+    """A `Reader` whose batches are dicts of torch values. Create with `make_loader`; see its docstring."""
+
+    def __init__(self, reader: Reader, *, device: torch.device | None = None, pin_memory: bool | None = None,
+                 collate: Collate | CollateFn | None = None, _stager: Any = None) -> None:
+        self.reader = reader
+        self.device = device
+        policy = Collate() if collate is None else collate
+        if isinstance(policy, Collate):
+            plans = plan_fields(reader.schema, policy, "torch")
+            self._convert: Callable[[dict[str, np.ndarray]], Batch] = (
+                lambda b: to_torch(prepare(plans, b, policy), policy.writable))
+        elif callable(policy):
+            self._convert = lambda b: dict(policy(b))
+        else:
+            raise AdapterError(f"collate={collate!r} must be a shardkit Collate or a function of a batch")
+        cuda = device is not None and device.type == "cuda"
+        pin = cuda if pin_memory is None else bool(pin_memory)
+        if pin and not torch.cuda.is_available():
+            _warn_no_pinning()
+            pin = False
+        self.pin_memory = pin
+        self._stager = _stager if _stager is not None else (_CudaStager(device) if cuda and pin and device
+                                                             else None)
+        self._passes = Passes(reader)
+        self._seen: dict[str, Any] | None = None  # the position the user has seen, while the reader is ahead
+        self._generation = 0
+
+    @property
+    def schema(self) -> Any:
+        return self.reader.schema
+
+    def __len__(self) -> int:
+        """Batches per epoch for this shard (the reader's ``len``)."""
+        return len(self.reader)
+
+    def __iter__(self) -> Iterator[Batch]:
+        if self._stager is None:
+            return self._direct()
+        return self._staged(self._stager)
+
+    def _place(self, batch: Batch) -> Batch:
+        if self.pin_memory and (self.device is None or self.device.type == "cpu"):
+            return {k: v.pin_memory() if isinstance(v, torch.Tensor) else v for k, v in batch.items()}
+        if self.device is not None and self.device.type != "cpu":
+            return {k: v.to(self.device) if isinstance(v, torch.Tensor)
+                    else [None if r is None else r.to(self.device) for r in v] if _tensors(v) else v
+                    for k, v in batch.items()}
+        return batch
+
+    def _direct(self) -> Iterator[Batch]:
+        for batch in self._passes():
+            yield self._place(self._convert(batch))
+
+    def _staged(self, stager: Any) -> Iterator[Batch]:
+        """Batch k is handed out only after batch k+1 is read and its copy issued: the reader is one batch
+        ahead of the user, so the position the user has seen is kept for `state_dict`, and a pass that
+        stops early puts the reader back there (no batch is lost between passes)."""
+        self._rewind()
+        self._generation += 1
+        generation = self._generation
+        self._seen = self.reader.state_dict()
+        pending = None
+        try:
+            for batch in self._passes():
+                staged = (stager.stage(self._convert(batch)), self.reader.state_dict())
+                if pending is not None:
+                    self._seen = pending[1]
+                    yield stager.hand(pending[0])
+                pending = staged
+            if pending is not None:
+                self._seen = pending[1]
+                yield stager.hand(pending[0])
+            pending = None
+        finally:
+            if generation == self._generation:
+                if pending is not None:
+                    self._rewind()
+                self._seen = None
+
+    def _rewind(self) -> None:
+        if self._seen is not None:
+            seen, self._seen = self._seen, None
+            self.reader.load_state_dict(seen)
+
+    def state_dict(self) -> dict[str, Any]:
+        """The reader's state after the last batch handed out (see `Reader.state_dict`)."""
+        return dict(self._seen) if self._seen is not None else self.reader.state_dict()
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Continue from ``state`` (see `Reader.load_state_dict`); a pass in progress ends."""
+        self._generation += 1
+        self._passes.stop()
+        self._seen = None
+        self.reader.load_state_dict(state)
+
+    def close(self) -> None:
+        self._generation += 1
+        self._passes.stop()
+        self._seen = None
+        self.reader.close()
+
+    def __enter__(self) -> Loader:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"Loader({self.reader!r}, device={self.device}, pin_memory={self.pin_memory})"
+
+
+def _warn_no_pinning() -> None:
+    if "pinning" not in _warned:
+        _warned.add("pinning")
+        warnings.warn("shardkit.torch: pin_memory=True, but torch sees no CUDA device here: pinning is off "
+                      "and batches stay in ordinary host memory", UserWarning, stacklevel=4)
+
+
+def make_loader(reader_or_url: Reader | str | Any, *, device: str | torch.device | None = None,
+                pin_memory: bool | None = None, collate: Collate | CollateFn | None = None,
+                **make_reader_kwargs: Any) -> Loader:
+    """Batches of a reader as dicts of torch tensors, on the host or copied to a CUDA device.
+
+    Example:
+        >>> with shardkit.torch.make_loader("s3://bucket/train", shard=rank, num_shards=world,
+        ...                                 batch_size=256, device="cuda") as loader:
+        ...     for batch in loader:
+        ...         loss = model(batch["image"].float() / 255).loss(batch["label"])
+
+    On the host, fixed-shape numbers are zero-copy ``torch.from_numpy`` views of the reader's arrays
+    (read-only ones are copied, see `Collate`). With a CUDA ``device``, each batch is copied into pinned
+    buffers that are reused from batch to batch and sent with ``non_blocking=True`` on a side stream;
+    batch k is handed out after the copy of batch k+1 has been issued, so that copy overlaps the compute
+    on batch k. The tensors are then safe on the current stream (it waits for their copy; they carry
+    ``record_stream``). Strings, bytes and variable shapes follow the `Collate` policy.
+
+    A pass (``for batch in loader``) yields ``num_epochs`` epochs from where the reader is (one, by
+    default), and the next pass goes on from there: ``for epoch in range(3): for batch in loader:``
+    reads three epochs, each shuffled anew. ``state_dict()`` / ``load_state_dict()`` are the reader's,
+    counting the batches handed out (not those read ahead): saved with a checkpoint, they resume at the
+    next batch, with the same or a different number of shards.
+
+    Args:
+        reader_or_url: a `Reader`, or a dataset URL and ``make_reader_kwargs`` for `make_reader`.
+        device: None or "cpu" (host tensors), "cuda", "cuda:1", or a `torch.device`. A device that does
+            not exist raises `AdapterError` before anything is read.
+        pin_memory: stage through pinned memory; default True for a CUDA device. With a CPU device, True
+            yields tensors in (fresh) pinned memory. Where torch sees no CUDA, it is turned off with a
+            warning, once.
+        collate: a `Collate` policy (default ``Collate()``), or a function from a numpy batch to a dict
+            of torch values (tensors are then staged and copied like the others).
+
+    Raises:
+        AdapterError: a field torch cannot represent (naming it and the options), a device that does not
+            exist, or reader options passed along with a `Reader`.
+    """
+    dev = resolve_device(device)
+    if isinstance(reader_or_url, Reader):
+        if make_reader_kwargs:
+            raise AdapterError(f"make_loader got a Reader and reader options {sorted(make_reader_kwargs)}; "
+                               "pass the options to make_reader, or pass a URL instead of a Reader")
+        return Loader(reader_or_url, device=dev, pin_memory=pin_memory, collate=collate)
+    if not isinstance(reader_or_url, str | Dataset) and not hasattr(reader_or_url, "__fspath__"):
+        raise AdapterError(f"make_loader needs a Reader or a dataset URL, got {type(reader_or_url).__name__}")
+    reader = make_reader(reader_or_url, **make_reader_kwargs)
+    try:
+        return Loader(reader, device=dev, pin_memory=pin_memory, collate=collate)
+    except BaseException:
+        reader.close()
+        raise
+
+
+__all__ = ["Collate", "Loader", "make_loader", "resolve_device", "to_torch"]

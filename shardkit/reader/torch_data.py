@@ -1,0 +1,231 @@
+"""`ShardkitIterableDataset`: a dataset for ``DataLoader(num_workers=k)``, one shard per worker of every rank.
+
+Every DataLoader worker of every rank reads its own shard: ``shard = rank * k + worker``, ``num_shards =
+world_size * k``, so the workers of all ranks read orthogonal slices whose union is the whole dataset,
+once per epoch (with the reader's default ``remainder="drop"``, fewer than ``world_size * k`` samples
+per epoch are left out, and every worker yields the same number of batches).
+
+Resume (torchdata's ``StatefulDataLoader`` protocol: it calls ``state_dict()`` in each worker after every
+batch, keeps the states of the batches it yielded, and hands each worker its state back through
+``load_state_dict()`` before it iterates). What a resume guarantees:
+
+- Same ``world_size`` and ``num_workers``: exact. Each worker continues its own shard at its next batch,
+  and the DataLoader continues its round-robin over workers, so the stream goes on as if never stopped.
+  Ranks step together, so worker ``w`` has read as many batches on every rank: loading rank 0's
+  DataLoader state on every rank is as exact as loading each rank's own.
+- A different ``world_size`` or ``num_workers``: convert the saved DataLoader state with `job_state` and
+  load the result into the new dataset (``ds.load_state_dict(job_state(saved))``) before making the
+  DataLoader. The DataLoader takes batches from its workers in turn, so after ``s`` steps the first
+  ``s % num_workers`` workers have read one batch more than the others. `job_state` keeps the position of
+  the workers that are behind: no sample is skipped, and the batches the others read past it (at most
+  ``num_workers - 1`` per rank) are read again. A checkpoint taken when ``s`` is a multiple of
+  ``num_workers`` (any step with one worker) resumes exactly on any layout.
+- A plain ``DataLoader`` cannot hand worker states to the main process: resume it with ``num_workers=0``,
+  or use torchdata's ``StatefulDataLoader``.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+from shardkit.errors import AdapterError, require
+from shardkit.reader.api import make_reader
+from shardkit.reader.collate import Collate, Passes, jump_to_epoch, plan_fields, prepare
+from shardkit.reader.reader import Reader
+from shardkit.reader.torch import Batch, CollateFn, to_torch
+
+require("torch", extra="torch", purpose="shardkit.torch (PyTorch tensors and DataLoader workers)")
+
+import torch  # noqa: E402
+
+STATE_KIND = "shardkit.ShardkitIterableDataset"
+_LAYOUT = ("world_size", "num_workers", "worker")
+
+
+def _worker() -> tuple[int, int]:
+    """(this DataLoader worker's id, the number of workers); (0, 1) outside a worker."""
+    info = torch.utils.data.get_worker_info()
+    return (0, 1) if info is None else (info.id, info.num_workers)
+
+
+class ShardkitIterableDataset(torch.utils.data.IterableDataset[Batch]):
+    """Batches of torch values for ``DataLoader(ds, batch_size=None, num_workers=k)``.
+
+    Example:
+        >>> ds = ShardkitIterableDataset("s3://bucket/train", batch_size=256, seed=42)  # rank from the job
+        >>> loader = StatefulDataLoader(ds, batch_size=None, num_workers=2, pin_memory=True)
+        >>> for epoch in range(10):
+        ...     ds.set_epoch(epoch)
+        ...     for batch in loader:
+        ...         train_step(batch)
+
+    The dataset yields whole batches (``batch_size`` is the reader's), so the DataLoader must not batch
+    again: pass ``batch_size=None``. A pass over the DataLoader is ``num_epochs`` epochs (one, by
+    default). Workers that are not persistent start from a copy of this object at every pass: call
+    ``set_epoch(epoch)`` before each one (as with ``DistributedSampler``) so each epoch gets its own
+    shuffle, or use ``persistent_workers=True``, where each worker's reader goes on to its next epoch.
+    See the module docstring for what resuming guarantees.
+
+    Args:
+        url: the dataset (any fsspec URL).
+        rank, world_size: this process's place in the job; by default the job's (``RANK`` /
+            ``WORLD_SIZE`` or an initialized ``torch.distributed``), else 0 of 1.
+        collate: the `Collate` policy (default ``Collate()``) or a function from a numpy batch to a dict.
+        **reader_kwargs: for `make_reader` (not ``shard``/``num_shards``: the dataset derives them). They
+            are checked now, in this process, against the dataset.
+    """
+
+    def __init__(self, url: Any, *, rank: int | None = None, world_size: int | None = None,
+                 collate: Collate | CollateFn | None = None, **reader_kwargs: Any) -> None:
+        super().__init__()
+        for key in ("shard", "num_shards"):
+            if key in reader_kwargs:
+                raise AdapterError(f"ShardkitIterableDataset got {key}=; pass rank= and world_size= instead "
+                                   "(each DataLoader worker reads shard rank * num_workers + worker id)")
+        with make_reader(url, shard=rank, num_shards=world_size, **reader_kwargs) as probe:
+            self.rank, self.world_size, self.schema = probe.shard, probe.num_shards, probe.schema
+        self.url, self.reader_kwargs = url, reader_kwargs
+        self.collate: Collate | CollateFn = Collate() if collate is None else collate
+        if isinstance(self.collate, Collate):
+            self._plans = plan_fields(self.schema, self.collate, "torch")
+        elif not callable(self.collate):
+            raise AdapterError(f"collate={collate!r} must be a shardkit Collate or a function of a batch")
+        self._epoch: int | None = None
+        self._pending: dict[str, Any] | None = None  # a reader state to load when the reader is made
+        self._reader: Reader | None = None
+        self._passes: Passes | None = None  # passes over _reader: a new pass ends the one before
+        self._reader_pid = 0  # the process that made _reader (a forked worker must make its own)
+
+    def set_epoch(self, epoch: int) -> None:
+        """Read ``epoch`` in the next pass (from its start, or from where a worker's reader is in it).
+
+        A state loaded with `load_state_dict` for an earlier epoch is dropped: workers that are not
+        persistent start every pass from this object, and must not resume the same position twice.
+        """
+        if not isinstance(epoch, int) or isinstance(epoch, bool) or epoch < 0:
+            raise AdapterError(f"set_epoch({epoch!r}) needs an int >= 0")
+        if self._pending is not None and int(self._pending.get("epoch", epoch)) < epoch:
+            self._pending = None
+        self._epoch = epoch
+
+    def shard_of(self, worker: int, num_workers: int) -> tuple[int, int]:
+        """(shard, num_shards) that DataLoader worker ``worker`` of ``num_workers`` reads on this rank."""
+        return self.rank * num_workers + worker, self.world_size * num_workers
+
+    def _current_reader(self) -> tuple[Reader, Passes]:
+        worker, workers = _worker()
+        shard, num_shards = self.shard_of(worker, workers)
+        reader, passes = self._reader, self._passes
+        if reader is None or passes is None or self._reader_pid != os.getpid() or reader.shard != shard \
+                or reader.num_shards != num_shards:
+            reader = make_reader(self.url, shard=shard, num_shards=num_shards, **self.reader_kwargs)
+            passes = Passes(reader)
+            self._reader, self._reader_pid, self._passes = reader, os.getpid(), passes
+        if self._pending is not None:
+            reader.load_state_dict(self._pending)
+            self._pending = None
+        elif self._epoch is not None and reader.state_dict()["epoch"] != self._epoch:
+            jump_to_epoch(reader, self._epoch)
+        return reader, passes
+
+    def __iter__(self) -> Iterator[Batch]:
+        _, passes = self._current_reader()
+        collate = self.collate
+        for batch in passes():
+            if isinstance(collate, Collate):
+                yield to_torch(prepare(self._plans, batch, collate), collate.writable)
+            else:
+                yield dict(collate(batch))
+
+    def state_dict(self) -> dict[str, Any]:
+        """This worker's position: its reader's state and its place in the layout (JSON-able)."""
+        worker, workers = _worker()
+        reader_state = self._reader.state_dict() if self._reader is not None and \
+            self._reader_pid == os.getpid() else self._pending
+        return {"kind": STATE_KIND, "version": 1, "reader": reader_state, "epoch": self._epoch,
+                "rank": self.rank, "world_size": self.world_size, "num_workers": workers, "worker": worker}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Continue from ``state``: a worker's own (same layout), one from `job_state`, or a reader state.
+
+        A worker's state loads only into the same worker of the same layout (``world_size`` and
+        ``num_workers``; any rank); convert it with `job_state` for another layout.
+        """
+        if not isinstance(state, Mapping):
+            raise AdapterError(f"not a ShardkitIterableDataset state: {state!r:.200}")
+        if state.get("kind") != STATE_KIND:  # a plain reader state (e.g. make_loader's): the job's position
+            self._pending, self._epoch = dict(state), None
+            return
+        if state.get("worker") is not None:
+            worker, workers = _worker()
+            mine = {"world_size": self.world_size, "num_workers": workers, "worker": worker}
+            if any(state.get(k) != mine[k] for k in _LAYOUT):
+                saved = {k: state.get(k) for k in _LAYOUT}
+                raise AdapterError(
+                    f"this dataset state was saved by DataLoader worker {saved}, and is loaded into worker "
+                    f"{mine}; a worker's state resumes the same worker of the same world size and number of "
+                    "workers. For another layout, load shardkit.torch.job_state(<saved DataLoader state>) "
+                    "into the dataset before making the DataLoader"
+                )
+        self._pending = None if state.get("reader") is None else dict(state["reader"])
+        self._epoch = state.get("epoch")
+        if self._pending is None and self._epoch is None:
+            self._epoch = 0  # saved before its worker read anything: the start of the first epoch
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = dict(self.__dict__)  # a reader (and its threads) never travels to a worker
+        state["_reader"], state["_reader_pid"], state["_passes"] = None, 0, None
+        return state
+
+
+def _dataset_states(obj: Any) -> Iterator[Mapping[str, Any]]:
+    if isinstance(obj, Mapping):
+        if obj.get("kind") == STATE_KIND:
+            yield obj
+            return
+        for value in obj.values():
+            yield from _dataset_states(value)
+    elif isinstance(obj, list | tuple):
+        for value in obj:
+            yield from _dataset_states(value)
+
+
+def _position(state: Mapping[str, Any]) -> tuple[int, list[int]]:
+    reader = state["reader"]
+    if reader is None:
+        return int(state.get("epoch") or 0), []
+    return int(reader["epoch"]), [int(consumed) for _, consumed in reader["history"]]
+
+
+def job_state(saved: Any) -> dict[str, Any]:
+    """The job's position from a saved DataLoader state: one state that loads into any layout.
+
+    Example:
+        >>> saved = torch.load("ckpt.pt")["data"]                # StatefulDataLoader.state_dict()
+        >>> ds = ShardkitIterableDataset(url, batch_size=256)   # the new world size / num_workers
+        >>> ds.load_state_dict(shardkit.torch.job_state(saved))
+        >>> loader = StatefulDataLoader(ds, batch_size=None, num_workers=4)   # no load_state_dict here
+
+    ``saved`` is anything holding the workers' dataset states (a ``StatefulDataLoader`` state, or a list of
+    `ShardkitIterableDataset.state_dict` results). The position kept is that of the workers furthest
+    behind: nothing is skipped; batches read past it by other workers are read again (see the module
+    docstring; none when every worker had read as many batches).
+    """
+    states = list(_dataset_states(saved))
+    if not states:
+        raise AdapterError(f"no ShardkitIterableDataset state found in {saved!r:.200}; pass the "
+                           "StatefulDataLoader.state_dict() (or dataset state_dict()s) saved by the job")
+    readers = [s["reader"] for s in states if s["reader"] is not None]
+    same = {k: {repr(r.get(k)) for r in readers} for k in ("fingerprint", "seed", "shuffle", "batch_size")}
+    if any(len(v) > 1 for v in same.values()):
+        differ = [k for k, v in same.items() if len(v) > 1]
+        raise AdapterError(f"the saved worker states disagree on {differ}; they come from different datasets "
+                           "or jobs")
+    behind = min(states, key=_position)
+    return {"kind": STATE_KIND, "version": 1, "reader": behind["reader"],
+            "epoch": _position(behind)[0], "job": True, "worker": None}
+
+
+__all__ = ["ShardkitIterableDataset", "job_state"]

@@ -1,0 +1,12 @@
+"""PyTorch adapters, public as ``shardkit.torch`` (torch is imported only when this module is).
+
+Example:
+    >>> import shardkit.torch
+    >>> loader = shardkit.torch.make_loader(url, batch_size=256, device="cuda")
+"""
+
+from shardkit.reader.collate import Collate
+from shardkit.reader.torch import Loader, make_loader
+from shardkit.reader.torch_data import ShardkitIterableDataset, job_state
+
+__all__ = ["Collate", "Loader", "ShardkitIterableDataset", "job_state", "make_loader"]

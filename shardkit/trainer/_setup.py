@@ -1,0 +1,97 @@
+"""How `shardkit.trainer.init` sets a process up: its config, server roles, the torch process group."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from shardkit.cluster import protocol as p
+from shardkit.cluster.config import JobConfig, load_config
+from shardkit.errors import ConfigError
+
+if TYPE_CHECKING:
+    from shardkit.trainer.context import TrainContext
+
+__all__ = ["CONFIG_ENV", "init_torch_allreduce", "int_env", "load_job_config", "serve_if_server"]
+
+CONFIG_ENV = "SHARDKIT_CONFIG"  # a job YAML for a script started by hand (python / torchrun)
+
+
+def int_env(name: str, default: int | None = None) -> int | None:
+    """An integer environment variable (``default`` when unset or empty); `ConfigError` when malformed."""
+    value = os.environ.get(name)
+    if value is None or value == "":
+        return default
+    try:
+        return int(value)
+    except ValueError as e:
+        raise ConfigError(f"the environment variable {name}={value!r} is not an integer; it is set by "
+                          "`shardkit train` (or torchrun): do not set it by hand") from e
+
+
+def load_job_config(config: str | os.PathLike[str] | JobConfig | None) -> JobConfig | None:
+    """The job's config: the supervisor's ``job.json`` inside a job, else ``config``, else the YAML named
+    by ``SHARDKIT_CONFIG``, else None (see `shardkit.trainer.init`)."""
+    job_json = os.environ.get(p.ENV_JOB_CONFIG)
+    if job_json:  # inside a job: the supervisor's resolved config (with its --set overrides) wins
+        path = Path(job_json)
+        try:
+            data = json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, ValueError) as e:
+            raise ConfigError(f"{p.ENV_JOB_CONFIG}={job_json}: cannot read the job's config ({e}); it is "
+                              "written by `shardkit train` before the processes start") from e
+        return JobConfig.from_redacted(data, source=path)
+    if isinstance(config, JobConfig):
+        return config
+    if config is not None:
+        return load_config(config)
+    if os.environ.get(CONFIG_ENV):
+        return load_config(os.environ[CONFIG_ENV])
+    return None
+
+
+def serve_if_server(ctx: TrainContext, cfg: JobConfig) -> None:
+    if cfg.strategy != "parameter_server":
+        return
+    if cfg.framework == "torch" and ctx.role == "ps":
+        from shardkit.trainer import torch_ps
+
+        torch_ps.serve(ctx, heartbeat_interval=ctx.heartbeat_interval)
+    elif cfg.framework == "tensorflow" and ctx.role in ("ps", "worker"):
+        from shardkit.trainer import tf as tf_strategy
+
+        tf_strategy.serve(ctx, heartbeat_interval=ctx.heartbeat_interval)
+    else:
+        return
+    ctx.finish(save=False)
+    sys.exit(0)
+
+
+def init_torch_allreduce(ctx: TrainContext, backend: str | None) -> None:
+    import torch
+    import torch.distributed as dist
+
+    local_world = int_env(p.LOCAL_WORLD_SIZE, ctx.world_size) or 1
+    cuda = torch.cuda.is_available() and torch.cuda.device_count() >= local_world
+    backend = backend or ("nccl" if cuda else "gloo")
+    if backend == "nccl":
+        torch.cuda.set_device(ctx.local_rank)
+        ctx.device = torch.device("cuda", ctx.local_rank)
+    else:
+        ctx.device = torch.device("cpu")
+    if dist.is_initialized():
+        return
+    if p.MASTER_ADDR in os.environ and p.WORLD_SIZE in os.environ:
+        dist.init_process_group(backend)
+    elif ctx.world_size == 1:  # a script started alone: a one-process group, so DDP works unchanged
+        from shardkit.cluster.spec import free_ports
+
+        dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{free_ports(1)[0]}", rank=0,
+                                world_size=1)
+    else:
+        raise ConfigError(f"WORLD_SIZE={ctx.world_size} without {p.MASTER_ADDR}: start the script with "
+                          "`shardkit train job.yaml` or torchrun, which set the rendezvous variables")
+    ctx._owns_process_group = True

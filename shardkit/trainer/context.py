@@ -1,0 +1,253 @@
+"""`init()` -> `TrainContext`: a training script's place in its job, its data, checkpoints and heartbeats."""
+
+from __future__ import annotations
+
+import math
+import os
+import time
+from collections.abc import Mapping
+from types import TracebackType
+from typing import TYPE_CHECKING, Any, Literal
+
+from shardkit.cluster import protocol as p
+from shardkit.cluster.config import JobConfig
+from shardkit.errors import ConfigError
+from shardkit.trainer._setup import (
+    CONFIG_ENV,
+    init_torch_allreduce,
+    int_env,
+    load_job_config,
+    serve_if_server,
+)
+from shardkit.trainer.checkpointing import Checkpoints
+from shardkit.trainer.heartbeat import Beacon
+
+if TYPE_CHECKING:
+    from shardkit.reader.reader import Reader
+
+__all__ = ["CONFIG_ENV", "TrainContext", "init"]
+
+_LOADER_KEYS = frozenset({"device", "pin_memory", "collate"})
+_DATASET_KEYS = frozenset({"label", "features", "collate", "prefetch"})
+
+
+class TrainContext:
+    """What `init` returns: this process's rank and role, its data, checkpoints and heartbeats.
+
+    Attributes: ``rank``, ``world_size``, ``local_rank`` (torch.distributed's, or this process's
+    data shard for TensorFlow), ``role`` (``worker``, ``ps``, ``chief``, ``evaluator``), ``role_index``,
+    ``attempt`` (0, then 1 after the first restart), ``is_chief`` (the process that writes
+    checkpoints), ``params`` (the config's free-form ``params``), ``config`` (the `JobConfig`, or
+    None), ``checkpoint`` (`Checkpoints`), ``step_count`` (steps counted, from the restored step on).
+    """
+
+    def __init__(self, *, config: JobConfig | None, role: str, role_index: int, attempt: int, rank: int,
+                 world_size: int, local_rank: int, data_shard: int | None, num_data_shards: int | None,
+                 heartbeat_addr: str | None) -> None:
+        self.config = config
+        self.role, self.role_index, self.attempt = role, role_index, attempt
+        self.rank, self.world_size, self.local_rank = rank, world_size, local_rank
+        self.data_shard, self.num_data_shards = data_shard, num_data_shards
+        self.params: Mapping[str, Any] = dict(config.params) if config is not None else {}
+        self.framework = config.framework if config is not None else None
+        self.strategy = config.strategy if config is not None else None
+        roles = config.roles if config is not None else {}
+        if role == "chief" or "chief" in roles:
+            self.is_chief = role == "chief"
+        else:
+            self.is_chief = role == "worker" and role_index == 0
+        ft = config.fault_tolerance if config is not None else None
+        self.heartbeat_interval = ft.heartbeat_interval if ft is not None else 1.0
+        self.step_count = 0
+        self.samples = 0
+        self.metrics: Mapping[str, Any] = {}
+        self.device: Any = None  # set by init for torch allreduce: the torch.device of this rank
+        self._beacon = Beacon(heartbeat_addr, role=role, index=role_index, attempt=attempt)
+        self._readers: list[Any] = []
+        self._owns_process_group = False
+        self._finished = False
+        self._last_beat = -math.inf
+        self.checkpoint = Checkpoints(self)
+
+    def __repr__(self) -> str:
+        return (f"TrainContext(role={self.role!r}, index={self.role_index}, "
+                f"rank={self.rank}/{self.world_size}, attempt={self.attempt}, step={self.step_count})")
+
+    # -- data ------------------------------------------------------------------------------------------
+    def reader_kwargs(self, **overrides: Any) -> dict[str, Any]:
+        """The `make_reader` arguments of this process's shard of ``config.data`` with ``overrides``."""
+        kwargs: dict[str, Any] = {}
+        data = self.config.data if self.config is not None else None
+        if data is not None:
+            kwargs = {"url": data.url, "batch_size": data.batch_size, "seed": data.seed,
+                      "shuffle": data.shuffle, "num_epochs": data.num_epochs, **data.options}
+        shard = (self.data_shard, self.num_data_shards) if self.data_shard is not None else (0, 1)
+        kwargs["shard"], kwargs["num_shards"] = shard
+        kwargs.update(overrides)
+        if kwargs.get("url") is None:
+            raise ConfigError("ctx.reader(): the job config has no data section, so there is nothing to "
+                              "read. Fix: add data: {url: path/to/dataset} to the job config, or pass url=")
+        return kwargs
+
+    def reader(self, **overrides: Any) -> Reader:
+        """`shardkit.make_reader` over ``config.data`` for this process's shard (see `reader_kwargs`).
+
+        Example:
+            >>> reader = ctx.reader()                                   # this rank's shard of the job data
+            >>> test = ctx.reader(filter=[("split", "=", "test")], shard=0, num_shards=1, shuffle=False)
+
+        Roles that read no job data (an evaluator) get the whole dataset (shard 0 of 1). The reader is
+        closed by `finish`.
+        """
+        from shardkit.reader.api import make_reader
+
+        kwargs = self.reader_kwargs(**overrides)
+        reader = make_reader(kwargs.pop("url"), **kwargs)
+        self._readers.append(reader)
+        return reader
+
+    def torch_loader(self, **overrides: Any) -> Any:
+        """``shardkit.reader.torch.make_loader`` over `reader` (``device``, ``pin_memory``, ``collate`` go
+        to the loader, the rest to the reader)."""
+        from shardkit.reader.torch import make_loader
+
+        loader_kwargs = {k: v for k, v in overrides.items() if k in _LOADER_KEYS}
+        reader = self.reader(**{k: v for k, v in overrides.items() if k not in _LOADER_KEYS})
+        return make_loader(reader, **loader_kwargs)
+
+    def tf_dataset(self, **overrides: Any) -> Any:
+        """``shardkit.reader.tf.make_dataset`` over `reader` (``label``, ``features``, ``collate``,
+        ``prefetch`` go to the dataset, the rest to the reader)."""
+        from shardkit.reader.tf import make_dataset
+
+        dataset_kwargs = {k: v for k, v in overrides.items() if k in _DATASET_KEYS}
+        reader = self.reader(**{k: v for k, v in overrides.items() if k not in _DATASET_KEYS})
+        return make_dataset(reader, **dataset_kwargs)
+
+    # -- progress --------------------------------------------------------------------------------------
+    def step(self, metrics: Mapping[str, Any] | None = None, *, samples: int = 0) -> int:
+        """Count one training step: heartbeat (at most every ``heartbeat_interval``) and checkpoint when due.
+
+        Example:
+            >>> for batch in reader:
+            ...     loss = train_step(batch)
+            ...     ctx.step({"loss": loss}, samples=len(batch["label"]))
+
+        Every process of an allreduce job must call it once per step (the checkpoint decision is the
+        same on all of them; rank 0 / the chief writes). Metric values may be tensors: they are read
+        only when a heartbeat goes out. Returns the new step number.
+        """
+        self.step_count += 1
+        self.samples += int(samples)
+        if metrics is not None:
+            self.metrics = metrics
+        step = self.step_count
+        if self.checkpoint.due(step):
+            self._beat("step")  # a save may take a while: show progress first
+            url = self.checkpoint.save(step)
+            if url is not None:
+                self._beat("checkpoint", checkpoint=url)
+        elif time.monotonic() - self._last_beat >= self.heartbeat_interval:
+            self._beat("step")
+        return step
+
+    def heartbeat(self, kind: str = "alive") -> None:
+        """Tell the supervisor this process is alive (call it during long work between steps)."""
+        self._beat(kind if kind in p.HEARTBEAT_KINDS else "alive")  # type: ignore[arg-type]
+
+    def _beat(self, kind: p.HeartbeatKind, checkpoint: str | None = None) -> None:
+        if kind != "start":  # "start" does not end the startup window: the first step beat must go out
+            self._last_beat = time.monotonic()
+        self._beacon.send(kind, step=self.step_count, samples=self.samples, metrics=self.metrics,
+                          checkpoint=checkpoint)
+
+    def finish(self, *, save: bool = True) -> None:
+        """End training: save a last checkpoint of the current step (unless ``save=False``, or it was just
+        saved, or nothing is tracked), send the final ``done`` heartbeat, close the readers made by
+        `reader` and end the torch process group `init` started. Called by ``with ctx:`` on success."""
+        if self._finished:
+            return
+        self._finished = True
+        if save and self.checkpoint.pending(self.step_count):
+            url = self.checkpoint.save(self.step_count)
+            if url is not None:
+                self._beat("checkpoint", checkpoint=url)
+        self._beat("done")
+        self._close()
+
+    def _close(self) -> None:
+        for reader in self._readers:
+            reader.close()
+        self._readers.clear()
+        if self._owns_process_group:
+            import torch.distributed as dist
+
+            if dist.is_initialized():
+                dist.destroy_process_group()
+            self._owns_process_group = False
+        self._beacon.close()
+
+    def __enter__(self) -> TrainContext:
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> Literal[False]:
+        if exc_type is None:
+            self.finish()
+        else:  # the process is failing: no final checkpoint, no "done"; the supervisor sees the exit
+            self._finished = True
+            self._close()
+        return False
+
+
+def init(config: str | os.PathLike[str] | JobConfig | None = None, *, backend: str | None = None
+         ) -> TrainContext:
+    """This process's `TrainContext`; call it once, at the start of the training script.
+
+    Example:
+        >>> ctx = shardkit.trainer.init()
+        >>> model = DDP(Net())                                  # torch allreduce: the group is ready
+        >>> reader = ctx.reader()
+        >>> start = ctx.checkpoint.restore(model=model, optimizer=opt, reader=reader)
+        >>> with ctx:
+        ...     for batch in reader:
+        ...         ctx.step({"loss": train_step(batch)}, samples=len(batch["label"]))
+
+    Where the config comes from: inside ``shardkit train``, the job's (``SHARDKIT_JOB_CONFIG``; the
+    argument is ignored); else ``config`` (a YAML path or a `JobConfig`); else the YAML named by
+    ``SHARDKIT_CONFIG``; else none (rank and world from ``RANK``/``WORLD_SIZE``, no data section, no
+    checkpoints). Started by hand (``python train.py``, ``torchrun ... train.py``), the process reads
+    shard ``RANK`` of ``WORLD_SIZE`` and sends no heartbeats.
+
+    What it does for the job's strategy:
+    - torch allreduce: ``torch.distributed.init_process_group`` from the env (``nccl`` when CUDA has a
+      device per local process, else ``gloo``; ``backend`` overrides), with a one-process group when
+      the script runs alone; `finish` destroys it. ``ctx.device`` is this rank's device.
+    - server roles never return from `init`: they serve until the job is done, then the process exits
+      (torch parameter server: ``ps`` runs `shardkit.trainer.torch_ps.serve`; TensorFlow parameter
+      server: ``ps`` and ``worker`` run `shardkit.trainer.tf.serve`).
+    - checkpoints every ``checkpoint.every_seconds``: for torch allreduce rank 0 decides and broadcasts
+      (so every rank saves at the same step); for TensorFlow allreduce across processes it is ignored
+      with a warning (the workers could not agree without a collective): use ``every_steps``.
+    """
+    cfg = load_job_config(config)
+    env = os.environ
+    in_job = p.ENV_ROLE in env
+    role = env.get(p.ENV_ROLE, "worker")
+    rank_env, world_env = int_env(p.RANK), int_env(p.WORLD_SIZE)
+    index = int_env(p.ENV_ROLE_INDEX, rank_env or 0) or 0
+    attempt = int_env(p.ENV_ATTEMPT, int_env("TORCHELASTIC_RESTART_COUNT", 0)) or 0
+    shard, shards = int_env(p.ENV_DATA_SHARD), int_env(p.ENV_DATA_NUM_SHARDS)
+    if not in_job and shard is None:
+        shard, shards = rank_env or 0, world_env or 1
+    rank = rank_env if rank_env is not None else (shard if shard is not None else index)
+    world = world_env if world_env is not None else (shards if shards is not None else 1)
+    ctx = TrainContext(config=cfg, role=role, role_index=index, attempt=attempt, rank=rank, world_size=world,
+                       local_rank=int_env(p.LOCAL_RANK, 0) or 0, data_shard=shard, num_data_shards=shards,
+                       heartbeat_addr=env.get(p.ENV_HEARTBEAT_ADDR) if in_job else None)
+    ctx._beat("start")
+    if cfg is not None:
+        serve_if_server(ctx, cfg)
+        if cfg.framework == "torch" and cfg.strategy == "allreduce":
+            init_torch_allreduce(ctx, backend)
+    return ctx

@@ -1,0 +1,293 @@
+"""torch parameter server over ``torch.distributed.rpc``: ps processes hold the parameters, workers push
+gradients and pull weights.
+
+A job with ``framework: torch, strategy: parameter_server`` has ``ps`` and ``worker`` roles. Ranks put
+the ps first (ps ``i`` is rpc rank ``i``, named ``ps{i}``; worker ``j`` is rank ``num_ps + j``, named
+``worker{j}``); ``shardkit.trainer.init()`` runs `serve` on ps roles, so the script's own code runs
+only on workers::
+
+    ctx = shardkit.trainer.init()                      # on a ps: serves, then exits
+    model = Net()
+    ps = shardkit.trainer.torch_ps.connect(ctx, model)  # optimizer from params.optimizer
+    reader = ctx.reader()
+    start = ctx.checkpoint.restore(model=model, optimizer=ps, reader=reader)   # the ps state rides as
+    ps.pull()                                                                  # the "optimizer"
+    with ps, ctx:                                       # this order: ctx.finish saves, then ps closes
+        for batch in reader:
+            model.zero_grad()
+            loss = loss_fn(model(batch["x"]), batch["y"])
+            loss.backward()
+            ps.step()                                   # push gradients, pull fresh weights
+            ctx.step({"loss": loss.detach()}, samples=len(batch["y"]))
+
+Choices:
+- Sharding: with several ps, each trainable parameter lives on exactly one ps, chosen greedily by size
+  (largest first, onto the least loaded ps), the same on every worker since it depends only on the model.
+  Buffers (BatchNorm statistics) are not served: each worker keeps its own.
+- Updates are asynchronous (Downpour-style SGD): a ps applies each worker's gradient when it arrives,
+  with the optimizer named in ``params.optimizer`` (``sgd`` or ``adam`` and their options). `step` is
+  synchronous for its own worker (push, then the weights after the update, one round trip per ps);
+  `push` alone returns a future, for overlapping the next forward pass with the push.
+- Worker 0 owns the ps state: its first `pull`/`push`/`step` sends the model's parameters (or, after
+  `load_state_dict`, the checkpoint's) to the ps; other workers' pulls wait for that. `state_dict` on
+  worker 0 fetches parameters and optimizer state keyed by parameter name, so a checkpoint restores onto
+  any number of ps. Each ps's part is consistent; with several ps, pushes landing during the fetch
+  can make parts differ by an update.
+- Checkpoints: worker 0 writes them (``ctx.checkpoint`` with ``optimizer=ps``: the file is
+  ``optimizer.pt``, tensors only, loaded with ``weights_only``). The reader position saved is worker
+  0's; every worker resumes from it in its own shard. Workers of an asynchronous job drift apart by a
+  few batches, so on a restart those few batches of the other workers are trained again or skipped:
+  exact resume needs the lockstep of allreduce.
+- Trust: rpc pickles its messages (that is how ``torch.distributed.rpc`` works). The ps port must only
+  be reachable by the job's own processes, as with every torch.distributed backend.
+- Shutdown: `close` (and a ps's `serve`) call the graceful ``rpc.shutdown()``, which returns only when
+  every ps and worker has called it: the ps serves until the last worker is done.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import warnings
+from collections.abc import Iterable, Mapping
+from datetime import timedelta
+from typing import Any, Protocol
+
+import torch
+from torch.distributed import rpc
+
+from shardkit.cluster import protocol
+from shardkit.errors import ConfigError
+from shardkit.trainer import torch_ps_server as server
+
+__all__ = ["ParameterServerClient", "assign", "connect", "serve"]
+
+DEFAULT_OPTIMIZER: dict[str, Any] = {"name": "sgd", "lr": 0.01}
+RPC_TIMEOUT = timedelta(minutes=10)  # a pull may wait for worker 0's restore; heartbeats catch real hangs
+
+
+class _Context(Protocol):
+    role: str
+    role_index: int
+    params: Mapping[str, Any]
+
+    def heartbeat(self, kind: str = ...) -> None: ...
+
+
+def assign(sizes: Iterable[tuple[str, int]], num_ps: int) -> dict[str, int]:
+    """Which ps holds each parameter: largest first onto the least loaded ps (ties: lowest index).
+
+    Example:
+        >>> assign([("a", 10), ("b", 7), ("c", 5)], 2)
+        {'a': 0, 'b': 1, 'c': 1}
+    """
+    if num_ps < 1:
+        raise ConfigError(f"roles.ps.count={num_ps}: a parameter-server job needs at least one ps")
+    load = [0] * num_ps
+    placed: dict[str, int] = {}
+    for name, size in sorted(sizes, key=lambda item: -item[1]):  # stable: model order breaks ties
+        target = min(range(num_ps), key=lambda i: (load[i], i))
+        placed[name] = target
+        load[target] += size
+    return placed
+
+
+def _rpc_options(timeout: timedelta = RPC_TIMEOUT) -> rpc.TensorPipeRpcBackendOptions:
+    addr = os.environ.get(protocol.MASTER_ADDR)
+    port = os.environ.get(protocol.MASTER_PORT)
+    if not addr or not port:
+        raise ConfigError(f"{protocol.MASTER_ADDR}/{protocol.MASTER_PORT} are not set: run the script with "
+                          "`shardkit train job.yaml` (framework: torch, strategy: parameter_server)")
+    return rpc.TensorPipeRpcBackendOptions(init_method=f"tcp://{addr}:{port}",
+                                           rpc_timeout=timeout.total_seconds())
+
+
+def _init_rpc(name: str, rank: int, world: int) -> None:
+    with warnings.catch_warnings():
+        # torch's own rpc setup uses a deprecated ProcessGroup call (torch 2.13); not ours to fix.
+        warnings.filterwarnings("ignore", message="You are using a Backend", category=UserWarning)
+        rpc.init_rpc(name, rank=rank, world_size=world,  # type: ignore[no-untyped-call]
+                     rpc_backend_options=_rpc_options())
+
+
+def _world() -> tuple[int, int]:
+    try:
+        return int(os.environ[protocol.RANK]), int(os.environ[protocol.WORLD_SIZE])
+    except (KeyError, ValueError) as e:
+        raise ConfigError(f"{protocol.RANK}/{protocol.WORLD_SIZE} are missing or not integers ({e}): run "
+                          "the script with `shardkit train job.yaml`") from e
+
+
+def serve(ctx: _Context, *, heartbeat_interval: float = 1.0) -> None:
+    """Serve one shard of the parameters until every worker has closed its connection (ps roles).
+
+    Example (``shardkit.trainer.init()`` does this on ps roles):
+        >>> if ctx.role == "ps":
+        ...     shardkit.trainer.torch_ps.serve(ctx)
+
+    Heartbeats ``alive`` from a thread every ``heartbeat_interval`` seconds while serving.
+    """
+    rank, world = _world()
+    if rank != ctx.role_index:
+        raise ConfigError(f"ps {ctx.role_index} has {protocol.RANK}={rank}; a torch parameter-server job "
+                          "ranks the ps first (ps i is rank i): check the cluster spec")
+    stop = threading.Event()
+
+    def beat() -> None:
+        while not stop.wait(heartbeat_interval):
+            ctx.heartbeat("alive")
+
+    thread = threading.Thread(target=beat, name="shardkit-ps-heartbeat", daemon=True)
+    thread.start()
+    try:
+        _init_rpc(f"ps{ctx.role_index}", rank, world)
+        rpc.shutdown()  # graceful: serves requests until every worker has called shutdown too
+    finally:
+        stop.set()
+        thread.join()
+
+
+class ParameterServerClient:
+    """A worker's handle on the parameter servers (create with `connect`)."""
+
+    def __init__(self, model: torch.nn.Module, *, num_ps: int, worker: int,
+                 optimizer: Mapping[str, Any]) -> None:
+        self.model = model
+        self.worker = worker
+        self.optimizer = dict(optimizer)
+        self.params = {name: p for name, p in model.named_parameters() if p.requires_grad}
+        self.placement = assign(((n, p.numel()) for n, p in self.params.items()), num_ps)
+        self.ps_names = [f"ps{i}" for i in range(num_ps)]
+        self._initialized = worker != 0  # only worker 0 initializes the ps
+        self._pending: dict[str, Any] | None = None  # a restored state to send instead of the model
+        self._closed = False
+
+    def _split(self, values: Mapping[str, torch.Tensor]) -> list[dict[str, torch.Tensor]]:
+        parts: list[dict[str, torch.Tensor]] = [{} for _ in self.ps_names]
+        for name, value in values.items():
+            parts[self.placement[name]][name] = value
+        return parts
+
+    def _ensure_initialized(self) -> None:
+        if self._closed:
+            raise RuntimeError("this parameter-server connection is closed; close it last (`with ps, ctx:` "
+                               "lets ctx.finish save the ps state before the connection closes)")
+        if self._initialized:
+            return
+        state = self._pending or {"params": {n: p.detach() for n, p in self.params.items()}, "state": {},
+                                  "spec": self.optimizer, "updates": 0}
+        values = state["params"]
+        misfit = sorted(n for n, p in self.params.items()
+                        if n not in values or tuple(values[n].shape) != tuple(p.shape))
+        if misfit or set(values) - set(self.params):
+            raise ConfigError(f"the parameter-server state does not fit this model (parameters {misfit[:5]} "
+                              f"missing or of another shape, {sorted(set(values) - set(self.params))[:5]} "
+                              "unknown): restore a checkpoint saved from the same model")
+        params = self._split(values)
+        slots = self._split({n: v for n, v in state["state"].items() if n in self.params})
+        futures = [rpc.rpc_async(ps, server._rpc_load, args=(params[i], state["spec"], slots[i] or None,
+                                                             int(state["updates"])))
+                   for i, ps in enumerate(self.ps_names)]
+        torch.futures.wait_all(futures)
+        self._initialized, self._pending = True, None
+
+    def _grads(self) -> dict[str, torch.Tensor]:
+        # Cloned: rpc may still be sending a tensor when the next backward pass writes into .grad.
+        return {n: p.grad.detach().clone() for n, p in self.params.items() if p.grad is not None}
+
+    def _assign(self, weights: Iterable[Mapping[str, torch.Tensor]]) -> None:
+        with torch.no_grad():
+            for part in weights:
+                for name, value in part.items():
+                    self.params[name].copy_(value)
+
+    def pull(self) -> None:
+        """Copy the current weights from every ps into the model (blocks)."""
+        self._ensure_initialized()
+        futures = [rpc.rpc_async(ps, server._rpc_pull) for ps in self.ps_names]
+        self._assign(torch.futures.wait_all(futures))
+
+    def push(self, grads: Mapping[str, torch.Tensor] | None = None) -> torch.futures.Future[list[Any]]:
+        """Send gradients (default: the model's ``.grad``) to the ps; returns a future of the updates."""
+        self._ensure_initialized()
+        parts = self._split(self._grads() if grads is None else grads)
+        futures = [rpc.rpc_async(ps, server._rpc_push, args=(part,))
+                   for ps, part in zip(self.ps_names, parts, strict=True)]
+        return torch.futures.collect_all(futures)
+
+    def step(self) -> None:
+        """Push the model's gradients and load the updated weights: one round trip per ps (blocks)."""
+        self._ensure_initialized()
+        parts = self._split(self._grads())
+        futures = [rpc.rpc_async(ps, server._rpc_push_pull, args=(parts[i],))
+                   for i, ps in enumerate(self.ps_names)]
+        self._assign(torch.futures.wait_all(futures))
+
+    def state_dict(self) -> dict[str, Any]:
+        """The ps state (parameters, optimizer state by parameter name, spec, update count); worker 0."""
+        self._ensure_initialized()
+        parts = torch.futures.wait_all([rpc.rpc_async(ps, server._rpc_state) for ps in self.ps_names])
+        spec = parts[0]["spec"] if parts else self.optimizer  # the ps's: a restore may have changed it
+        merged: dict[str, Any] = {"version": 1, "params": {}, "state": {}, "spec": spec,
+                                  "updates": max((int(p["updates"]) for p in parts), default=0)}
+        for part in parts:
+            merged["params"].update(part["params"])
+            merged["state"].update(part["state"])
+        return merged
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Worker 0: put a `state_dict` back on the ps now; other workers: ignored (worker 0 owns it).
+
+        The saved optimizer spec wins over ``params.optimizer``, as torch's own ``load_state_dict``
+        restores the saved learning rate; the parameters may be spread over another number of ps.
+        """
+        if self.worker != 0:
+            return
+        if not isinstance(state, Mapping) or state.get("version") != 1 or "params" not in state:
+            raise ConfigError("load_state_dict got something that is not a torch_ps state_dict "
+                              "(version 1 with params): restore with the same strategy that saved it")
+        self._pending = {"params": state["params"], "state": state.get("state", {}),
+                         "spec": server.validate_optimizer(state.get("spec", self.optimizer), "state.spec"),
+                         "updates": int(state.get("updates", 0))}
+        self._initialized = False
+        self._ensure_initialized()
+
+    def close(self) -> None:
+        """Wait for every worker and ps to finish, then leave rpc (graceful ``rpc.shutdown``)."""
+        if not self._closed:
+            self._closed = True
+            rpc.shutdown()
+
+    def __enter__(self) -> ParameterServerClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def connect(ctx: _Context, model: torch.nn.Module, *,
+            optimizer: Mapping[str, Any] | None = None) -> ParameterServerClient:
+    """Join the job's rpc group as a worker and return the handle that pushes and pulls ``model``.
+
+    Example:
+        >>> ps = shardkit.trainer.torch_ps.connect(ctx, model, optimizer={"name": "adam", "lr": 3e-3})
+
+    Args:
+        ctx: this worker's `TrainContext`.
+        model: its trainable parameters are served; it must be built the same way on every worker.
+        optimizer: ``{"name": "sgd"|"adam", ...options}``; default ``ctx.params["optimizer"]``, else
+            SGD with lr 0.01. Only worker 0's choice is used (it initializes the ps).
+    """
+    if ctx.role != "worker":
+        raise ConfigError(f"torch_ps.connect is for worker roles, not {ctx.role!r} (ps roles run serve)")
+    if optimizer is not None:
+        spec = server.validate_optimizer(optimizer, "connect(optimizer=...)")
+    else:
+        spec = server.validate_optimizer(ctx.params.get("optimizer", DEFAULT_OPTIMIZER), "params.optimizer")
+    rank, world = _world()
+    num_ps = rank - ctx.role_index
+    if num_ps < 1 or num_ps >= world:
+        raise ConfigError(f"worker {ctx.role_index} has {protocol.RANK}={rank} of {world}: a torch "
+                          "parameter-server job needs roles.ps.count >= 1, ranked before the workers")
+    _init_rpc(f"worker{ctx.role_index}", rank, world)
+    return ParameterServerClient(model, num_ps=num_ps, worker=ctx.role_index, optimizer=spec)

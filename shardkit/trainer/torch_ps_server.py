@@ -1,0 +1,156 @@
+"""The parameter-server side of `shardkit.trainer.torch_ps`: one shard of the parameters and its optimizer.
+
+Everything here runs inside a ps process. Workers reach it through the module-level ``_rpc_*``
+functions, which ``torch.distributed.rpc`` calls by their qualified name on the ps's own copy of this
+module (the ps imported it to serve), in the rpc agent's thread pool: hence the lock.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Mapping
+from typing import Any, Final
+
+import torch
+
+__all__ = ["OPTIMIZERS", "Shard", "validate_optimizer"]
+
+# name -> (torch.optim class name, options a config may set). Only these two: their per-parameter state
+# is a flat dict of tensors, which is what lets the state be saved by parameter name (see `Shard.state`).
+OPTIMIZERS: Final[dict[str, tuple[str, frozenset[str]]]] = {
+    "sgd": ("SGD", frozenset({"lr", "momentum", "dampening", "weight_decay", "nesterov"})),
+    "adam": ("Adam", frozenset({"lr", "betas", "eps", "weight_decay", "amsgrad"})),
+}
+READY_TIMEOUT: Final = 600.0  # how long a pull waits for worker 0 to initialize the parameters
+
+
+def validate_optimizer(spec: Mapping[str, Any], where: str) -> dict[str, Any]:
+    """Check an optimizer spec such as ``{"name": "adam", "lr": 0.01}``; returns a plain copy.
+
+    ``where`` names its origin (``params.optimizer`` or ``connect(optimizer=...)``) for the message.
+    """
+    from shardkit.errors import ConfigError
+
+    if not isinstance(spec, Mapping) or not isinstance(spec.get("name"), str):
+        raise ConfigError(f"{where}={spec!r} must be a mapping with a 'name', e.g. {{name: sgd, lr: 0.05}}")
+    name = spec["name"].lower()
+    if name not in OPTIMIZERS:
+        raise ConfigError(f"{where}.name={spec['name']!r} is not a parameter-server optimizer; "
+                          f"use one of {sorted(OPTIMIZERS)}")
+    allowed = OPTIMIZERS[name][1]
+    unknown = sorted(set(spec) - allowed - {"name"})
+    if unknown:
+        raise ConfigError(f"{where} has option(s) {unknown} that {name} does not take; "
+                          f"it takes {sorted(allowed)}")
+    options = {key: (tuple(value) if isinstance(value, list) else value)
+               for key, value in spec.items() if key != "name"}
+    if "lr" in options and not (isinstance(options["lr"], int | float) and options["lr"] > 0):
+        raise ConfigError(f"{where}.lr={options['lr']!r} must be a number > 0")
+    try:  # let torch check the rest (betas, eps, ...) now, on the worker, not later on a ps
+        getattr(torch.optim, OPTIMIZERS[name][0])([torch.zeros(1, requires_grad=True)], **options)
+    except (TypeError, ValueError) as e:
+        raise ConfigError(f"{where}={dict(spec)!r} is not a valid {name} optimizer: {e}") from e
+    return {"name": name, **options}
+
+
+class Shard:
+    """The parameters one ps holds, by name, with their optimizer.
+
+    Example (what the rpc functions do; workers never build one):
+        >>> shard = Shard()
+        >>> shard.load({"fc.weight": w}, {"name": "sgd", "lr": 0.1}, state=None)
+        >>> shard.apply({"fc.weight": grad}); shard.weights()["fc.weight"]
+
+    An update is applied as soon as a gradient arrives (asynchronous SGD): pushes from different
+    workers are serialized by a lock, never averaged or waited for.
+    """
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.ready = threading.Event()
+        self.params: dict[str, torch.Tensor] = {}
+        self.spec: dict[str, Any] = {}
+        self.optimizer: torch.optim.Optimizer | None = None
+        self.updates = 0
+
+    def load(self, params: Mapping[str, torch.Tensor], spec: Mapping[str, Any],
+             state: Mapping[str, Mapping[str, torch.Tensor]] | None, updates: int = 0) -> None:
+        """(Re)initialize from worker 0: parameter values, optimizer spec and optional optimizer state."""
+        with self.lock:
+            self.params = {name: value.detach().clone().requires_grad_(True)
+                           for name, value in params.items()}
+            self.spec = dict(spec)
+            options = {key: value for key, value in spec.items() if key != "name"}
+            names = list(self.params)
+            cls = getattr(torch.optim, OPTIMIZERS[spec["name"]][0])
+            self.optimizer = cls([self.params[n] for n in names], **options) if names else None
+            if self.optimizer is not None and state:
+                for name, slots in state.items():
+                    if name in self.params:
+                        self.optimizer.state[self.params[name]] = {k: v.clone() for k, v in slots.items()}
+            self.updates = updates
+            self.ready.set()
+
+    def wait_ready(self) -> None:
+        if not self.ready.wait(READY_TIMEOUT):
+            raise RuntimeError(f"worker 0 did not initialize this parameter server within "
+                               f"{READY_TIMEOUT:.0f} s (is it running? it initializes the parameters on "
+                               "its first pull, push, step or load_state_dict)")
+
+    def apply(self, grads: Mapping[str, torch.Tensor]) -> int:
+        """One optimizer step with these gradients (parameters without one are left alone)."""
+        self.wait_ready()
+        with self.lock:
+            unknown = sorted(set(grads) - set(self.params))
+            if unknown:
+                raise KeyError(f"gradients for parameters this ps does not hold: {unknown[:5]}")
+            if self.optimizer is None:
+                return self.updates
+            for name, param in self.params.items():
+                param.grad = grads.get(name)
+            self.optimizer.step()
+            self.updates += 1
+            return self.updates
+
+    def weights(self) -> dict[str, torch.Tensor]:
+        self.wait_ready()
+        with self.lock:
+            return {name: param.detach().clone() for name, param in self.params.items()}
+
+    def state(self) -> dict[str, Any]:
+        """Parameters, optimizer state keyed by parameter name (so it reshards to any number of ps)."""
+        self.wait_ready()
+        with self.lock:
+            slots: dict[str, dict[str, torch.Tensor]] = {}
+            if self.optimizer is not None:
+                for name, param in self.params.items():
+                    entry = self.optimizer.state.get(param)
+                    if entry:
+                        slots[name] = {key: torch.as_tensor(value).clone() for key, value in entry.items()}
+            return {"params": {n: p.detach().clone() for n, p in self.params.items()}, "state": slots,
+                    "spec": dict(self.spec), "updates": self.updates}
+
+
+SHARD: Final = Shard()  # the one shard of this process (ps processes only)
+
+
+def _rpc_load(params: dict[str, torch.Tensor], spec: dict[str, Any],
+              state: dict[str, dict[str, torch.Tensor]] | None, updates: int) -> None:
+    SHARD.load(params, spec, state, updates)
+
+
+def _rpc_push(grads: dict[str, torch.Tensor]) -> int:
+    return SHARD.apply(grads)
+
+
+def _rpc_push_pull(grads: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    SHARD.apply(grads)
+    return SHARD.weights()
+
+
+def _rpc_pull() -> dict[str, torch.Tensor]:
+    return SHARD.weights()
+
+
+def _rpc_state() -> dict[str, Any]:
+    return SHARD.state()

@@ -1,0 +1,279 @@
+"""The supervisor with real processes (``tests/trainer/scripts/behave.py``, no torch): restarts, timeouts,
+exhausted restarts, Ctrl-C and SIGTERM without orphans, secrets kept out of every file, TensorBoard."""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from shardkit.cluster import run_job
+from shardkit.cluster.config import load_config
+from shardkit.cluster.report import JobResult
+from shardkit.cluster.supervisor import HeartbeatReceiver, driver_roles
+from shardkit.errors import ConfigError, JobError
+from tests.trainer.scripts import proctree
+
+REPO = Path(__file__).resolve().parents[2]
+SCRIPT = REPO / "tests" / "trainer" / "scripts" / "behave.py"
+pytestmark = [pytest.mark.distributed]
+
+
+@pytest.fixture(autouse=True)
+def _no_orphans() -> Iterator[None]:
+    with proctree.reaped():
+        yield
+
+
+def write_config(folder: Path, *, workers: int = 2, steps: int = 20, sleep: float = 0.02,
+                 max_restarts: int = 2, heartbeat_timeout: float = 3.0, startup_timeout: float = 30.0,
+                 env: dict[str, str] | None = None, secrets: dict[str, Any] | None = None,
+                 **params: Any) -> Path:
+    config = {
+        "name": "behave", "entrypoint": str(SCRIPT), "framework": "tensorflow", "strategy": "allreduce",
+        "roles": {"worker": {"count": workers}}, "checkpoint": {"every_steps": 5, "keep": 3},
+        "fault_tolerance": {"max_restarts": max_restarts, "heartbeat_interval": 0.2,
+                            "heartbeat_timeout": heartbeat_timeout, "startup_timeout": startup_timeout},
+        "logdir": str(folder / "job"), "params": {"steps": steps, "sleep": sleep, **params},
+        "env": env or {}, "secrets": secrets or {},
+    }
+    path = folder / "job.yaml"
+    path.write_text(yaml.safe_dump(config))
+    return path
+
+
+def run(folder: Path, **kwargs: Any) -> tuple[JobResult, str]:
+    console = io.StringIO()
+    result = run_job(load_config(write_config(folder, **kwargs)), console=console)
+    return result, console.getvalue()
+
+
+def starts(job_dir: Path, name: str) -> list[dict[str, Any]]:
+    path = job_dir / f"record-{name}.jsonl"
+    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+
+
+@pytest.mark.timeout(60)
+def test_success_writes_logs_summary_job_json_and_tensorboard(tmp_path: Path) -> None:
+    result, console = run(tmp_path)
+    job = tmp_path / "job"
+    assert result.ok
+    assert result.steps == 20
+    assert result.restarts == 0
+    assert not result.failures
+    assert [c.step for c in result.checkpoints] == [5, 10, 15, 20]
+    assert result.samples == 2 * 20 * 4
+    for name in ("worker-0", "worker-1"):
+        log = (job / "logs" / "attempt-0" / f"{name}.log").read_text()
+        assert f"{name} attempt 0 starts at step 0" in log
+        assert f"[{name}] {name} attempt 0 starts at step 0" in console  # echoed with the role's prefix
+    job_json = json.loads((job / "job.json").read_text())
+    assert job_json["name"] == "behave"
+    assert job_json["params"]["steps"] == 20
+    summary = json.loads((job / "summary.json").read_text())
+    assert summary["status"] == "succeeded"
+    assert summary["steps"] == 20
+    assert summary["samples"] == 160
+    assert summary["metrics"]["counter"] == 20
+    assert "job behave succeeded" in console
+    event_accumulator = pytest.importorskip("tensorboard.backend.event_processing.event_accumulator")
+    acc = event_accumulator.EventAccumulator(str(job / "tensorboard"))
+    acc.Reload()
+    assert {"loss", "counter", "samples_per_s", "restarts"} <= set(acc.Tags()["scalars"])
+    assert acc.Scalars("loss")[-1].step == 20
+    assert acc.Scalars("loss")[-1].value == pytest.approx(1 / 20)
+
+
+@pytest.mark.timeout(60)
+def test_killed_worker_restarts_from_checkpoint(tmp_path: Path) -> None:
+    result, console = run(tmp_path, fault={"index": 1, "step": 8, "how": "kill"})
+    job = tmp_path / "job"
+    assert result.ok
+    assert result.restarts == 1
+    assert result.steps == 20
+    assert (result.failures[0].name, result.failures[0].reason) == ("worker-1", "killed by SIGKILL")
+    assert "fault kill at step 8" in result.failures[0].last_lines
+    for name in ("worker-0", "worker-1"):
+        assert [(r["attempt"], r["start"], r["counter"]) for r in starts(job, name)] == [(0, 0, 0), (1, 5, 5)]
+    assert result.attempts[1].resumed_from == 5
+    assert "attempt 1 (from checkpoint step 5)" in console
+
+
+@pytest.mark.timeout(60)
+def test_hang_is_detected_by_heartbeat_timeout(tmp_path: Path) -> None:
+    result, _ = run(tmp_path, heartbeat_timeout=2.0, fault={"index": 1, "step": 8, "how": "hang"})
+    assert result.ok
+    assert result.restarts == 1
+    failure = result.failures[0]
+    assert failure.name == "worker-1"
+    assert failure.returncode is None
+    assert failure.reason.startswith("silent for")
+    assert "heartbeat_timeout 2 s" in failure.reason
+    assert failure.silent_s is not None
+    assert 2.0 < failure.silent_s < 2.0 + 5.0  # within the timeout (plus polling, on a busy machine)
+
+
+@pytest.mark.timeout(60)
+def test_silent_start_is_detected_by_startup_timeout(tmp_path: Path) -> None:
+    with pytest.raises(JobError) as info:
+        run(tmp_path, workers=1, max_restarts=0, startup_timeout=2.0, env={"BEHAVE_SILENT_START": "1"})
+    failure = info.value.result.failures[0]  # type: ignore[attr-defined]
+    assert failure.reason.startswith("no heartbeat in")
+    assert "startup_timeout 2 s" in failure.reason
+
+
+@pytest.mark.timeout(60)
+def test_abort_after_done_counts_as_finished(tmp_path: Path) -> None:
+    """gloo sometimes aborts at exit after the work is done (ENGINES.md): that is not a failure."""
+    result, _ = run(tmp_path, fault={"index": 1, "how": "abort_after_done"})
+    assert result.ok
+    assert result.restarts == 0
+    assert any("worker-1 killed by SIGABRT after it reported done" in note for note in result.notes)
+
+
+@pytest.mark.timeout(90)
+def test_restarts_exhausted_fail_with_the_history(tmp_path: Path) -> None:
+    config = write_config(tmp_path, max_restarts=2, fault={"index": 0, "step": 3, "how": "exit",
+                                                           "attempts": [0, 1, 2]})
+    proc = subprocess.run([sys.executable, "-m", "shardkit.cli", "train", str(config), "--quiet"],
+                          capture_output=True, text=True, timeout=80, start_new_session=True, check=False)
+    assert proc.returncode == 1
+    for attempt in range(3):
+        assert f"attempt {attempt}: worker-0 exit code 3" in proc.stderr
+    assert proc.stderr.count("| fault exit at step 3") == 3  # each failure with the end of its log
+    assert "max_restarts=2 exhausted" in proc.stderr
+    assert "[worker-0]" not in proc.stdout  # --quiet: no role output on the console
+    summary = json.loads((tmp_path / "job" / "summary.json").read_text())
+    assert summary["status"] == "failed"
+    assert summary["restarts"] == 2
+    assert len(summary["failures"]) == 3
+
+
+@pytest.mark.timeout(60)
+def test_secrets_reach_the_roles_and_no_file_or_output(tmp_path: Path,
+                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    env_secret, file_secret = "s3cr3t-from-env-0123", "s3cr3t-from-file-4567"
+    monkeypatch.setenv("BEHAVE_TOKEN", env_secret)
+    (tmp_path / "token").write_text(file_secret + "\n")
+    result, console = run(tmp_path, workers=1, secret_env="API_TOKEN", leak=True,
+                          secrets={"API_TOKEN": {"env": "BEHAVE_TOKEN"},
+                                   "OTHER": {"file": str(tmp_path / "token")}})
+    assert result.ok
+    job = tmp_path / "job"
+    assert starts(job, "worker-0")[0]["secret_sha256"] == hashlib.sha256(env_secret.encode()).hexdigest()
+    assert "the secret is <redacted>" in console  # echoed output is scrubbed
+    for secret in (env_secret, file_secret):
+        assert secret not in console
+        for path in job.rglob("*"):
+            if path.is_file() and path.name != "worker-0.log":  # the role's own output: what it printed
+                assert secret.encode() not in path.read_bytes(), path
+    processes = json.loads((job / "logs" / "attempt-0" / "processes.json").read_text())
+    assert processes[0]["env"]["API_TOKEN"] == "<redacted>"
+    assert json.loads((job / "job.json").read_text())["secrets"] == ["API_TOKEN", "OTHER"]
+
+
+def _start_cli(config: Path) -> subprocess.Popen[str]:
+    return subprocess.Popen([sys.executable, "-m", "shardkit.cli", "train", str(config)],
+                            stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
+
+
+def _wait_running(job: Path, names: list[str], timeout: float = 30.0) -> list[dict[str, Any]]:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        records = [starts(job, n) for n in names]
+        if all(records):
+            return [r[-1] for r in records]
+        time.sleep(0.1)
+    raise AssertionError(f"{names} did not start in {timeout} s")
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_interrupt_stops_every_process_without_orphans(tmp_path: Path, sig: signal.Signals) -> None:
+    config = write_config(tmp_path, steps=100000, sleep=0.05, spawn_child=True)
+    trainer = _start_cli(config)
+    try:
+        running = _wait_running(tmp_path / "job", ["worker-0", "worker-1"])
+        pids = [r["pid"] for r in running] + [r["child"] for r in running]
+        assert all(proctree.alive(pid) for pid in pids)
+        trainer.send_signal(sig)
+        out, _ = trainer.communicate(timeout=30)
+    finally:
+        proctree.kill([trainer.pid])
+    assert trainer.returncode == 128 + sig
+    assert proctree.wait_gone(pids, timeout=5) == set(), "roles or their children outlived the trainer"
+    assert proctree.in_groups([trainer.pid, *pids]) == set()
+    summary = json.loads((tmp_path / "job" / "summary.json").read_text())
+    assert summary["status"] == "interrupted"
+    assert "stopping every process" in out
+
+
+@pytest.mark.timeout(60)
+def test_sigkilled_trainer_takes_its_roles_along(tmp_path: Path) -> None:
+    """The roles get a parent-death signal: even a SIGKILLed trainer leaves no role running."""
+    trainer = _start_cli(write_config(tmp_path, workers=1, steps=100000, sleep=0.05))
+    try:
+        (running,) = _wait_running(tmp_path / "job", ["worker-0"])
+        trainer.kill()
+        trainer.wait(timeout=10)
+        assert proctree.wait_gone([running["pid"]], timeout=5) == set()
+    finally:
+        proctree.kill([trainer.pid])
+        if trainer.stdout is not None:
+            trainer.stdout.close()
+
+
+def test_unknown_and_later_engines_fail_before_anything_starts(tmp_path: Path) -> None:
+    config = load_config(write_config(tmp_path), ["engine=ray"])
+    with pytest.raises(ConfigError, match=r"ray engine .* not built yet.*shardkit\[ray\]"):
+        run_job(config, console=io.StringIO())
+    config = load_config(write_config(tmp_path), ["engine.gpus_per_node=2"])
+    with pytest.raises(ConfigError, match="gpus_per_node"):
+        run_job(config, console=io.StringIO())
+    assert not (tmp_path / "job" / "logs").exists()
+
+
+def test_missing_secret_fails_before_anything_starts(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("BEHAVE_UNSET", raising=False)
+    config = load_config(write_config(tmp_path, secrets={"TOKEN": {"env": "BEHAVE_UNSET"}}))
+    with pytest.raises(ConfigError, match="BEHAVE_UNSET is not set"):
+        run_job(config, console=io.StringIO())
+    assert not (tmp_path / "job").exists()
+
+
+def test_driver_roles_per_strategy(tmp_path: Path) -> None:
+    base = load_config(write_config(tmp_path))
+    assert driver_roles(base) == {"worker", "chief"}
+    tf_ps = load_config(write_config(tmp_path), ["strategy=parameter_server", "roles.ps.count=1"])
+    assert driver_roles(tf_ps) == {"chief"}
+
+
+def test_heartbeat_receiver_drops_malformed_datagrams() -> None:
+    import socket
+
+    from shardkit.cluster.protocol import Heartbeat, parse_addr
+
+    with HeartbeatReceiver() as receiver, socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
+        good = Heartbeat(role="worker", index=1, attempt=0, pid=os.getpid(), kind="step", step=3)
+        for data in (b"not json", b'{"v": 2}', good.to_bytes(), b"\xff" * 10):
+            sock.sendto(data, parse_addr(receiver.addr))
+        beats: list[Heartbeat] = []
+        deadline = time.monotonic() + 5
+        while not beats and time.monotonic() < deadline:
+            beats = receiver.receive(0.1)
+        time.sleep(0.05)
+        beats += receiver.receive(0.0)
+    assert beats == [good]
+    assert receiver.malformed == 3

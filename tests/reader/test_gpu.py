@@ -1,0 +1,147 @@
+"""shardkit.torch on a CUDA device: pinned staging buffers, non-blocking copies on a side stream, overlap.
+
+Marked ``gpu`` (deselected by default: ``pytest -m gpu`` runs them) and skipped, with the reason, where
+torch sees no CUDA device. The bandwidth test prints host-to-device GB/s of the loader's copy path next
+to torch copying the same pinned tensor alone; it asserts no speed (speed lives in benchmarks/).
+"""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pytest
+
+import shardkit
+from tests.reader.datasets import write_all_codecs
+
+pytestmark = pytest.mark.gpu
+
+import torch  # noqa: E402
+
+if not torch.cuda.is_available():
+    pytest.skip(f"needs a CUDA GPU: torch {torch.__version__} sees none", allow_module_level=True)
+
+import shardkit.torch as skt  # noqa: E402
+from shardkit.reader.torch import _CudaStager  # noqa: E402
+
+SLEEP_CYCLES = 200_000_000  # torch.cuda._sleep: a kernel that keeps the GPU busy ~0.1 s
+
+
+@pytest.fixture(scope="module")
+def codecs_ds(tmp_path_factory: pytest.TempPathFactory) -> str:
+    return write_all_codecs(tmp_path_factory.mktemp("codecs") / "ds")[0]
+
+
+@pytest.fixture(scope="module")
+def big_ds(tmp_path_factory: pytest.TempPathFactory) -> str:
+    """1,024 rows of 64 KiB (float32[16384]): batches of 256 are 16 MiB copies."""
+    path = tmp_path_factory.mktemp("big") / "ds"
+    rng = np.random.default_rng(0)
+    x = rng.random((1024, 16384), dtype=np.float32)
+    shardkit.write_dataset({"id": np.arange(1024), "x": x}, os.fspath(path), row_group_size=256)
+    return os.fspath(path)
+
+
+def test_values_on_the_device_equal_the_readers(codecs_ds: str) -> None:
+    kw = {"batch_size": 16, "shuffle": True, "seed": 1}
+    with shardkit.make_reader(codecs_ds, **kw) as reader, \
+            skt.make_loader(codecs_ds, device="cuda", **kw) as ld:
+        assert ld.pin_memory
+        pairs = list(zip(reader, ld, strict=True))
+    torch.cuda.synchronize()
+    for want, got in pairs:
+        for name, value in want.items():
+            out = got[name]
+            if isinstance(out, torch.Tensor):
+                assert out.device.type == "cuda"
+                data = value.filled(0) if isinstance(value, np.ma.MaskedArray) else value
+                assert out.cpu().numpy().dtype == data.dtype
+                np.testing.assert_array_equal(out.cpu().numpy(), data)
+            elif value.dtype == object and any(isinstance(v, np.ndarray) for v in value):
+                for row, exp in zip(out, value, strict=True):
+                    assert (row is None) == (exp is None)
+                    if exp is not None:
+                        assert row.device.type == "cuda"
+                        np.testing.assert_array_equal(row.cpu().numpy(), exp)
+            else:
+                assert out == list(value)
+
+
+def test_staging_buffers_are_pinned_and_reused(big_ds: str) -> None:
+    with skt.make_loader(big_ds, device="cuda", batch_size=256, num_epochs=None) as loader:
+        it = iter(loader)
+        next(it)
+        next(it)
+        stager = loader._stager
+        first = {(i, k): b.data_ptr() for i, slot in enumerate(stager.buffers) for k, b in slot.items()}
+        for _ in range(10):
+            next(it)
+        again = {(i, k): b.data_ptr() for i, slot in enumerate(stager.buffers) for k, b in slot.items()}
+    assert first == again
+    assert all(b.is_pinned() for slot in stager.buffers for b in slot.values())
+
+
+def test_a_batch_in_use_is_never_overwritten(big_ds: str) -> None:
+    """Slow compute on every batch while later ones are staged: the sums still match the data."""
+    with shardkit.make_reader(big_ds, batch_size=128, seed=3) as reader:
+        want = [float(b["x"].astype(np.float64).sum()) for b in reader]
+    sums = []
+    with skt.make_loader(big_ds, device="cuda", batch_size=128, seed=3) as loader:
+        for batch in loader:
+            torch.cuda._sleep(SLEEP_CYCLES // 10)  # the batch is read after this kernel, on this stream
+            sums.append(batch["x"].double().sum())
+    got = [float(s) for s in sums]
+    np.testing.assert_allclose(got, want, rtol=1e-9)
+
+
+def test_the_copy_of_the_next_batch_overlaps_compute_on_this_one(big_ds: str) -> None:
+    with skt.make_loader(big_ds, device="cuda", batch_size=256) as loader:
+        it = iter(loader)
+        next(it)  # batch 0 handed out: the copy of batch 1 is already issued on the side stream
+        torch.cuda._sleep(SLEEP_CYCLES)  # "compute" on batch 0
+        compute_done = torch.cuda.Event()
+        compute_done.record()
+        copy_of_next = loader._stager.done[1]
+        copy_of_next.synchronize()
+        # the copy finished while the compute kernel still ran: it did not wait for it
+        assert not compute_done.query()
+        next(it)
+
+
+def _gbps(nbytes: int, ms: float) -> float:
+    return nbytes / (ms / 1e3) / 1e9
+
+
+def test_host_to_device_bandwidth_vs_a_plain_pinned_copy(capsys: pytest.CaptureFixture[str]) -> None:
+    """The loader's copy path (pinned slot -> device, non_blocking, side stream) vs torch alone."""
+    n, repeat = 64 << 20, 20  # 64 MiB
+    host = {"x": torch.from_numpy(np.random.default_rng(0).random(n // 4, dtype=np.float32))}
+    stager = _CudaStager(torch.device("cuda", torch.cuda.current_device()))
+    stager.hand(stager.stage(host))  # warm: buffers allocated
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    with torch.cuda.stream(stager.stream):
+        start.record()
+    for _ in range(repeat):
+        staged = stager.stage(host)
+    with torch.cuda.stream(stager.stream):
+        end.record()
+    end.synchronize()
+    stager.hand(staged)
+    loader_ms = start.elapsed_time(end) / repeat
+    pinned = host["x"].pin_memory()
+    pinned.to("cuda", non_blocking=True)
+    start.record()
+    for _ in range(repeat):
+        pinned.to("cuda", non_blocking=True)
+    end.record()
+    end.synchronize()
+    plain_ms = start.elapsed_time(end) / repeat
+    ratio = plain_ms / loader_ms
+    with capsys.disabled():
+        print(f"\nH2D {n >> 20} MiB: loader path {_gbps(n, loader_ms):.1f} GB/s (host copy into the "
+              f"pinned slot included), torch pinned copy alone {_gbps(n, plain_ms):.1f} GB/s: {ratio:.2f}x "
+              f"on {torch.cuda.get_device_name()}")
+    assert loader_ms > 0
+    assert plain_ms > 0
+

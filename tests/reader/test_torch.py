@@ -1,0 +1,406 @@
+"""shardkit.torch on CPU (real torch): values vs the reader, collate, devices, resume, DataLoader workers."""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import os
+import signal
+import subprocess
+import sys
+import warnings
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import shardkit
+import shardkit.torch as skt
+from shardkit.errors import AdapterError, MissingDependencyError, require
+from shardkit.reader import torch as reader_torch
+from tests.reader.datasets import assert_exactly_once, ids_of, write_all_codecs, write_ids
+
+N_IDS = 480  # divisible by every world x workers below: "drop" leaves nothing out
+
+
+@pytest.fixture(scope="module")
+def codecs_ds(tmp_path_factory: pytest.TempPathFactory) -> str:
+    return write_all_codecs(tmp_path_factory.mktemp("codecs") / "ds")[0]
+
+
+@pytest.fixture(scope="module")
+def ids_ds(tmp_path_factory: pytest.TempPathFactory) -> str:
+    return write_ids(tmp_path_factory.mktemp("ids") / "ds", N_IDS, row_group_size=37)
+
+
+def _children() -> set[int]:
+    """Live descendants of this process (DataLoader workers), from /proc."""
+    parents: dict[int, int] = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            with contextlib.suppress(OSError, IndexError, ValueError):
+                parents[int(entry.name)] = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+    found, frontier = set(), {os.getpid()}
+    while frontier:
+        frontier = {p for p, parent in parents.items() if parent in frontier} - found
+        found |= frontier
+    return found
+
+
+@pytest.fixture
+def reap() -> Iterator[None]:
+    """Kill, by pid, any process the test started that is still alive at its end (a hung worker)."""
+    before = _children()
+    yield
+    for pid in _children() - before:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+
+
+def assert_same(reader_batch: dict[str, Any], batch: dict[str, Any]) -> None:
+    """A loader batch holds the reader batch's values and dtypes under the default `Collate` policy."""
+    for name, want in reader_batch.items():
+        got = batch[name]
+        if isinstance(want, np.ma.MaskedArray):
+            valid = ~np.ma.getmaskarray(want).reshape(len(want), -1).any(axis=1)
+            np.testing.assert_array_equal(batch[name + "__valid"].numpy(), valid)
+            np.testing.assert_array_equal(got.numpy()[valid], want.data[valid])
+            assert got.numpy().dtype == want.dtype
+        elif want.dtype == object and want.size and isinstance(next((v for v in want if v is not None), ""),
+                                                               np.ndarray):
+            assert len(got) == len(want)
+            for g, w in zip(got, want, strict=True):
+                assert (g is None) == (w is None)
+                if w is not None:
+                    assert g.numpy().dtype == w.dtype
+                    np.testing.assert_array_equal(g.numpy(), w)
+        elif want.dtype == object:
+            assert got == list(want)
+        else:
+            assert isinstance(got, torch.Tensor)
+            assert got.numpy().dtype == want.dtype
+            np.testing.assert_array_equal(got.numpy(), want)
+        if name + "__valid" in batch and want.dtype == object:  # nullable text: None where not valid
+            assert batch[name + "__valid"].tolist() == [v is not None for v in want]
+
+
+@pytest.mark.parametrize("shuffle", [False, True])
+def test_values_and_dtypes_equal_the_readers_for_every_codec(codecs_ds: str, shuffle: bool) -> None:
+    kw = {"batch_size": 16, "shuffle": shuffle, "seed": 5}
+    with shardkit.make_reader(codecs_ds, **kw) as reader, skt.make_loader(codecs_ds, **kw) as loader:
+        want = list(reader)
+        got = list(loader)
+        assert len(loader) == len(reader) == len(got) == len(want)
+    for w, g in zip(want, got, strict=True):
+        assert_same(w, g)
+        for t in g.values():
+            if isinstance(t, torch.Tensor):
+                assert t.device.type == "cpu"
+                # writable in place: the reader's read-only buffers were copied
+                t.add_(0) if t.dtype != torch.bool else t.logical_not_()
+
+
+def test_host_tensors_share_writable_memory_and_copy_read_only_memory() -> None:
+    shared = np.arange(6, dtype=np.float32)
+    frozen = np.arange(6, dtype=np.float32)
+    frozen.flags.writeable = False
+    out = reader_torch.to_torch({"a": shared, "b": frozen})
+    assert out["a"].data_ptr() == shared.ctypes.data  # zero-copy
+    assert out["b"].data_ptr() != frozen.ctypes.data
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # torch warns about non-writable arrays: writable=False must not
+        kept = reader_torch.to_torch({"b": frozen}, writable=False)
+    assert kept["b"].data_ptr() == frozen.ctypes.data
+
+
+def test_pad_policy_gives_dense_tensors_and_masks(codecs_ds: str) -> None:
+    kw = {"batch_size": 32, "shuffle": False, "columns": ["var", "var2", "id"]}
+    with shardkit.make_reader(codecs_ds, **kw) as reader:
+        want = next(iter(reader))
+    with skt.make_loader(codecs_ds, collate=skt.Collate(variable="pad", pad_value=-1), **kw) as loader:
+        got = next(iter(loader))
+    assert got["var"].shape == (32, max(len(r) for r in want["var"]))
+    assert got["var2"].shape == (32, max(r.shape[0] for r in want["var2"]), 2)
+    assert got["var2__mask"].shape == got["var2"].shape[:2]
+    for i, (row, row2) in enumerate(zip(want["var"], want["var2"], strict=True)):
+        n = len(row)
+        np.testing.assert_array_equal(got["var"][i, :n].numpy(), row)
+        assert (got["var"][i, n:] == -1).all()
+        assert got["var__mask"][i].sum() == n
+        assert got["var2__mask"][i].sum() == row2.shape[0]
+        np.testing.assert_array_equal(got["var2"][i, : row2.shape[0]].numpy(), row2)
+
+
+def _odd_dtypes(path: Path) -> str:
+    n = 40
+    cols = {"id": np.arange(n), "depth": np.arange(n, dtype=np.uint16) * 1000,
+            "big": np.arange(n, dtype=np.uint32), "when": np.arange(n).astype("datetime64[s]")}
+    shardkit.write_dataset(cols, os.fspath(path), row_group_size=10)
+    return os.fspath(path)
+
+
+def test_a_field_torch_cannot_represent_fails_with_the_options(tmp_path: Path) -> None:
+    url = _odd_dtypes(tmp_path / "odd")
+    for field, hint in (("depth", "int32"), ("big", "int64"), ("when", "int64")):
+        with pytest.raises(AdapterError, match=rf"field '{field}' is .*cast=.*columns=.*{hint}"):
+            skt.make_loader(url, columns=["id", field])
+        with pytest.raises(AdapterError, match=field):
+            skt.ShardkitIterableDataset(url, columns=["id", field])
+    cast = skt.Collate(cast={"depth": "int32", "big": "int64", "when": "int64"})
+    with shardkit.make_reader(url, shuffle=False, batch_size=8) as reader, \
+            skt.make_loader(url, shuffle=False, batch_size=8, collate=cast) as loader:
+        for want, got in zip(reader, loader, strict=True):
+            assert got["depth"].dtype == torch.int32
+            assert got["when"].dtype == torch.int64
+            np.testing.assert_array_equal(got["depth"].numpy(), want["depth"].astype(np.int32))
+            np.testing.assert_array_equal(got["when"].numpy(), want["when"].astype(np.int64))
+    with pytest.raises(AdapterError, match="nope"):
+        skt.make_loader(url, collate=skt.Collate(cast={"nope": "int32"}))
+    with pytest.raises(AdapterError, match="uint16"):
+        skt.make_loader(url, collate=skt.Collate(cast={"big": "uint16"}), columns=["big"])
+    with pytest.raises(AdapterError, match="variable"):
+        skt.Collate(variable="ragged")  # type: ignore[arg-type]
+
+
+def test_an_added_key_that_collides_with_a_field_is_refused(tmp_path: Path) -> None:
+    schema = shardkit.Schema([shardkit.Field("x", "float32", nullable=True),
+                              shardkit.Field("x__valid", "bool")])
+    shardkit.write_dataset({"x": [1.0, None], "x__valid": [True, False]}, os.fspath(tmp_path / "d"),
+                           schema=schema)
+    with pytest.raises(AdapterError, match="x__valid"):
+        skt.make_loader(os.fspath(tmp_path / "d"))
+
+
+@pytest.mark.parametrize("device", ["bogus", "cuda:7", "mps", "cuda"])
+def test_a_device_that_does_not_exist_fails_before_reading(device: str, tmp_path: Path) -> None:
+    if device == "cuda" and torch.cuda.is_available():
+        pytest.skip("this machine has CUDA: 'cuda' exists here")
+    # the URL does not exist either: the device error comes first, so nothing was opened
+    with pytest.raises(AdapterError, match=repr(device)):
+        skt.make_loader(os.fspath(tmp_path / "missing"), device=device)
+
+
+def test_pinning_on_a_machine_without_cuda_says_so_once(ids_ds: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    if torch.cuda.is_available():
+        pytest.skip("this machine has CUDA, so pinning is on (see test_gpu.py)")
+    monkeypatch.setattr(reader_torch, "_warned", set())
+    with pytest.warns(UserWarning, match="pinning is off"), skt.make_loader(ids_ds, pin_memory=True,
+                                                                            device="cpu") as loader:
+        batch = next(iter(loader))
+    assert not batch["id"].is_pinned()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        skt.make_loader(ids_ds, pin_memory=True).close()
+
+
+def test_bad_arguments(ids_ds: str) -> None:
+    with shardkit.make_reader(ids_ds) as reader:
+        with pytest.raises(AdapterError, match="batch_size"):
+            skt.make_loader(reader, batch_size=3)
+        with pytest.raises(AdapterError, match="collate"):
+            skt.make_loader(reader, collate=42)  # type: ignore[arg-type]
+    with pytest.raises(AdapterError, match="URL"):
+        skt.make_loader(42)
+    with pytest.raises(AdapterError, match="rank="):
+        skt.ShardkitIterableDataset(ids_ds, shard=0, num_shards=2)
+
+
+def test_a_collate_function_replaces_the_policy(ids_ds: str) -> None:
+    def collate(batch: dict[str, np.ndarray]) -> dict[str, Any]:
+        return {"id": torch.from_numpy(batch["id"] * 2), "n": len(batch["id"])}
+
+    with skt.make_loader(ids_ds, batch_size=50, shuffle=False, collate=collate) as loader:
+        batch = next(iter(loader))
+    assert batch["n"] == 50
+    assert batch["id"][:3].tolist() == [0, 2, 4]
+
+
+def test_missing_dependencies_name_the_extra() -> None:
+    with pytest.raises(MissingDependencyError, match=r"pip install 'shardkit\[torch\]'"):
+        require("shardkit_no_such_module", extra="torch", purpose="shardkit.torch")
+    code = ("import sys; sys.modules['torch'] = None\n"
+            "try:\n    import shardkit.torch\nexcept ImportError as e:\n    print(type(e).__name__, e)\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True)
+    assert "MissingDependencyError" in out.stdout
+    assert "shardkit[torch]" in out.stdout
+
+
+# ---- passes, resume ----------------------------------------------------------------------------------
+
+def test_each_pass_is_the_next_epoch(ids_ds: str) -> None:
+    with skt.make_loader(ids_ds, batch_size=64, seed=1) as loader:
+        epochs = [ids_of(list(loader)) for _ in range(2)]
+    with shardkit.make_reader(ids_ds, batch_size=64, seed=1, num_epochs=2) as reader:
+        want = [ids_of(list(reader.iter_epoch())) for _ in range(2)]
+    for got, expected in zip(epochs, want, strict=True):
+        np.testing.assert_array_equal(got, expected)
+        assert_exactly_once(got, N_IDS)
+    assert not np.array_equal(epochs[0], epochs[1])
+
+
+def test_a_new_pass_or_a_loaded_state_ends_the_pass_in_progress(ids_ds: str) -> None:
+    with skt.make_loader(ids_ds, batch_size=48, shuffle=False, columns=["id"]) as loader:
+        first = iter(loader)
+        a = next(first)
+        second = iter(loader)
+        b = next(second)  # goes on after `a`
+        assert next(first, None) is None  # the older pass ended; it took nothing from the newer one
+        loader.load_state_dict(loader.state_dict())
+        assert next(second, None) is None
+        rest = list(loader)
+    np.testing.assert_array_equal(ids_of([a, b, *rest]), np.arange(N_IDS))
+
+
+class _HostStager:
+    """The loader's look-ahead without CUDA: staging is the identity (the CUDA copy is in test_gpu.py)."""
+
+    def stage(self, batch: dict[str, Any]) -> dict[str, Any]:
+        return batch
+
+    def hand(self, staged: dict[str, Any]) -> dict[str, Any]:
+        return staged
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(stop=st.integers(0, 9), lookahead=st.booleans(), world=st.sampled_from([1, 2, 3]))
+def test_resume_through_the_loader_continues_at_the_next_batch(ids_ds: str, stop: int, lookahead: bool,
+                                                               world: int) -> None:
+    kw = {"batch_size": 48, "seed": 3, "columns": ["id"]}
+    with shardkit.make_reader(ids_ds, **kw) as reader:
+        whole = list(reader)
+    reader = shardkit.make_reader(ids_ds, **kw)
+    loader = reader_torch.Loader(reader, _stager=_HostStager() if lookahead else None)
+    it = iter(loader)
+    first = [next(it) for _ in range(stop)]
+    state = loader.state_dict()
+    for i, batch in enumerate(first):
+        np.testing.assert_array_equal(batch["id"].numpy(), whole[i]["id"])
+    if stop % 2:  # a pass that stops early and goes on: the batch read ahead is not lost
+        del it
+        rest = list(loader)
+        np.testing.assert_array_equal(ids_of(first + rest), ids_of(whole))
+    loader.close()
+    # the state resumes the job on `world` shards: what they read completes the epoch, each id once
+    later = []
+    for shard in range(world):
+        with skt.make_loader(ids_ds, shard=shard, num_shards=world, **kw) as resumed:
+            resumed.load_state_dict(state)
+            later.append(ids_of(list(resumed)))
+            if world == 1:
+                np.testing.assert_array_equal(later[0], ids_of(whole[stop:]))
+    assert_exactly_once(np.concatenate([ids_of(first), *later]), N_IDS)
+
+
+# ---- DataLoader workers ------------------------------------------------------------------------------
+
+def _dl_ids(ds: Any, workers: int, steps: int | None = None, loader: Any = None) -> list[np.ndarray]:
+    from torch.utils.data import DataLoader
+
+    dl = loader if loader is not None else DataLoader(ds, batch_size=None, num_workers=workers)
+    return [batch["id"].numpy().copy() for batch in itertools.islice(dl, steps)]  # pulls `steps`, no more
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.usefixtures("reap")
+def test_two_workers_on_two_ranks_cover_every_id_once(ids_ds: str) -> None:
+    per_rank = []
+    for rank in range(2):
+        ds = skt.ShardkitIterableDataset(ids_ds, rank=rank, world_size=2, batch_size=16, columns=["id"],
+                                         workers=1)
+        assert ds.shard_of(1, 2) == (rank * 2 + 1, 4)
+        batches = _dl_ids(ds, workers=2)
+        per_rank.append(np.concatenate(batches))
+        assert [len(b) for b in batches] == [16] * 14 + [8] * 2  # 120 ids a worker: 7 batches and 8 ids
+    assert len(per_rank[0]) == len(per_rank[1])  # ranks step together
+    assert_exactly_once(np.concatenate(per_rank), N_IDS)
+
+
+@pytest.mark.timeout(60)
+def test_set_epoch_picks_the_epoch_of_the_next_pass(ids_ds: str) -> None:
+    ds = skt.ShardkitIterableDataset(ids_ds, batch_size=32, columns=["id"], seed=4)
+    with shardkit.make_reader(ids_ds, batch_size=32, columns=["id"], seed=4, num_epochs=3) as reader:
+        want = [ids_of(list(reader.iter_epoch())) for _ in range(3)]
+    ds.set_epoch(2)
+    np.testing.assert_array_equal(np.concatenate(_dl_ids(ds, 0)), want[2])
+    np.testing.assert_array_equal(np.concatenate(_dl_ids(ds, 0)), want[2])  # a pass again from set_epoch's
+    ds.set_epoch(1)
+    np.testing.assert_array_equal(np.concatenate(_dl_ids(ds, 0)), want[1])
+
+
+def test_a_worker_state_refuses_another_layout(ids_ds: str) -> None:
+    ds = skt.ShardkitIterableDataset(ids_ds, batch_size=32, columns=["id"])
+    state = ds.state_dict()
+    assert state["num_workers"] == 1
+    assert state["worker"] == 0
+    with pytest.raises(AdapterError, match="job_state"):
+        ds.load_state_dict({**state, "num_workers": 2})
+    with pytest.raises(AdapterError, match="no ShardkitIterableDataset state"):
+        skt.job_state({"nothing": 1})
+
+
+# ---- torchdata's StatefulDataLoader ------------------------------------------------------------------
+
+# torchdata 0.11 (its latest) calls torch.set_vital, which torch 2.13 deprecates: their warning, not ours
+_TORCHDATA_WARNING = "ignore:'set_vital' is deprecated:UserWarning"
+
+
+def _stateful(ds: Any, state: dict[str, Any] | None = None) -> Any:
+    from torchdata.stateful_dataloader import StatefulDataLoader
+
+    dl = StatefulDataLoader(ds, batch_size=None, num_workers=2)
+    if state is not None:
+        dl.load_state_dict(state)
+    return dl
+
+
+def _rank_ds(url: str, rank: int, world: int = 2) -> Any:
+    return skt.ShardkitIterableDataset(url, rank=rank, world_size=world, batch_size=16, columns=["id"],
+                                       seed=7, workers=1)
+
+
+@pytest.mark.timeout(180)
+@pytest.mark.filterwarnings(_TORCHDATA_WARNING)
+@pytest.mark.usefixtures("reap")
+@pytest.mark.parametrize("steps", [3, 4])
+def test_stateful_dataloader_resumes_each_rank_exactly(ids_ds: str, steps: int) -> None:
+    whole = [_dl_ids(None, 2, loader=_stateful(_rank_ds(ids_ds, rank))) for rank in range(2)]
+    dl = _stateful(_rank_ds(ids_ds, 0))
+    first = _dl_ids(None, 2, steps=steps, loader=dl)
+    saved = dl.state_dict()
+    del dl
+    for rank in range(2):  # rank 0's own state, and rank 0's state loaded on rank 1: ranks step together
+        rest = _dl_ids(None, 2, loader=_stateful(_rank_ds(ids_ds, rank), saved))
+        got = [*first, *rest] if rank == 0 else [*whole[1][:steps], *rest]
+        assert len(got) == len(whole[rank])
+        for g, w in zip(got, whole[rank], strict=True):
+            np.testing.assert_array_equal(g, w)
+
+
+@pytest.mark.timeout(180)
+@pytest.mark.filterwarnings(_TORCHDATA_WARNING)
+@pytest.mark.usefixtures("reap")
+@pytest.mark.parametrize("steps", [3, 4])
+def test_job_state_resumes_on_another_world_size_and_worker_count(ids_ds: str, steps: int) -> None:
+    seen: Counter[int] = Counter()
+    saved = None
+    for rank in range(2):  # the old job: 2 ranks x 2 workers, `steps` steps each
+        dl = _stateful(_rank_ds(ids_ds, rank))
+        seen.update(int(i) for b in _dl_ids(None, 2, steps=steps, loader=dl) for i in b)
+        saved = saved or dl.state_dict()
+        del dl
+    state = skt.job_state(saved)
+    for rank in range(2):  # the new job: 2 ranks x no workers (2 shards instead of 4; both divide the rest)
+        ds = _rank_ds(ids_ds, rank, world=2)
+        ds.load_state_dict(state)
+        seen.update(int(i) for b in _dl_ids(ds, 0) for i in b)
+    if steps % 2 == 0:  # every worker had read as many batches: exact
+        assert_exactly_once(seen.elements(), N_IDS)
+    else:  # nothing skipped; the batch worker 0 read past worker 1, on each of 2 ranks, is read again
+        assert set(seen) == set(range(N_IDS))
+        assert sum(c - 1 for c in seen.values()) == 2 * 16

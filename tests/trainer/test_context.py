@@ -1,0 +1,262 @@
+"""`shardkit.trainer.init` and `TrainContext`: by hand, inside a job (real UDP heartbeats), checkpoints."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import yaml
+
+import shardkit
+from shardkit.cluster import protocol as p
+from shardkit.cluster.config import load_config
+from shardkit.cluster.supervisor import HeartbeatReceiver
+from shardkit.errors import ConfigError
+from shardkit.trainer import TrainContext, init
+from shardkit.trainer.heartbeat import Beacon
+
+REPO = Path(__file__).resolve().parents[2]
+_JOB_ENV = [*p.ALL_ENV, "SHARDKIT_CONFIG", "TORCHELASTIC_RESTART_COUNT"]
+
+
+class Counter:
+    def __init__(self) -> None:
+        self.value = 0
+
+    def state_dict(self) -> dict[str, int]:
+        return {"value": self.value}
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        self.value = state["value"]
+
+
+@pytest.fixture(autouse=True)
+def _clean_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in _JOB_ENV:
+        monkeypatch.delenv(name, raising=False)
+
+
+@pytest.fixture
+def dataset(tmp_path: Path) -> str:
+    url = str(tmp_path / "ds")
+    shardkit.write_dataset({"id": np.arange(40), "split": ["train"] * 30 + ["test"] * 10}, url,
+                           row_group_size=10)
+    return url
+
+
+def write_yaml(folder: Path, framework: str = "tensorflow", **extra: Any) -> Path:
+    config = {"name": "ctx", "entrypoint": str(REPO / "tests" / "trainer" / "scripts" / "behave.py"),
+              "framework": framework, "roles": {"worker": {"count": 2}}, "logdir": str(folder / "job"),
+              "params": {"lr": 0.5}, **extra}
+    path = folder / "job.yaml"
+    path.write_text(yaml.safe_dump(config))
+    return path
+
+
+def test_defaults_outside_a_job() -> None:
+    ctx = init()
+    assert (ctx.role, ctx.role_index, ctx.rank, ctx.world_size, ctx.attempt) == ("worker", 0, 0, 1, 0)
+    assert ctx.is_chief
+    assert ctx.config is None
+    assert dict(ctx.params) == {}
+    assert not ctx._beacon.enabled
+    assert ctx.checkpoint.restore(reader=Counter()) == 0
+    assert ctx.checkpoint.url is None
+    assert [ctx.step({"loss": 1.0}) for _ in range(3)] == [1, 2, 3]
+    with pytest.raises(ConfigError, match="no data section"):
+        ctx.reader()
+    ctx.finish()
+
+
+def test_by_hand_with_a_config_reads_the_ranks_shard(tmp_path: Path, dataset: str,
+                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("RANK", "1")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    path = write_yaml(tmp_path, data={"url": dataset, "batch_size": 5, "seed": 7,
+                                      "options": {"filter": [["split", "=", "train"]]}})
+    with init(config=path) as ctx:
+        assert (ctx.rank, ctx.world_size, ctx.data_shard, ctx.num_data_shards) == (1, 2, 1, 2)
+        assert not ctx.is_chief
+        assert ctx.params["lr"] == 0.5
+        reader = ctx.reader()
+        assert (reader.shard, reader.num_shards, reader.batch_size, reader.seed) == (1, 2, 5, 7)
+        ids = np.concatenate([b["id"] for b in reader])
+        assert len(ids) == 15
+        assert ids.max() < 30
+        whole = ctx.reader(shard=0, num_shards=1, filter=None, shuffle=False, batch_size=40)
+        assert next(iter(whole))["id"].tolist() == list(range(40))
+
+
+def test_config_from_environment_variable(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("SHARDKIT_CONFIG", str(write_yaml(tmp_path)))
+    with init() as ctx:
+        assert ctx.config is not None
+        assert ctx.config.name == "ctx"
+        assert ctx.checkpoint.url == str(tmp_path / "job" / "checkpoints")
+
+
+def _in_job(monkeypatch: pytest.MonkeyPatch, folder: Path, addr: str, role: str = "worker", index: int = 0,
+            **config: Any) -> Path:
+    cfg = load_config(write_yaml(folder, **config))
+    job = folder / "job"
+    job.mkdir(parents=True, exist_ok=True)
+    (job / "job.json").write_text(json.dumps(cfg.redacted()))
+    env = {p.ENV_JOB_CONFIG: str(job / "job.json"), p.ENV_JOB_DIR: str(job), p.ENV_ROLE: role,
+           p.ENV_ROLE_INDEX: str(index), p.ENV_ATTEMPT: "2", p.ENV_HEARTBEAT_ADDR: addr,
+           p.ENV_DATA_SHARD: str(index), p.ENV_DATA_NUM_SHARDS: "2"}
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    return job
+
+
+def _beats(receiver: HeartbeatReceiver, until: str, timeout: float = 5.0) -> list[p.Heartbeat]:
+    beats: list[p.Heartbeat] = []
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and not any(b.kind == until for b in beats):
+        beats += receiver.receive(0.05)
+    return beats
+
+
+def test_in_a_job_heartbeats_and_checkpoints(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    torch = pytest.importorskip("torch")
+    with HeartbeatReceiver() as receiver:
+        _in_job(monkeypatch, tmp_path, receiver.addr, checkpoint={"every_steps": 4, "keep": 5},
+                fault_tolerance={"heartbeat_interval": 30.0, "heartbeat_timeout": 60.0})
+        (tmp_path / "other").mkdir()
+        ctx = init(config=write_yaml(tmp_path / "other", framework="torch"))  # ignored: the job's wins
+        assert ctx.framework == "tensorflow"
+        assert ctx.attempt == 2
+        assert ctx.is_chief
+        counter = Counter()
+        assert ctx.checkpoint.restore(reader=counter) == 0
+        for _ in range(6):
+            counter.value += 1
+            ctx.step({"loss": torch.tensor(0.25), "acc": np.float32(0.5), "text": "not a number"}, samples=3)
+        ctx.finish()
+        beats = _beats(receiver, "done")
+    kinds = [(b.kind, b.step) for b in beats]
+    # heartbeats: start; the first step (then rate-limited to 30 s); around the save of step 4: a step
+    # beat first (a save may be slow), then the checkpoint; at finish the last step's save, then done
+    assert kinds == [("start", 0), ("step", 1), ("step", 4), ("checkpoint", 4), ("checkpoint", 6),
+                     ("done", 6)]
+    assert all((b.role, b.index, b.attempt, b.pid) == ("worker", 0, 2, os.getpid()) for b in beats)
+    assert beats[-1].samples == 18
+    assert beats[-1].metrics == {"loss": 0.25, "acc": 0.5}
+    assert beats[3].checkpoint is not None
+    assert beats[3].checkpoint.endswith("step-000000004")
+    again = init()
+    restored = Counter()
+    assert again.checkpoint.restore(reader=restored) == 6
+    assert restored.value == 6
+    assert again.step_count == 6
+    assert again.step() == 7
+    again.finish(save=False)
+
+
+def test_only_the_chief_writes_and_failures_send_no_done(tmp_path: Path,
+                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    with HeartbeatReceiver() as receiver:
+        _in_job(monkeypatch, tmp_path, receiver.addr, index=1, checkpoint={"every_steps": 2})
+        ctx = init()
+        assert not ctx.is_chief
+        assert ctx.data_shard == 1
+        ctx.checkpoint.restore(reader=Counter())
+        def fail() -> None:
+            with ctx:
+                ctx.step()
+                ctx.step()
+                raise RuntimeError("boom")
+
+        with pytest.raises(RuntimeError, match="boom"):
+            fail()
+        beats = _beats(receiver, "done", timeout=1.0)
+    assert [b.kind for b in beats] == ["start", "step", "step"]  # no checkpoint beat, no done
+    assert not (tmp_path / "job" / "checkpoints").exists()
+
+
+def test_every_seconds_is_refused_for_multiprocess_tensorflow_allreduce(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    with HeartbeatReceiver() as receiver:
+        _in_job(monkeypatch, tmp_path, receiver.addr, checkpoint={"every_seconds": 5})
+        with pytest.warns(UserWarning, match="every_seconds is ignored"):
+            ctx = init()
+        assert ctx.checkpoint.manager is not None
+        assert ctx.checkpoint.manager.schedule.every_seconds is None
+        ctx.finish()
+
+
+def test_beacon_never_raises() -> None:
+    for addr in (None, "", "nonsense", "127.0.0.1:1"):
+        beacon = Beacon(addr, role="worker", index=0, attempt=0)
+        beacon.send("step", step=1, metrics={"loss": float("nan")})
+        beacon.close()
+        beacon.send("step")  # after close: still nothing raised
+    with HeartbeatReceiver() as receiver:
+        beacon = Beacon(receiver.addr, role="worker", index=0, attempt=0)
+        beacon.send("step", step=2, metrics={f"metric_{i}_{'x' * 40}": i for i in range(2000)})  # too big
+        beats = _beats(receiver, "step")
+        beacon.close()
+    assert [(b.step, b.metrics) for b in beats] == [(2, {})]  # sent without its metrics
+
+
+@pytest.mark.timeout(120)
+def test_torch_allreduce_alone_gets_a_one_process_group(tmp_path: Path) -> None:
+    torch = pytest.importorskip("torch")
+    import torch.distributed as dist
+
+    ctx = init(config=write_yaml(tmp_path, framework="torch"))
+    try:
+        assert dist.is_initialized()
+        assert dist.get_world_size() == 1
+        assert ctx.device == torch.device("cpu")
+        model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(2, 1))
+        model(torch.ones(3, 2)).sum().backward()
+    finally:
+        ctx.finish()
+    assert not dist.is_initialized()
+
+
+@pytest.mark.timeout(60)
+def test_module_function_entrypoint(tmp_path: Path) -> None:
+    out = tmp_path / "out.json"
+    env = {k: v for k, v in os.environ.items() if k not in _JOB_ENV}
+    env.update({"ENTRY_OUT": str(out), "SHARDKIT_CONFIG": str(write_yaml(tmp_path))})
+    proc = subprocess.run([sys.executable, "-m", "shardkit.trainer.run", "tests.trainer.scripts.entry:main"],
+                          cwd=REPO, env=env, capture_output=True, text=True, timeout=50, check=False)
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(out.read_text()) == {"role": "worker", "rank": 0, "world": 1, "params": {"lr": 0.5}}
+    proc = subprocess.run([sys.executable, "-m", "shardkit.trainer.run", "tests.trainer.scripts.entry:nope"],
+                          cwd=REPO, env=env, capture_output=True, text=True, timeout=50, check=False)
+    assert proc.returncode != 0
+    assert "has no function 'nope'" in proc.stderr
+
+
+def test_context_repr() -> None:
+    ctx = TrainContext(config=None, role="worker", role_index=3, attempt=1, rank=3, world_size=4,
+                       local_rank=1, data_shard=3, num_data_shards=4, heartbeat_addr=None)
+    assert repr(ctx) == "TrainContext(role='worker', index=3, rank=3/4, attempt=1, step=0)"
+
+
+
+@pytest.mark.tf
+@pytest.mark.timeout(120)
+def test_adapters_read_this_processs_shard(tmp_path: Path, dataset: str,
+                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("TF_CPP_MIN_LOG_LEVEL", "2")
+    pytest.importorskip("tensorflow")
+    pytest.importorskip("torch")
+    monkeypatch.setenv("RANK", "1")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    with init(config=write_yaml(tmp_path, data={"url": dataset, "batch_size": 4, "shuffle": False})) as ctx:
+        ids = [int(i) for batch in ctx.tf_dataset(columns=["id"]) for i in batch["id"].numpy()]
+        assert ids == list(range(20, 40))  # shard 1 of 2, in order
+        loader = ctx.torch_loader(columns=["id"], pin_memory=False)
+        assert [int(i) for batch in loader for i in batch["id"]] == list(range(20, 40))
