@@ -111,7 +111,12 @@ def _train(args: argparse.Namespace) -> int:
 
     config = _load(args)
     try:
-        run_job(config, echo=not args.quiet)
+        if config.engine.name == "torchrun":  # one node's elastic agent; torch's agent does the restarts
+            from shardkit.cluster.engine_torchrun import run_node
+
+            run_node(config, node_rank=args.node_rank, echo=not args.quiet)
+        else:
+            run_job(config, echo=not args.quiet)
     except JobError as e:
         print(f"shardkit train: {e}", file=sys.stderr)
         return 1
@@ -151,6 +156,9 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("train", help="run a training job: start its processes, watch, restart, summarize")
     _add_config(p)
     p.add_argument("--quiet", action="store_true", help="show progress lines only, not the processes' output")
+    p.add_argument("--node-rank", type=int, default=None, metavar="K",
+                   help="engine torchrun: this node's rank (node 0 hosts the rendezvous); "
+                        "default engine.node_rank, else 0")
     p.set_defaults(func=_train)
     p = sub.add_parser("validate", help="check a job config and print what it would start")
     _add_config(p)

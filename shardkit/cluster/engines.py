@@ -17,21 +17,18 @@ from shardkit.errors import ConfigError
 
 __all__ = ["ENGINES", "Engine", "ProcessGroup", "RoleProcess", "get_engine"]
 
-#: name -> "module:class" of the engine, or None for engines that come with a later release.
+#: name -> "module:class" of the engine, or None for engines that are rendered (`shardkit render`), not run.
 ENGINES: dict[str, str | None] = {
     "local": "shardkit.cluster.local:LocalEngine",
-    "torchrun": None,
-    "ray": None,
-    "spark": None,
+    "torchrun": "shardkit.cluster.engine_torchrun:TorchrunEngine",
+    "ray": "shardkit.cluster.engine_ray:RayEngine",
+    "spark": "shardkit.cluster.engine_spark:SparkEngine",
     "kubernetes": None,
     "yarn": None,
 }
-_LATER = {  # name -> (what it is, the extra it will need)
-    "torchrun": ("torchrun's rendezvous across machines", "torch"),
-    "ray": ("Ray Train", "ray"),
-    "spark": ("Spark barrier mode", "spark"),
-    "kubernetes": ("Kubeflow jobs (`shardkit render` writes their manifests)", None),
-    "yarn": ("YARN through Skein (`shardkit render` writes its spec)", None),
+_LATER = {  # name -> (what `shardkit render` writes for it, the extra it needs)
+    "kubernetes": ("manifests of a Kubeflow PyTorchJob or TFJob", None),
+    "yarn": ("spec of a Skein application", None),
 }
 
 
@@ -97,18 +94,18 @@ def get_engine(name: str, options: Mapping[str, Any] | None = None) -> Engine:
         >>> engine = get_engine(config.engine.name, config.engine.options)
 
     Raises:
-        ConfigError: an unknown engine, one that is not built yet (naming what it will need), or an
+        ConfigError: an unknown engine, one that is only rendered (kubernetes, yarn), or an
             option the engine does not take.
     """
     if name not in ENGINES:
         raise ConfigError(f"engine.name={name!r} is not an engine. Fix: use one of {', '.join(ENGINES)}")
     target = ENGINES[name]
     if target is None:
-        what, extra = _LATER[name]
-        needs = f"; it will need pip install 'shardkit[{extra}]'" if extra else ""
+        what, _extra = _LATER[name]
         raise ConfigError(
-            f"engine.name={name!r}: the {name} engine ({what}) is not built yet in this version of shardkit"
-            f"{needs}. Fix: use engine: local to run every process on this machine"
+            f"engine.name={name!r}: shardkit does not start processes on {name}; it writes the {what}. "
+            f"Fix: run `shardkit render CONFIG --engine {name}` and submit what it writes, or use "
+            "engine: local to run every process on this machine"
         )
     module, _, cls = target.partition(":")
     engine: Engine = getattr(importlib.import_module(module), cls)(dict(options or {}))

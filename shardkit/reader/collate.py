@@ -219,7 +219,9 @@ class Passes:
 
     A pass is ``num_epochs`` epochs (None: forever) from where the reader is, so ``for epoch in
     range(3): for batch in adapter:`` reads three epochs, each shuffled anew (a plain `Reader` yields
-    nothing once its ``num_epochs`` are done). With ``fresh=True`` (tf.data, whose iterators are
+    nothing once its ``num_epochs`` are done) — except the first pass after `resumed` (a checkpoint
+    restore through the adapter's ``load_state_dict``), which reads only the epochs left of
+    ``num_epochs``, as the `Reader` would. With ``fresh=True`` (tf.data, whose iterators are
     restartable descriptions that Keras and prefetching create and drop), every pass after the first
     that finds the reader inside an epoch starts the next epoch from its beginning instead: a dropped
     iterator then costs some reading, never the rest of an epoch. Thread-safe: tf.data runs
@@ -230,6 +232,14 @@ class Passes:
         self.reader, self.fresh = reader, fresh
         self._lock = threading.Lock()
         self._token = 0
+        self._resumed = False
+
+    def resumed(self) -> None:
+        """The reader was just restored from a checkpoint: the next pass reads only the epochs left of
+        its ``num_epochs`` (counted from epoch 0, as a `Reader` counts them), so a job restarted from
+        its last checkpoint does not train ``num_epochs`` more epochs. Later passes are relative again."""
+        with self._lock:
+            self._resumed = True
 
     def stop(self) -> None:
         """End the pass in progress (at its next batch)."""
@@ -244,8 +254,10 @@ class Passes:
             state = reader.state_dict() if self.fresh and token > 1 else {}
             if state.get("history"):
                 jump_to_epoch(reader, int(state["epoch"]) + 1)
+            absolute, self._resumed = self._resumed, False
         done = 0
-        while reader.num_epochs is None or done < reader.num_epochs:
+        while reader.num_epochs is None or (
+                reader.epoch < reader.num_epochs if absolute else done < reader.num_epochs):
             epoch = reader.iter_epoch()
             while True:
                 with self._lock:

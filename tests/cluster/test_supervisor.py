@@ -235,9 +235,9 @@ def test_sigkilled_trainer_takes_its_roles_along(tmp_path: Path) -> None:
             trainer.stdout.close()
 
 
-def test_unknown_and_later_engines_fail_before_anything_starts(tmp_path: Path) -> None:
-    config = load_config(write_config(tmp_path), ["engine=ray"])
-    with pytest.raises(ConfigError, match=r"ray engine .* not built yet.*shardkit\[ray\]"):
+def test_rendered_engines_and_bad_options_fail_before_anything_starts(tmp_path: Path) -> None:
+    config = load_config(write_config(tmp_path), ["engine=kubernetes"])
+    with pytest.raises(ConfigError, match=r"does not start processes on kubernetes.*shardkit render"):
         run_job(config, console=io.StringIO())
     config = load_config(write_config(tmp_path), ["engine.gpus_per_node=2"])
     with pytest.raises(ConfigError, match="gpus_per_node"):

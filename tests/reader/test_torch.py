@@ -297,6 +297,30 @@ def test_resume_through_the_loader_continues_at_the_next_batch(ids_ds: str, stop
     assert_exactly_once(np.concatenate([ids_of(first), *later]), N_IDS)
 
 
+
+@pytest.mark.parametrize("stop_epoch", [0, 1, 2])
+def test_a_restored_loader_reads_only_the_epochs_left(ids_ds: str, stop_epoch: int) -> None:
+    """A job restarted from its checkpoint trains the rest of its ``num_epochs``, not ``num_epochs`` more:
+    restored after the last step it reads nothing (a regression: it used to read 3 more epochs)."""
+    kw = {"batch_size": 64, "seed": 5, "columns": ["id"], "num_epochs": 3}
+    with skt.make_loader(ids_ds, **kw) as loader:
+        whole = [b["id"].numpy() for b in loader]
+        steps = len(loader)
+    assert len(whole) == 3 * steps
+    with skt.make_loader(ids_ds, **kw) as loader:
+        it = iter(loader)
+        for _ in range(stop_epoch * steps + (steps // 2 if stop_epoch < 2 else steps)):
+            next(it)
+        state = loader.state_dict()
+        done = stop_epoch * steps + (steps // 2 if stop_epoch < 2 else steps)
+    with skt.make_loader(ids_ds, **kw) as resumed:
+        resumed.load_state_dict(state)
+        rest = [b["id"].numpy() for b in resumed]
+        assert len(rest) == 3 * steps - done
+        np.testing.assert_array_equal(np.concatenate(rest), np.concatenate(whole[done:]))
+        again = [b["id"].numpy() for b in resumed]  # a later pass is relative again: 3 more epochs
+        assert len(again) == 3 * steps
+
 # ---- DataLoader workers ------------------------------------------------------------------------------
 
 def _dl_ids(ds: Any, workers: int, steps: int | None = None, loader: Any = None) -> list[np.ndarray]:

@@ -1,0 +1,168 @@
+"""ENGINE benchmark, Ray: the README's digits job through ``shardkit train`` with ``engine: ray`` (a local
+Ray instance started by the engine), measured like every engine of the table (see `measure_engine`):
+
+    first step s     from launching ``shardkit train`` to the first training step (Ray's start, the
+                     actors, the role processes' imports, torch's rendezvous, the data plan)
+    samples/s        the training loop's throughput (the script's own figure, rank 0, both ranks' samples)
+    recovery s       from SIGKILLing the engine's unit of worker-1 right after the first checkpoint (here
+                     its Ray actor) to the first step of the restarted attempt (detection, stopping the
+                     group, new actors and processes, restoring the checkpoint)
+
+Usage (from the repository root):
+    python -m benchmarks.engine_ray            # one clean run and one run with a kill; saves the result
+    python -m benchmarks.engine_ray --quick    # 3 epochs, not saved (smoke test)
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from benchmarks.common import ROOT, SCRATCH, descendants, save_results, table
+
+EXAMPLE = ROOT / "examples" / "digits.yaml"
+_STATS = re.compile(r"TRAIN_STATS (\{.*\})")
+_RUN_TIMEOUT_S = 600.0
+
+
+def digits_data() -> Path:
+    """The digits dataset (``examples/make_digits.py``), made once under the scratch folder."""
+    url = SCRATCH / "train" / "digits"
+    if not (url / "_metadata").exists():
+        subprocess.run([sys.executable, str(ROOT / "examples" / "make_digits.py"), str(url)], check=True,
+                       capture_output=True, cwd=ROOT, timeout=300)
+    return url
+
+
+def _config(run_dir: Path, engine: str | dict[str, Any], epochs: int | None) -> Path:
+    config = yaml.safe_load(EXAMPLE.read_text())
+    config["entrypoint"] = str(ROOT / "examples" / config["entrypoint"])
+    config["data"]["url"] = str(digits_data())
+    if epochs is not None:  # a short run: checkpoints early enough for the kill to land mid-run
+        config["data"]["num_epochs"] = epochs
+        config["checkpoint"]["every_steps"] = 20
+    config.update(logdir=str(run_dir / "job"), engine=engine)
+    path = run_dir / "digits.yaml"
+    path.write_text(yaml.safe_dump(config))
+    return path
+
+
+def _role_process(root: int, job_dir: Path, index: int) -> int | None:
+    """worker-``index`` of attempt 0 among ``root``'s descendants (not its DataLoader workers)."""
+    want = {f"SHARDKIT_JOB_DIR={job_dir}", "SHARDKIT_ROLE=worker", f"SHARDKIT_ROLE_INDEX={index}",
+            "SHARDKIT_ATTEMPT=0"}
+    found: dict[int, int] = {}
+    for pid in descendants(root):
+        try:
+            env = set(Path(f"/proc/{pid}/environ").read_bytes().decode(errors="replace").split("\0"))
+            found[pid] = int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+        except (OSError, IndexError, ValueError):
+            continue
+        if not want <= env:
+            found.pop(pid)
+    tops = [pid for pid, parent in found.items() if parent not in found]
+    return tops[0] if len(tops) == 1 else None
+
+
+def _command(pid: int) -> str:
+    """``ray::_RoleActor``, ``python -m pyspark.daemon pyspark.worker``: what a process is, briefly."""
+    args = Path(f"/proc/{pid}/cmdline").read_bytes().decode("utf-8", "replace").strip("\0").split("\0")
+    return " ".join([Path(args[0]).name, *args[1:]])[:60]
+
+
+def run_train(engine: str | dict[str, Any], run_dir: Path, *, epochs: int | None = None,
+              kill: str | None = None) -> dict[str, Any]:
+    """``shardkit train`` on the digits job in a fresh process; with ``kill`` (``"role"``: worker-1's
+    process; ``"parent"``: what started it, the engine's unit), SIGKILL it once the first checkpoint is
+    committed. Returns the script's TRAIN_STATS (of the last attempt) and the timings."""
+    shutil.rmtree(run_dir, ignore_errors=True)
+    run_dir.mkdir(parents=True)
+    config = _config(run_dir, engine, epochs)
+    job_dir = run_dir / "job"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SHARDKIT_")}
+    log = run_dir / "train.out"
+    started_unix = time.time()
+    with open(log, "wb") as out:
+        proc = subprocess.Popen([sys.executable, "-m", "shardkit.cli", "train", str(config)], cwd=ROOT,
+                                env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+    killed: dict[str, Any] = {}
+    try:
+        deadline = time.monotonic() + _RUN_TIMEOUT_S
+        while proc.poll() is None and time.monotonic() < deadline:
+            if kill and not killed and any((job_dir / "checkpoints").glob("step-*/COMMIT")):
+                pid = _role_process(proc.pid, job_dir, 1)
+                if pid is not None:
+                    target = pid if kill == "role" else int(
+                        Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+                    what = _command(target)
+                    os.kill(target, signal.SIGKILL)
+                    killed = {"unix": time.time(), "pid": target, "what": what}
+            time.sleep(0.02)
+        proc.wait(max(1.0, deadline - time.monotonic()))
+    finally:
+        left = descendants(proc.pid) | {proc.pid}
+        for pid in left:  # a run that timed out, or a Ray/Spark process that outlived the trainer
+            with contextlib.suppress(OSError):
+                os.kill(pid, signal.SIGKILL)
+        proc.wait()
+    text = log.read_text(errors="replace")
+    found = _STATS.findall(text)
+    if proc.returncode != 0 or not found or (kill and not killed):
+        raise RuntimeError(f"{engine} run failed ({proc.returncode}, killed={killed}):\n{text[-4000:]}")
+    stats = json.loads(found[-1])
+    summary = json.loads((job_dir / "summary.json").read_text())
+    result = {"first_step_s": stats["first_step_unix"] - started_unix,
+              "samples_per_s": stats["samples_per_s"], "wall_s": time.time() - started_unix,
+              "steps": stats["steps"], "test_accuracy": stats["test_accuracy"],
+              "restarts": summary["restarts"], "load_1m": os.getloadavg()[0]}
+    if killed:
+        result.update(recovery_s=stats["first_step_unix"] - killed["unix"], killed=killed["what"])
+    return result
+
+
+def measure_engine(engine: str | dict[str, Any], *, epochs: int | None = None, kill: str = "parent",
+                   name: str | None = None) -> dict[str, Any]:
+    """One engine's row of the table: a clean run (first step s, samples/s) and a run where worker-1's
+    ``kill`` target is SIGKILLed after the first checkpoint (recovery s). Runs one after the other."""
+    label = name or (engine if isinstance(engine, str) else str(engine["name"]))
+    clean = run_train(engine, SCRATCH / "engines" / f"{label}-clean", epochs=epochs)
+    faulty = run_train(engine, SCRATCH / "engines" / f"{label}-kill", epochs=epochs, kill=kill)
+    return {"engine": label, "first_step_s": clean["first_step_s"], "samples_per_s": clean["samples_per_s"],
+            "recovery_s": faulty["recovery_s"], "killed": faulty["killed"], "clean": clean, "kill": faulty}
+
+
+def measure_ray(epochs: int | None = None) -> dict[str, Any]:
+    """The Ray row: ``engine: ray`` on a local instance; the kill takes worker-1's Ray actor."""
+    return measure_engine("ray", epochs=epochs, kill="parent")
+
+
+def report(row: dict[str, Any]) -> str:
+    return table(["engine", "first step s", "samples/s", "recovery s", "killed", "test accuracy"],
+                 [[row["engine"], f"{row['first_step_s']:.1f}", f"{row['samples_per_s']:,.0f}",
+                   f"{row['recovery_s']:.1f}", row["killed"], f"{row['clean']['test_accuracy']:.3f}"]])
+
+
+def main(measure: Any = measure_ray, name: str = "engine-ray", doc: str | None = __doc__) -> None:
+    parser = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quick", action="store_true", help="3 epochs, results not saved")
+    args = parser.parse_args()
+    row = measure(epochs=3 if args.quick else None)
+    print(report(row))
+    if not args.quick:
+        print(f"saved {save_results(name, row).relative_to(ROOT)}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,163 @@
+"""The ``ray`` engine on a real local Ray instance: the digits job, and a Ray actor SIGKILLed mid-run.
+
+Each job test starts its own local Ray instance through the engine and shuts it down (``engine.close``),
+so `proctree.reaped` can check that nothing of the job or of Ray is left behind.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import io
+import os
+import signal
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+import shardkit
+from shardkit.cluster.config import JobConfig, load_config
+from shardkit.cluster.engines import get_engine
+from shardkit.cluster.report import JobResult
+from shardkit.cluster.supervisor import Supervisor
+from shardkit.errors import ConfigError, MissingDependencyError
+from tests.trainer.scripts import proctree
+
+REPO = Path(__file__).resolve().parents[2]
+EXAMPLES = REPO / "examples"
+
+
+@pytest.fixture(scope="module")
+def digits(tmp_path_factory: pytest.TempPathFactory) -> str:
+    spec = importlib.util.spec_from_file_location("make_digits", EXAMPLES / "make_digits.py")
+    assert spec is not None
+    assert spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    url = str(tmp_path_factory.mktemp("data") / "digits")
+    shardkit.write_dataset(module.digits_frame(), url, schema=module.SCHEMA, row_group_size=128)
+    return url
+
+
+def digits_config(folder: Path, data_url: str, engine: str | dict[str, Any], *, epochs: int,
+                  every_steps: int) -> JobConfig:
+    """``examples/digits.yaml`` (2 DDP workers) on ``data_url`` with ``engine``, for ``epochs``."""
+    config = yaml.safe_load((EXAMPLES / "digits.yaml").read_text())
+    config.update(entrypoint=str(EXAMPLES / config["entrypoint"]), logdir=str(folder / "job"), engine=engine)
+    config["data"].update(url=data_url, num_epochs=epochs)
+    config["checkpoint"] = {"every_steps": every_steps, "keep": 2}
+    config["fault_tolerance"].update(max_restarts=1, heartbeat_timeout=30.0, startup_timeout=120.0)
+    path = folder / "job.yaml"
+    path.write_text(yaml.safe_dump(config))
+    return load_config(path)
+
+
+def run(config: JobConfig) -> tuple[JobResult, str]:
+    engine = get_engine(config.engine.name, config.engine.options)
+    console = io.StringIO()
+    try:
+        result = Supervisor(config, engine=engine, console=console).run()
+    finally:
+        engine.close()  # type: ignore[attr-defined]
+    return result, console.getvalue()
+
+
+def role_process(job_dir: Path, role: str, index: int, attempt: int) -> int | None:
+    """The pid of the role process of this job (not its DataLoader workers, which share its env)."""
+    want = {f"SHARDKIT_JOB_DIR={job_dir}", f"SHARDKIT_ROLE={role}", f"SHARDKIT_ROLE_INDEX={index}",
+            f"SHARDKIT_ATTEMPT={attempt}"}
+    found: dict[int, int] = {}
+    for pid in proctree.descendants(os.getpid()):
+        try:
+            env = set(Path(f"/proc/{pid}/environ").read_bytes().decode(errors="replace").split("\0"))
+            ppid = int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+        except (OSError, IndexError, ValueError):
+            continue
+        if want <= env:
+            found[pid] = ppid
+    tops = [pid for pid, ppid in found.items() if ppid not in found]
+    return tops[0] if len(tops) == 1 else None
+
+
+def kill_after_first_checkpoint(job_dir: Path, index: int, out: dict[str, Any],
+                                timeout: float = 150.0) -> None:
+    """Watch for the first committed checkpoint, then SIGKILL the parent of worker ``index``'s process (the
+    engine's unit: a Ray actor, a Spark task's Python worker); what was done goes into ``out``."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if any((job_dir / "checkpoints").glob("step-*/COMMIT")):
+            pid = role_process(job_dir, "worker", index, 0)
+            if pid is not None:
+                parent = int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+                out["cmdline"] = Path(f"/proc/{parent}/cmdline").read_bytes().decode(errors="replace")
+                out["role_pid"], out["parent"] = pid, parent
+                os.kill(parent, signal.SIGKILL)
+                return
+        time.sleep(0.02)
+
+
+def test_options_and_missing_ray(monkeypatch: pytest.MonkeyPatch) -> None:
+    with pytest.raises(ConfigError, match=r"engine\.adress=.*did you mean 'address'"):
+        get_engine("ray", {"adress": "auto"})
+    with pytest.raises(ConfigError, match=r"engine\.num_cpus=-1"):
+        get_engine("ray", {"num_cpus": -1})
+    with pytest.raises(ConfigError, match=r"engine\.runtime_env="):
+        get_engine("ray", {"runtime_env": ["pip"]})
+    monkeypatch.setitem(sys.modules, "ray", None)  # as if it were not installed: `import ray` fails
+    with pytest.raises(MissingDependencyError, match=r"pip install 'shardkit\[ray\]'"):
+        get_engine("ray", {"address": "auto"})
+
+
+@pytest.mark.slow
+@pytest.mark.distributed
+@pytest.mark.timeout(240)
+def test_digits_job_on_a_local_ray_instance(tmp_path: Path, digits: str) -> None:
+    with proctree.reaped():
+        result, out = run(digits_config(tmp_path, digits, "ray", epochs=3, every_steps=30))
+        import ray
+
+        assert not ray.is_initialized()  # the engine's own instance was shut down
+    assert result.ok, out
+    assert (result.steps, result.restarts) == (72, 0)  # 3 epochs of 24 steps per worker
+    assert [c.step for c in result.checkpoints] == [30, 60, 72]
+    assert result.metrics["loss"] < 2.0  # below chance (ln 10 = 2.30): it learned
+    assert result.metrics["test_accuracy"] > 0.5
+    logs = tmp_path / "job" / "logs" / "attempt-0"
+    assert "rank 1/2 attempt 0: starting, 72 steps" in (logs / "worker-1.log").read_text()
+    assert "TRAIN_STATS" in (logs / "worker-0.log").read_text()
+    assert "[worker-0] test accuracy:" in out  # output relayed from the actors to the console
+
+
+@pytest.mark.slow
+@pytest.mark.distributed
+@pytest.mark.timeout(240)
+def test_a_killed_actor_is_restarted_and_the_job_finishes_from_its_checkpoint(tmp_path: Path,
+                                                                              digits: str) -> None:
+    config = digits_config(tmp_path, digits, {"name": "ray", "grace": 2}, epochs=6, every_steps=10)
+    job_dir = tmp_path / "job"
+    killed: dict[str, Any] = {}
+    with proctree.reaped():
+        watcher = threading.Thread(target=kill_after_first_checkpoint, args=(job_dir, 1, killed), daemon=True)
+        watcher.start()
+        try:
+            result, out = run(config)
+        finally:
+            watcher.join(10)
+        assert killed, f"the actor was never killed:\n{out}"
+        assert killed["cmdline"].startswith("ray::_RoleActor"), killed  # the role ran in a Ray actor
+        assert proctree.wait_gone([killed["role_pid"]], 10) == set()  # it died with its actor
+    assert result.ok, out
+    assert result.restarts == 1, out
+    failure = result.failures[0]
+    assert (failure.name, failure.reason) == ("worker-1", "killed by SIGKILL")
+    assert any("the Ray actor of worker-1 died" in line for line in failure.last_lines), failure.last_lines
+    resumed = result.attempts[1].resumed_from
+    assert resumed is not None
+    assert resumed >= 10
+    assert result.steps == 144  # 6 epochs of 24 steps: finished
+    worker0 = (job_dir / "logs" / "attempt-1" / "worker-0.log").read_text()
+    assert f"rank 0/2 attempt 1: resuming at step {resumed}" in worker0

@@ -1,0 +1,365 @@
+"""The torchrun engine with real elastic agents: two "nodes" on 127.0.0.1 (one agent process each, one
+worker each), a worker SIGKILLed, a whole node removed (world 2 -> 1), and sample-by-sample checks.
+
+The worker script is ``tests/cluster/torchrun_scripts/ids.py``: every process logs the ids it trained on,
+per step, under ``<logdir>/ids/attempt<a>-rank<r>.jsonl``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from collections import Counter
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import yaml
+from hypothesis import given
+from hypothesis import strategies as st
+
+import shardkit
+from shardkit.cluster.config import JobConfig, load_config
+from shardkit.cluster.engine_torchrun import TorchrunEngine, check_job, parse_options
+from shardkit.cluster.engines import get_engine
+from shardkit.cluster.spec import free_ports
+from shardkit.errors import ConfigError
+from tests.trainer.scripts import proctree
+
+REPO = Path(__file__).resolve().parents[2]
+IDS = REPO / "tests" / "cluster" / "torchrun_scripts" / "ids.py"
+ROWS, BATCH, EVERY = 160, 4, 4  # world 2: 20 steps, a checkpoint every 4
+# Fast membership changes: a dead node is noticed after 3 s, a 1:2 rendezvous waits 4 s for a second node.
+FAST_RDZV = {"last_call_timeout": 4, "keep_alive_interval": 1, "keep_alive_max_attempt": 3,
+             "join_timeout": 60}
+
+
+@pytest.fixture(autouse=True)
+def _no_orphans() -> Iterator[None]:
+    with proctree.reaped():
+        yield
+
+
+@pytest.fixture(scope="module")
+def ids_dataset(tmp_path_factory: pytest.TempPathFactory) -> str:
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(ROWS, 4)).astype(np.float32)
+    y = (x @ np.array([1.0, -2.0, 0.5, 3.0], np.float32)).astype(np.float32)
+    schema = shardkit.Schema([shardkit.Field("id", "int64"), shardkit.Field("x", "float32", (4,)),
+                              shardkit.Field("y", "float32")])
+    url = str(tmp_path_factory.mktemp("data") / "ids")
+    shardkit.write_dataset({"id": np.arange(ROWS), "x": list(x), "y": y}, url, schema=schema,
+                           row_group_size=8)
+    return url
+
+
+def write_config(folder: Path, *, data: dict[str, Any], entrypoint: Path, nnodes: str, params: dict[str, Any],
+                 checkpoint: dict[str, Any] | None = None) -> Path:
+    config = {
+        "name": "trun", "entrypoint": str(entrypoint), "framework": "torch",
+        "roles": {"worker": {"count": 1}}, "data": data,
+        "checkpoint": checkpoint or {"every_steps": EVERY, "keep": 3},
+        "fault_tolerance": {"max_restarts": 2, "heartbeat_interval": 0.2, "heartbeat_timeout": 30.0,
+                            "startup_timeout": 90.0},
+        "engine": {"name": "torchrun", "nnodes": nnodes, "rdzv_endpoint": f"127.0.0.1:{free_ports(1)[0]}",
+                   "rdzv_id": folder.name, "rdzv_conf": FAST_RDZV, "grace": 2},
+        "logdir": str(folder / "job"), "params": params, "env": {"OMP_NUM_THREADS": "1"},
+    }
+    path = folder / "job.yaml"
+    path.write_text(yaml.safe_dump(config))
+    return path
+
+
+def ids_config(folder: Path, data_url: str, nnodes: str) -> Path:
+    data = {"url": data_url, "batch_size": BATCH, "seed": 3, "num_epochs": 1,
+            "options": {"shuffle_buffer": 24, "workers": 1}}
+    return write_config(folder, data=data, entrypoint=IDS, nnodes=nnodes, params={"sleep": 0.15})
+
+
+def start_nodes(config: Path, count: int = 2) -> list[subprocess.Popen[bytes]]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SHARDKIT_")}
+    procs = []
+    for node in range(count):
+        with open(config.parent / f"node-{node}.out", "wb") as out:
+            procs.append(subprocess.Popen(
+                [sys.executable, "-m", "shardkit.cli", "train", str(config), "--node-rank", str(node)],
+                cwd=REPO, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True))
+    return procs
+
+
+def output(config: Path, node: int) -> str:
+    return (config.parent / f"node-{node}.out").read_text(errors="replace")
+
+
+def wait_until(what: str, condition: Callable[[], bool], procs: list[subprocess.Popen[bytes]],
+               timeout: float = 90.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        exited = [p.returncode for p in procs if p.poll() is not None]
+        if exited or time.monotonic() > deadline:
+            why = f"agents exited with {exited}" if exited else "timeout"
+            raise AssertionError(f"waiting for {what}: {why}")
+        time.sleep(0.05)
+
+
+def finish(procs: list[subprocess.Popen[bytes]], timeout: float = 90.0) -> list[int]:
+    deadline = time.monotonic() + timeout
+    return [p.wait(max(1.0, deadline - time.monotonic())) for p in procs]
+
+
+def records(job_dir: Path) -> dict[tuple[int, int], list[dict[str, Any]]]:
+    """(attempt, rank) -> the process's log lines (the first one is its start record)."""
+    out = {}
+    for path in (job_dir / "ids").glob("attempt*-rank*.jsonl"):
+        attempt, rank = map(int, re.findall(r"\d+", path.name))
+        out[(attempt, rank)] = [json.loads(line) for line in path.read_text().splitlines()]
+    return out
+
+
+def max_step(job_dir: Path, *, world: int) -> int:
+    """The highest step logged by an attempt of ``world`` processes that had a checkpoint behind it."""
+    best = 0
+    for lines in records(job_dir).values():
+        if lines and lines[0]["world"] == world and any(r.get("saved") for r in lines[1:]):
+            best = max(best, *(r["step"] for r in lines[1:]))
+    return best
+
+
+def effective_ids(job_dir: Path) -> tuple[Counter[int], list[tuple[int, int, int]]]:
+    """The ids of the steps that count (each attempt's steps up to the checkpoint the next attempt resumed
+    from), and (attempt, world, start step) per attempt."""
+    recs = records(job_dir)
+    starts: dict[int, tuple[int, int]] = {}
+    for (attempt, rank), lines in recs.items():
+        head = lines[0]
+        assert head["shard"] == [rank, head["world"]], f"attempt {attempt} rank {rank} read the wrong shard"
+        assert head["env"]["RANK"] == str(rank)
+        assert starts.setdefault(attempt, (head["world"], head["start"])) == (head["world"], head["start"]), \
+            f"the ranks of attempt {attempt} resumed from different steps or disagree on the world"
+    attempts = sorted(starts)
+    ids: Counter[int] = Counter()
+    for (attempt, _), lines in recs.items():
+        later = [a for a in attempts if a > attempt]
+        resumed_next = starts[later[0]][1] if later else None
+        for rec in lines[1:]:
+            assert rec["step"] > starts[attempt][1], f"attempt {attempt} retrained step {rec['step']}"
+            if resumed_next is None or rec["step"] <= resumed_next:
+                ids.update(rec["ids"])
+    return ids, [(a, *starts[a]) for a in attempts]
+
+
+def summary(job_dir: Path, node: int) -> dict[str, Any]:
+    path = job_dir / ("summary.json" if node == 0 else f"logs/node-{node}/summary.json")
+    return dict(json.loads(path.read_text()))
+
+
+# -- end to end -------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def digits_dataset(tmp_path_factory: pytest.TempPathFactory) -> str:
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("make_digits", REPO / "examples" / "make_digits.py")
+    assert spec is not None
+    assert spec.loader is not None
+    make_digits = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(make_digits)
+    url = str(tmp_path_factory.mktemp("digits") / "digits")
+    shardkit.write_dataset(make_digits.digits_frame(), url, schema=make_digits.SCHEMA, row_group_size=128)
+    return url
+
+
+@pytest.mark.distributed
+@pytest.mark.timeout(150)
+def test_two_nodes_train_the_digits_example(tmp_path: Path, digits_dataset: str) -> None:
+    example = yaml.safe_load((REPO / "examples" / "digits.yaml").read_text())
+    data = {**example["data"], "url": digits_dataset, "num_epochs": 3}
+    config = write_config(tmp_path, data=data, entrypoint=REPO / "examples" / "train_digits.py", nnodes="2",
+                          params=example["params"], checkpoint={"every_steps": 20, "keep": 2})
+    procs = start_nodes(config)
+    codes = finish(procs)
+    assert codes == [0, 0], output(config, 0) + output(config, 1)
+    both = output(config, 0) + output(config, 1)
+    stats = json.loads(re.findall(r"TRAIN_STATS (\{.*\})", both)[0])
+    assert stats["world"] == 2
+    assert stats["test_accuracy"] > 0.5  # 3 epochs of a small CNN: ~0.8; chance is 0.1
+    job = tmp_path / "job"
+    for node in (0, 1):
+        result = summary(job, node)
+        assert result["status"] == "succeeded"
+        assert result["restarts"] == 0
+        assert result["steps"] == stats["steps"]
+    logs = [sorted(p.name for p in (job / f"logs/node-{node}/attempt-0").iterdir()) for node in (0, 1)]
+    assert sorted(logs) == [["worker-0.log"], ["worker-1.log"]], "each node ran one of the two ranks"
+    assert f"step-{stats['steps']:09d}" in os.listdir(job / "checkpoints")
+
+
+@pytest.mark.distributed
+@pytest.mark.timeout(150)
+def test_a_killed_worker_restarts_the_group_from_the_checkpoint(tmp_path: Path, ids_dataset: str) -> None:
+    config = ids_config(tmp_path, ids_dataset, nnodes="2")
+    job = tmp_path / "job"
+    procs = start_nodes(config)
+    wait_until("a checkpoint and step 6", lambda: max_step(job, world=2) >= 6, procs)
+    (log,) = (job / "logs/node-1/attempt-0").glob("worker-*.log")
+    rank = int(log.stem.split("-")[1])
+    pid = records(job)[(0, rank)][0]["pid"]
+    assert pid in proctree.descendants(procs[1].pid), "the worker belongs to node 1's agent"
+    os.kill(pid, signal.SIGKILL)
+    assert finish(procs) == [0, 0], output(config, 0) + output(config, 1)
+
+    ids, attempts = effective_ids(job)
+    assert ids == Counter(range(ROWS)), "every sample of the epoch exactly once"
+    assert [world for _, world, _ in attempts] == [2] * len(attempts)
+    assert attempts[-1][2] >= EVERY, "the last attempt resumed from a checkpoint, not from the start"
+    failures = summary(job, 1)["failures"]
+    assert failures[0]["reason"] == "killed by SIGKILL"
+    assert failures[0]["index"] == rank
+    assert summary(job, 0)["status"] == "succeeded"
+    assert summary(job, 0)["restarts"] >= 1
+
+
+@pytest.mark.distributed
+@pytest.mark.timeout(150)
+def test_a_removed_node_leaves_the_other_to_finish_the_epoch_alone(tmp_path: Path, ids_dataset: str) -> None:
+    config = ids_config(tmp_path, ids_dataset, nnodes="1:2")
+    job = tmp_path / "job"
+    procs = start_nodes(config)
+    wait_until("a 2-node attempt at step 6 after a checkpoint", lambda: max_step(job, world=2) >= 6, procs)
+    tree = proctree.descendants(procs[1].pid) | {procs[1].pid}
+    proctree.kill(tree)  # node 1 is gone: its agent and its worker
+    assert proctree.wait_gone(tree, 10) == set()
+    assert finish(procs[:1]) == [0], output(config, 0)
+    procs[1].wait(5)
+
+    ids, attempts = effective_ids(job)
+    assert ids == Counter(range(ROWS)), "every sample of the epoch exactly once across the resize"
+    *_, (_, world, start) = attempts
+    assert world == 1, f"the last attempt ran alone: {attempts}"
+    assert start >= EVERY, "the remaining node resumed from the checkpoint"
+    result = summary(job, 0)
+    assert result["status"] == "succeeded"
+    assert result["restarts"] >= 1
+
+
+@pytest.mark.distributed
+@pytest.mark.timeout(120)
+def test_a_stopped_or_killed_agent_leaves_no_worker_behind(tmp_path: Path, ids_dataset: str) -> None:
+    for how in (signal.SIGTERM, signal.SIGKILL):
+        folder = tmp_path / how.name
+        folder.mkdir()
+        config = ids_config(folder, ids_dataset, nnodes="1")
+        (agent,) = start_nodes(config, count=1)
+        wait_until("step 2", lambda folder=folder: max(
+            [r.get("step", 0) for lines in records(folder / "job").values() for r in lines], default=0) >= 2,
+            [agent])
+        workers = proctree.descendants(agent.pid)
+        assert workers
+        agent.send_signal(how)
+        assert agent.wait(30) == (128 + signal.SIGTERM if how == signal.SIGTERM else -signal.SIGKILL)
+        assert proctree.wait_gone(workers, 10) == set(), f"{how.name}: the workers outlived their agent"
+        if how == signal.SIGTERM:  # stopped cleanly: the summary says so
+            assert summary(folder / "job", 0)["status"] == "interrupted"
+
+
+# -- pieces ------------------------------------------------------------------------------------------
+
+
+@pytest.mark.distributed
+@pytest.mark.timeout(60)
+def test_a_silent_worker_is_killed_so_the_agent_restarts_the_group(tmp_path: Path) -> None:
+    from shardkit.cluster.heartbeats import HeartbeatReceiver
+    from shardkit.cluster.torchrun_agent import NodeMonitor
+
+    config = JobConfig.from_dict({"name": "hang", "entrypoint": str(IDS), "framework": "torch",
+                                  "roles": {"worker": {"count": 1}}, "logdir": str(tmp_path / "job"),
+                                  "fault_tolerance": {"heartbeat_interval": 0.1, "heartbeat_timeout": 1.0}})
+    lines: list[str] = []
+    with HeartbeatReceiver() as receiver:
+        monitor = NodeMonitor(config, parse_options({}), node_dir=tmp_path / "node", receiver=receiver,
+                              say=lines.append, echo=True, latest=lambda: None)
+        monitor.start()
+        monitor.attempt_started(0, nodes=1, world=1, ranks=[0])
+        log = tmp_path / "node" / "attempt-0" / "worker-0.log"
+        log.parent.mkdir(parents=True)
+        code = ("import os, time; from shardkit.trainer.heartbeat import Beacon; "
+                f"Beacon({receiver.addr!r}, role='worker', index=0, attempt=0).send('step', step=3); "
+                "print('hanging now', flush=True); time.sleep(600)")
+        with open(log, "wb") as out:
+            worker = subprocess.Popen([sys.executable, "-c", code], stdout=out, start_new_session=True)
+        monitor.workers_started({0: worker.pid})
+        assert worker.wait(30) == -signal.SIGKILL
+        monitor.workers_failed({0: -signal.SIGKILL})  # what torch's agent reports next
+        monitor.stop()
+    result = monitor.result("failed")
+    assert len(result.failures) == 1
+    assert result.failures[0].reason.startswith("silent for")
+    assert result.failures[0].step == 3
+    assert "[worker-0] hanging now" in lines
+
+
+def test_options_are_validated_with_key_paths_and_hints(tmp_path: Path) -> None:
+    opts = parse_options({"nnodes": "1:2", "rdzv_endpoint": "10.0.0.1:29400", "node_rank": 1,
+                          "rdzv_conf": {"last_call_timeout": 5}})
+    assert (opts.min_nodes, opts.max_nodes, opts.node_rank) == (1, 2, 1)
+    assert opts.rdzv_conf == {"last_call_timeout": 5}
+    assert not opts.endpoint_is_loopback
+    assert parse_options({}).endpoint_is_loopback
+    cases = {
+        "engine.nnode": {"nnode": 2},
+        "did you mean 'nnodes'": {"nnode": 2},
+        "quote it": {"nnodes": 62},  # what YAML makes of an unquoted 1:2
+        "engine.nnodes = '2:1'": {"nnodes": "2:1"},
+        "did you mean 'last_call_timeout'": {"rdzv_conf": {"last_call": 3}},
+        "node 0 hosts the rendezvous store": {"rdzv_conf": {"is_host": True}},
+        "at most 2 node(s)": {"nnodes": "1:2", "node_rank": 2},
+        "not HOST:PORT": {"rdzv_endpoint": "localhost"},
+        "engine.grace": {"grace": -1},
+    }
+    for expected, options in cases.items():
+        with pytest.raises(ConfigError) as info:
+            parse_options(options)
+        assert expected in str(info.value), (options, str(info.value))
+    assert isinstance(get_engine("torchrun", {"nnodes": 2}), TorchrunEngine)
+    with pytest.raises(ConfigError, match="torch's elastic agent starts and restarts"):
+        TorchrunEngine().start(None, log_dir=tmp_path)  # type: ignore[arg-type]
+
+
+def test_an_unquoted_node_range_in_yaml_is_caught(tmp_path: Path) -> None:
+    path = tmp_path / "job.yaml"
+    path.write_text(f"name: j\nentrypoint: {IDS}\nframework: torch\nroles: {{worker: {{count: 1}}}}\n"
+                    "engine: {name: torchrun, nnodes: 1:2}\n")
+    config = load_config(path)
+    with pytest.raises(ConfigError, match=r"engine\.nnodes = 62.*quote it") as info:
+        parse_options(config.engine.options, source=config.source)
+    assert str(path) in str(info.value)
+    assert parse_options(load_config(path, ['engine.nnodes="1:2"']).engine.options).max_nodes == 2
+
+
+def test_only_torch_allreduce_jobs_run_on_torchrun(tmp_path: Path) -> None:
+    base = {"name": "j", "entrypoint": str(IDS), "roles": {"worker": {"count": 2}}}
+    check_job(JobConfig.from_dict({**base, "framework": "torch"}))
+    for extra in ({"framework": "tensorflow"},
+                  {"framework": "torch", "strategy": "parameter_server",
+                   "roles": {"worker": {"count": 2}, "ps": {"count": 1}}}):
+        with pytest.raises(ConfigError, match="engine: local"):
+            check_job(JobConfig.from_dict({**base, **extra}))
+
+
+@given(st.integers(1, 59), st.integers(0, 59))
+def test_node_ranges_parse_for_all_quoted_ranges(low: int, extra: int) -> None:
+    high = low + extra
+    for text, expected in ((f"{low}:{high}", (low, high)), (str(low), (low, low)), (low, (low, low))):
+        opts = parse_options({"nnodes": text})
+        assert (opts.min_nodes, opts.max_nodes) == expected
+    if extra:
+        with pytest.raises(ConfigError):
+            parse_options({"nnodes": f"{high}:{low}"})
