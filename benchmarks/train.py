@@ -94,14 +94,17 @@ def run_once(kind: str, data: Path, epochs: int | None, index: int) -> dict[str,
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--repeat", type=int, default=5, help="runs of each kind (alternating)")
+    parser.add_argument("--repeat", type=int, default=6, help="runs of each kind (alternating)")
+    parser.add_argument("--epochs", type=int, default=60,
+                        help="epochs per run (the example's 20 train ~3 s: too short to compare launchers)")
     parser.add_argument("--quick", action="store_true", help="1 run of each, 2 epochs, results not saved")
     args = parser.parse_args()
-    repeat, epochs = (1, 2) if args.quick else (args.repeat, None)
+    repeat, epochs = (1, 2) if args.quick else (args.repeat, args.epochs)
     data = _dataset()
     runs: list[dict[str, Any]] = []
     for i in range(repeat):
-        for kind in ("shardkit", "torchrun"):
+        # alternate which launcher goes first, so neither always runs right after the other's teardown
+        for kind in ("shardkit", "torchrun") if i % 2 == 0 else ("torchrun", "shardkit"):
             runs.append(run_once(kind, data, epochs, i))
             r = runs[-1]
             print(f"  {kind:8s} run {i}: {r['samples_per_s']:8,.0f} samples/s, "
