@@ -2,13 +2,19 @@
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import shutil
 import sys
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
+
+import shardkit
+
+EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 
 # Executors are Python processes started by the JVM: without these they run the system Python,
 # which has neither shardkit nor this venv's pyarrow. SPARK_LOCAL_IP keeps Spark on loopback.
@@ -59,3 +65,16 @@ def spark(request: pytest.FixtureRequest) -> Any:
             "mark it, so that `-m 'not spark'` deselects every test that starts Spark"
         )
     return request.getfixturevalue("_spark_session")
+
+
+@pytest.fixture(scope="session")
+def digits(tmp_path_factory: pytest.TempPathFactory) -> str:
+    """The README's digits dataset, written by ``examples/make_digits.py``'s frame and schema."""
+    spec = importlib.util.spec_from_file_location("make_digits", EXAMPLES / "make_digits.py")
+    assert spec is not None
+    assert spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    url = str(tmp_path_factory.mktemp("data") / "digits")
+    shardkit.write_dataset(module.digits_frame(), url, schema=module.SCHEMA, row_group_size=128)
+    return url

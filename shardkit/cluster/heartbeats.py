@@ -4,10 +4,42 @@ from __future__ import annotations
 
 import select
 import socket
+from typing import Protocol
 
 from shardkit.cluster import protocol
 
-__all__ = ["HeartbeatReceiver"]
+__all__ = ["HeartbeatReceiver", "Watched", "apply_beat"]
+
+PROGRESS_KINDS = frozenset({"step", "checkpoint", "done"})
+
+
+class Watched(Protocol):
+    """What a supervisor (the local one, or a torchrun node's monitor) keeps about one process."""
+
+    last_beat: float | None
+    done_at: float | None
+    step: int
+    samples: int
+    metrics: dict[str, float]
+
+
+def apply_beat(w: Watched, beat: protocol.Heartbeat, now: float) -> bool:
+    """Record ``beat`` on ``w``; True when it shows training progress (a step, a checkpoint, done).
+
+    "start" does not count as a heartbeat for the silence timeout: the startup window lasts until the
+    first step or "alive" beat, so a process stuck in its imports or rendezvous is caught by
+    ``startup_timeout``.
+    """
+    if beat.kind != "start":
+        w.last_beat = now
+    if beat.kind == "done":
+        w.done_at = now
+    progress = beat.kind in PROGRESS_KINDS
+    if progress:
+        w.step, w.samples = beat.step, beat.samples
+    if beat.metrics:
+        w.metrics = dict(beat.metrics)
+    return progress
 
 
 class HeartbeatReceiver:

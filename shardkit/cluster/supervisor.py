@@ -19,7 +19,7 @@ from typing import TextIO
 from shardkit.cluster import protocol
 from shardkit.cluster.config import JobConfig
 from shardkit.cluster.engines import Engine, ProcessGroup, RoleProcess, get_engine
-from shardkit.cluster.heartbeats import HeartbeatReceiver
+from shardkit.cluster.heartbeats import HeartbeatReceiver, apply_beat
 from shardkit.cluster.progress import Progress
 from shardkit.cluster.report import (
     AttemptRecord,
@@ -239,18 +239,11 @@ class Supervisor:
 
     def _on_beat(self, beat: protocol.Heartbeat, w: _Watch, is_lead: bool, record: AttemptRecord,
                  now: float) -> None:
-        if beat.kind != "start":
-            w.last_beat = now
-        if beat.kind == "done":
-            w.done_at = now
-        if beat.kind in ("step", "checkpoint", "done"):
-            w.step, w.samples = beat.step, beat.samples
-        if beat.metrics:
-            w.metrics = dict(beat.metrics)
+        progress = apply_beat(w, beat, now)
         if beat.kind == "checkpoint":
             self._checkpoints.append(CheckpointRecord(record.attempt, beat.step, beat.checkpoint))
             self.progress.checkpoint(beat.step, beat.checkpoint)
-        if is_lead and beat.kind in ("step", "checkpoint", "done"):
+        if is_lead and progress:
             if record.first_step_s is None:
                 record.first_step_s = self._elapsed()
                 self.progress.first_step(record.attempt, record.first_step_s - record.started_s)

@@ -26,7 +26,7 @@ from torch.distributed.elastic.rendezvous import registry as rdzv_registry
 from shardkit.cluster import protocol as p
 from shardkit.cluster.config import JobConfig
 from shardkit.cluster.engine_torchrun import ENV_AGENT_PID, ENV_LOG_DIR, TorchrunOptions, worker_log
-from shardkit.cluster.heartbeats import HeartbeatReceiver
+from shardkit.cluster.heartbeats import HeartbeatReceiver, apply_beat
 from shardkit.cluster.progress import Progress
 from shardkit.cluster.report import (
     AttemptRecord,
@@ -247,19 +247,12 @@ class NodeMonitor:
         w = self.workers.get(beat.index)
         if record is None or w is None or beat.attempt != record.attempt or beat.role != "worker":
             return
-        if beat.kind != "start":
-            w.last_beat = now
-        if beat.kind == "done":
-            w.done_at = now
-        if beat.kind in ("step", "checkpoint", "done"):
-            w.step, w.samples = beat.step, beat.samples
-        if beat.metrics:
-            w.metrics = dict(beat.metrics)
+        progress = apply_beat(w, beat, now)
         if beat.kind == "checkpoint":
             self.checkpoints.append(CheckpointRecord(record.attempt, beat.step, beat.checkpoint))
             self.progress.checkpoint(beat.step, beat.checkpoint)
         record.samples = sum(x.samples for x in self.workers.values())
-        if w.rank == min(self.workers) and beat.kind in ("step", "checkpoint", "done"):
+        if w.rank == min(self.workers) and progress:
             if record.first_step_s is None:
                 record.first_step_s = self._elapsed()
                 self.progress.first_step(record.attempt, record.first_step_s - record.started_s)

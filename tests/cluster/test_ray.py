@@ -6,7 +6,6 @@ so `proctree.reaped` can check that nothing of the job or of Ray is left behind.
 
 from __future__ import annotations
 
-import importlib.util
 import io
 import os
 import signal
@@ -19,7 +18,6 @@ from typing import Any
 import pytest
 import yaml
 
-import shardkit
 from shardkit.cluster.config import JobConfig, load_config
 from shardkit.cluster.engines import get_engine
 from shardkit.cluster.report import JobResult
@@ -29,18 +27,6 @@ from tests.trainer.scripts import proctree
 
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLES = REPO / "examples"
-
-
-@pytest.fixture(scope="module")
-def digits(tmp_path_factory: pytest.TempPathFactory) -> str:
-    spec = importlib.util.spec_from_file_location("make_digits", EXAMPLES / "make_digits.py")
-    assert spec is not None
-    assert spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    url = str(tmp_path_factory.mktemp("data") / "digits")
-    shardkit.write_dataset(module.digits_frame(), url, schema=module.SCHEMA, row_group_size=128)
-    return url
 
 
 def digits_config(folder: Path, data_url: str, engine: str | dict[str, Any], *, epochs: int,

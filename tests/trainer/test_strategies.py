@@ -9,7 +9,6 @@ dataset written by ``examples/make_digits.py`` (1,797 rows; 3 epochs keep each j
 
 from __future__ import annotations
 
-import importlib.util
 import io
 import json
 from collections.abc import Iterator
@@ -43,18 +42,6 @@ pytestmark = [pytest.mark.distributed]
 def _no_orphans() -> Iterator[None]:
     with proctree.reaped():
         yield
-
-
-@pytest.fixture(scope="module")
-def digits(tmp_path_factory: pytest.TempPathFactory) -> str:
-    spec = importlib.util.spec_from_file_location("make_digits", EXAMPLES / "make_digits.py")
-    assert spec is not None
-    assert spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    url = str(tmp_path_factory.mktemp("data") / "digits")
-    shardkit.write_dataset(module.digits_frame(), url, schema=module.SCHEMA, row_group_size=128)
-    return url
 
 
 def run_example(folder: Path, example: str, data_url: str, *, fail_at_step: int = 0,
