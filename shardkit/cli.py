@@ -111,12 +111,7 @@ def _train(args: argparse.Namespace) -> int:
 
     config = _load(args)
     try:
-        if config.engine.name == "torchrun":  # one node's elastic agent; torch's agent does the restarts
-            from shardkit.cluster.engine_torchrun import run_node
-
-            run_node(config, node_rank=args.node_rank, echo=not args.quiet)
-        else:
-            run_job(config, echo=not args.quiet)
+        run_job(config, node_rank=args.node_rank, echo=not args.quiet)
     except JobError as e:
         print(f"shardkit train: {e}", file=sys.stderr)
         return 1

@@ -11,7 +11,8 @@ if TYPE_CHECKING:
 __all__ = ["run_job"]
 
 
-def run_job(config: JobConfig, *, echo: bool = True, console: TextIO | None = None) -> JobResult:
+def run_job(config: JobConfig, *, node_rank: int | None = None, echo: bool = True,
+            console: TextIO | None = None) -> JobResult:
     """Run a job to its end: start every process, watch them, restart from checkpoints, summarize.
 
     Example:
@@ -40,11 +41,19 @@ def run_job(config: JobConfig, *, echo: bool = True, console: TextIO | None = No
     - Ctrl-C or SIGTERM stops every process (no orphans), writes the summary and raises
       KeyboardInterrupt.
 
+    With ``engine: torchrun`` this runs one node of the job instead (torch's elastic agent starts and
+    restarts the workers; see `shardkit.cluster.engine_torchrun.run_node`): ``node_rank`` is this
+    node's rank (default ``engine.node_rank``, else 0). Other engines ignore ``node_rank``.
+
     Raises:
         JobError: restarts exhausted (the message holds every failure with the end of its log; the
             `JobResult` is its ``result`` attribute), or the processes could not start.
         ConfigError: an unknown engine or engine option, or a secret that cannot be read.
     """
+    if config.engine.name == "torchrun":  # one node's elastic agent; torch's agent does the restarts
+        from shardkit.cluster.engine_torchrun import run_node
+
+        return run_node(config, node_rank=node_rank, echo=echo, console=console)
     from shardkit.cluster.supervisor import Supervisor
 
     return Supervisor(config, echo=echo, console=console).run()

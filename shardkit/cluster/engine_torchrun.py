@@ -225,7 +225,7 @@ class TorchrunEngine:
     def start(self, spec: ClusterSpec, *, log_dir: Path) -> NoReturn:
         raise ConfigError("engine torchrun: torch's elastic agent starts and restarts the workers, so it is "
                           "run per node, not per attempt. Fix: shardkit train job.yaml --node-rank K on each "
-                          "node (Python: shardkit.cluster.engine_torchrun.run_node)")
+                          "node (Python: shardkit.cluster.run_job(config, node_rank=K))")
 
     def run(self, config: JobConfig, *, node_rank: int | None = None, echo: bool = True,
             console: TextIO | None = None) -> JobResult:

@@ -26,9 +26,9 @@ ENGINES: dict[str, str | None] = {
     "kubernetes": None,
     "yarn": None,
 }
-_LATER = {  # name -> (what `shardkit render` writes for it, the extra it needs)
-    "kubernetes": ("manifests of a Kubeflow PyTorchJob or TFJob", None),
-    "yarn": ("spec of a Skein application", None),
+_RENDERED = {  # name -> what `shardkit render` writes for it (shardkit does not run these engines)
+    "kubernetes": "manifests of a Kubeflow PyTorchJob or TFJob",
+    "yarn": "spec of a Skein application",
 }
 
 
@@ -101,9 +101,9 @@ def get_engine(name: str, options: Mapping[str, Any] | None = None) -> Engine:
         raise ConfigError(f"engine.name={name!r} is not an engine. Fix: use one of {', '.join(ENGINES)}")
     target = ENGINES[name]
     if target is None:
-        what, _extra = _LATER[name]
         raise ConfigError(
-            f"engine.name={name!r}: shardkit does not start processes on {name}; it writes the {what}. "
+            f"engine.name={name!r}: shardkit does not start processes on {name}; it writes the "
+            f"{_RENDERED[name]}. "
             f"Fix: run `shardkit render CONFIG --engine {name}` and submit what it writes, or use "
             "engine: local to run every process on this machine"
         )

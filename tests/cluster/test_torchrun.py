@@ -163,25 +163,11 @@ def summary(job_dir: Path, node: int) -> dict[str, Any]:
 # -- end to end -------------------------------------------------------------------------------------
 
 
-@pytest.fixture(scope="module")
-def digits_dataset(tmp_path_factory: pytest.TempPathFactory) -> str:
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("make_digits", REPO / "examples" / "make_digits.py")
-    assert spec is not None
-    assert spec.loader is not None
-    make_digits = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(make_digits)
-    url = str(tmp_path_factory.mktemp("digits") / "digits")
-    shardkit.write_dataset(make_digits.digits_frame(), url, schema=make_digits.SCHEMA, row_group_size=128)
-    return url
-
-
 @pytest.mark.distributed
 @pytest.mark.timeout(150)
-def test_two_nodes_train_the_digits_example(tmp_path: Path, digits_dataset: str) -> None:
+def test_two_nodes_train_the_digits_example(tmp_path: Path, digits: str) -> None:
     example = yaml.safe_load((REPO / "examples" / "digits.yaml").read_text())
-    data = {**example["data"], "url": digits_dataset, "num_epochs": 3}
+    data = {**example["data"], "url": digits, "num_epochs": 3}
     config = write_config(tmp_path, data=data, entrypoint=REPO / "examples" / "train_digits.py", nnodes="2",
                           params=example["params"], checkpoint={"every_steps": 20, "keep": 2})
     procs = start_nodes(config)
