@@ -181,14 +181,17 @@ class Dataset:
 
     def _plain_bytes_per_row(self, names: Sequence[str]) -> dict[str, int]:
         out = dict.fromkeys(names, 0)
-        rg = next((rg for rg in self.row_groups if rg.num_rows), None)
+        k, rg = next(((k, rg) for k, rg in enumerate(self.row_groups) if rg.num_rows), (0, None))
         if not names or rg is None:
             return out
-        try:
-            footer = self.open_file(rg.file).metadata
-        except CorruptDatasetError:
-            return out  # the read itself reports it, naming the row group
-        meta = footer.row_group(rg.index)
+        if self.metadata is not None:  # the summary holds every row group: no data file is opened
+            meta = self.metadata.row_group(k)
+        else:
+            try:
+                footer = self._footers.get(rg.file) or self.open_file(rg.file).metadata
+            except CorruptDatasetError:
+                return out  # the read itself reports it, naming the row group
+            meta = footer.row_group(rg.index)
         for j in range(meta.num_columns):
             col = meta.column(j)
             top = col.path_in_schema.split(".", 1)[0]

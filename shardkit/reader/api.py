@@ -6,11 +6,11 @@ import os
 from collections.abc import Sequence
 from typing import Any, Literal
 
-from shardkit.dataset.index import Dataset, open_dataset
+from shardkit.dataset.index import SLICE_ROWS, Dataset, open_dataset
 from shardkit.errors import ReaderError
 from shardkit.reader.filter import Filter
 from shardkit.reader.plan import Remainder, validate_shard
-from shardkit.reader.reader import WINDOW_BYTES, Reader, _job_world, _positive
+from shardkit.reader.reader import TASK_BYTES, WINDOW_BYTES, Reader, _job_world, _positive
 
 
 def make_reader(
@@ -100,10 +100,11 @@ def make_reader(
         unknown = [c for c in columns if c not in names]
         if unknown:
             raise ReaderError(f"unknown column(s) {unknown!r} for {dataset.url!r}; its fields are {names}")
+    row_bytes = max(1, dataset.decoded_row_bytes(columns))
     if shuffle_buffer is None:
         # decoded bytes, not Parquet's: compression and dictionaries (PNG images even more) make the
         # encoded size several times smaller than what the window holds in memory
-        shuffle_buffer = max(1024, WINDOW_BYTES // max(1, dataset.decoded_row_bytes(columns)))
+        shuffle_buffer = max(1024, WINDOW_BYTES // row_bytes)
     _positive("shuffle_buffer", shuffle_buffer)
 
     row_cache = None
@@ -116,4 +117,5 @@ def make_reader(
                   shuffle=bool(shuffle), seed=seed, num_epochs=num_epochs, remainder=remainder,
                   drop_last=bool(drop_last), shuffle_buffer=shuffle_buffer, filter=filter,
                   cache=row_cache, prefetch=prefetch,
-                  workers=workers, on_error=on_error)
+                  workers=workers, on_error=on_error,
+                  task_rows=max(SLICE_ROWS, TASK_BYTES // row_bytes // SLICE_ROWS * SLICE_ROWS))

@@ -26,6 +26,7 @@ nothing is skipped.
 from __future__ import annotations
 
 import dataclasses
+import itertools
 from collections.abc import Sequence
 from functools import cached_property
 from typing import Literal
@@ -244,6 +245,29 @@ class Window:
             return None
         perm = order.window_permutation(self.index)
         return np.concatenate([perm[lo:hi] for lo, hi in self.picks])
+
+
+def split_tasks(windows: Sequence[Window], task_rows: int | None) -> list[Window]:
+    """``windows`` with each task cut at multiples of ``task_rows`` rows of its row group (None: as is).
+
+    The cut tasks cover the same rows in the same order, so the windows emit the same rows; an
+    unshuffled window becomes one window per cut task (its rows go out as soon as that task is read).
+    Smaller tasks let the first rows of a row group be decoded and emitted while its later slices are
+    still being read, and spread one row group over several worker threads.
+    """
+    if task_rows is None:
+        return list(windows)
+    out: list[Window] = []
+    for w in windows:
+        tasks: list[Task] = []
+        for t in w.tasks:
+            edges = [t.start, *range((t.start // task_rows + 1) * task_rows, t.stop, task_rows), t.stop]
+            tasks.extend(Task(t.row_group, a, b) for a, b in itertools.pairwise(edges))
+        if w.picks is None:
+            out.extend(Window(w.index, (t,), None) for t in tasks)
+        else:
+            out.append(dataclasses.replace(w, tasks=tuple(tasks)))
+    return out
 
 
 def shard_windows(order: EpochOrder, ranges: Ranges) -> list[Window]:

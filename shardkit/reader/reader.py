@@ -29,11 +29,24 @@ from shardkit.dataset.schema import Schema
 from shardkit.errors import ReaderError
 from shardkit.reader import batching
 from shardkit.reader.filter import Filter, select_rows, to_expression
-from shardkit.reader.plan import EpochOrder, Remainder, Task, Window, shard_ranges, shard_windows, take, total
+from shardkit.reader.plan import (
+    EpochOrder,
+    Remainder,
+    Task,
+    Window,
+    shard_ranges,
+    shard_windows,
+    split_tasks,
+    take,
+    total,
+)
 from shardkit.reader.source import Columns, Part, RowGroupSource
 
 STATE_VERSION = 1
 WINDOW_BYTES = 32 << 20  # default shuffle window: about this many decoded bytes of rows
+#: Most decoded bytes of rows one task reads: a row group is read and decoded in tasks of about this
+#: size, so its first rows are decoded (and can be emitted) while its later slices are still read.
+TASK_BYTES = 8 << 20
 _POSITION = "\x00shardkit.position"  # rides along in chunks: the piece position of each row
 
 
@@ -43,13 +56,14 @@ class Reader:
     def __init__(self, dataset: Dataset, *, columns: Sequence[str], shard: int, num_shards: int,
                  batch_size: int, shuffle: bool, seed: int, num_epochs: int | None, remainder: Remainder,
                  drop_last: bool, shuffle_buffer: int, filter: Filter | None, cache: Any, prefetch: int,
-                 workers: int, on_error: Literal["raise", "skip"]) -> None:
+                 workers: int, on_error: Literal["raise", "skip"], task_rows: int | None = None) -> None:
         self.dataset = dataset
         self.schema: Schema = dataset.schema.select(columns)
         self.shard, self.num_shards = shard, num_shards
         self.batch_size, self.shuffle, self.seed = batch_size, shuffle, seed
         self.num_epochs, self.remainder, self.drop_last = num_epochs, remainder, drop_last
         self.shuffle_buffer, self.prefetch, self.workers = shuffle_buffer, prefetch, workers
+        self.task_rows = task_rows
         self.filter_text = ""
         selection: dict[int, np.ndarray] = {}
         self.rows_per_group = dataset.rows_per_group
@@ -131,6 +145,7 @@ class Reader:
         ranges = self._ranges(self._history)
         start = self._consumed  # > 0 when an earlier iteration of this stage stopped early
         windows = shard_windows(order, take(ranges, start, total(ranges)))
+        windows[:1] = split_tasks(windows[:1], self.task_rows)  # the first batch comes sooner
         batcher = batching.Batcher(self.batch_size)
         prepared: deque[tuple[np.ndarray | None, list[int]]] = deque()
 

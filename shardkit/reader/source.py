@@ -5,14 +5,18 @@ the GIL, so row groups are fetched and decoded in parallel. A task decodes to a 
 row group's `SLICE_ROWS`-row record batches, cut to the task's rows): read in order, fixed-shape
 tensors stay zero-copy views of the Arrow buffers up to the batches; a shuffled reader's task is
 concatenated once, in the worker, into the chunk its window gathers batches from.
+
+Tasks of one row group share its read. Without a cache the row group is read slice by slice, only as
+far as the tasks so far need: the reader cuts the first window of a pass into small tasks, so the
+first rows are decoded while the rest of their row group is still being read. A read that fails fails
+every task that shares it (none gets the rows read before the failure as a whole task).
 """
 
 from __future__ import annotations
 
 import threading
 from collections import OrderedDict
-from collections.abc import Sequence
-from concurrent.futures import Future
+from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Literal
 
 import numpy as np
@@ -51,37 +55,39 @@ class RowGroupSource:
         self.skipped: dict[int, str] = {}  # corrupt row groups skipped (index -> error), until cleared
         self.remote_reads = 0
         self._lock = threading.Lock()
-        self._recent: OrderedDict[int, Future[pa.Table]] = OrderedDict()
+        self._recent: OrderedDict[int, _Shared] = OrderedDict()
 
     def _fetch(self, row_group: int) -> pa.Table:
+        return self._stream(row_group).upto(None)
+
+    def _stream(self, row_group: int) -> _Stream:
         with self._lock:
             self.remote_reads += 1
-        return self.dataset.read_row_group(row_group, self.columns)
+        return _Stream(self.dataset, row_group, self.columns)
 
-    def _arrow(self, row_group: int) -> pa.Table:
-        """The row group's Arrow table; neighbouring tasks of one row group (a row group that spans two
-        shuffle windows) share one read through a small table of in-flight and recent reads."""
+    def _arrow(self, row_group: int, stop: int) -> pa.Table:
+        """The row group's Arrow table, at least its first ``stop`` rows. Tasks of one row group share
+        one read (a small table of recent reads): without a cache it is read slice by slice, as far
+        as the tasks so far need, so the first task's rows are decoded while later slices are read."""
         with self._lock:
-            future = self._recent.get(row_group)
-            owner = future is None
-            if future is None:
-                future = self._recent[row_group] = Future()
+            read = self._recent.get(row_group)
+            if read is None:
+                opener = self._load if self.cache else self._stream
+                read = self._recent[row_group] = _Shared(opener, row_group)
                 while len(self._recent) > RECENT_READS:
                     self._recent.popitem(last=False)
             else:
                 self._recent.move_to_end(row_group)
-        if owner:
-            try:
-                future.set_result(self._load(row_group))
-            except BaseException as e:
-                future.set_exception(e)
-                with self._lock:
-                    self._recent.pop(row_group, None)
-        return future.result()
+        try:
+            return read.upto(stop)
+        except BaseException:
+            with self._lock:
+                if self._recent.get(row_group) is read:
+                    del self._recent[row_group]
+            raise
 
     def _load(self, row_group: int) -> pa.Table:
-        if self.cache is None:
-            return self._fetch(row_group)
+        assert self.cache is not None
         rg = self.dataset.row_groups[row_group]
         key = "|".join([self.dataset.url, rg.file, str(rg.index), str(rg.num_rows), str(rg.num_bytes),
                         ",".join(self.columns)])
@@ -95,7 +101,7 @@ class RowGroupSource:
         window gathers from, at a fraction of the cost of gathering from many small chunks.
         """
         try:
-            table = self._arrow(task.row_group)
+            table = self._arrow(task.row_group, task.stop)
             selected = self.selection.get(task.row_group)
             if selected is None and rows is None:
                 table = table.slice(task.start, task.stop - task.start)
@@ -116,3 +122,54 @@ class RowGroupSource:
             with self._lock:
                 self.skipped.setdefault(task.row_group, str(error))
             return None
+
+
+class _Stream:
+    """One row group read slice by slice (`Dataset.iter_row_group`), as far as asked so far."""
+
+    def __init__(self, dataset: Dataset, row_group: int, columns: Sequence[str]) -> None:
+        self._batches: list[pa.RecordBatch] = []
+        self._rows = 0
+        self._it: Iterator[pa.RecordBatch] | None = dataset.iter_row_group(row_group, columns)
+        self._schema = dataset.arrow_schema
+        self._columns = list(columns)
+
+    def upto(self, stop: int | None) -> pa.Table:
+        """The rows read so far, after reading on until there are ``stop`` of them (None: all)."""
+        while self._it is not None and (stop is None or self._rows < stop):
+            batch = next(self._it, None)
+            if batch is None:
+                self._it = None
+                break
+            self._batches.append(batch)
+            self._rows += batch.num_rows
+        if self._batches:
+            return pa.Table.from_batches(self._batches)
+        fields = [self._schema.field(n) for n in self._columns]
+        return pa.schema(fields, metadata=self._schema.metadata).empty_table()
+
+
+class _Shared:
+    """A row group read shared by the tasks that need it: one task at a time moves it forward.
+
+    ``open`` makes the read: a `_Stream`, or (with a cache) the whole table at once.
+    """
+
+    def __init__(self, open: Callable[[int], _Stream | pa.Table], row_group: int) -> None:
+        self._open, self._row_group = open, row_group
+        self._read: _Stream | pa.Table | None = None
+        self._error: BaseException | None = None
+        self._lock = threading.Lock()
+
+    def upto(self, stop: int) -> pa.Table:
+        with self._lock:  # Parquet decoding releases the GIL: other row groups go on meanwhile
+            if self._error is not None:  # every task of a corrupt row group fails alike
+                raise self._error
+            try:
+                if self._read is None:
+                    self._read = self._open(self._row_group)
+                read = self._read
+                return read.upto(stop) if isinstance(read, _Stream) else read
+            except BaseException as e:
+                self._error = e
+                raise
