@@ -451,3 +451,33 @@ def test_png_with_a_wrong_size_names_the_row(monkeypatch: pytest.MonkeyPatch) ->
     blobs = [_pillow_png(np.zeros((4, 4), np.uint8)), _pillow_png(np.zeros((4, 5), np.uint8))]
     with pytest.raises(SchemaMismatchError, match=r"'im'.*row 1.*\(4, 5\)"):
         field.codec.decode(field, pa.array(blobs, pa.binary()))
+
+
+def test_png_fast_path_mixed_with_nulls_and_other_images(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A fixed-shape column mixing 8-bit RGB PNGs (OpenCV's per-slice fast path), nulls and images the
+    fast path leaves to the general one (JPEG, a PNG of the wrong size): the same result either way."""
+    import io
+
+    from PIL import Image
+
+    rng = np.random.default_rng(11)
+    smooth = smooth_images(4, (8, 8, 3))
+    jpeg = io.BytesIO()
+    Image.fromarray(smooth[0]).save(jpeg, format="JPEG")
+    blobs: list[bytes | None] = []
+    for k in range(300):  # more than one IMAGE_SLICE
+        kind = k % 5
+        if kind == 1:
+            blobs.append(None)
+        elif kind == 3:
+            blobs.append(jpeg.getvalue())
+        else:
+            blobs.append(_pillow_png(rng.integers(0, 256, (8, 8, 3), dtype=np.uint8)))
+    field = Field("im", "uint8", (8, 8, 3), codec="image", nullable=True)
+    fast, slow = _decode_both(field, blobs, monkeypatch)
+    np.testing.assert_array_equal(np.ma.getmaskarray(fast), np.ma.getmaskarray(slow))
+    np.testing.assert_array_equal(fast.filled(0), slow.filled(0))
+    assert np.ma.getmaskarray(fast)[:, 0, 0, 0].tolist() == [k % 5 == 1 for k in range(300)]
+    blobs[7] = _pillow_png(np.zeros((8, 9, 3), np.uint8))  # a fast-path candidate of the wrong size
+    with pytest.raises(SchemaMismatchError, match=r"'im'.*row 7.*\(8, 9, 3\)"):
+        field.codec.decode(field, pa.array(blobs, pa.binary()))

@@ -189,10 +189,18 @@ def decode_images(field: Field, column: ArrowColumn) -> np.ndarray:
     data = np.zeros(0, np.uint8) if data_buf is None else np.frombuffer(data_buf, np.uint8)
     fixed = all(d is not None for d in field.shape)
     shape = tuple(int(d) for d in field.shape if d is not None)
-    out = np.zeros((n, *shape), np.uint8) if fixed else np.empty(n, dtype=object)
+    if not fixed:
+        out = np.empty(n, dtype=object)
+    else:  # rows left as they are (nulls) are zeros
+        out = np.zeros((n, *shape), np.uint8) if nulls is not None else np.empty((n, *shape), np.uint8)
+
+    fast = _fast_png(field, shape) if fixed else None
 
     def run(lo: int, hi: int) -> None:
-        for i in range(lo, hi):
+        rows: Any = range(lo, hi)
+        if fast is not None:
+            rows = fast(data, offsets, lo, hi, nulls=nulls, out=out)  # the rows it left to the general path
+        for i in rows:
             if nulls is not None and nulls[i]:
                 continue
             im = decode_image(data[offsets[i] : offsets[i + 1]], field)
@@ -209,3 +217,62 @@ def decode_images(field: Field, column: ArrowColumn) -> np.ndarray:
     else:
         run(0, n)
     return as_masked(out, nulls) if fixed else out
+
+
+FastPng = Callable[..., np.ndarray]  # (data, offsets, lo, hi, *, nulls, out) -> rows left
+
+
+def _fast_png(field: Field, shape: tuple[int, ...]) -> FastPng | None:
+    """For a fixed-shape field with OpenCV: decode rows ``[lo, hi)`` that are 8-bit PNGs of the field's
+    channels straight into ``out``, and return the rows left for the general path (None: no fast path).
+
+    The checks `_opencv_png` makes per image (PNG signature, bit depth, colour type) are made for the
+    whole slice at once, the pixels land in one scratch array and change channel order (OpenCV's BGR)
+    in one copy per slice: 25 us an image instead of 30 on the benchmark's 32x32 images.
+    """
+    decode = _opencv_decode() if USE_OPENCV else None
+    if decode is None or len(shape) not in (2, 3):
+        return None
+    import cv2
+
+    channels = shape[2] if len(shape) == 3 else 1
+    colour = {1: 0, 3: 2, 4: 6}.get(channels)
+    if colour is None:
+        return None
+    cv_shape = shape[:2] if channels == 1 else shape
+    swap: Any = {3: np.s_[::-1], 4: [2, 1, 0, 3]}.get(channels)
+    signature = np.frombuffer(_PNG, np.uint8)
+    imdecode, unchanged = cv2.imdecode, cv2.IMREAD_UNCHANGED
+
+    def run(data: np.ndarray, offsets: np.ndarray, lo: int, hi: int, *, nulls: np.ndarray | None,
+            out: np.ndarray) -> np.ndarray:
+        starts = offsets[lo:hi].astype(np.int64)
+        ends = offsets[lo + 1 : hi + 1].astype(np.int64)
+        ok = ends - starts >= 33
+        if nulls is not None:
+            ok &= ~nulls[lo:hi]
+        at = np.where(ok, starts, 0)[:, None]
+        if len(data) < 33:
+            ok[:] = False
+        else:
+            ok &= (data[at + np.arange(8)] == signature).all(axis=1)
+            ok &= (data[at[:, 0] + 24] == 8) & (data[at[:, 0] + 25] == colour)
+        scratch = np.empty((hi - lo, *cv_shape), np.uint8)
+        for k in np.flatnonzero(ok).tolist():
+            pixels = imdecode(data[starts[k] : ends[k]], unchanged)
+            if pixels is None or pixels.dtype != np.uint8 or pixels.shape != cv_shape:
+                ok[k] = False
+            else:
+                scratch[k] = pixels
+        done = np.flatnonzero(ok)
+        if len(done):
+            pixels = scratch if len(done) == hi - lo else scratch[done]
+            if swap is not None:
+                pixels = pixels[..., swap]
+            if len(done) == hi - lo:
+                out[lo:hi] = pixels.reshape(hi - lo, *shape)
+            else:
+                out[lo + done] = pixels.reshape(len(done), *shape)
+        return lo + np.flatnonzero(~ok)
+
+    return run
