@@ -163,13 +163,21 @@ class RowGroupCache:
         Exceptions from ``fetch`` propagate and cache nothing; a cache folder that cannot be written
         (full disk, permissions) only logs a warning.
         """
-        path = self.path_of(key)
-        table = self._load(path)
-        self._count("hits" if table is not None else "misses")
+        table = self.get(key)
         if table is None:
             table = fetch()
-            self._store(path, table)
+            self.put(key, table)
         return table
+
+    def get(self, key: str) -> pa.Table | None:
+        """The cached table of ``key`` (memory-mapped, checksum verified), or None (counted as a miss)."""
+        table = self._load(self.path_of(key))
+        self._count("hits" if table is not None else "misses")
+        return table
+
+    def put(self, key: str, table: pa.Table) -> None:
+        """Cache ``table`` as ``key`` (a folder that cannot be written only logs a warning)."""
+        self._store(self.path_of(key), table)
 
     def _count(self, name: str, n: int = 1) -> None:
         with self._lock:

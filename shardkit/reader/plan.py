@@ -247,8 +247,10 @@ class Window:
         return np.concatenate([perm[lo:hi] for lo, hi in self.picks])
 
 
-def split_tasks(windows: Sequence[Window], task_rows: int | None) -> list[Window]:
-    """``windows`` with each task cut at multiples of ``task_rows`` rows of its row group (None: as is).
+def split_tasks(windows: Sequence[Window], task_rows: int | None, first_rows: int | None = None
+                ) -> list[Window]:
+    """``windows`` with each task cut at multiples of ``task_rows`` rows of its row group (None: as is),
+    and the very first task cut after ``first_rows`` rows too (the first batch needs no more).
 
     The cut tasks cover the same rows in the same order, so the windows emit the same rows; an
     unshuffled window becomes one window per cut task (its rows go out as soon as that task is read).
@@ -261,7 +263,9 @@ def split_tasks(windows: Sequence[Window], task_rows: int | None) -> list[Window
     for w in windows:
         tasks: list[Task] = []
         for t in w.tasks:
-            edges = [t.start, *range((t.start // task_rows + 1) * task_rows, t.stop, task_rows), t.stop]
+            cuts = range((t.start // task_rows + 1) * task_rows, t.stop, task_rows)
+            head = [t.start + first_rows] if first_rows and not out and not tasks else []
+            edges = sorted({t.start, *(c for c in head if c < t.stop), *cuts, t.stop})
             tasks.extend(Task(t.row_group, a, b) for a, b in itertools.pairwise(edges))
         if w.picks is None:
             out.extend(Window(w.index, (t,), None) for t in tasks)

@@ -24,7 +24,7 @@ from typing import Any, Literal
 
 import numpy as np
 
-from shardkit.dataset.index import Dataset
+from shardkit.dataset.index import SLICE_ROWS, Dataset
 from shardkit.dataset.schema import Schema
 from shardkit.errors import ReaderError
 from shardkit.reader import batching
@@ -145,16 +145,23 @@ class Reader:
         ranges = self._ranges(self._history)
         start = self._consumed  # > 0 when an earlier iteration of this stage stopped early
         windows = shard_windows(order, take(ranges, start, total(ranges)))
-        windows[:1] = split_tasks(windows[:1], self.task_rows)  # the first batch comes sooner
+        # the first batch comes sooner: its rows are read first, the rest of the window in tasks
+        first = split_tasks(windows[:1], self.task_rows, -(-self.batch_size // SLICE_ROWS) * SLICE_ROWS)
+        windows[:1] = first
+        # the cut tasks read their row group only as far as they need, but the last one of each row
+        # group reads it to its end (so that a cache holds the whole row group)
+        cut = [t for w in first for t in w.tasks]
+        last_of = {t.row_group: i for i, t in enumerate(cut)}
+        short = {t for i, t in enumerate(cut) if last_of[t.row_group] != i}
         batcher = batching.Batcher(self.batch_size)
         prepared: deque[tuple[np.ndarray | None, list[int]]] = deque()
 
-        def reads() -> Iterator[tuple[Task, np.ndarray | None]]:
+        def reads() -> Iterator[tuple[Task, np.ndarray | None, bool]]:
             for w in windows:  # prepared just ahead of the reads, popped when the window is assembled
                 emit, rows = _needed_rows(w, order)
                 pairs = list(zip(w.tasks, rows, strict=True))
                 prepared.append((emit, [t.stop - t.start if r is None else len(r) for t, r in pairs]))
-                yield from pairs
+                yield from ((t, r, t not in short) for t, r in pairs)
 
         results = self._prefetched(reads())
         position = start
@@ -205,13 +212,13 @@ class Reader:
             self._pool = ThreadPoolExecutor(max_workers=self.workers, thread_name_prefix="shardkit-read")
         return self._pool
 
-    def _prefetched(self, tasks: Iterator[tuple[Task, np.ndarray | None]]
+    def _prefetched(self, tasks: Iterator[tuple[Task, np.ndarray | None, bool]]
                     ) -> Generator[Part | None, None, None]:
         """Results of ``tasks`` (with their row selections) in order, ``prefetch`` tasks running ahead."""
         pool, inflight = self._executor(), deque[Future[Part | None]]()
         try:
-            for task, rows in tasks:
-                inflight.append(pool.submit(self._source.read, task, rows, whole=self.shuffle))
+            for task, rows, to_end in tasks:
+                inflight.append(pool.submit(self._source.read, task, rows, whole=self.shuffle, to_end=to_end))
                 if len(inflight) > self.prefetch:
                     yield inflight.popleft().result()
             while inflight:

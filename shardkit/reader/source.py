@@ -57,23 +57,30 @@ class RowGroupSource:
         self._lock = threading.Lock()
         self._recent: OrderedDict[int, _Shared] = OrderedDict()
 
-    def _fetch(self, row_group: int) -> pa.Table:
-        return self._stream(row_group).upto(None)
-
-    def _stream(self, row_group: int) -> _Stream:
+    def _stream(self, row_group: int, on_done: Callable[[pa.Table], None] | None = None) -> _Stream:
         with self._lock:
             self.remote_reads += 1
-        return _Stream(self.dataset, row_group, self.columns)
+        return _Stream(self.dataset, row_group, self.columns, on_done)
 
-    def _arrow(self, row_group: int, stop: int) -> pa.Table:
-        """The row group's Arrow table, at least its first ``stop`` rows. Tasks of one row group share
-        one read (a small table of recent reads): without a cache it is read slice by slice, as far
-        as the tasks so far need, so the first task's rows are decoded while later slices are read."""
+    def _open(self, row_group: int) -> _Stream | pa.Table:
+        """A new read of the row group: the cached table, or a stream (which fills the cache at its end)."""
+        if self.cache is None:
+            return self._stream(row_group)
+        rg = self.dataset.row_groups[row_group]
+        key = "|".join([self.dataset.url, rg.file, str(rg.index), str(rg.num_rows), str(rg.num_bytes),
+                        ",".join(self.columns)])
+        cache = self.cache
+        table = cache.get(key)
+        return table if table is not None else self._stream(row_group, lambda t: cache.put(key, t))
+
+    def _arrow(self, row_group: int, stop: int | None) -> pa.Table:
+        """The row group's Arrow table, at least its first ``stop`` rows (None: all). Tasks of one row group
+        share one read (a small table of recent reads), which goes slice by slice, as far as the tasks
+        so far need, so the first task's rows are decoded while later slices are read."""
         with self._lock:
             read = self._recent.get(row_group)
             if read is None:
-                opener = self._load if self.cache else self._stream
-                read = self._recent[row_group] = _Shared(opener, row_group)
+                read = self._recent[row_group] = _Shared(self._open, row_group)
                 while len(self._recent) > RECENT_READS:
                     self._recent.popitem(last=False)
             else:
@@ -86,22 +93,18 @@ class RowGroupSource:
                     del self._recent[row_group]
             raise
 
-    def _load(self, row_group: int) -> pa.Table:
-        assert self.cache is not None
-        rg = self.dataset.row_groups[row_group]
-        key = "|".join([self.dataset.url, rg.file, str(rg.index), str(rg.num_rows), str(rg.num_bytes),
-                        ",".join(self.columns)])
-        return self.cache.get_or_fetch(key, lambda: self._fetch(row_group))
-
-    def read(self, task: Task, rows: np.ndarray | None = None, *, whole: bool = False) -> Part | None:
+    def read(self, task: Task, rows: np.ndarray | None = None, *, whole: bool = False,
+             to_end: bool = True) -> Part | None:
         """Decoded chunks of ``task``'s rows (only ``rows`` of them, relative to ``task.start``, when
         given), in order; None when the row group is corrupt and skipped.
 
         ``whole=True`` concatenates the chunks into one (here, in the worker thread): what a shuffle
         window gathers from, at a fraction of the cost of gathering from many small chunks.
+        ``to_end=False`` (with a cache): read the row group only as far as this task needs; a later
+        task of the row group reads it to its end, and the whole row group is then cached.
         """
         try:
-            table = self._arrow(task.row_group, task.stop)
+            table = self._arrow(task.row_group, task.stop if self.cache is None or not to_end else None)
             selected = self.selection.get(task.row_group)
             if selected is None and rows is None:
                 table = table.slice(task.start, task.stop - task.start)
@@ -127,7 +130,9 @@ class RowGroupSource:
 class _Stream:
     """One row group read slice by slice (`Dataset.iter_row_group`), as far as asked so far."""
 
-    def __init__(self, dataset: Dataset, row_group: int, columns: Sequence[str]) -> None:
+    def __init__(self, dataset: Dataset, row_group: int, columns: Sequence[str],
+                 on_done: Callable[[pa.Table], None] | None = None) -> None:
+        self._on_done = on_done  # called once with the whole table, when the last slice is read
         self._batches: list[pa.RecordBatch] = []
         self._rows = 0
         self._it: Iterator[pa.RecordBatch] | None = dataset.iter_row_group(row_group, columns)
@@ -140,9 +145,14 @@ class _Stream:
             batch = next(self._it, None)
             if batch is None:
                 self._it = None
+                if self._on_done is not None:
+                    self._on_done(self._table())
                 break
             self._batches.append(batch)
             self._rows += batch.num_rows
+        return self._table()
+
+    def _table(self) -> pa.Table:
         if self._batches:
             return pa.Table.from_batches(self._batches)
         fields = [self._schema.field(n) for n in self._columns]
@@ -152,7 +162,7 @@ class _Stream:
 class _Shared:
     """A row group read shared by the tasks that need it: one task at a time moves it forward.
 
-    ``open`` makes the read: a `_Stream`, or (with a cache) the whole table at once.
+    ``open`` makes the read: a `_Stream`, or a whole table (from the cache).
     """
 
     def __init__(self, open: Callable[[int], _Stream | pa.Table], row_group: int) -> None:
@@ -161,7 +171,7 @@ class _Shared:
         self._error: BaseException | None = None
         self._lock = threading.Lock()
 
-    def upto(self, stop: int) -> pa.Table:
+    def upto(self, stop: int | None) -> pa.Table:
         with self._lock:  # Parquet decoding releases the GIL: other row groups go on meanwhile
             if self._error is not None:  # every task of a corrupt row group fails alike
                 raise self._error

@@ -32,7 +32,8 @@ def test_cut_tasks_emit_the_same_rows(rows: list[int], shuffle: bool, task_rows:
     order = EpochOrder(as_layout(rows), seed=3, epoch=1, shuffle=shuffle, window=window)
     shard = data.draw(st.integers(0, num_shards - 1))
     windows = shard_windows(order, shard_ranges(order.num_samples, shard=shard, num_shards=num_shards))
-    cut = split_tasks(windows, task_rows)
+    first_rows = data.draw(st.none() | st.integers(1, 30))
+    cut = split_tasks(windows, task_rows, first_rows)
     assert np.array_equal(emitted_ids(order, cut), emitted_ids(order, windows))
     for w in cut:
         for t in w.tasks:
@@ -40,6 +41,10 @@ def test_cut_tasks_emit_the_same_rows(rows: list[int], shuffle: bool, task_rows:
             assert t.start // task_rows == (t.stop - 1) // task_rows  # cut at multiples of task_rows
         if not shuffle:
             assert len(w.tasks) == 1  # an unshuffled window is one task: its rows go out as it is read
+    if first_rows and windows:
+        head, whole = cut[0].tasks[0], windows[0].tasks[0]
+        assert head.stop - head.start <= first_rows or head.stop - head.start == 0
+        assert head.start == whole.start
     assert split_tasks(windows, None) == windows
 
 
@@ -70,9 +75,9 @@ def test_first_window_is_cut_and_later_ones_are_not(tmp_path: Path) -> None:
         seen: list[tuple[int, int, int]] = []
         read = reader._source.read
 
-        def spy(task, rows=None, *, whole=False):  # type: ignore[no-untyped-def]
+        def spy(task, rows=None, **kw):  # type: ignore[no-untyped-def]
             seen.append((task.row_group, task.start, task.stop))
-            return read(task, rows, whole=whole)
+            return read(task, rows, **kw)
 
         reader._source.read = spy  # type: ignore[method-assign]
         assert np.array_equal(ids_of(reader), np.arange(400))
@@ -95,3 +100,28 @@ def test_a_corrupt_row_group_fails_every_task_that_shares_it(tmp_path: Path, see
         with pytest.warns(UserWarning, match="skipped 1 corrupt row group"):
             ids = ids_of(reader)
     assert sorted(ids.tolist()) == [*range(50), *range(100, 200)]
+
+
+@pytest.mark.parametrize(("shuffle", "num_shards"), [(False, 1), (False, 2), (True, 1), (True, 3)])
+def test_cut_tasks_still_cache_whole_row_groups(tmp_path: Path, shuffle: bool, num_shards: int) -> None:
+    """With a cache, the first window's cut tasks read only as far as they need, but the last task of
+    each row group reads it to its end: after one epoch every row group is cached whole, and the next
+    epoch reads nothing from the source (shard edges inside the first window included)."""
+    from shardkit.reader.cache import CacheConfig
+
+    url = write_ids(tmp_path / "ds", 600, row_group_size=150, file_size=10**9)
+    groups = len(shardkit.open_dataset(url).row_groups)
+    config = CacheConfig(str(tmp_path / "cache"), 1 << 30)
+    readers = [shardkit.make_reader(url, shard=shard, num_shards=num_shards, batch_size=10, shuffle=shuffle,
+                                    shuffle_buffer=200, cache=config, num_epochs=2, remainder="uneven")
+               for shard in range(num_shards)]
+    for r in readers:
+        r.task_rows = 40
+    ids = [ids_of(r.iter_epoch()) for r in readers]  # every shard, one epoch: each row group read once
+    reads = [r._source.remote_reads for r in readers]
+    for r in readers:  # the next epoch (another order, other row groups per shard): all from the cache
+        ids_of(r.iter_epoch())
+        r.close()
+    assert [r._source.remote_reads for r in readers] == reads
+    assert sorted(np.concatenate(ids).tolist()) == list(range(600))
+    assert len(list((tmp_path / "cache").glob("*.arrow"))) == groups
