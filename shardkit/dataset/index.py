@@ -99,13 +99,16 @@ class Dataset:
     def open_file(self, file: str) -> pq.ParquetFile:
         """Open one data file, raising `CorruptDatasetError` (naming it) if it is not readable Parquet.
 
-        The file's footer is read on its first opening and then reused (for the last `FOOTERS_KEPT`
-        files), so reading row group after row group of a remote file does not fetch its footer again.
+        With a ``_metadata`` summary the file is opened with it, not with its own footer (one request
+        less per file, on object stores one round trip less before the first batch): the summary holds
+        every row group's column chunks, so its row group ``k`` is ``row_groups[k]``, read from this file
+        (see `row_group_index`). Without one, the file's footer is read on its first opening and then
+        reused (for the last `FOOTERS_KEPT` files).
         """
         path = self.location.join(file)
         with self._footer_lock:
-            footer = self._footers.get(file)
-            if footer is not None:
+            footer = self.metadata or self._footers.get(file)
+            if footer is not None and self.metadata is None:
                 self._footers.move_to_end(file)
         try:
             pf = pq.ParquetFile(self.location.arrow_fs.open_input_file(path), metadata=footer)
@@ -122,6 +125,10 @@ class Dataset:
         if footer is None:
             self.keep_footer(file, pf.metadata)
         return pf
+
+    def row_group_index(self, i: int) -> int:
+        """The index to read row group ``i`` of the index by, in the `ParquetFile` `open_file` gives."""
+        return i if self.metadata is not None else self.row_groups[i].index
 
     def keep_footer(self, file: str, footer: pq.FileMetaData) -> None:
         """Remember ``file``'s footer (already read elsewhere) for `open_file`."""
@@ -145,12 +152,12 @@ class Dataset:
             raise CorruptDatasetError(f"{where} cannot be read: {e}") from e
         names = list(columns) if columns is not None else None
         try:
-            yield from pf.iter_batches(batch_size=batch_size, row_groups=[rg.index], columns=names,
-                                       use_threads=False)
+            yield from pf.iter_batches(batch_size=batch_size, row_groups=[self.row_group_index(i)],
+                                       columns=names, use_threads=False)
         except (pa.ArrowInvalid, OSError) as e:
             raise CorruptDatasetError(
-                f"{where} cannot be read ({e}); the file is corrupt: rewrite the dataset, or read with "
-                "on_error='skip'"
+                f"{where} cannot be read ({e}); the file is truncated or corrupt: rewrite the dataset, "
+                "or read with on_error='skip'"
             ) from e
 
     def read_row_group(self, i: int, columns: Sequence[str] | None = None) -> pa.Table:

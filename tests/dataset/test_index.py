@@ -454,7 +454,8 @@ def test_an_empty_selection_reads_an_empty_table_with_the_columns(tmp_path: Path
     assert table.num_rows == 3
 
 
-def test_a_file_footer_is_read_once_per_dataset(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_file_footer_is_read_at_most_once_per_dataset(tmp_path: Path,
+                                                       monkeypatch: pytest.MonkeyPatch) -> None:
     ds = shardkit.write_dataset({"x": np.arange(400)}, tmp_path / "ds", row_group_size=100)
     assert len(ds.files) == 1
     assert len(ds.row_groups) == 4
@@ -470,6 +471,12 @@ def test_a_file_footer_is_read_once_per_dataset(tmp_path: Path, monkeypatch: pyt
     values = [ds.decode(ds.read_row_group(i))["x"] for i in range(4)]
     assert np.concatenate(values).tolist() == list(range(400))
     assert len(reads) == 4
+    assert all(md is ds.metadata for md in reads)  # the _metadata summary: no data file footer is read
+    ds = shardkit.open_dataset(tmp_path / "ds")
+    object.__setattr__(ds, "metadata", None)  # as a folder without a summary beyond FOOTERS_KEPT files
+    reads.clear()
+    values = [ds.decode(ds.read_row_group(i))["x"] for i in range(4)]
+    assert np.concatenate(values).tolist() == list(range(400))
     assert reads[0] is None  # the first opening reads the footer ...
     assert all(md is not None for md in reads[1:])  # ... the others reuse it
 
