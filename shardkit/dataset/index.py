@@ -107,7 +107,7 @@ class Dataset:
         """
         path = self.location.join(file)
         with self._footer_lock:
-            footer = self.metadata or self._footers.get(file)
+            footer = self.metadata if self.metadata is not None else self._footers.get(file)
             if footer is not None and self.metadata is None:
                 self._footers.move_to_end(file)
         try:
@@ -162,7 +162,10 @@ class Dataset:
 
     def read_row_group(self, i: int, columns: Sequence[str] | None = None) -> pa.Table:
         """Read row group ``i`` of the index (Arrow, not decoded): a table of `SLICE_ROWS`-row chunks."""
-        batches = list(self.iter_row_group(i, columns))
+        return self.table_of(list(self.iter_row_group(i, columns)), columns)
+
+    def table_of(self, batches: Sequence[pa.RecordBatch], columns: Sequence[str] | None = None) -> pa.Table:
+        """Batches of ``columns`` (None: all) as one table, no copy; an empty table when there are none."""
         if batches:
             return pa.Table.from_batches(batches)
         names = list(columns) if columns is not None else self.arrow_schema.names

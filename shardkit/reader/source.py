@@ -136,7 +136,7 @@ class _Stream:
         self._batches: list[pa.RecordBatch] = []
         self._rows = 0
         self._it: Iterator[pa.RecordBatch] | None = dataset.iter_row_group(row_group, columns)
-        self._schema = dataset.arrow_schema
+        self._dataset = dataset
         self._columns = list(columns)
 
     def upto(self, stop: int | None) -> pa.Table:
@@ -145,18 +145,13 @@ class _Stream:
             batch = next(self._it, None)
             if batch is None:
                 self._it = None
+                table = self._dataset.table_of(self._batches, self._columns)
                 if self._on_done is not None:
-                    self._on_done(self._table())
-                break
+                    self._on_done(table)
+                return table
             self._batches.append(batch)
             self._rows += batch.num_rows
-        return self._table()
-
-    def _table(self) -> pa.Table:
-        if self._batches:
-            return pa.Table.from_batches(self._batches)
-        fields = [self._schema.field(n) for n in self._columns]
-        return pa.schema(fields, metadata=self._schema.metadata).empty_table()
+        return self._dataset.table_of(self._batches, self._columns)
 
 
 class _Shared:

@@ -37,6 +37,7 @@ IMAGE_SLICE = 256  # images per thread-pool task when decoding a column
 USE_OPENCV = True  # decode PNG with OpenCV when it is installed (see the module docstring)
 _PNG = b"\x89PNG\r\n\x1a\n"
 _PNG_CHANNELS = {0: 1, 2: 3, 6: 4}  # colour type -> channels OpenCV returns, for 8-bit PNGs
+_FROM_BGR: dict[int, Any] = {3: np.s_[::-1], 4: [2, 1, 0, 3]}  # channels -> last-axis index: BGR(A) to RGB(A)
 
 
 @cache
@@ -57,11 +58,7 @@ def _opencv_decode() -> Callable[[np.ndarray, int], np.ndarray | None] | None:
         got = 0 if pixels is None else pixels.shape[2] if pixels.ndim == 3 else 1
         if pixels is None or pixels.dtype != np.uint8 or got != channels:
             return None
-        if channels == 3:
-            return pixels[:, :, ::-1]  # OpenCV's BGR
-        if channels == 4:
-            return pixels[:, :, [2, 1, 0, 3]]  # BGRA
-        return pixels
+        return pixels[..., _FROM_BGR[channels]] if channels in _FROM_BGR else pixels  # OpenCV's BGR(A)
 
     return decode
 
@@ -236,11 +233,11 @@ def _fast_png(field: Field, shape: tuple[int, ...]) -> FastPng | None:
     import cv2
 
     channels = shape[2] if len(shape) == 3 else 1
-    colour = {1: 0, 3: 2, 4: 6}.get(channels)
+    colour = {c: t for t, c in _PNG_CHANNELS.items()}.get(channels)
     if colour is None:
         return None
     cv_shape = shape[:2] if channels == 1 else shape
-    swap: Any = {3: np.s_[::-1], 4: [2, 1, 0, 3]}.get(channels)
+    swap = _FROM_BGR.get(channels)
     signature = np.frombuffer(_PNG, np.uint8)
     imdecode, unchanged = cv2.imdecode, cv2.IMREAD_UNCHANGED
 
