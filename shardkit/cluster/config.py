@@ -167,20 +167,17 @@ class DataConfig(_Model):
         from shardkit.reader.api import make_reader  # lazily: the reader pulls in pyarrow
 
         allowed = [name for name in inspect.signature(make_reader).parameters if name not in _READER_OWNED]
-        problem: Problem | None = None
+        problems: list[Problem] = []
         for key, option in value.items():
             if key in _READER_OWNED:
                 fix = f"use data.{key} instead" if key not in ("url", "shard", "num_shards") else (
                     "remove it: the trainer sets it for each process")
-                item = Problem((key,), option, f"{key!r} is set by the trainer, not in data.options", fix)
+                problems.append(Problem((key,), option, f"{key!r} is set by the trainer, not in data.options",
+                                        fix))
             elif key not in allowed:
-                item = Problem((key,), option, f"make_reader has no argument {key!r}",
-                               _did_you_mean(key, allowed))
-            else:
-                continue
-            problem = item if problem is None else problem.add(item)
-        if problem is not None:
-            raise problem
+                problems.append(Problem((key,), option, f"make_reader has no argument {key!r}",
+                                        _did_you_mean(key, allowed)))
+        _raise_all(problems)
         return value
 
 
@@ -372,19 +369,15 @@ class JobConfig(_Model):
     @field_validator("env", "secrets")
     @classmethod
     def _variable_names(cls, value: dict[str, Any]) -> dict[str, Any]:
-        problem: Problem | None = None
+        problems: list[Problem] = []
         for key in value:
             if not _ENV_NAME.match(key):
-                item = Problem((key,), key, "not an environment variable name",
-                               "use letters, digits and _, not starting with a digit")
+                problems.append(Problem((key,), key, "not an environment variable name",
+                                        "use letters, digits and _, not starting with a digit"))
             elif key in ALL_ENV:
-                item = Problem((key,), key, "the trainer sets this variable for every process",
-                               "remove it; scripts get it from shardkit.trainer.init()")
-            else:
-                continue
-            problem = item if problem is None else problem.add(item)
-        if problem is not None:
-            raise problem
+                problems.append(Problem((key,), key, "the trainer sets this variable for every process",
+                                        "remove it; scripts get it from shardkit.trainer.init()"))
+        _raise_all(problems)
         return value
 
     @model_validator(mode="after")
@@ -393,8 +386,7 @@ class JobConfig(_Model):
         for key in sorted(self.env.keys() & self.secrets.keys()):
             problems.append(Problem(("secrets", key), _NO_VALUE, f"{key} is also in env",
                                     f"remove env.{key} or secrets.{key}"))
-        if problems:
-            raise problems[0] if len(problems) == 1 else _merge(problems)
+        _raise_all(problems)
         return self
 
     # -- derived views -----------------------------------------------------------------------------
@@ -496,11 +488,13 @@ def _role_problems(config: JobConfig) -> Iterator[Problem]:
                           f"set roles.{role}.count to 1")
 
 
-def _merge(problems: list[Problem]) -> Problem:
-    first = problems[0]
-    for other in problems[1:]:
-        first.add(other)
-    return first
+def _raise_all(problems: list[Problem]) -> None:
+    """Raise ``problems`` as one `Problem` (pydantic then reports them together), if there are any."""
+    if problems:
+        first = problems[0]
+        for other in problems[1:]:
+            first.add(other)
+        raise first
 
 
 def _did_you_mean(key: str, allowed: Sequence[str]) -> str:
