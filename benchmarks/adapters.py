@@ -34,8 +34,6 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
 from benchmarks import data
 from benchmarks.common import (
     CaseFailed,
@@ -51,7 +49,7 @@ from benchmarks.common import (
     tree_cpu_seconds,
 )
 from benchmarks.petastorm_env import SIDE, ensure_venv, run_in_petastorm
-from benchmarks.petastorm_side._consume import Consumer
+from benchmarks.petastorm_side._consume import drain
 
 BATCH = 256
 READER_RATIO = 0.9  # ANCHORS: an adapter >= 0.9x the plain reader
@@ -62,21 +60,7 @@ FOUR = ["id", "label", "features", "image"]
 
 
 def _drain(batches: Iterable[Mapping[str, Any]], started: float, cpu0: float) -> dict[str, Any]:
-    rows = id_sum = count = 0
-    first = None
-    consumer = Consumer()
-    for batch in batches:
-        consumer.consume({k: np.asarray(batch[k]) for k in ("image", "features")})
-        if first is None:
-            first = time.perf_counter() - started
-        ids = np.asarray(batch["id"])
-        rows += len(ids)
-        id_sum += int(ids.sum())
-        count += 1
-    seconds = time.perf_counter() - started
-    return {"rows": rows, "id_sum": id_sum, "batches": count, "seconds": seconds,
-            "first_batch_seconds": seconds if first is None else first,
-            "cpu_seconds": tree_cpu_seconds(children=True) - cpu0}
+    return drain(batches, started, cpu0, lambda: tree_cpu_seconds(children=True))
 
 
 def case(kind: str, url: str, columns: list[str] | None = None) -> dict[str, Any]:

@@ -78,7 +78,7 @@ from benchmarks.common import (
     tree_cpu_seconds,
 )
 from benchmarks.petastorm_env import SIDE, run_in_petastorm
-from benchmarks.petastorm_side._consume import Consumer
+from benchmarks.petastorm_side._consume import drain
 
 BATCH = 256
 HF_VENV = ROOT / ".bench" / "hf-venv"
@@ -115,29 +115,14 @@ def _clock() -> tuple[float, float]:
 
 
 def _drain(batches: Iterable[Mapping[str, Any]], clock: tuple[float, float]) -> dict[str, Any]:
-    """Iterate ``batches`` to the end: rows, the sum of ``id`` (completeness), seconds, first batch.
-
-    Each batch's tensors are copied once into a preallocated buffer (see `Consumer`), so a reader that
-    returns zero-copy views is timed reading its bytes, like one that copies.
+    """Iterate ``batches`` to the end (see `drain`): rows, the sum of ``id`` (completeness), seconds,
+    first batch, CPU seconds. Each batch's tensors are copied once into a preallocated buffer (see
+    `Consumer`), so a reader that returns zero-copy views is timed reading its bytes, like one that copies.
 
     ``clock`` is `_clock()` taken just before the reader was created.
     """
     started, cpu0 = clock
-    rows = id_sum = count = 0
-    first = None
-    consumer = Consumer()
-    for batch in batches:
-        ids = batch["id"]
-        consumer.consume(batch)
-        if first is None:
-            first = time.perf_counter() - started
-        rows += len(ids)
-        id_sum += int(ids.sum())
-        count += 1
-    seconds = time.perf_counter() - started
-    return {"rows": rows, "id_sum": id_sum, "batches": count, "seconds": seconds,
-            "first_batch_seconds": seconds if first is None else first,
-            "cpu_seconds": tree_cpu_seconds() - cpu0}
+    return drain(batches, started, cpu0, tree_cpu_seconds)
 
 
 def _arrow_to_numpy(column: pa.Array | pa.ChunkedArray) -> np.ndarray:

@@ -14,7 +14,7 @@ import time
 import _proc
 import numpy as np
 import tensorflow as tf
-from _consume import Consumer
+from _consume import drain
 from petastorm import make_batch_reader
 from petastorm.tf_utils import make_petastorm_dataset
 
@@ -28,27 +28,15 @@ def main() -> None:
     args = parser.parse_args()
     fields = args.fields.split(",")
     load = os.getloadavg()[0]
-    rows = batches = id_sum = 0
-    first = None
     start = time.perf_counter()
     cpu0 = _proc.tree_cpu_seconds()
-    consumer = Consumer()
     with make_batch_reader(args.url, reader_pool_type="thread", workers_count=args.workers, num_epochs=1,
                            schema_fields=fields) as reader:
         ds = make_petastorm_dataset(reader).unbatch().batch(args.batch)
-        for batch in ds:
-            consumer.consume({k: np.asarray(getattr(batch, k)) for k in ("image", "features")})
-            if first is None:
-                first = time.perf_counter() - start
-            ids = batch.id.numpy()
-            rows += len(ids)
-            id_sum += int(ids.sum())
-            batches += 1
-        seconds = time.perf_counter() - start
-        cpu = _proc.tree_cpu_seconds() - cpu0
-    print(json.dumps({"rows": rows, "id_sum": id_sum, "batches": batches, "fields": fields,
-                      "seconds": seconds, "first_batch_seconds": first, "rss": _proc.phase_peak_rss(),
-                      "children_rss": 0, "cpu_seconds": cpu, "load_1m": max(load, os.getloadavg()[0]),
+        result = drain(ds, start, cpu0, _proc.tree_cpu_seconds,
+                       get=lambda b, name: np.asarray(getattr(b, name)))
+    print(json.dumps({**result, "fields": fields, "rss": _proc.phase_peak_rss(),
+                      "children_rss": 0, "load_1m": max(load, os.getloadavg()[0]),
                       "options": {"batch": args.batch, "workers": args.workers, "tf": tf.__version__}}))
 
 

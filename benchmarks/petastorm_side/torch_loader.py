@@ -13,7 +13,7 @@ import os
 import time
 
 import _proc
-from _consume import Consumer
+from _consume import drain
 from petastorm import make_batch_reader
 from petastorm.pytorch import BatchedDataLoader, DataLoader
 
@@ -28,28 +28,16 @@ def main() -> None:
     args = parser.parse_args()
     fields = args.fields.split(",")
     load = os.getloadavg()[0]
-    rows = batches = id_sum = 0
-    first = None
     start = time.perf_counter()
     cpu0 = _proc.tree_cpu_seconds()
-    consumer = Consumer()
     with make_batch_reader(args.url, reader_pool_type="thread", workers_count=args.workers, num_epochs=1,
                            schema_fields=fields) as reader:
         cls = BatchedDataLoader if args.loader == "batched" else DataLoader
-        for batch in cls(reader, batch_size=args.batch):
-            consumer.consume({k: batch[k].numpy() for k in ("image", "features")})
-            if first is None:
-                first = time.perf_counter() - start
-            ids = batch["id"]
-            rows += len(ids)
-            id_sum += int(ids.sum())
-            batches += 1
-        seconds = time.perf_counter() - start
+        result = drain(cls(reader, batch_size=args.batch), start, cpu0, _proc.tree_cpu_seconds,
+                       get=lambda b, name: b[name].numpy())
         children = _proc.descendants_peak_rss()
-        cpu = _proc.tree_cpu_seconds() - cpu0
-    print(json.dumps({"rows": rows, "id_sum": id_sum, "batches": batches, "fields": fields,
-                      "seconds": seconds, "first_batch_seconds": first, "rss": _proc.phase_peak_rss(),
-                      "children_rss": children, "cpu_seconds": cpu, "load_1m": max(load, os.getloadavg()[0]),
+    print(json.dumps({**result, "fields": fields, "rss": _proc.phase_peak_rss(),
+                      "children_rss": children, "load_1m": max(load, os.getloadavg()[0]),
                       "options": {"loader": args.loader, "batch": args.batch, "workers": args.workers}}))
 
 
