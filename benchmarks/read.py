@@ -126,13 +126,18 @@ def _drain(batches: Iterable[Mapping[str, Any]], clock: tuple[float, float]) -> 
 
 
 def _arrow_to_numpy(column: pa.Array | pa.ChunkedArray) -> np.ndarray:
-    """A column as numpy the cheapest way: tensors as zero-copy ``(n, *shape)`` views, strings as objects."""
+    """A column as numpy the cheapest way: tensors as zero-copy ``(n, *shape)`` views (shardkit's
+    tensor bytes as ``(n, bytes)``), strings as objects."""
     if isinstance(column, pa.ChunkedArray):
         column = column.combine_chunks()
     if isinstance(column.type, pa.FixedShapeTensorType):
         return column.to_numpy_ndarray()
     if pa.types.is_fixed_size_list(column.type):
         return column.flatten().to_numpy().reshape(len(column), column.type.list_size)
+    if pa.types.is_fixed_size_binary(column.type):  # shardkit's tensor bytes: a zero-copy (n, width) view
+        width = column.type.byte_width
+        return np.frombuffer(column.buffers()[1], np.uint8, len(column) * width,
+                             column.offset * width).reshape(len(column), width)
     return column.to_numpy(zero_copy_only=False)
 
 

@@ -18,7 +18,10 @@ from shardkit.dataset.codecs import Codec, ImageCodec, NdarrayCodec, ScalarCodec
 from shardkit.errors import SchemaError, SchemaMismatchError
 
 SCHEMA_KEY = b"shardkit.schema"
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
+#: Versions this shardkit reads. Version 1 predates the tensor codec's ``storage`` option: its
+#: fixed-shape tensors are stored as fixed-size lists.
+READABLE_VERSIONS = (1, 2)
 
 DTypeLike = Any
 Shape = tuple[int | None, ...]
@@ -190,16 +193,34 @@ class Schema(Sequence[Field]):
         if not isinstance(obj, dict) or not isinstance(obj.get("fields"), list):
             raise SchemaError("the stored shardkit schema has no 'fields' list")
         version = obj.get("version")
-        if version != SCHEMA_VERSION:
+        if version not in READABLE_VERSIONS:
             raise SchemaError(
-                f"the stored shardkit schema has version {version!r}; this shardkit reads version "
-                f"{SCHEMA_VERSION}. Upgrade shardkit: pip install -U shardkit"
+                f"the stored shardkit schema has version {version!r}; this shardkit reads versions "
+                f"{list(READABLE_VERSIONS)}. Upgrade shardkit: pip install -U shardkit"
             )
-        return cls([Field.from_json(f) for f in obj["fields"]])
+        fields = obj["fields"]
+        if version == 1:
+            fields = [_v1_tensor_storage(f) for f in fields]
+        return cls([Field.from_json(f) for f in fields])
 
     def arrow_schema(self) -> pa.Schema:
-        """The Arrow schema of the stored columns, with this schema's JSON in its metadata."""
+        """The Arrow schema of encoded columns (`encode`), with this schema's JSON in its metadata."""
         return pa.schema([f.arrow_field() for f in self._fields], metadata={SCHEMA_KEY: self.to_json()})
+
+    def storage_schema(self) -> pa.Schema:
+        """The Arrow schema of the Parquet files: `arrow_schema` with each codec's stored layout."""
+        fields = [pa.field(f.name, f.codec.storage_type(f), nullable=f.nullable) for f in self._fields]
+        return pa.schema(fields, metadata={SCHEMA_KEY: self.to_json()})
+
+    def to_storage(self, table: pa.Table) -> pa.Table:
+        """An encoded table (of `arrow_schema`) as the Parquet files store it (`storage_schema`)."""
+        schema = self.storage_schema()
+        columns = [
+            pa.chunked_array([f.codec.to_storage(f, chunk) for chunk in table.column(f.name).chunks],
+                             type=schema.field(f.name).type)
+            for f in self._fields
+        ]
+        return pa.Table.from_arrays(columns, schema=schema)
 
     def encode(self, columns: Mapping[str, Any], num_rows: int) -> pa.Table:
         """Encode a batch of columns into an Arrow table of this schema; raise on any mismatch."""
@@ -226,6 +247,19 @@ class Schema(Sequence[Field]):
     def decode(self, table: pa.Table | pa.RecordBatch) -> dict[str, np.ndarray]:
         """Decode an Arrow table (any subset of the columns) to a dict of numpy arrays."""
         return {name: self[name].codec.decode(self[name], table.column(name)) for name in table.column_names}
+
+
+def _v1_tensor_storage(entry: Any) -> Any:
+    """A version-1 field entry whose codec is the tensor codec, with that version's storage: lists."""
+    if not isinstance(entry, Mapping):
+        return entry
+    codec = entry.get("codec")
+    if codec == "tensor" or (isinstance(codec, Mapping) and codec.get("name") == "tensor"):
+        spec = {"name": "tensor"} if isinstance(codec, str) else dict(codec)
+        return {**entry, "codec": {"storage": "list", **spec}}
+    if codec is None and entry.get("shape") and None not in entry["shape"]:
+        return {**entry, "codec": {"name": "tensor", "storage": "list"}}
+    return entry
 
 
 def infer_field(name: str, values: Any) -> Field:

@@ -199,7 +199,7 @@ def write_spark(
         raise
     keep = [existing.metadata] if existing is not None and existing.metadata is not None else []
     keep_files = existing.files if existing is not None else []
-    commit(loc, schema.arrow_schema(), staged, keep=keep, keep_files=keep_files, replace=replaced)
+    commit(loc, schema.storage_schema(), staged, keep=keep, keep_files=keep_files, replace=replaced)
     return open_location(loc)
 
 

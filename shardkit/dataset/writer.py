@@ -48,19 +48,22 @@ def parse_size(value: int | str, *, what: str) -> int:
 
 
 def _small_int_leaves(schema: Schema) -> list[str]:
-    """Parquet leaf paths of tensors of 1- and 2-byte integers, which get dictionary encoding.
+    """Parquet leaf paths of list-stored tensors of 1- and 2-byte integers: they get a dictionary.
 
-    Parquet stores such elements as INT32 with no 1-byte physical type; a dictionary page turns them
-    back into a few bits per value (measured on 32x32x3 uint8 images: half the file, twice the read
-    speed). Floats gain nothing from a dictionary, and it stays off for them.
+    Parquet stores list elements of such types as INT32 with no 1-byte physical type; a dictionary
+    page turns them back into a few bits per value (measured on 32x32x3 uint8 images: half the file,
+    twice the read speed). Floats gain nothing from a dictionary, and it stays off for them, as for
+    tensors in the bytes layout (one value per row).
     """
     leaves = []
     for f in schema:
-        if f.dtype.kind in "iu" and f.dtype.itemsize <= 2:
-            if f.codec.name == "tensor" or (f.codec.name == "ndarray" and len(f.shape) == 1):
-                leaves.append(f"{f.name}.list.element")
-            elif f.codec.name == "ndarray":
-                leaves.append(f"{f.name}.data.list.element")
+        if f.dtype.kind not in "iu" or f.dtype.itemsize > 2:
+            continue
+        listed = f.codec.name == "tensor" and getattr(f.codec, "storage", "") == "list"
+        if listed or (f.codec.name == "ndarray" and len(f.shape) == 1):
+            leaves.append(f"{f.name}.list.element")
+        elif f.codec.name == "ndarray":
+            leaves.append(f"{f.name}.data.list.element")
     return leaves
 
 
@@ -70,7 +73,7 @@ class PartWriter:
     def __init__(self, loc: Location, staging: str, schema: Schema, *, rg_bytes: int, rg_rows: int | None,
                  file_bytes: int, compression: str) -> None:
         self.loc, self.staging, self.schema = loc, staging, schema
-        self.arrow_schema = schema.arrow_schema()
+        self.arrow_schema = schema.storage_schema()
         self.rg_bytes, self.rg_rows, self.file_bytes = rg_bytes, rg_rows, file_bytes
         self.compression = compression
         scalars = [f.name for f in schema if f.codec.name == "scalar"]
@@ -84,6 +87,8 @@ class PartWriter:
         self.done: list[tuple[str, pq.FileMetaData]] = []
 
     def add(self, table: pa.Table) -> None:
+        """Add an encoded table (`Schema.encode`); it is written in the schema's stored layout."""
+        table = self.schema.to_storage(table)
         self.pending.append(table)
         self.pending_rows += table.num_rows
         self.pending_bytes += table.nbytes
@@ -276,19 +281,27 @@ def resolve_target(loc: Location, mode: Mode, schema: Schema | list[Field] | Non
                    ) -> tuple[Dataset | None, Schema | None]:
     """Check ``mode`` against ``loc``; returns the dataset appended to (if any) and the schema to write.
 
-    Appending keeps the existing schema; a different given schema is a `SchemaMismatchError`.
+    Appending keeps the existing schema, the tensors' stored layout included (a given schema that
+    differs only in that layout is taken as the existing one); a different given schema is a
+    `SchemaMismatchError`.
     """
     existing = check_existing(loc, mode)
     if isinstance(schema, list):
         schema = Schema(schema)
     if mode == "append" and existing is not None:
-        if schema is not None and schema != existing.schema:
+        if schema is not None and _layout_free(schema) != _layout_free(existing.schema):
             raise SchemaMismatchError(
                 f"cannot append to {loc.url!r}: its schema is {existing.schema!r}, the given one "
                 f"{schema!r}; write to a new URL or use mode='overwrite'"
             )
         schema = existing.schema
     return existing, schema
+
+
+def _layout_free(schema: Schema) -> list[tuple[Any, ...]]:
+    """The schema's fields with the tensor codec's stored layout left out (for comparing)."""
+    return [(f.name, f.dtype, f.shape, f.nullable, "tensor" if f.codec.name == "tensor" else f.codec)
+            for f in schema]
 
 
 def check_existing(loc: Location, mode: Mode) -> Dataset | None:

@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 
 import shardkit
+from shardkit.dataset.codecs.tensor import STORAGES, TensorCodec
 from shardkit.dataset.schema import Field
 
 
@@ -163,9 +164,11 @@ def field_strategy(draw: st.DrawFn, name: str, *, multi_dim_variable: bool = Tru
     kind = draw(st.sampled_from(["scalar", "tensor", "ndarray"]))
     if kind == "scalar":
         dtype, shape = draw(st.sampled_from(SCALAR_DTYPES)), ()
-    elif kind == "tensor":
+    elif kind == "tensor":  # both stored layouts (see TensorCodec)
         dtype = draw(st.sampled_from(NUMBERS))
         shape = tuple(draw(st.lists(st.integers(1, 3), min_size=1, max_size=3)))
+        codec = TensorCodec(storage=draw(st.sampled_from(STORAGES)))
+        return Field(name, dtype, shape, codec=codec, nullable=draw(st.booleans()))
     else:
         dtype = draw(st.sampled_from(NUMBERS))
         ndim = draw(st.integers(1, 3 if multi_dim_variable else 1))

@@ -26,7 +26,8 @@ def through_parquet(table: pa.Table) -> pa.Table:
 
 
 def round_trip(schema: Schema, columns: dict[str, Any], num_rows: int) -> dict[str, np.ndarray]:
-    return schema.decode(through_parquet(schema.encode(columns, num_rows)))
+    """Encode, store as the writer does (`Schema.to_storage`), write to Parquet, read, decode."""
+    return schema.decode(through_parquet(schema.to_storage(schema.encode(columns, num_rows))))
 
 
 @given(data=st.data())
@@ -319,7 +320,8 @@ def test_corrupt_image_bytes_raise_corrupt_dataset_error_naming_the_field() -> N
     ("codec", "spec"),
     [
         (ScalarCodec(), {"name": "scalar"}),
-        (TensorCodec(), {"name": "tensor"}),
+        (TensorCodec(), {"name": "tensor", "storage": "bytes"}),
+        (TensorCodec("list"), {"name": "tensor", "storage": "list"}),
         (NdarrayCodec(), {"name": "ndarray"}),
         (ImageCodec("jpeg", quality=80), {"name": "image", "format": "jpeg", "quality": 80}),
     ],
@@ -362,6 +364,69 @@ def test_tensor_field_accepts_a_flat_fixed_size_list_column(tmp_path) -> None:
                                 schema=[shardkit.Field("t", "uint8", (2, 2, 3))])
     got = ds.decode(ds.read_row_group(0))["t"]
     np.testing.assert_array_equal(got, flat.reshape(4, 2, 2, 3))
+
+
+# --- the stored layouts of fixed-shape tensors ------------------------------------------------------
+
+
+@given(data=st.data())
+@settings(max_examples=150, deadline=None)
+def test_bytes_layout_of_any_slice_holds_the_same_tensors(data: st.DataObject) -> None:
+    """`to_storage` of a sliced tensor array (offsets, nulls, bools) -> the bytes layout -> the same
+    values, null rows as zeros, also after a trip through Parquet."""
+    dtype = data.draw(st.sampled_from(["bool", "int8", "uint8", "int16", "float16", "int64", "float64"]))
+    shape = tuple(data.draw(st.lists(st.integers(1, 3), min_size=1, max_size=3)))
+    n = data.draw(st.integers(0, 12))
+    field = Field("t", dtype, shape, nullable=True)
+    rng = np.random.default_rng(data.draw(st.integers(0, 2**16)))
+    values = (rng.integers(0, 100, (n, *shape)) % (2 if dtype == "bool" else 100)).astype(dtype)
+    nulls = [data.draw(st.booleans()) for _ in range(n)]
+    encoded = field.codec.encode(field, [None if z else v for v, z in zip(values, nulls, strict=True)])
+    start = data.draw(st.integers(0, n))
+    stop = data.draw(st.integers(start, n))
+    stored = field.codec.to_storage(field, encoded.slice(start, stop - start))
+    assert stored.type == pa.binary(np.dtype(dtype).itemsize * int(np.prod(shape)))
+    expected = np.where(np.array(nulls, bool).reshape((-1,) + (1,) * len(shape)), 0, values)[start:stop]
+    for arr in (stored, through_parquet(pa.table({"t": stored})).column("t").combine_chunks()):
+        assert arr.null_count == sum(nulls[start:stop])
+        got = field.codec.decode(field, arr)
+        np.testing.assert_array_equal(np.ma.getdata(got), expected)
+        mask = np.ma.getmaskarray(got)
+        assert [bool(mask[i].any()) for i in range(len(got))] == nulls[start:stop]
+
+
+def test_schemas_of_version_1_store_tensors_as_lists() -> None:
+    text = ('{"version": 1, "fields": [{"name": "a", "dtype": "uint8", "shape": [2, 3]},'
+            ' {"name": "b", "dtype": "float32", "shape": [4], "codec": "tensor"},'
+            ' {"name": "c", "dtype": "float32", "shape": [4], "codec": {"name": "tensor"}},'
+            ' {"name": "d", "dtype": "float32", "shape": [null]}]}')
+    schema = Schema.from_json(text)
+    assert [f.codec for f in schema][:3] == [TensorCodec("list")] * 3
+    assert schema["d"].codec == NdarrayCodec()
+    assert Field("a", "uint8", (2, 3)).codec == TensorCodec("bytes")  # what a new schema gets
+    assert Schema.from_json(schema.to_json()) == schema
+
+
+def test_tensor_storage_must_be_a_layout() -> None:
+    with pytest.raises(SchemaError, match=r"storage='npy' is not a layout; use one of \['bytes', 'list'\]"):
+        codec_from_json({"name": "tensor", "storage": "npy"}, where="field 'x'")
+
+
+def test_bytes_of_the_wrong_width_name_the_mismatch() -> None:
+    field = Field("t", "float32", (3,))
+    column = pa.array([b"12345678"], type=pa.binary(8))
+    with pytest.raises(SchemaMismatchError, match=r"8-byte values cannot hold float32 tensors of shape"):
+        field.codec.decode(field, column)
+
+
+def test_a_dataset_read_by_pyarrow_writes_again(tmp_path) -> None:
+    """pq.read_table of the bytes layout gives fixed_size_binary; write_dataset takes it back."""
+    values = np.arange(60, dtype=np.float32).reshape(5, 3, 4)
+    ds = shardkit.write_dataset({"t": values}, tmp_path / "a")
+    table = pq.read_table(tmp_path / "a")
+    assert table.schema.field("t").type == pa.binary(48)
+    again = shardkit.write_dataset(table, tmp_path / "b", schema=ds.schema)
+    np.testing.assert_array_equal(again.decode(again.read_row_group(0))["t"], values)
 
 
 # --- image decoding backends ---------------------------------------------------------------------

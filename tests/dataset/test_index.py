@@ -190,7 +190,7 @@ def test_schema_travels_as_json_in_the_summary(tmp_path: Path) -> None:
     for name in ("_metadata", "_common_metadata"):
         meta = pq.read_schema(tmp_path / "ds" / name).metadata
         stored = json.loads(meta[SCHEMA_KEY])
-        assert stored["version"] == 1
+        assert stored["version"] == 2
         assert stored["fields"][0] == {
             "name": "im",
             "dtype": "uint8",
@@ -384,8 +384,8 @@ def test_the_stored_schema_helper_makes_a_dataset_that_opens(tmp_path: Path) -> 
     ("stored", "needles"),
     [
         (
-            {"version": 2, "fields": [field_json(name="scalar")]},
-            ["version 2", "version 1", "pip install -U shardkit"],
+            {"version": 3, "fields": [field_json(name="scalar")]},
+            ["version 3", "versions [1, 2]", "pip install -U shardkit"],
         ),
         (
             {"version": 1, "fields": [field_json(name="zfp")]},

@@ -150,7 +150,7 @@ def test_arrow_schema_types_and_metadata() -> None:
         ("{not json", ["not valid JSON"]),
         ("[]", ["no 'fields' list"]),
         ('{"version": 1, "fields": {}}', ["no 'fields' list"]),
-        ('{"version": 2, "fields": []}', ["version 2", "version 1", "pip install -U shardkit"]),
+        ('{"version": 3, "fields": []}', ["version 3", "versions [1, 2]", "pip install -U shardkit"]),
         ('{"fields": []}', ["version None", "Upgrade"]),
         ('{"version": 1, "fields": [{"name": "a"}]}', ["malformed", "dtype"]),
         ('{"version": 1, "fields": [{"name": "a", "dtype": "int64", "unit": "m"}]}', ["malformed", "unit"]),

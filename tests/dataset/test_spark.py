@@ -27,6 +27,7 @@ from shardkit.errors import (
 pytest.importorskip("pyspark")
 from pyspark.sql import types as T
 
+from shardkit.dataset.codecs.tensor import TensorCodec
 from shardkit.dataset.spark import schema_from_spark, write_spark
 from shardkit.dataset.spark_columns import column_for_field
 
@@ -210,24 +211,32 @@ def test_spark_arrays_become_tensors_or_name_the_bad_row():
 
 @pytest.mark.timeout(120)
 def test_write_dataset_output_reads_as_plain_parquet(spark, tmp_path):
+    """Spark reads shardkit's files: a fixed-shape tensor as its bytes (the default layout) or, stored
+    as a list, as an array."""
     src = _source()
-    url = tmp_path / "ds"
-    shardkit.write_dataset(_pandas_df(src), url, schema=SCHEMA, row_group_size=16)
+    listed = Schema([Field("x", "float32", (2, 3), nullable=True, codec=TensorCodec("list")) if f.name == "x"
+                     else f for f in SCHEMA])
+    for schema, url in ((SCHEMA, tmp_path / "ds"), (listed, tmp_path / "listed")):
+        shardkit.write_dataset(_pandas_df(src), url, schema=schema, row_group_size=16)
 
-    rows = sorted(spark.read.parquet(str(url)).collect(), key=lambda r: r.id)
-    assert [r.id for r in rows] == list(range(N))
-    assert [r.text for r in rows] == src["text"]
-    assert rows[5].x is None
-    assert [rows[6].weight, rows[7].weight] == [60, None]
-    assert np.array_equal(np.array(rows[3].x, np.float32), src["x"][3].reshape(-1))
-    assert np.array_equal(np.asarray(Image.open(io.BytesIO(rows[2].image))), src["image"][2])
+        rows = sorted(spark.read.parquet(str(url)).collect(), key=lambda r: r.id)
+        assert [r.id for r in rows] == list(range(N))
+        assert [r.text for r in rows] == src["text"]
+        assert rows[5].x is None
+        assert [rows[6].weight, rows[7].weight] == [60, None]
+        if schema is SCHEMA:
+            assert np.array_equal(np.frombuffer(rows[3].x, "<f4").reshape(2, 3), src["x"][3])
+        else:
+            assert np.array_equal(np.array(rows[3].x, np.float32), src["x"][3].reshape(-1))
+        assert np.array_equal(np.asarray(Image.open(io.BytesIO(rows[2].image))), src["image"][2])
 
-    table = pq.read_table(url)
-    assert table.num_rows == N
-    assert isinstance(table.schema.field("x").type, pa.FixedShapeTensorType)
-    frame = pd.read_parquet(url)
-    assert len(frame) == N
-    assert sorted(frame["text"]) == sorted(src["text"])
+        table = pq.read_table(url)
+        assert table.num_rows == N
+        expected = pa.binary(24) if schema is SCHEMA else pa.fixed_shape_tensor(pa.float32(), [2, 3])
+        assert table.schema.field("x").type == expected
+        frame = pd.read_parquet(url)
+        assert len(frame) == N
+        assert sorted(frame["text"]) == sorted(src["text"])
 
 
 @pytest.mark.timeout(120)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import uuid
@@ -20,6 +21,8 @@ from hypothesis import HealthCheck, given, settings
 
 import shardkit
 from shardkit import Field, Schema
+from shardkit.dataset.codecs.tensor import TensorCodec
+from shardkit.dataset.schema import SCHEMA_KEY
 from shardkit.dataset.sources import BATCH_ROWS
 from shardkit.errors import DatasetExistsError, SchemaError, SchemaMismatchError
 
@@ -181,10 +184,12 @@ def test_round_trip_every_form_dtype_shape_and_store(
             case.schema, expected, {k: helpers.column_rows(v) for k, v in decoded.items()}
         )
         for f in case.schema:
-            if f.codec.name == "tensor":
-                assert table.schema.field(f.name).type == pa.fixed_shape_tensor(
-                    pa.from_numpy_dtype(f.dtype), list(f.shape)
-                )
+            if f.codec.name == "tensor":  # the stored layout: the canonical tensor type, or its bytes
+                stored = table.schema.field(f.name).type
+                if f.codec.storage == "list":
+                    assert stored == pa.fixed_shape_tensor(pa.from_numpy_dtype(f.dtype), list(f.shape))
+                else:
+                    assert stored == pa.binary(f.dtype.itemsize * int(np.prod(f.shape)))
         parts = helpers.files_under(url) - {"_metadata", "_common_metadata"}
         if case.n:
             assert parts == set(ds.files)
@@ -197,7 +202,9 @@ def test_round_trip_every_form_dtype_shape_and_store(
 
 
 def test_plain_readers_see_plain_parquet(tmp_path: Path) -> None:
-    """pyarrow.dataset and pandas read the folder as Parquet, scalar columns as their native types."""
+    """pyarrow.dataset and pandas read the folder as Parquet, scalar columns as their native types;
+    a fixed-shape tensor as its bytes (dtype and shape in the schema JSON) or, stored as a list, as
+    arrays and Arrow's canonical tensor type."""
     import pyarrow.dataset as pads
 
     url = str(tmp_path / "ds")
@@ -211,7 +218,7 @@ def test_plain_readers_see_plain_parquet(tmp_path: Path) -> None:
             "vec": list(np.arange(n * 3, dtype=np.float32).reshape(n, 3)),
         }
     )
-    shardkit.write_dataset(df, url, row_group_size=7)
+    ds = shardkit.write_dataset(df, url, row_group_size=7)
 
     got = pd.read_parquet(url)
     assert list(got.columns) == ["id", "score", "name", "when", "vec"]
@@ -219,13 +226,42 @@ def test_plain_readers_see_plain_parquet(tmp_path: Path) -> None:
     pd.testing.assert_series_equal(got["score"], df["score"])
     assert got["name"].tolist() == df["name"].tolist()
     assert (got["when"].to_numpy() == df["when"].to_numpy()).all()
-    np.testing.assert_array_equal(np.stack(got["vec"].map(np.asarray)).reshape(n, 3), np.stack(df["vec"]))
+    stored = json.loads(pq.read_schema(f"{url}/_common_metadata").metadata[SCHEMA_KEY])["fields"][4]
+    assert (stored["dtype"], stored["shape"], stored["codec"]) == (
+        "float32", [3], {"name": "tensor", "storage": "bytes"}
+    )
+    as_bytes = np.frombuffer(b"".join(got["vec"]), "<f4").reshape(n, *stored["shape"])
+    np.testing.assert_array_equal(as_bytes, np.stack(df["vec"]))
+    assert ds.schema["vec"].codec == TensorCodec("bytes")
 
     dataset = pads.dataset(url, format="parquet")
     assert dataset.count_rows() == n
     assert sorted(dataset.to_table(columns=["id"]).column("id").to_pylist()) == list(range(n))
-    tensor = pq.read_table(url, columns=["vec"]).column("vec").combine_chunks()
+
+    listed = str(tmp_path / "listed")
+    schema = shardkit.Schema([shardkit.Field("vec", "float32", (3,), codec=TensorCodec("list"))])
+    shardkit.write_dataset(df[["vec"]], listed, schema=schema, row_group_size=7)
+    got = pd.read_parquet(listed)
+    np.testing.assert_array_equal(np.stack(got["vec"].map(np.asarray)).reshape(n, 3), np.stack(df["vec"]))
+    tensor = pq.read_table(listed, columns=["vec"]).column("vec").combine_chunks()
     np.testing.assert_array_equal(tensor.to_numpy_ndarray(), np.stack(df["vec"]))
+
+
+def test_append_keeps_the_tensor_layout_of_the_dataset(tmp_path: Path) -> None:
+    """A dataset of list-stored tensors (e.g. written before the bytes layout) stays one layout."""
+    url = tmp_path / "ds"
+    listed = Schema([Field("t", "uint8", (2, 2), codec=TensorCodec("list"))])
+    first = np.arange(12, dtype=np.uint8).reshape(3, 2, 2)
+    shardkit.write_dataset({"t": first}, url, schema=listed)
+    ds = shardkit.write_dataset({"t": first + 1}, url, mode="append", schema=[Field("t", "uint8", (2, 2))])
+    assert ds.schema == listed
+    assert len(ds.files) == 2
+    for name in ds.files:
+        assert pq.read_schema(url / name).field("t").type == pa.fixed_shape_tensor(pa.uint8(), [2, 2])
+    got = np.concatenate([ds.decode(ds.read_row_group(i))["t"] for i in range(len(ds.row_groups))])
+    assert sorted(map(bytes, got)) == sorted(map(bytes, np.concatenate([first, first + 1])))
+    with pytest.raises(SchemaMismatchError, match="cannot append"):
+        shardkit.write_dataset({"t": first}, url, mode="append", schema=[Field("t", "int16", (2, 2))])
 
 
 def test_row_group_size_in_bytes_cuts_by_encoded_size(tmp_path: Path) -> None:

@@ -36,6 +36,14 @@ class Codec:
     def arrow_type(self, field: Field) -> pa.DataType:
         raise NotImplementedError
 
+    def storage_type(self, field: Field) -> pa.DataType:
+        """The type of the column in the Parquet files (by default the Arrow type itself)."""
+        return self.arrow_type(field)
+
+    def to_storage(self, field: Field, arr: pa.Array) -> pa.Array:
+        """An encoded array (of `arrow_type`) as the Parquet files store it (of `storage_type`)."""
+        return arr
+
     def encode(self, field: Field, values: Any) -> pa.Array:
         """Turn a column of values (numpy, pandas, list, or Arrow) into an Arrow array."""
         raise NotImplementedError
