@@ -307,28 +307,26 @@ def materialize_list_copy(rows: int) -> Path:
     Petastorm silently drops ``fixed_size_list`` columns, so arrays become variable lists here; written
     with pyarrow's defaults (dictionary encoding on), as a plain Parquet user would.
     """
-    src = data.materialize_shardkit(rows, "tensor")
+    src = shardkit.open_dataset(data.materialize_shardkit(rows, "tensor"))
 
     def build(tmp: Path) -> None:
         tmp.mkdir(parents=True)
         writer = None
-        for f in _parquet_files(str(src)):
-            pf = pq.ParquetFile(f)
-            for i in range(pf.num_row_groups):
-                t = pf.read_row_group(i)
-                cols = []
-                for col in t.columns:
-                    if isinstance(col.type, pa.BaseExtensionType):
-                        storage = col.type.storage_type
-                        flat = pa.chunked_array([c.storage for c in col.chunks], type=storage)
-                        cols.append(flat.cast(pa.list_(storage.value_type)))
-                    else:
-                        cols.append(col)
-                t = pa.table(cols, names=t.column_names)
-                if writer is None:
-                    writer = pq.ParquetWriter(tmp / "part-00000.parquet", t.schema,
-                                              compression=data.COMPRESSION)
-                writer.write_table(t, row_group_size=max(1, t.num_rows))
+        for i in range(len(src.row_groups)):
+            t = src.read_row_group(i)
+            cols = []
+            for name, col in zip(t.column_names, t.columns, strict=True):
+                field = src.schema[name]
+                if field.codec.name == "tensor":  # (n, *shape) -> list<T> of the flat values
+                    values = field.codec.decode(field, col).reshape(t.num_rows, -1)
+                    offsets = np.arange(t.num_rows + 1, dtype=np.int32) * values.shape[1]
+                    cols.append(pa.ListArray.from_arrays(pa.array(offsets), pa.array(values.reshape(-1))))
+                else:
+                    cols.append(col)
+            t = pa.table(cols, names=t.column_names)
+            if writer is None:
+                writer = pq.ParquetWriter(tmp / "part-00000.parquet", t.schema, compression=data.COMPRESSION)
+            writer.write_table(t, row_group_size=max(1, t.num_rows))
         if writer is not None:
             writer.close()
 

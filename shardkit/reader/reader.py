@@ -4,6 +4,12 @@ The plan (`shardkit.reader.plan`) says which rows this shard reads in which orde
 and decodes the plan's tasks ahead of time in a bounded thread pool (in order), assembles each
 shuffle window, and cuts it into batches. Memory is bounded by ``prefetch`` tasks plus one window.
 
+A shuffled window is assembled by the worker threads: each places its task's decoded rows straight at
+their positions in the window's emission order (`batching.Scatter`, one copy per row, in parallel),
+in arrays used again once no batch refers to them (`batching.Recycler`); its batches are views of
+those arrays. A window that cannot be placed (columns holding nulls, padding that repeats rows) is
+gathered from its tasks' rows instead.
+
 Position. The reader counts, for the current stage of the epoch (see the plan's docstring), the
 samples of its piece that its yielded batches cover (``consumed``) and the batches it yielded
 (``steps``). Iterating again after a ``break`` continues from that position (a reader has one live
@@ -48,6 +54,8 @@ WINDOW_BYTES = 32 << 20  # default shuffle window: about this many decoded bytes
 #: size, so its first rows are decoded (and can be emitted) while its later slices are still read.
 TASK_BYTES = 8 << 20
 _POSITION = "\x00shardkit.position"  # rides along in chunks: the piece position of each row
+#: Where a worker places a task's decoded rows: its window's `batching.Scatter` and the rows there.
+_Slot = tuple[batching.Scatter, np.ndarray] | None
 
 
 class Reader:
@@ -85,6 +93,8 @@ class Reader:
                 f"{' matching the filter' if filter is not None else ''}; use fewer shards or more data"
             )
         self._source = RowGroupSource(dataset, columns, selection=selection, cache=cache, on_error=on_error)
+        # arrays for about four windows: one being assembled, one consumed, those the consumer still holds
+        self._recycler = batching.Recycler(4 * shuffle_buffer * max(1, dataset.decoded_row_bytes(columns)))
         self._pool: ThreadPoolExecutor | None = None
         self.epoch = 0
         self._history: list[tuple[int, int]] = []
@@ -154,21 +164,27 @@ class Reader:
         last_of = {t.row_group: i for i, t in enumerate(cut)}
         short = {t for i, t in enumerate(cut) if last_of[t.row_group] != i}
         batcher = batching.Batcher(self.batch_size)
-        prepared: deque[tuple[np.ndarray | None, list[int]]] = deque()
+        prepared: deque[tuple[np.ndarray | None, list[int], batching.Scatter | None]] = deque()
 
-        def reads() -> Iterator[tuple[Task, np.ndarray | None, bool]]:
+        def reads() -> Iterator[tuple[Task, np.ndarray | None, bool, _Slot]]:
             for w in windows:  # prepared just ahead of the reads, popped when the window is assembled
                 emit, rows = _needed_rows(w, order)
                 pairs = list(zip(w.tasks, rows, strict=True))
-                prepared.append((emit, [t.stop - t.start if r is None else len(r) for t, r in pairs]))
-                yield from ((t, r, t not in short) for t, r in pairs)
+                sizes = [t.stop - t.start if r is None else len(r) for t, r in pairs]
+                plan = _scatter_plan(emit, sizes, self._recycler)
+                prepared.append((emit, sizes, None if plan is None else plan[0]))
+                for i, (t, r) in enumerate(pairs):
+                    yield t, r, t not in short, None if plan is None else (plan[0], plan[1][i])
 
         results = self._prefetched(reads())
         position = start
         try:
             for window in windows:
                 parts = [next(results) for _ in window.tasks]
-                emit, sizes = prepared.popleft()
+                emit, sizes, scatter = prepared.popleft()
+                placed = None if scatter is None else scatter.placed(parts)
+                if placed is not None:
+                    parts, emit = [[placed]], None  # the workers put the rows in emission order
                 for chunk in _chunks(parts, emit, sizes, position, batcher.need):
                     for batch in batcher.add(chunk):
                         yield self._step(batch)
@@ -212,13 +228,13 @@ class Reader:
             self._pool = ThreadPoolExecutor(max_workers=self.workers, thread_name_prefix="shardkit-read")
         return self._pool
 
-    def _prefetched(self, tasks: Iterator[tuple[Task, np.ndarray | None, bool]]
+    def _prefetched(self, tasks: Iterator[tuple[Task, np.ndarray | None, bool, _Slot]]
                     ) -> Generator[Part | None, None, None]:
         """Results of ``tasks`` (with their row selections) in order, ``prefetch`` tasks running ahead."""
         pool, inflight = self._executor(), deque[Future[Part | None]]()
         try:
-            for task, rows, to_end in tasks:
-                inflight.append(pool.submit(self._source.read, task, rows, whole=self.shuffle, to_end=to_end))
+            for task, rows, to_end, slot in tasks:
+                inflight.append(pool.submit(self._read, task, rows, to_end, slot))
                 if len(inflight) > self.prefetch:
                     yield inflight.popleft().result()
             while inflight:
@@ -226,6 +242,13 @@ class Reader:
         finally:
             for f in inflight:
                 f.cancel()
+
+    def _read(self, task: Task, rows: np.ndarray | None, to_end: bool, slot: _Slot) -> Part | None:
+        """One task, in a worker thread: decoded, and placed in its window when the window scatters."""
+        part = self._source.read(task, rows, whole=self.shuffle and slot is None, to_end=to_end)
+        if part is not None and slot is not None:
+            slot[0].place(part, slot[1])
+        return part
 
     # ---- state -------------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
@@ -313,6 +336,25 @@ def _needed_rows(window: Window, order: EpochOrder) -> tuple[np.ndarray | None, 
     cuts = np.searchsorted(needed, bounds)
     rows: list[np.ndarray | None] = [needed[cuts[i] : cuts[i + 1]] - bounds[i] for i in range(len(sizes))]
     return np.searchsorted(needed, emit), rows
+
+
+def _scatter_plan(emit: np.ndarray | None, sizes: list[int], recycler: batching.Recycler
+                  ) -> tuple[batching.Scatter, list[np.ndarray]] | None:
+    """How a window's tasks are placed in emission order (`batching.Scatter`), if they can be.
+
+    ``emit`` indexes the concatenation of the tasks' decoded rows; when it is a permutation of them
+    (no row emitted twice, as padding does), task ``i``'s rows go to the window rows ``dests[i]``.
+    """
+    total_rows = sum(sizes)
+    if emit is None or len(emit) != total_rows or not total_rows:
+        return None
+    inverse = np.full(total_rows, -1, dtype=np.int64)
+    inverse[emit] = np.arange(total_rows)
+    if (inverse < 0).any():  # a row emitted twice, another not at all
+        return None
+    bounds = np.cumsum([0, *sizes])
+    dests = [inverse[bounds[i] : bounds[i + 1]] for i in range(len(sizes))]
+    return batching.Scatter(total_rows, recycler), dests
 
 
 def _chunks(parts: list[Part | None], emit: np.ndarray | None, sizes: list[int], position: int,

@@ -79,3 +79,75 @@ def test_a_chunk_of_the_needed_size_completes_the_batch_without_a_copy() -> None
     chunk = {"id": np.arange(4, 8)}
     (second,) = batcher.add(chunk)
     assert np.shares_memory(second["id"], chunk["id"])
+
+
+# --- windows placed by the workers, in arrays used again ------------------------------------------
+
+
+def test_recycler_reuses_an_array_only_when_nothing_refers_to_it() -> None:
+    recycler = batching.Recycler(keep_bytes=1 << 20)
+    first = recycler.empty((100, 4), np.dtype(np.float32))
+    first[:] = 1.0
+    view = first[10:20]  # a batch the consumer still holds
+    del first
+    second = recycler.empty((100, 4), np.dtype(np.float32))
+    assert not np.shares_memory(second, view)
+    second[:] = 2.0
+    assert (view == 1.0).all()
+    del view
+    third = recycler.empty((90, 4), np.dtype(np.float32))  # smaller fits in the freed one
+    assert (third.shape, third.dtype, recycler.reused) == ((90, 4), np.float32, 1)
+    assert recycler.empty((1, 2), np.dtype(object)).dtype == object  # never pooled: holds references
+
+
+def test_recycler_held_by_torch_tensor_is_not_reused() -> None:
+    torch = __import__("torch")
+    recycler = batching.Recycler(keep_bytes=1 << 20)
+    arr = recycler.empty((64,), np.dtype(np.int64))
+    arr[:] = 7
+    tensor = torch.from_numpy(arr[:8])
+    del arr
+    again = recycler.empty((64,), np.dtype(np.int64))
+    again[:] = 0
+    assert tensor.tolist() == [7] * 8
+
+
+def test_recycler_keeps_at_most_keep_bytes() -> None:
+    recycler = batching.Recycler(keep_bytes=3 * 4096)
+    held = [recycler.empty((4096,), np.dtype(np.uint8)) for _ in range(10)]  # all in use: new each time
+    assert len({a.__array_interface__["data"][0] for a in held}) == 10
+    assert sum(a.nbytes for a in recycler._arrays) <= 3 * 8192
+
+
+@given(sizes=st.lists(st.integers(0, 20), min_size=1, max_size=6), data=st.data())
+@settings(max_examples=100, deadline=None)
+def test_scatter_places_parts_in_emission_order(sizes: list[int], data: st.DataObject) -> None:
+    total = sum(sizes)
+    perm = np.asarray(data.draw(st.permutations(range(total)))) if total else np.zeros(0, np.int64)
+    inverse = np.empty(total, np.int64)
+    inverse[perm] = np.arange(total)
+    rows = np.arange(total)
+    values = {"i": rows, "t": np.stack([rows, -rows], axis=1) if total else np.zeros((0, 2), np.int64),
+              "s": np.array([f"r{i}" for i in rows], dtype=object)}
+    scatter = batching.Scatter(total, batching.Recycler(1 << 20))
+    bounds = np.cumsum([0, *sizes])
+    parts = []
+    for k in range(len(sizes)):  # each part in one or two chunks, placed in any order
+        lo, hi = bounds[k], bounds[k + 1]
+        cut = data.draw(st.integers(lo, hi))
+        parts.append([{n: v[lo:cut] for n, v in values.items()}, {n: v[cut:hi] for n, v in values.items()}])
+    for k in data.draw(st.permutations(range(len(sizes)))):
+        scatter.place(parts[k], inverse[bounds[k] : bounds[k + 1]])
+    assert scatter.placed(parts) is scatter.columns is not None
+    if total:
+        np.testing.assert_array_equal(scatter.columns["i"], perm)
+        np.testing.assert_array_equal(scatter.columns["t"], values["t"][perm])
+        assert scatter.columns["s"].tolist() == values["s"][perm].tolist()
+
+
+def test_scatter_of_masked_columns_falls_back() -> None:
+    scatter = batching.Scatter(4)
+    masked = np.ma.MaskedArray(np.arange(2.0), mask=[False, True])
+    scatter.place([{"x": np.arange(2.0)}], np.array([0, 1]))
+    scatter.place([{"x": masked}], np.array([2, 3]))
+    assert scatter.placed([[{"x": np.arange(2.0)}], [{"x": masked}]]) is None

@@ -216,6 +216,28 @@ def test_two_epochs(ids_ds: str, shuffle: bool) -> None:
     assert np.array_equal(first, second) is not shuffle
 
 
+def test_held_batches_keep_their_rows_while_later_windows_reuse_memory(tmp_path: Path) -> None:
+    """Shuffled windows are assembled in arrays that are used again once no batch refers to them: a
+    batch the consumer keeps (as numpy or as a torch tensor) never changes, one it drops is reused."""
+    import torch
+
+    n = 600
+    ids = np.arange(n, dtype=np.int64)
+    shardkit.write_dataset({"id": ids, "vec": np.stack([ids, 2 * ids, 3 * ids], axis=1).astype(np.float32)},
+                           tmp_path / "ds", row_group_size=40)
+    with shardkit.make_reader(tmp_path / "ds", batch_size=25, num_epochs=4, shuffle_buffer=100) as reader:
+        held = []
+        for k, batch in enumerate(reader):
+            if k % 10 == 0:  # some windows keep a batch alive, the others are dropped
+                held.append((batch, torch.from_numpy(batch["vec"]), batch["id"].copy()))
+        assert reader._recycler.reused > 0
+    for batch, tensor, ids_then in held:
+        np.testing.assert_array_equal(batch["id"], ids_then)
+        expected = np.stack([ids_then, 2 * ids_then, 3 * ids_then], axis=1).astype(np.float32)
+        np.testing.assert_array_equal(batch["vec"], expected)
+        np.testing.assert_array_equal(tensor.numpy(), expected)
+
+
 def test_rows(codecs_ds: tuple[str, dict[str, Any]]) -> None:
     url, written = codecs_ds
     with shardkit.make_reader(url, batch_size=16, shuffle=False) as reader:
