@@ -89,6 +89,11 @@ class Recycler:
         probe = [np.empty(1)]
         self._free = sys.getrefcount(probe[0])
 
+    def clear(self) -> None:
+        """Let go of every kept array (those still in use live on with their batches)."""
+        with self._lock:
+            self._arrays.clear()
+
     def empty(self, shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
         """An uninitialized array, reused when one is free."""
         if dtype.hasobject:

@@ -301,11 +301,12 @@ class Reader:
 
     # ---- lifecycle ---------------------------------------------------------------------------
     def close(self) -> None:
-        """Stop the worker threads (pending reads are cancelled)."""
+        """Stop the worker threads (pending reads are cancelled) and free the kept window arrays."""
         self._generation += 1
         if self._pool is not None:
             self._pool.shutdown(wait=True, cancel_futures=True)
             self._pool = None
+        self._recycler.clear()
 
     def __enter__(self) -> Reader:
         return self

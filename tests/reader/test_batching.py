@@ -112,6 +112,16 @@ def test_recycler_held_by_torch_tensor_is_not_reused() -> None:
     assert tensor.tolist() == [7] * 8
 
 
+def test_recycler_clear_lets_go_of_kept_arrays() -> None:
+    recycler = batching.Recycler(keep_bytes=1 << 20)
+    first = recycler.empty((10,), np.dtype(np.int64))
+    del first
+    recycler.clear()
+    assert recycler._arrays == []
+    recycler.empty((10,), np.dtype(np.int64))
+    assert recycler.reused == 0  # the freed array was not kept, so not handed out again
+
+
 def test_recycler_keeps_at_most_keep_bytes() -> None:
     recycler = batching.Recycler(keep_bytes=3 * 4096)
     held = [recycler.empty((4096,), np.dtype(np.uint8)) for _ in range(10)]  # all in use: new each time
