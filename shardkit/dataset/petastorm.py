@@ -282,7 +282,7 @@ def _decode_npy_rows(field: Field, data: np.ndarray, starts: np.ndarray, ends: n
         for i in rows.tolist():
             out[i] = _one(field, data, int(starts[i]), int(ends[i]), i)
         return out
-    shape = tuple(int(d) for d in field.shape if d is not None)
+    shape = field.dims
     values = _stack_same_header(field, data, starts[rows], ends[rows], rows)
     if values is None:
         values = np.stack([_one(field, data, int(starts[i]), int(ends[i]), i) for i in rows.tolist()])
@@ -304,7 +304,7 @@ def _stack_same_header(field: Field, data: np.ndarray, starts: np.ndarray, ends:
                        rows: np.ndarray) -> np.ndarray | None:
     """All rows in one vectorized step when they share one ``.npy`` header, else None."""
     if len(starts) == 0:
-        return np.zeros((0, *(int(d) for d in field.shape if d is not None)), field.dtype)
+        return np.zeros((0, *field.dims), field.dtype)
     length = int(ends[0] - starts[0])
     if (ends - starts != length).any():
         return None

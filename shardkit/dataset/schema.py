@@ -107,6 +107,11 @@ class Field:
         codec_obj.check(self)
 
     @property
+    def dims(self) -> tuple[int, ...]:
+        """The shape's fixed sizes (variable dimensions left out): a fixed shape itself."""
+        return tuple(int(d) for d in self.shape if d is not None)
+
+    @property
     def dtype_name(self) -> str:
         """``'str'``, ``'bytes'`` or the numpy dtype's name (``'float32'``, ``'datetime64[ns]'``)."""
         return {"U": "str", "S": "bytes"}.get(self.dtype.kind, self.dtype.name)

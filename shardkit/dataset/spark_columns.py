@@ -187,7 +187,7 @@ def _row_of(entry: int, lengths: list[np.ndarray]) -> int:
 
 
 def _fixed(field: Field, leaves: np.ndarray, lengths: list[np.ndarray], rows: np.ndarray) -> np.ndarray:
-    shape = tuple(int(d) for d in field.shape if d is not None)
+    shape = field.dims
     size = math.prod(shape)
     if len(lengths) == 1:
         expected: tuple[int, ...] = (size,)

@@ -185,7 +185,7 @@ def decode_images(field: Field, column: ArrowColumn) -> np.ndarray:
     offsets = np.frombuffer(offsets_buf, offset_type)[arr.offset : arr.offset + n + 1]
     data = np.zeros(0, np.uint8) if data_buf is None else np.frombuffer(data_buf, np.uint8)
     fixed = all(d is not None for d in field.shape)
-    shape = tuple(int(d) for d in field.shape if d is not None)
+    shape = field.dims
     if not fixed:
         out = np.empty(n, dtype=object)
     else:  # rows left as they are (nulls) are zeros

@@ -67,7 +67,7 @@ def _is_null(v: Any) -> bool:
 
 def stack_rows(field: Field, rows: list[Any], where: str) -> tuple[np.ndarray, np.ndarray | None]:
     """Stack per-row values into ``(n, *shape)``, zero-filling nulls; returns (array, null mask)."""
-    shape = tuple(int(d) for d in field.shape if d is not None)
+    shape = field.dims
     mask = np.fromiter((_is_null(v) for v in rows), dtype=bool, count=len(rows))
     if mask.any() and not field.nullable:
         raise null_error(field, int(np.argmax(mask)), where)
@@ -147,36 +147,26 @@ class TensorCodec(Codec):
             )
 
     def arrow_type(self, field: Field) -> pa.DataType:
-        shape = [int(d) for d in field.shape if d is not None]
-        return pa.fixed_shape_tensor(arrow_scalar_type(field), shape)
+        return pa.fixed_shape_tensor(arrow_scalar_type(field), list(field.dims))
 
     def storage_type(self, field: Field) -> pa.DataType:
         if self.storage == "list":
             return self.arrow_type(field)
-        return pa.binary(field.dtype.itemsize * math.prod(int(d) for d in field.shape if d is not None))
+        return pa.binary(field.dtype.itemsize * math.prod(field.dims))
 
     def to_storage(self, field: Field, arr: pa.Array) -> pa.Array:
         """``arr`` (this field's ``fixed_shape_tensor``) as the stored layout; no copy of the values."""
         if self.storage == "list":
             return arr
-        storage = arr.storage if isinstance(arr, pa.ExtensionArray) else arr
-        size = storage.type.list_size
-        child = storage.values.slice(storage.offset * size, len(storage) * size)
-        if child.null_count or pa.types.is_boolean(child.type):  # bits or null slots: rebuild the bytes
-            values = fixed_values(arr, tuple(int(d) for d in field.shape if d is not None))
-            data = pa.py_buffer(np.ascontiguousarray(values.astype(field.dtype.newbyteorder("<"))))
-        else:
-            item = field.dtype.itemsize
-            data = child.buffers()[1].slice(child.offset * item, len(child) * item)
-        validity = storage.buffers()[0] if storage.null_count else None
-        if validity is not None and storage.offset:
-            validity = pa.array(storage.is_valid().to_numpy(zero_copy_only=False)).buffers()[1]
-        return pa.Array.from_buffers(self.storage_type(field), len(storage), [validity, data],
-                                     null_count=storage.null_count)
+        # a view of the values (a copy only for bools, packed as bits, and for null slots)
+        values = np.ascontiguousarray(fixed_values(arr, field.dims), field.dtype.newbyteorder("<"))
+        validity = arr.is_valid().buffers()[1] if arr.null_count else None  # a fresh array: offset 0
+        return pa.Array.from_buffers(self.storage_type(field), len(arr), [validity, pa.py_buffer(values)],
+                                     null_count=arr.null_count)
 
     def encode(self, field: Field, values: Any) -> pa.Array:
         target = self.arrow_type(field)
-        shape = tuple(int(d) for d in field.shape if d is not None)
+        shape = field.dims
         if isinstance(values, pa.ChunkedArray | pa.Array):
             arr = combine(values)
             if arr.type == target:
@@ -217,7 +207,7 @@ class TensorCodec(Codec):
     def decode(self, field: Field, column: ArrowColumn) -> np.ndarray:
         """Either layout (a dataset's files may predate its schema's storage) -> ``(rows, *shape)``."""
         arr = combine(column)
-        shape = tuple(int(d) for d in field.shape if d is not None)
+        shape = field.dims
         return as_masked(fixed_values(arr, shape, field.dtype), mask_of(arr))
 
 
