@@ -18,6 +18,7 @@ from typing import Any, Literal
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from shardkit.dataset.codecs import TensorCodec
 from shardkit.dataset.commit import collect_garbage, commit, summary_bytes
 from shardkit.dataset.index import Dataset, data_files, is_petastorm, open_location, read_footer, read_footers
 from shardkit.dataset.location import COMMON, STAGING, SUMMARY, Location
@@ -59,7 +60,7 @@ def _small_int_leaves(schema: Schema) -> list[str]:
     for f in schema:
         if f.dtype.kind not in "iu" or f.dtype.itemsize > 2:
             continue
-        listed = f.codec.name == "tensor" and getattr(f.codec, "storage", "") == "list"
+        listed = isinstance(f.codec, TensorCodec) and f.codec.storage == "list"
         if listed or (f.codec.name == "ndarray" and len(f.shape) == 1):
             leaves.append(f"{f.name}.list.element")
         elif f.codec.name == "ndarray":

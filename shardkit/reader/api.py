@@ -6,11 +6,11 @@ import os
 from collections.abc import Sequence
 from typing import Any, Literal
 
-from shardkit.dataset.index import SLICE_ROWS, Dataset, open_dataset
+from shardkit.dataset.index import Dataset, open_dataset
 from shardkit.errors import ReaderError
 from shardkit.reader.filter import Filter
 from shardkit.reader.plan import Remainder, validate_shard
-from shardkit.reader.reader import TASK_BYTES, WINDOW_BYTES, Reader, _job_world, _positive
+from shardkit.reader.reader import WINDOW_BYTES, Reader, _job_world, _positive
 
 
 def make_reader(
@@ -118,4 +118,4 @@ def make_reader(
                   drop_last=bool(drop_last), shuffle_buffer=shuffle_buffer, filter=filter,
                   cache=row_cache, prefetch=prefetch,
                   workers=workers, on_error=on_error,
-                  task_rows=max(SLICE_ROWS, TASK_BYTES // row_bytes // SLICE_ROWS * SLICE_ROWS))
+                  row_bytes=row_bytes)

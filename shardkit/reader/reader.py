@@ -64,14 +64,15 @@ class Reader:
     def __init__(self, dataset: Dataset, *, columns: Sequence[str], shard: int, num_shards: int,
                  batch_size: int, shuffle: bool, seed: int, num_epochs: int | None, remainder: Remainder,
                  drop_last: bool, shuffle_buffer: int, filter: Filter | None, cache: Any, prefetch: int,
-                 workers: int, on_error: Literal["raise", "skip"], task_rows: int | None = None) -> None:
+                 workers: int, on_error: Literal["raise", "skip"], row_bytes: int) -> None:
         self.dataset = dataset
         self.schema: Schema = dataset.schema.select(columns)
         self.shard, self.num_shards = shard, num_shards
         self.batch_size, self.shuffle, self.seed = batch_size, shuffle, seed
         self.num_epochs, self.remainder, self.drop_last = num_epochs, remainder, drop_last
         self.shuffle_buffer, self.prefetch, self.workers = shuffle_buffer, prefetch, workers
-        self.task_rows = task_rows
+        # the first window of a pass is cut into tasks of about TASK_BYTES, of whole Parquet slices
+        self.task_rows: int | None = max(SLICE_ROWS, TASK_BYTES // row_bytes // SLICE_ROWS * SLICE_ROWS)
         self.filter_text = ""
         selection: dict[int, np.ndarray] = {}
         self.rows_per_group = dataset.rows_per_group
@@ -94,7 +95,7 @@ class Reader:
             )
         self._source = RowGroupSource(dataset, columns, selection=selection, cache=cache, on_error=on_error)
         # arrays for about four windows: one being assembled, one consumed, those the consumer still holds
-        self._recycler = batching.Recycler(4 * shuffle_buffer * max(1, dataset.decoded_row_bytes(columns)))
+        self._recycler = batching.Recycler(4 * shuffle_buffer * row_bytes)
         self._pool: ThreadPoolExecutor | None = None
         self.epoch = 0
         self._history: list[tuple[int, int]] = []
