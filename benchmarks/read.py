@@ -2,7 +2,8 @@
 
 Every reading case runs in a fresh process (see `benchmarks.common`) on the ANCHORS rows of
 `benchmarks.data`, page cache warm (each dataset is materialized, then read k times; the median is
-kept). The clock starts just before the reader is created (imports are not counted) and stops after
+kept). The clock starts just before the reader is created (imports are not counted: s3fs is imported
+before it too, but its client is made after) and stops after
 the last batch; "first batch" is reader creation -> first batch in hand (Petastorm's row reader: the
 first 256 rows). Every batch's image and features are copied once into a preallocated buffer (what a
 collate does; see `benchmarks.petastorm_side._consume`), so a zero-copy reader is not timed without
@@ -198,9 +199,12 @@ def case_s3_cache(url: str, storage_options: dict[str, Any], cache_dir: str, epo
     With ``clear=False, epochs=1`` (a new process, cache already warm): the cached epoch as a restarted
     job sees it, checksums verified once.
     """
+    import fsspec
+
     from shardkit.reader.cache import CacheConfig
 
     _local_cases_env()
+    fsspec.get_filesystem_class("s3")  # imports s3fs (imports are not counted); makes no client
     if clear:
         shutil.rmtree(cache_dir, ignore_errors=True)
     config = CacheConfig(cache_dir, "64GiB")

@@ -111,7 +111,8 @@ class Dataset:
             if footer is not None and self.metadata is None:
                 self._footers.move_to_end(file)
         try:
-            pf = pq.ParquetFile(self.location.arrow_fs.open_input_file(path), metadata=footer)
+            pf = pq.ParquetFile(self.location.open_ranges(path), metadata=footer,
+                                pre_buffer=not self.location.is_local)
         except FileNotFoundError as e:
             raise CorruptDatasetError(
                 f"data file {path!r} of dataset {self.url!r} is missing; the dataset was changed outside "
@@ -230,16 +231,23 @@ def open_dataset(url: str | os.PathLike[str], *, storage_options: dict[str, Any]
 
 
 def open_location(loc: Location) -> Dataset:
-    """`open_dataset` of a `Location` (keeps the filesystem, and so its storage options)."""
-    if not loc.fs.exists(loc.root):
-        raise DatasetNotFoundError(
-            f"no dataset at {loc.url!r}: the path does not exist. Check the URL (and credentials), or "
-            "write one first with shardkit.write_dataset(data, url)"
-        )
-    if loc.fs.isfile(loc.root):
-        raise NotADatasetError(f"{loc.url!r} is a file; a dataset is a folder of Parquet files")
-    if loc.exists(SUMMARY):
-        md = read_footer(loc, SUMMARY)
+    """`open_dataset` of a `Location` (keeps the filesystem, and so its storage options).
+
+    A dataset with a ``_metadata`` summary opens by reading it, and nothing else (on an object store:
+    the summary's size and bytes, two requests); the root is checked only when there is none.
+    """
+    md = _summary(loc)
+    if md is None:
+        if not loc.fs.exists(loc.root):
+            raise DatasetNotFoundError(
+                f"no dataset at {loc.url!r}: the path does not exist. Check the URL (and credentials), or "
+                "write one first with shardkit.write_dataset(data, url)"
+            )
+        if loc.fs.isfile(loc.root):
+            raise NotADatasetError(f"{loc.url!r} is a file; a dataset is a folder of Parquet files")
+        if loc.exists(SUMMARY):  # there after all (written meanwhile): read it, or say why it cannot be
+            md = read_footer(loc, SUMMARY)
+    if md is not None:
         arrow_schema, groups = md.schema.to_arrow_schema(), tuple(_groups_of(md))
         footers: Footers = []
     else:
@@ -332,16 +340,36 @@ def _has_magic(loc: Location, path: str) -> bool:
         return False
 
 
+def _summary(loc: Location) -> pq.FileMetaData | None:
+    """The ``_metadata`` footer, or None when it cannot be opened (missing, or the root is no folder)."""
+    try:
+        f = loc.arrow_fs.open_input_file(loc.join(SUMMARY))
+    except OSError:
+        return None
+    with f:
+        return _footer_of(f, loc.join(SUMMARY))
+
+
 def read_footer(loc: Location, name: str) -> pq.FileMetaData:
     path = loc.join(name)
     try:
-        with loc.arrow_fs.open_input_file(path) as f:
-            return pq.read_metadata(f)
+        f = loc.arrow_fs.open_input_file(path)
     except (pa.ArrowInvalid, OSError) as e:
-        raise CorruptDatasetError(
-            f"{path!r} is not a readable Parquet footer ({e}); the file is truncated or corrupt. "
-            "Remove it (or rewrite the dataset)"
-        ) from e
+        raise _not_a_footer(path, e) from e
+    with f:
+        return _footer_of(f, path)
+
+
+def _footer_of(f: pa.NativeFile, path: str) -> pq.FileMetaData:
+    try:
+        return pq.read_metadata(f)
+    except (pa.ArrowInvalid, OSError) as e:
+        raise _not_a_footer(path, e) from e
+
+
+def _not_a_footer(path: str, e: Exception) -> CorruptDatasetError:
+    return CorruptDatasetError(f"{path!r} is not a readable Parquet footer ({e}); the file is truncated or "
+                               "corrupt. Remove it (or rewrite the dataset)")
 
 
 def read_footers(loc: Location, files: Sequence[str]) -> list[tuple[str, pq.FileMetaData]]:

@@ -116,7 +116,7 @@ def write_spark(
     schema: Schema | list[Field] | None = None,
     mode: Mode = "error",
     row_group_size: int | str = "32MiB",
-    file_size: int | str = "1GiB",
+    file_size: int | str = "128MiB",
     compression: str = "snappy",
     storage_options: dict[str, Any] | None = None,
 ) -> Dataset:

@@ -151,7 +151,7 @@ def write_dataset(
     schema: Schema | list[Field] | None = None,
     mode: Mode = "error",
     row_group_size: int | str = "16MiB",
-    file_size: int | str = "1GiB",
+    file_size: int | str = "128MiB",
     compression: str = "snappy",
     progress: bool | None = None,
     storage_options: dict[str, Any] | None = None,

@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 import pytest
+import xxhash
 
 import shardkit.reader.cache as cache_mod
 from shardkit.errors import ReaderError
@@ -92,6 +93,8 @@ def test_values_survive_the_round_trip_memory_mapped(tmp_path: Path, new_process
     assert cache.stats["hits"] == 1
 
     assert cached.equals(original)
+    # one record batch, however many the table had: cached reads cut their batches as views of it
+    assert {c.num_chunks for c in cached.columns} == {1}
     assert cached.schema.equals(original.schema, check_metadata=True)
     assert isinstance(cached.schema.field("tensor").type, pa.FixedShapeTensorType)
     assert cached.column("id").null_count == original.column("id").null_count > 0
@@ -181,7 +184,8 @@ def _empty(path: str) -> None:
 
 def _valid_checksum_bad_ipc(path: str) -> None:
     payload = os.urandom(1000)
-    Path(path).write_bytes(payload + struct.pack("<4sIQ", b"SKC1", zlib.crc32(payload), len(payload)))
+    Path(path).write_bytes(payload + struct.pack("<4sQQ", b"SKC2", xxhash.xxh3_64_intdigest(payload),
+                                                 len(payload)))
 
 
 @pytest.mark.parametrize("corrupt", [_flip, _truncate, _garbage, _empty, _valid_checksum_bad_ipc])
@@ -204,6 +208,26 @@ def test_corrupt_entry_is_refetched(tmp_path: Path, new_process: Callable[[], No
     assert fetch.calls == 1
 
 
+def test_entry_of_the_earlier_format_is_refetched_quietly(tmp_path: Path, new_process: Callable[[], None],
+                                                          caplog: pytest.LogCaptureFixture) -> None:
+    """A crc32 entry (trailer ``SKC1``, 16 bytes) left by an earlier shardkit: a miss, not corruption."""
+    table = _table(5)
+    cache = RowGroupCache(CacheConfig(str(tmp_path), GiB))
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_file(sink, table.schema) as writer:
+        writer.write_table(table)
+    payload = sink.getvalue().to_pybytes()
+    Path(cache.path_of("k")).write_bytes(payload + struct.pack("<4sIQ", b"SKC1", zlib.crc32(payload),
+                                                                len(payload)))
+    new_process()
+    fetch = Fetcher(table)
+    assert cache.get_or_fetch("k", fetch).equals(table)
+    assert fetch.calls == 1
+    assert cache.stats == {"hits": 0, "misses": 1, "evictions": 0, "corrupt": 0}
+    assert "corrupt" not in caplog.text
+    assert Path(cache.path_of("k")).read_bytes()[-20:-16] == b"SKC2"  # replaced in the current format
+
+
 def test_entry_is_verified_once_per_process(tmp_path: Path, new_process: Callable[[], None],
                                             monkeypatch: pytest.MonkeyPatch) -> None:
     table = _table(6)
@@ -211,14 +235,13 @@ def test_entry_is_verified_once_per_process(tmp_path: Path, new_process: Callabl
     cache.get_or_fetch("k", lambda: table)
     new_process()
     calls = []
+    digest = cache_mod._digest
 
-    class CountingZlib:
-        @staticmethod
-        def crc32(data: Any) -> int:
-            calls.append(len(memoryview(data)))
-            return zlib.crc32(data)
+    def counting(data: Any) -> int:
+        calls.append(len(memoryview(data)))
+        return digest(data)
 
-    monkeypatch.setattr(cache_mod, "zlib", CountingZlib)
+    monkeypatch.setattr(cache_mod, "_digest", counting)
     for _ in range(3):
         assert cache.get_or_fetch("k", Fetcher(table)).equals(table)
     assert len(calls) == 1
