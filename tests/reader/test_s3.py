@@ -95,7 +95,7 @@ def test_opening_a_summarized_dataset_reads_only_the_summary(s3_server: S3Server
     assert len(ds.row_groups) == 3
     asked = [(m, p) for m, p, _ in s3_server.requests(since) if "shardkit-log-sync" not in p]
     assert all(p.split("?")[0] == f"/{s3_bucket}/ds/_metadata" for _, p in asked), asked
-    assert 1 <= len(asked) <= 3, asked  # its size (HEAD), maybe twice, and its bytes: no listing, no root check
+    assert 1 <= len(asked) <= 3, asked  # its size (HEAD), maybe twice, and its bytes: no listing
 
 
 def test_an_uncached_epoch_fetches_each_row_group_once(s3_server: S3Server, s3_bucket: str,
