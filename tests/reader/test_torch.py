@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import contextlib
+import copy
 import itertools
 import os
+import pickle
 import signal
 import subprocess
 import sys
@@ -356,6 +358,60 @@ def test_set_epoch_picks_the_epoch_of_the_next_pass(ids_ds: str) -> None:
     np.testing.assert_array_equal(np.concatenate(_dl_ids(ds, 0)), want[2])  # a pass again from set_epoch's
     ds.set_epoch(1)
     np.testing.assert_array_equal(np.concatenate(_dl_ids(ds, 0)), want[1])
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.usefixtures("reap")
+def test_worker_batches_equal_the_readers_and_cross_as_one_shared_tensor(codecs_ds: str) -> None:
+    from torch.utils.data import DataLoader
+
+    kw = {"batch_size": 16, "seed": 5}
+    with shardkit.make_reader(codecs_ds, **kw) as reader, skt.make_loader(codecs_ds, **kw) as loader:
+        want = list(reader)
+        keys = list(next(iter(loader)))
+    ds = skt.ShardkitIterableDataset(codecs_ds, rank=0, world_size=1, **kw)
+    got = list(DataLoader(ds, batch_size=None, num_workers=1))  # one worker: the reader's own shard
+    assert len(got) == len(want)
+    for w, g in zip(want, got, strict=True):
+        assert type(g) is dict
+        assert list(g) == keys  # in order
+        assert_same(w, g)
+        tensors = [t for t in g.values() if isinstance(t, torch.Tensor)]
+        assert len(tensors) > 3
+        # packed: every tensor of the batch is a view of one shared-memory storage
+        assert len({t.untyped_storage().data_ptr() for t in tensors}) == 1
+        assert tensors[0].is_shared()
+
+
+def test_a_worker_batch_pickles_to_views_of_one_tensor() -> None:
+    from multiprocessing.reduction import ForkingPickler
+
+    from shardkit.reader.torch_data import _WorkerBatch
+
+    rows = [torch.arange(3), None, torch.ones(2, 2)]
+    batch = _WorkerBatch({
+        "f16": torch.tensor([1.5, -2.0], dtype=torch.float16),
+        "mask": torch.tensor([True, False, True]),
+        "text": ["a", None, "é"],
+        "empty": torch.zeros((0, 4), dtype=torch.int32),
+        "strided": torch.arange(24, dtype=torch.int64).reshape(4, 6)[:, ::2],  # not contiguous
+        "rows": rows,
+        "image": torch.randint(0, 255, (3, 5, 5, 3), dtype=torch.uint8),
+    })
+    out = pickle.loads(ForkingPickler.dumps(batch))
+    assert type(out) is dict
+    assert list(out) == list(batch)
+    assert out["text"] == ["a", None, "é"]
+    assert out["rows"][1] is None
+    torch.testing.assert_close(out["rows"][2], rows[2])
+    for key in ("f16", "mask", "empty", "strided", "image"):
+        assert out[key].dtype == batch[key].dtype
+        assert out[key].shape == batch[key].shape
+        assert torch.equal(out[key], batch[key])
+        assert out[key].data_ptr() % 64 == 0
+    packed = {out[k].untyped_storage().data_ptr() for k in ("f16", "mask", "strided", "image")}
+    assert len(packed) == 1
+    assert type(copy.copy(batch)) is _WorkerBatch  # DataLoader's default_convert copies it in the worker
 
 
 def test_a_worker_state_refuses_another_layout(ids_ds: str) -> None:
