@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import functools
 import hashlib
+import inspect
 import shutil
 import tempfile
 import time
@@ -165,8 +166,9 @@ def raw_path(rows: int) -> Path:
 def writer_key() -> str:
     """A short hash of the format shardkit's writer gives these rows now (one chunk written to a scratch
     folder): per column its physical type, encodings, compression and statistics, plus the rows of each
-    row group and the stored schema. Cached datasets written by a different writer get another key."""
-    parts = []
+    row group, the stored schema and the default part-file size. Cached datasets written by a different
+    writer get another key."""
+    parts = [str(inspect.signature(shardkit.write_dataset).parameters["file_size"].default)]
     with tempfile.TemporaryDirectory(prefix="shardkit-writer-key-") as tmp:
         for image in ("tensor", "png"):
             chunks = iter_batches(CHUNK_ROWS, "tensor") if image == "tensor" else iter_frames(CHUNK_ROWS)
