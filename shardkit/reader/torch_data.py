@@ -43,6 +43,7 @@ import torch  # noqa: E402
 STATE_KIND = "shardkit.ShardkitIterableDataset"
 _LAYOUT = ("world_size", "num_workers", "worker")
 _ALIGN = 64  # each tensor of a packed batch starts at a multiple of this many bytes
+_Slot = tuple[int, int, torch.dtype, tuple[int, ...]]  # a packed tensor's (start, bytes, dtype, shape)
 
 
 class _WorkerBatch(dict[str, Any]):
@@ -61,28 +62,28 @@ class _WorkerBatch(dict[str, Any]):
 
     def __reduce__(self) -> tuple[Any, ...]:
         tensors = {k: v for k, v in self.items() if isinstance(v, torch.Tensor) and v.device.type == "cpu"}
-        layout: dict[str, tuple[int, torch.dtype, tuple[int, ...]]] = {}
+        layout: dict[str, _Slot] = {}
         size = 0
         for key, t in tensors.items():
-            layout[key] = (size, t.dtype, tuple(t.shape))
-            size += -(-t.numel() * t.element_size() // _ALIGN) * _ALIGN
+            nbytes = t.numel() * t.element_size()
+            layout[key] = (size, nbytes, t.dtype, tuple(t.shape))
+            size += -(-nbytes // _ALIGN) * _ALIGN
         packed = torch.empty(size, dtype=torch.uint8).share_memory_()  # type: ignore[no-untyped-call]
         for key, t in tensors.items():
-            start, nbytes = layout[key][0], t.numel() * t.element_size()
+            start, nbytes = layout[key][:2]
             if nbytes:
                 packed[start:start + nbytes].copy_(t.contiguous().reshape(-1).view(torch.uint8))
         others = {k: v for k, v in self.items() if k not in tensors}
         return _unpack, (packed, layout, others, list(self))
 
 
-def _unpack(packed: torch.Tensor, layout: Mapping[str, tuple[int, torch.dtype, tuple[int, ...]]],
-            others: Mapping[str, Any], order: list[str]) -> dict[str, Any]:
+def _unpack(packed: torch.Tensor, layout: Mapping[str, _Slot], others: Mapping[str, Any],
+            order: list[str]) -> dict[str, Any]:
     """A packed `_WorkerBatch` as the plain dict of tensors (views of ``packed``) it was, keys in order."""
     out: dict[str, Any] = {}
     for key in order:
         if key in layout:
-            start, dtype, shape = layout[key]
-            nbytes = int(torch.Size(shape).numel()) * torch.empty((), dtype=dtype).element_size()
+            start, nbytes, dtype, shape = layout[key]
             out[key] = packed[start:start + nbytes].view(dtype).view(shape)
         else:
             out[key] = others[key]
