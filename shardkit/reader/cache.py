@@ -48,7 +48,8 @@ __all__ = ["CacheConfig", "RowGroupCache"]
 DEFAULT_SIZE = "10GiB"
 _TRAILER = struct.Struct("<4sQQ")
 _MAGIC = b"SKC2"
-_OLD_MAGIC = b"SKC1"  # the earlier format (crc32, 16-byte trailer): a miss, refetched quietly
+_OLD_TRAILER = struct.Struct("<4sIQ")  # the earlier format: b"SKC1" | crc32 | length
+_OLD_MAGIC = b"SKC1"  # a miss, refetched quietly
 _SUFFIX = ".arrow"
 _TMP = ".tmp-"
 _STALE_TMP_S = 3600  # a temporary file this old belongs to a killed process
@@ -285,7 +286,7 @@ def _decode(data: pa.Buffer, *, verify: bool) -> pa.Table:
         raise _Corrupt(f"{data.size} bytes, shorter than the {_TRAILER.size}-byte trailer")
     magic, digest, length = _TRAILER.unpack(data.slice(data.size - _TRAILER.size).to_pybytes())
     if magic != _MAGIC or length != data.size - _TRAILER.size:
-        if data.slice(data.size - 16, 4).to_pybytes() == _OLD_MAGIC:
+        if data.slice(data.size - _OLD_TRAILER.size, 4).to_pybytes() == _OLD_MAGIC:
             raise _OldFormat()
         raise _Corrupt("its trailer is missing or does not match the file's size")
     payload = data.slice(0, length)
