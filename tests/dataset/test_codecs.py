@@ -445,13 +445,14 @@ def _pillow_png(image: np.ndarray, **params: Any) -> bytes:
 
 def _decode_both(field: Field, blobs: list[bytes | None], monkeypatch: pytest.MonkeyPatch
                  ) -> tuple[np.ndarray, np.ndarray]:
-    """The column decoded with OpenCV allowed (when installed) and with Pillow only."""
+    """The column decoded with every fast path allowed (OpenCV when installed) and with Pillow only."""
     from shardkit.dataset.codecs import image as image_module
 
     column = pa.array(blobs, pa.binary())
     fast = field.codec.decode(field, column)
     with monkeypatch.context() as m:
         m.setattr(image_module, "USE_OPENCV", False)
+        m.setattr(image_module, "USE_INFLATE", False)
         slow = field.codec.decode(field, column)
     return fast, slow
 
