@@ -15,7 +15,9 @@ Taken only where it is exact: 8-bit, non-interlaced, the field's width, height a
 filtered with None, Sub or Up (what OpenCV, hence Petastorm, writes). Everything else — ``Average``
 and ``Paeth`` rows (Pillow's adaptive filtering picks them), palettes, 16 bits, other chunks before
 the data — is left to the caller's general decoder. A damaged stream fails zlib's Adler-32 check or
-the size check and is left to the general decoder too, which raises on it.
+the size check and is left to the general decoder too, which raises on it. Chunk CRCs are not
+checked (libpng checks them): the Adler-32 covers every byte the pixels come from, so a file whose
+only damage is a CRC decodes here to its right pixels where libpng would refuse it.
 """
 
 from __future__ import annotations
