@@ -40,9 +40,8 @@ _MODES = {(2, 1): "L", (3, 1): "L", (3, 3): "RGB", (3, 4): "RGBA"}
 IMAGE_SLICE = 256  # images per thread-pool task when decoding a column
 USE_OPENCV = True  # decode PNG with OpenCV when it is installed (see the module docstring)
 USE_INFLATE = True  # decode the 8-bit PNGs `png.decode_pngs` takes with it (fixed-shape fields)
-_PNG = b"\x89PNG\r\n\x1a\n"
-_SIGNATURE = np.frombuffer(_PNG, np.uint8)
-_PNG_CHANNELS = {0: 1, 2: 3, 6: 4}  # colour type -> channels OpenCV returns, for 8-bit PNGs
+_SIGNATURE = np.frombuffer(png.SIGNATURE, np.uint8)
+_PNG_CHANNELS = {t: c for c, t in png.COLOUR_TYPE.items()}  # colour type -> channels OpenCV returns
 _FROM_BGR: dict[int, Any] = {3: np.s_[::-1], 4: [2, 1, 0, 3]}  # channels -> last-axis index: BGR(A) to RGB(A)
 
 
@@ -82,7 +81,7 @@ def decode_image(data: bytes | np.ndarray, field: Field) -> np.ndarray:
 
 def _opencv_png(blob: np.ndarray) -> np.ndarray | None:
     """The pixels of an 8-bit grey/RGB/RGBA PNG by OpenCV, or None (not such a PNG, no OpenCV)."""
-    if not USE_OPENCV or len(blob) < 33 or blob[:8].tobytes() != _PNG or blob[24] != 8:
+    if not USE_OPENCV or len(blob) < 33 or blob[:8].tobytes() != png.SIGNATURE or blob[24] != 8:
         return None
     channels = _PNG_CHANNELS.get(int(blob[25]))
     decode = _opencv_decode() if channels else None
@@ -238,7 +237,7 @@ def _fast_png(field: Field, shape: tuple[int, ...]) -> FastPng | None:
     if len(shape) not in (2, 3):
         return None
     channels = shape[2] if len(shape) == 3 else 1
-    colour = {c: t for t, c in _PNG_CHANNELS.items()}.get(channels)
+    colour = png.COLOUR_TYPE.get(channels)
     if colour is None:
         return None
     height, width = shape[0], shape[1]

@@ -28,10 +28,12 @@ from functools import cache
 
 import numpy as np
 
-_SIGNATURE = np.frombuffer(b"\x89PNG\r\n\x1a\n\x00\x00\x00\x0dIHDR", np.uint8)  # 16 bytes, then IHDR's data
+SIGNATURE = b"\x89PNG\r\n\x1a\n"  # every PNG's first 8 bytes
+COLOUR_TYPE = {1: 0, 3: 2, 4: 6}  # channels -> PNG colour type (grey, RGB, RGBA), 8-bit
+_START = np.frombuffer(SIGNATURE + b"\x00\x00\x00\x0dIHDR", np.uint8)  # 16 bytes, then IHDR's data
 _IDAT = np.frombuffer(b"IDAT", np.uint8)
 _IEND = np.frombuffer(b"\x00\x00\x00\x00IEND", np.uint8)
-_COLOUR = {1: 0, 3: 2, 4: 6}  # channels -> PNG colour type (grey, RGB, RGBA)
+_HEAD = 41  # signature 8, IHDR chunk 25, the next chunk's length and type 8
 _GIVE_UP_AFTER = 8  # a slice whose first images all need the general decoder is left to it whole
 _NONE, _SUB, _UP = 0, 1, 2
 
@@ -45,10 +47,9 @@ def _inflate() -> Callable[..., bytes]:
     return isal_zlib.decompress
 
 
-def _be32(data: np.ndarray, at: np.ndarray) -> np.ndarray:
-    """Big-endian uint32 at each offset ``at`` of ``data``."""
-    b = data[at[:, None] + np.arange(4)].astype(np.int64)
-    return (b[:, 0] << 24) | (b[:, 1] << 16) | (b[:, 2] << 8) | b[:, 3]
+def _be32(b: np.ndarray) -> np.ndarray:
+    """The big-endian uint32 in each row of ``b`` (rows of 4 bytes)."""
+    return np.ascontiguousarray(b).view(">u4")[:, 0].astype(np.int64)
 
 
 def decode_pngs(data: np.ndarray, starts: np.ndarray, ends: np.ndarray,
@@ -68,13 +69,13 @@ def decode_pngs(data: np.ndarray, starts: np.ndarray, ends: np.ndarray,
     ends = ends.astype(np.int64)
     fits = ends - starts.astype(np.int64) >= 57  # 57: signature, IHDR, an empty IDAT, IEND
     starts = np.where(fits, starts, 0).astype(np.int64)
-    head = data[starts[:, None] + np.arange(29)]  # signature, IHDR length and type, IHDR's 13 bytes
-    fits &= (head[:, :16] == _SIGNATURE).all(axis=1)
-    fits &= (_be32(data, starts + 16) == width) & (_be32(data, starts + 20) == height)
-    fits &= (head[:, 24] == 8) & (head[:, 25] == _COLOUR.get(channels, -1))  # 8 bits, the colour type
+    head = data[starts[:, None] + np.arange(_HEAD)]  # one gather for every header field below
+    fits &= (head[:, :16] == _START).all(axis=1)
+    fits &= (_be32(head[:, 16:20]) == width) & (_be32(head[:, 20:24]) == height)
+    fits &= (head[:, 24] == 8) & (head[:, 25] == COLOUR_TYPE.get(channels, -1))  # 8 bits, the colour type
     fits &= (head[:, 26:29] == 0).all(axis=1)  # deflate, filter method 0, not interlaced
-    size = np.where(fits, _be32(data, np.where(fits, starts + 33, 0)), 0)  # the first chunk after IHDR
-    fits &= (data[np.where(fits, starts + 37, 0)[:, None] + np.arange(4)] == _IDAT).all(axis=1)
+    fits &= (head[:, 37:41] == _IDAT).all(axis=1)  # the first chunk after IHDR (33: IHDR's CRC ends)
+    size = np.where(fits, _be32(head[:, 33:37]), 0)
     tail = starts + 45 + size  # IDAT: length, type, data, CRC; then IEND's 12 bytes end the file
     fits &= tail + 12 == ends
     fits &= (data[np.where(fits, tail, 0)[:, None] + np.arange(8)] == _IEND).all(axis=1)
