@@ -545,15 +545,11 @@ def run(rows: int, cases: list[str], repeat: int, slow_repeat: int) -> Run:
                 r.local("s3-cache-fresh", "case_s3_cache", {**where, "epochs": 1, "clear": False})
         shutil.rmtree(cache_dir, ignore_errors=True)
 
-    if "rss-small" in want:
-        small = max(1000, rows // 10)
-        small_tensor = str(data.materialize_shardkit(small, "tensor"))
-        r.local("rss-small-shardkit", "case_shardkit", {"url": small_tensor})
-        r.local("rss-small-raw-iter", "case_raw_iter", {"path": small_tensor})
-    if "rss-large" in want:
-        large_tensor = str(data.materialize_shardkit(rows * 10, "tensor"))
-        r.local("rss-large-shardkit", "case_shardkit", {"url": large_tensor})
-        r.local("rss-large-raw-iter", "case_raw_iter", {"path": large_tensor})
+    for name, n in rss_sizes(rows).items():
+        if name in want:
+            path = str(data.materialize_shardkit(n, "tensor"))
+            r.local(f"{name}-shardkit", "case_shardkit", {"url": path})
+            r.local(f"{name}-raw-iter", "case_raw_iter", {"path": path})
     if "plan" in want:
         r.case("plan", run_case, "benchmarks.read:case_plan", {"groups": [1000, 10_000, 100_000]})
     if "quality" in want:
@@ -579,6 +575,11 @@ def _complete(res: dict[str, Any], prefix: str, rows: int, full: bool = True) ->
     if full and prefix + "id_sum" in res and res[prefix + "id_sum"] != rows * (rows - 1) // 2:
         return "NO (ids)"
     return "yes"
+
+
+def rss_sizes(rows: int) -> dict[str, int]:
+    """The dataset sizes of the peak-RSS cases, by case name (see the module docstring)."""
+    return {"rss-small": max(1000, rows // 10), "rss-large": rows * 10}
 
 
 def report(run_: Run) -> tuple[str, list[dict[str, Any]]]:
@@ -619,13 +620,10 @@ def report(run_: Run) -> tuple[str, list[dict[str, Any]]]:
         ("shardkit S3 epoch 2 from disk cache, same process", "s3-cache", "e2_", None, rows),
         (f"shardkit S3 cached epoch, new process (open {fresh_open:.2f} s)", "s3-cache-fresh", "e1_", None,
          rows),
-        (f"shardkit make_reader, default, {max(1000, rows // 10):,} rows", "rss-small-shardkit", "", None,
-         max(1000, rows // 10)),
-        (f"raw pyarrow iter_batches(256), {max(1000, rows // 10):,} rows", "rss-small-raw-iter", "", None,
-         max(1000, rows // 10)),
-        (f"shardkit make_reader, default, {rows * 10:,} rows", "rss-large-shardkit", "", None, rows * 10),
-        (f"raw pyarrow iter_batches(256), {rows * 10:,} rows", "rss-large-raw-iter", "", None, rows * 10),
     ]
+    for name, n in rss_sizes(rows).items():
+        specs += [(f"shardkit make_reader, default, {n:,} rows", f"{name}-shardkit", "", None, n),
+                  (f"raw pyarrow iter_batches(256), {n:,} rows", f"{name}-raw-iter", "", None, n)]
     lines = []
     for label, key, prefix, pet_ref, expected in specs:
         r = res.get(key)
@@ -637,7 +635,7 @@ def report(run_: Run) -> tuple[str, list[dict[str, Any]]]:
         rate = _rate(r, prefix)
         rss = r.get(prefix + "rss")
         targets: list[str] = []
-        shardkit_case = key.startswith(("shardkit", "s3", "rss-small-shardkit", "rss-large-shardkit"))
+        shardkit_case = key.startswith(("shardkit", "s3")) or key.endswith("-shardkit")
         if key in ("shardkit-noshuffle", "shardkit") and rate and raw_best:
             targets.append(verdict(f"{label}: >= {RAW_RATIO}x raw pyarrow", rate >= RAW_RATIO * raw_best,
                                    f"{rate / raw_best:.2f}x"))
@@ -651,7 +649,7 @@ def report(run_: Run) -> tuple[str, list[dict[str, Any]]]:
             fb = r.get(prefix + "first_batch_seconds")
             targets.append(verdict(f"{label}: first batch <= {FIRST_BATCH_S} s", fb <= FIRST_BATCH_S,
                                    f"{fb:.2f} s"))
-        if key in ("shardkit", "rss-small-shardkit", "rss-large-shardkit") and rss:
+        if key in ("shardkit", *(f"{name}-shardkit" for name in rss_sizes(rows))) and rss:
             targets.append(verdict(f"{label}: peak RSS <= {RSS_LIMIT / GB} GB", rss <= RSS_LIMIT,
                                    fmt_bytes(rss)))
         if key == "rss-large-shardkit" and res.get("shardkit", {}).get("rss") and rss:
