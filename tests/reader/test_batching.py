@@ -84,6 +84,61 @@ def test_a_chunk_of_the_needed_size_completes_the_batch_without_a_copy() -> None
 # --- windows placed by the workers, in arrays used again ------------------------------------------
 
 
+@given(window_rows=st.lists(st.integers(1, 50), min_size=1, max_size=5), batch=st.integers(1, 12),
+       max_batches=st.integers(1, 6), max_bytes=st.integers(1, 4000))
+@settings(max_examples=200, deadline=None)
+def test_runs_cut_back_into_batches_are_the_batches(window_rows: list[int], batch: int, max_batches: int,
+                                                   max_bytes: int) -> None:
+    # batches as the reader makes them: views of one array per window (a shuffle window), cut by a
+    # Batcher, so a batch may straddle two windows (a copy) and the epoch may end with a short one
+    batcher, batches, start = batching.Batcher(batch), [], 0
+    for n in window_rows:
+        ids = np.arange(start, start + n)
+        window = {"id": ids, "x": np.repeat(ids, 3).reshape(n, 3).astype(np.float32),
+                  "s": np.array([str(i) for i in ids], dtype=object)}
+        batches += list(batcher.add(window))
+        start += n
+    batches += list(batcher.flush())
+    runs = list(batching.runs(batches, batch, max_bytes, max_batches))
+    cut = [batching.take(r, slice(i, i + batch)) for r in runs for i in range(0, batching.num_rows(r), batch)]
+    assert len(cut) == len(batches)
+    for got, want in zip(cut, batches, strict=True):
+        assert got.keys() == want.keys()
+        for name in want:
+            np.testing.assert_array_equal(got[name], want[name])
+    for r in runs:
+        n = batching.num_rows(r)
+        assert n <= max(batch, 1) * max_batches
+        assert all(not a.flags.writeable for a in r.values()) or n <= batch  # joined: read-only views
+    row_bytes = 8 + 12 + 8  # id, x, and s's references
+    one_window = len(window_rows) == 1 and window_rows[0] >= 2 * batch
+    if max_batches > 1 and max_bytes >= 2 * batch * row_bytes and one_window:
+        assert len(runs[0]["id"]) > batch  # batches of one window are joined
+
+
+def test_runs_join_only_batches_that_follow_in_memory() -> None:
+    a, b = np.arange(8), np.arange(8, 16)
+    apart = list(batching.runs([{"x": a[:4]}, {"x": b[:4]}], 4, 1 << 20))  # other arrays
+    assert [len(r["x"]) for r in apart] == [4, 4]
+    gap = list(batching.runs([{"x": a[:4]}, {"x": a[5:]}], 4, 1 << 20, 8))  # a row between them
+    assert [len(r["x"]) for r in gap] == [4, 3]
+    short = list(batching.runs([{"x": a[:3]}, {"x": a[3:6]}], 4, 1 << 20))  # a short batch ends a run
+    assert [len(r["x"]) for r in short] == [3, 3]
+    masked = np.ma.MaskedArray(a, mask=a > 5)
+    assert [len(r["x"]) for r in batching.runs([{"x": masked[:4]}, {"x": masked[4:]}], 4, 1 << 20)] == [4, 4]
+    joined = next(iter(batching.runs([{"x": a[:4]}, {"x": a[4:]}], 4, 1 << 20)))["x"]
+    assert np.shares_memory(joined, a)
+    assert joined.tolist() == a.tolist()
+
+
+def test_recycler_arrays_start_aligned() -> None:
+    recycler = batching.Recycler(keep_bytes=1 << 20)
+    for shape in [(3,), (100, 7), (1000,), (5, 5)]:
+        a = recycler.empty(shape, np.dtype(np.float32))
+        assert a.__array_interface__["data"][0] % batching.ALIGN == 0
+        del a  # freed: the next one may reuse it, still aligned
+
+
 def test_recycler_reuses_an_array_only_when_nothing_refers_to_it() -> None:
     recycler = batching.Recycler(keep_bytes=1 << 20)
     first = recycler.empty((100, 4), np.dtype(np.float32))

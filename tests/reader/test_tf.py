@@ -39,9 +39,9 @@ def ids_ds(tmp_path_factory: pytest.TempPathFactory) -> str:
 
 def test_element_spec_comes_from_the_schema() -> None:
     spec = stf.element_spec(ALL_CODECS)
-    assert spec["id"] == tf.TensorSpec((None,), tf.int64, name="id")
-    assert spec["mat"] == tf.TensorSpec((None, 2, 3), tf.int16, name="mat")
-    assert spec["img"] == tf.TensorSpec((None, 8, 8, 3), tf.uint8, name="img")
+    assert spec["id"] == tf.TensorSpec((None,), tf.int64)
+    assert spec["mat"] == tf.TensorSpec((None, 2, 3), tf.int16)
+    assert spec["img"] == tf.TensorSpec((None, 8, 8, 3), tf.uint8)
     assert spec["name"].dtype == tf.string
     assert spec["blob"].dtype == tf.string
     assert spec["var"] == tf.RaggedTensorSpec((None, None), tf.float32, ragged_rank=1,
@@ -50,7 +50,7 @@ def test_element_spec_comes_from_the_schema() -> None:
                                                row_splits_dtype=tf.int64)
     assert spec["maybe__valid"] == tf.TensorSpec((None,), tf.bool)
     padded = stf.element_spec(ALL_CODECS, stf.Collate(variable="pad"))
-    assert padded["var2"] == tf.TensorSpec((None, None, 2), tf.int32, name="var2")
+    assert padded["var2"] == tf.TensorSpec((None, None, 2), tf.int32)
     assert padded["var2__mask"] == tf.TensorSpec((None, None), tf.bool)
 
 
@@ -85,6 +85,39 @@ def test_values_and_dtypes_equal_the_readers_for_every_codec(codecs_ds: str, shu
                 assert value.numpy().dtype == expected.dtype
                 np.testing.assert_array_equal(value.numpy(), expected)
         assert g["note__valid"].numpy().tolist() == [v is not None for v in w["note"]]
+
+
+@pytest.mark.parametrize("shuffle", [False, True])
+def test_runs_of_batches_reach_tf_in_one_call_and_come_back_as_the_readers_batches(
+        tmp_path: Path, shuffle: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    from shardkit.reader import batching
+
+    url = write_all_codecs(tmp_path / "ds", 300, row_group_size=100)[0]
+
+    sizes: list[int] = []
+
+    def runs(*args: Any, **kwargs: Any) -> Any:  # the real one, watched: how many rows each call takes
+        for run in batching_runs(*args, **kwargs):
+            sizes.append(len(run["id"]))
+            yield run
+
+    batching_runs = batching.runs
+    monkeypatch.setattr(batching, "runs", runs)
+    kw = {"batch_size": 8, "shuffle": shuffle, "seed": 3, "num_epochs": 2,
+          "columns": ["id", "label", "score", "flag", "name", "blob", "vec", "mat", "img", "gray"]}
+    with shardkit.make_reader(url, **kw) as reader:
+        want = list(reader)
+    got = list(stf.make_dataset(url, **kw))
+    assert max(sizes) > 8  # batches were joined
+    assert sum(sizes) == 2 * 300  # and every row went through
+    assert [len(g["id"]) for g in got] == [len(w["id"]) for w in want]  # 300 = 37 x 8 + 4, twice
+    for w, g in zip(want, got, strict=True):
+        for name, expected in w.items():
+            if expected.dtype == object:
+                assert g[name].numpy().tolist() == _text(expected)
+            else:
+                assert g[name].numpy().dtype == expected.dtype
+                np.testing.assert_array_equal(g[name].numpy(), expected)
 
 
 def test_pad_policy(codecs_ds: str) -> None:
@@ -122,8 +155,8 @@ def test_model_fit_runs_epochs_from_make_dataset(tmp_path: Path) -> None:
     shardkit.write_dataset({"x": x, "y": (x.sum(axis=1) > 4).astype(np.int64)}, os.fspath(tmp_path / "d"),
                            row_group_size=64)
     ds = stf.make_dataset(os.fspath(tmp_path / "d"), batch_size=32, features="x", label="y")
-    assert ds.element_spec == (tf.TensorSpec((None, 8), tf.float32, name="x"),
-                               tf.TensorSpec((None,), tf.int64, name="y"))
+    assert ds.element_spec == (tf.TensorSpec((None, 8), tf.float32),
+                               tf.TensorSpec((None,), tf.int64))
     model = tf.keras.Sequential([tf.keras.Input((8,)), tf.keras.layers.Dense(2)])
     model.compile(optimizer="sgd", loss=tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True))
     steps: list[int] = []
