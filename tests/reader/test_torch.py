@@ -380,7 +380,62 @@ def test_worker_batches_equal_the_readers_and_cross_as_one_shared_tensor(codecs_
         assert len(tensors) > 3
         # packed: every tensor of the batch is a view of one shared-memory storage
         assert len({t.untyped_storage().data_ptr() for t in tensors}) == 1
-        assert tensors[0].is_shared()
+        assert _in_segment(tensors[0]) or tensors[0].is_shared()
+
+
+def _in_segment(t: torch.Tensor) -> bool:
+    """Whether ``t`` lies in a worker's shared-memory segment mapped by this process."""
+    from shardkit.reader.torch_data import _MAPPED
+
+    start = t.data_ptr()
+    return any(seg.__array_interface__["data"][0] <= start < seg.__array_interface__["data"][0] + seg.nbytes
+               for seg in list(_MAPPED.values()))
+
+
+def _tokens() -> set[str]:
+    from shardkit.reader.torch_data import _MAPPED
+
+    return {token for token, _ in list(_MAPPED)}
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.usefixtures("reap")
+def test_worker_segments_are_reused_once_released_and_never_while_held(ids_ds: str) -> None:
+    from torch.utils.data import DataLoader
+
+    from shardkit.reader.torch_data import _MAPPED, _Segments
+
+    kw = {"batch_size": 16, "seed": 6, "columns": ["id"]}
+    with shardkit.make_reader(ids_ds, **kw) as reader:
+        want = [b["id"].copy() for b in reader]  # 30 batches
+    ds = skt.ShardkitIterableDataset(ids_ds, rank=0, world_size=1, **kw)
+    before = _tokens()
+    held = list(DataLoader(ds, batch_size=None, num_workers=1))  # every batch kept: no segment is freed
+    in_segments = [_in_segment(b["id"]) for b in held]
+    assert sum(in_segments) == _Segments.MAX_SEGMENTS  # then the worker sends them torch's way
+    assert all(b["id"].is_shared() for b, seg in zip(held, in_segments, strict=True) if not seg)
+    for b, w in zip(held, want, strict=True):  # none was overwritten while held
+        np.testing.assert_array_equal(b["id"].numpy(), w)
+    del held
+
+    seen = []
+    for i, b in enumerate(DataLoader(ds, batch_size=None, num_workers=1)):  # each batch dropped at once
+        assert _in_segment(b["id"])
+        np.testing.assert_array_equal(b["id"].numpy(), want[i])
+        seen.append(i)
+    assert len(seen) == len(want)
+    token = [key for key in list(_MAPPED) if key[0] not in before][-1][0]  # the second pass's worker
+    assert 1 <= len([key for key in list(_MAPPED) if key[0] == token]) <= _Segments.MAX_SEGMENTS
+    assert len(want) > _Segments.MAX_SEGMENTS  # so segments were reused
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.usefixtures("reap")
+def test_segments_of_exited_workers_are_unmapped(ids_ds: str) -> None:
+    ds = skt.ShardkitIterableDataset(ids_ds, rank=0, world_size=1, batch_size=64, columns=["id"])
+    for _ in range(3):  # workers that are not persistent: new processes every pass
+        assert_exactly_once(np.concatenate(_dl_ids(ds, 2)), N_IDS)
+    assert len(_tokens()) <= 2  # the last pass's two workers; earlier ones' segments were let go
 
 
 def test_a_worker_batch_pickles_to_views_of_one_tensor() -> None:
@@ -485,3 +540,17 @@ def test_job_state_resumes_on_another_world_size_and_worker_count(ids_ds: str, s
     else:  # nothing skipped; the batch worker 0 read past worker 1, on each of 2 ranks, is read again
         assert set(seen) == set(range(N_IDS))
         assert sum(c - 1 for c in seen.values()) == 2 * 16
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.usefixtures("reap")
+def test_workers_forked_after_this_process_sent_a_batch_use_segments_of_their_own(ids_ds: str) -> None:
+    from multiprocessing.reduction import ForkingPickler
+
+    from shardkit.reader.torch_data import _WorkerBatch
+
+    sent = pickle.loads(ForkingPickler.dumps(_WorkerBatch({"x": torch.arange(10)})))  # this process's segment
+    assert sent["x"].tolist() == list(range(10))
+    ds = skt.ShardkitIterableDataset(ids_ds, rank=0, world_size=1, batch_size=8, columns=["id"])
+    for _ in range(2):
+        assert_exactly_once(np.concatenate(_dl_ids(ds, 2)), N_IDS)
