@@ -66,12 +66,19 @@ def _tensor(a: np.ndarray, writable: bool) -> torch.Tensor:
         return torch.from_numpy(a)
 
 
-def to_torch(prepared: Mapping[str, Any], writable: bool = True) -> Batch:
-    """Arrays from `shardkit.reader.collate.prepare` as torch values (see `Collate` for the policy)."""
+def to_torch(prepared: Mapping[str, Any], writable: bool = True, text_lists: bool = True) -> Batch:
+    """Arrays from `shardkit.reader.collate.prepare` as torch values (see `Collate` for the policy).
+
+    ``text_lists=False`` leaves text as the reader's object arrays (a DataLoader worker's batch turns
+    them into lists in the main process: see `shardkit.reader.torch_data._WorkerBatch`).
+    """
     out: Batch = {}
     for key, value in prepared.items():
         if isinstance(value, np.ndarray):
-            out[key] = value.tolist() if value.dtype == object else _tensor(value, writable)
+            if value.dtype == object:
+                out[key] = value.tolist() if text_lists else value
+            else:
+                out[key] = _tensor(value, writable)
         else:  # rows of a variable-shape field
             out[key] = [None if r is None else _tensor(r, writable) for r in value]
     return out

@@ -441,6 +441,8 @@ def test_segments_of_exited_workers_are_unmapped(ids_ds: str) -> None:
 def test_a_worker_batch_pickles_to_views_of_one_tensor() -> None:
     from multiprocessing.reduction import ForkingPickler
 
+    from torch.utils.data._utils.collate import default_convert
+
     from shardkit.reader.torch_data import _WorkerBatch
 
     rows = [torch.arange(3), None, torch.ones(2, 2)]
@@ -467,6 +469,15 @@ def test_a_worker_batch_pickles_to_views_of_one_tensor() -> None:
     packed = {out[k].untyped_storage().data_ptr() for k in ("f16", "mask", "strided", "image")}
     assert len(packed) == 1
     assert type(copy.copy(batch)) is _WorkerBatch  # DataLoader's default_convert copies it in the worker
+    text = np.array(["a", None, "é"], dtype=object)  # the reader's text: a list in the main process
+    worker = _WorkerBatch({"name": text, "kept": text, "x": torch.arange(3)}, frozenset({"name"}))
+    converted = default_convert(worker)  # what the DataLoader worker does to it
+    assert converted.lists == {"name"}
+    assert converted["name"] is text  # passed through, not walked string by string
+    out = pickle.loads(ForkingPickler.dumps(converted))
+    assert out["name"] == ["a", None, "é"]
+    assert isinstance(out["kept"], np.ndarray)  # not a text field of the reader's: left as it is
+    assert out["x"].tolist() == [0, 1, 2]
 
 
 def test_a_worker_state_refuses_another_layout(ids_ds: str) -> None:
