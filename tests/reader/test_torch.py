@@ -565,3 +565,33 @@ def test_workers_forked_after_this_process_sent_a_batch_use_segments_of_their_ow
     ds = skt.ShardkitIterableDataset(ids_ds, rank=0, world_size=1, batch_size=8, columns=["id"])
     for _ in range(2):
         assert_exactly_once(np.concatenate(_dl_ids(ds, 2)), N_IDS)
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.usefixtures("reap")
+def test_a_worker_killed_mid_epoch_fails_the_loader_and_leaves_its_batches_whole(ids_ds: str) -> None:
+    from torch.utils.data import DataLoader
+
+    kw = {"batch_size": 16, "seed": 8, "columns": ["id"]}
+    with shardkit.make_reader(ids_ds, **kw) as reader:
+        want = [b["id"].copy() for b in reader]
+    ds = skt.ShardkitIterableDataset(ids_ds, rank=0, world_size=1, **kw)
+    it = iter(DataLoader(ds, batch_size=None, num_workers=1))
+    got = [next(it) for _ in range(3)]
+    assert all(_in_segment(b["id"]) for b in got)
+    (worker,) = it._workers  # the DataLoader's own worker process
+
+    def kill_then_read_on(batches: Any) -> None:  # torch's SIGCHLD handler raises, at once or next batch
+        os.kill(worker.pid, signal.SIGKILL)
+        worker.join(10)
+        for _ in batches:
+            pass
+
+    # "worker (pid N) is killed by signal" or "worker (pid(s) N) exited unexpectedly", as it happens
+    with pytest.raises(RuntimeError, match=rf"DataLoader worker \(pid(\(s\))? {worker.pid}\)"):
+        kill_then_read_on(it)
+    for b, w in zip(got, want, strict=False):  # the dead worker's segments stay mapped while in use
+        np.testing.assert_array_equal(b["id"].numpy(), w)
+    del it
+    assert_exactly_once(np.concatenate(_dl_ids(ds, 2)), N_IDS)  # a new pass reads everything again
+    assert str(worker.pid) not in {t.split("-")[0] for t in _tokens()}  # and its segments were let go
