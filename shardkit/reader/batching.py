@@ -86,10 +86,11 @@ def _follows(before: Columns, after: Columns) -> bool:
         return False
     for name, a in after.items():
         b = before[name]
-        if type(a) is not np.ndarray or type(b) is not np.ndarray or a.base is None or a.base is not b.base \
-                or a.dtype != b.dtype or a.shape[1:] != b.shape[1:] or not (a.flags.c_contiguous and
-                                                                           b.flags.c_contiguous) \
-                or _address(b) + b.nbytes != _address(a):
+        if type(a) is not np.ndarray or type(b) is not np.ndarray:  # masked, or lists of rows
+            return False
+        if a.base is None or a.base is not b.base or a.dtype != b.dtype or a.shape[1:] != b.shape[1:]:
+            return False
+        if not (a.flags.c_contiguous and b.flags.c_contiguous) or _address(b) + b.nbytes != _address(a):
             return False
     return True
 
