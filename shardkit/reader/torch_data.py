@@ -50,6 +50,7 @@ import torch  # noqa: E402
 STATE_KIND = "shardkit.ShardkitIterableDataset"
 _LAYOUT = ("world_size", "num_workers", "worker")
 _ALIGN = 64  # each tensor of a packed batch starts at a multiple of this many bytes
+_SEGMENT_ROUND = 1 << 20  # a worker's shared-memory segments are sized in whole MiB (plus the header)
 _Slot = tuple[int, int, torch.dtype, tuple[int, ...]]  # a packed tensor's (start, bytes, dtype, shape)
 
 
@@ -114,7 +115,6 @@ class _Segments:
             return out
 
 
-_SEGMENT_ROUND = 1 << 20
 _OWN: dict[int, _Segments] = {}  # this process's segments, by pid: a forked child makes its own
 _MAPPED: dict[tuple[str, int], np.ndarray] = {}  # in the main process: the workers' segments, mapped
 _MAPPED_LOCK = threading.Lock()
