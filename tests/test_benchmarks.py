@@ -40,3 +40,38 @@ def test_benchmark_rows_are_deterministic_and_prefix_stable() -> None:
     assert small["image"].dtype == np.uint8
     assert all(len(t) == data.TEXT_CHARS for t in small["text"])
     assert big["id"].tolist() == list(range(data.CHUNK_ROWS + 10))
+
+
+def test_adapters_benchmark_quick_runs_every_shardkit_case_to_the_end(tmp_path: Path) -> None:
+    env = {**os.environ, "SHARDKIT_BENCH_DIR": str(tmp_path)}
+    proc = subprocess.run(
+        [sys.executable, "-m", "benchmarks.adapters", "--quick", "--epochs", "2"],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=300, check=False,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    rows = [line for line in proc.stdout.splitlines() if line.startswith("| shardkit")]
+    assert len(rows) == 5, proc.stdout  # 2 references, 2 make_loader cases, make_dataset
+    assert all("| yes " in line for line in rows), proc.stdout  # 2 x 4,000 rows, every id twice
+    assert "DataLoader(workers=2)" in proc.stdout and "failed" not in proc.stdout
+
+
+def test_adapters_benchmark_compares_each_case_with_the_reader_of_the_same_columns() -> None:
+    from benchmarks import adapters
+
+    def res(rows_per_s: float, rows: int = 1000) -> dict[str, object]:
+        return {"rows": rows, "id_sum": rows * (rows - 1) // 2, "seconds": rows / rows_per_s,
+                "cpu_seconds": rows / rows_per_s, "first_batch_seconds": 0.01, "rss": 1 << 20}
+
+    results = {"reader": res(100.0), "reader-4": res(200.0), "torch-loader": res(95.0),
+               "torch-loader-4": res(170.0), "pst-batched": res(40.0), "tf-dataset": res(50.0, rows=999)}
+    text, verdicts = adapters.report(results, rows=1000)
+    got = {v["target"]: (v["result"], v["detail"]) for v in verdicts}
+    assert got["shardkit.torch.make_loader, 5 columns: >= 0.9x shardkit make_reader, 5 columns (reference)"] \
+        == ("PASS", "0.95x")
+    # 170 rows/s is 1.70x the 5-column reader, but 0.85x the reader of the same 4 columns: a miss
+    assert got["shardkit.torch.make_loader, 4 columns (no text): >= 0.9x shardkit make_reader, 4 columns "
+               "(reference)"] == ("MISS", "0.85x")
+    assert got["shardkit.torch.make_loader, 4 columns (no text): >= 2.0x Petastorm BatchedDataLoader, "
+               "4 columns"] == ("PASS", "4.25x")
+    tf_line = next(line for line in text.splitlines() if "make_dataset" in line)
+    assert "NO (999)" in tf_line  # an epoch that ended early is shown
