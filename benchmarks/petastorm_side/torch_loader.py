@@ -4,7 +4,8 @@ Usage: python benchmarks/petastorm_side/torch_loader.py URL --loader batched|row
 [--workers 2] [--epochs 1] [--fields id,label,features,image]. Both read with ``make_batch_reader``
 (thread pool, ``--workers`` threads: Petastorm's best reader mode on this data). ``BatchedDataLoader``
 refuses string columns ("Pytorch does not support arrays of string or object classes"), so ``--fields``
-leaves ``text`` out by default. Prints one JSON line like read_batch.py: rows, id_sum, seconds, first batch, peak RSS.
+leaves ``text`` out by default. Prints one JSON line like read_batch.py: rows, id_sum, seconds, first
+batch, peak RSS.
 """
 
 import argparse
