@@ -65,6 +65,7 @@ SHARDKIT = ["reader", "reader-4", "torch-loader", "torch-loader-4", "torch-datal
 PETASTORM = ["pst-batched", "pst-loader", "pst-tf"]
 READERS = ("reader", "reader-4")
 FOUR = ["id", "label", "features", "image"]
+FOUR_COLUMN_CASES = {"reader-4", "torch-loader-4", "pst-batched", "pst-loader"}  # the others read all 5
 #: what each case is compared with: Petastorm doing the same (its torch loaders take 4 columns)
 PETASTORM_REF = {"torch-loader": "pst-batched", "torch-loader-4": "pst-batched",
                  "torch-dataloader": "pst-batched", "tf-dataset": "pst-tf",
@@ -73,7 +74,7 @@ PETASTORM_REF = {"torch-loader": "pst-batched", "torch-loader-4": "pst-batched",
 
 def reference(name: str) -> str:
     """The reader case that reads the same columns as case ``name``."""
-    return "reader-4" if name.endswith("-4") else "reader"
+    return "reader-4" if name in FOUR_COLUMN_CASES else "reader"
 
 
 def _drain(batches: Iterable[Mapping[str, Any]], started: float, cpu0: float) -> dict[str, Any]:
@@ -150,7 +151,7 @@ def run(rows: int, repeat: int, petastorm: bool, epochs: int) -> dict[str, dict[
                     res = _petastorm(name, listed, epochs)
                 else:
                     params = {"kind": name, "url": url, "epochs": epochs,
-                              **({"columns": FOUR} if reference(name) == "reader-4" else {})}
+                              **({"columns": FOUR} if name in FOUR_COLUMN_CASES else {})}
                     res = run_case("benchmarks.adapters:case", params)
             except (CaseFailed, RuntimeError, OSError) as e:
                 errors[name] = str(e)[-3000:]
