@@ -59,9 +59,9 @@ class Collate:
     - ``cast``: ``{field: dtype}`` converts a field first, e.g. ``{"depth": "int32"}`` for uint16 data
       (torch has no arithmetic on uint16/32/64) or ``{"when": "int64"}`` for datetime64 (units since the
       epoch). A field a framework cannot represent without a cast fails when the adapter is created.
-    - ``writable`` (torch only; TensorFlow always copies): True gives tensors that may be written in
-      place: the reader's read-only buffers (Arrow memory: unshuffled reads, the memory-mapped cache)
-      are copied, writable ones are shared. False shares everything (no copy); writing into a
+    - ``writable`` (torch only: TensorFlow's tensors are never written in place): True gives tensors that
+      may be written in place: the reader's read-only buffers (Arrow memory: unshuffled reads, the
+      memory-mapped cache) are copied, writable ones are shared. False shares everything (no copy); writing into a
       read-only one is undefined (it can crash on a memory-mapped cache).
     """
 
