@@ -61,8 +61,8 @@ class Collate:
       epoch). A field a framework cannot represent without a cast fails when the adapter is created.
     - ``writable`` (torch only: TensorFlow's tensors are never written in place): True gives tensors that
       may be written in place: the reader's read-only buffers (Arrow memory: unshuffled reads, the
-      memory-mapped cache) are copied, writable ones are shared. False shares everything (no copy); writing into a
-      read-only one is undefined (it can crash on a memory-mapped cache).
+      memory-mapped cache) are copied, writable ones are shared. False shares everything (no copy);
+      writing into a read-only one is undefined (it can crash on a memory-mapped cache).
     """
 
     variable: Literal["rows", "pad"] = "rows"
