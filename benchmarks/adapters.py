@@ -8,8 +8,8 @@ image and features are copied once into a preallocated buffer (`_consume.Consume
 and every case sums ``id`` (an epoch that ends early is seen). Each process reads ``--epochs`` epochs
 (default 3: a short training run; the start of a process, TensorFlow's or DataLoader workers', counts
 once, and a fresh process's own noise on this machine, up to 2x in a single 0.3-0.6 s epoch, averages
-out). Peak RSS is the measured process's VmHWM,
-plus the peak of live DataLoader workers. Cases run round-robin, ``--repeat`` times each; medians kept.
+out). Peak RSS is the measured process's VmHWM, plus the peak of live DataLoader workers. Cases run
+round-robin, ``--repeat`` times each; medians kept.
 
 Cases (batch 256, default shuffle, CPU):
     reader             shardkit.make_reader                                   (the reference, 5 columns)
@@ -120,8 +120,8 @@ def _petastorm(kind: str, url: str, epochs: int) -> dict[str, Any]:
     script, args = {"pst-batched": ("torch_loader.py", ["--loader", "batched"]),
                     "pst-loader": ("torch_loader.py", ["--loader", "rows"]),
                     "pst-tf": ("tf_dataset.py", [])}[kind]
-    r = run_in_petastorm(SIDE / script, [url, *args, "--batch", str(BATCH), "--workers", "2",
-                                               "--epochs", str(epochs)], timeout=1800)
+    args += ["--batch", str(BATCH), "--workers", "2", "--epochs", str(epochs)]
+    r = run_in_petastorm(SIDE / script, [url, *args], timeout=1800)
     r["rss"] = r["rss"] + r.pop("children_rss", 0)
     return r
 
