@@ -278,17 +278,16 @@ def _fast_png(field: Field, shape: tuple[int, ...]) -> FastPng | None:
         ends = offsets[lo + 1 : hi + 1].astype(np.int64)
         if len(data) < 33:
             return lo + np.flatnonzero(np.ones(hi - lo, bool) if nulls is None else ~nulls[lo:hi])
+        ok = np.zeros(hi - lo, bool)
         if USE_INFLATE:
             pixels, ok = png.decode_pngs(data, starts, ends, (height, width, channels))
-        else:
-            pixels, ok = np.empty((hi - lo, *shape), np.uint8), np.zeros(hi - lo, bool)
-        if nulls is not None:
-            ok &= ~nulls[lo:hi]
-        if ok.all():
-            out[lo:hi] = pixels.reshape(hi - lo, *shape)
-        elif ok.any():
-            got = np.flatnonzero(ok)
-            out[lo + got] = pixels[got].reshape(len(got), *shape)
+            if nulls is not None:
+                ok &= ~nulls[lo:hi]
+            if ok.all():
+                out[lo:hi] = pixels.reshape(hi - lo, *shape)
+            elif ok.any():
+                got = np.flatnonzero(ok)
+                out[lo + got] = pixels[got].reshape(len(got), *shape)
         done = ok if nulls is None else ok | nulls[lo:hi]  # nulls stay as they are
         if use_opencv and not done.all():
             opencv(data, starts, ends, done, lo=lo, out=out)
