@@ -657,8 +657,9 @@ def report(run_: Run) -> tuple[str, list[dict[str, Any]]]:
             grew = f"{rss / ref:.2f}x ({fmt_bytes(ref)} -> {fmt_bytes(rss)})"
             targets.append(verdict(f"peak RSS flat, {rows:,} -> {rows * 10:,} rows (<= {RSS_FLAT}x)",
                                    rss <= RSS_FLAT * ref, grew))
-        cached = (key == "s3-cache" and prefix == "e2_") or key == "s3-cache-fresh"
-        if key == "s3-cache" and prefix == "e2_" and rate and local_uncached:
+        cached_same_process = key == "s3-cache" and prefix == "e2_"
+        cached = cached_same_process or key == "s3-cache-fresh"
+        if cached_same_process and rate and local_uncached:
             targets.append(verdict(f"{label}: >= uncached local read", rate >= local_uncached,
                                    f"{rate / local_uncached:.2f}x"))
         if cached and rate and hf_best:
