@@ -254,10 +254,9 @@ def open_location(loc: Location) -> Dataset:
         md, (arrow_schema, groups, footers) = None, _index_footers(loc)
     if SCHEMA_KEY in (arrow_schema.metadata or {}):
         ds = Dataset(loc, _schema(loc, arrow_schema), arrow_schema, groups, "shardkit", md)
-    elif is_petastorm(loc):
+    elif (blob := _petastorm_blob(loc)) is not None:
         from shardkit.dataset.petastorm import petastorm_schema
 
-        blob = read_footer(loc, COMMON).metadata[PETASTORM_KEY]
         schema = petastorm_schema(blob, where=loc.join(COMMON))
         ds = Dataset(loc, schema, arrow_schema, groups, "petastorm", md)
     else:
@@ -269,7 +268,15 @@ def open_location(loc: Location) -> Dataset:
 
 def is_petastorm(loc: Location) -> bool:
     """Whether ``loc`` is a Petastorm dataset (its pickled schema sits in ``_common_metadata``)."""
-    return loc.exists(COMMON) and PETASTORM_KEY in (read_footer(loc, COMMON).metadata or {})
+    return _petastorm_blob(loc) is not None
+
+
+def _petastorm_blob(loc: Location) -> bytes | None:
+    """Petastorm's pickled schema from ``_common_metadata`` (read once), or None when there is none."""
+    if not loc.exists(COMMON):
+        return None
+    blob: bytes | None = (read_footer(loc, COMMON).metadata or {}).get(PETASTORM_KEY)
+    return blob
 
 
 Footers = list[tuple[str, pq.FileMetaData]]

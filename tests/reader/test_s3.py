@@ -131,3 +131,22 @@ def test_nothing_leaves_loopback(s3_bucket: str) -> None:
 
     with socket.socket() as s, pytest.raises(OSError, match="test guard"):
         s.connect(("52.216.0.1", 443))  # an S3 address: refused before any packet is sent
+
+
+def test_opening_a_petastorm_dataset_reads_its_common_metadata_once(s3_server: S3Server,
+                                                                   s3_bucket: str) -> None:
+    """Petastorm's pickled schema is in ``_common_metadata``: telling the kind and reading the schema
+    share one read of it (each read of a footer is a request or two on an object store)."""
+    import s3fs
+
+    url, opts = f"s3://{s3_bucket}/pst", s3_server.storage_options
+    fixture = Path(__file__).resolve().parents[1] / "fixtures" / "petastorm" / "tensors"
+    fs = s3fs.S3FileSystem(**opts)
+    for path in fixture.iterdir():
+        fs.put_file(str(path), f"{s3_bucket}/pst/{path.name}")
+    s3fs.S3FileSystem.clear_instance_cache()
+    since = s3_server.mark()
+    with pytest.warns(shardkit.SummaryMissingWarning):
+        ds = shardkit.open_dataset(url, storage_options=opts)
+    assert ds.kind == "petastorm"
+    assert s3_server.count_gets(rf"/{s3_bucket}/pst/_common_metadata", since=since) == 1
