@@ -99,8 +99,8 @@ class CheckpointManager:
     Choices: one writer per job (the chief / rank 0); the others pass ``writer=False``. ``keep=None`` keeps
     every checkpoint. torch state is serialized in memory before it is written (peak memory: one extra copy
     of the state dict's bytes), so its sha256 is known without reading the file back. ``every_seconds``
-    reads each process's own clock: where every worker must take part in a save (TensorFlow's
-    ``MultiWorkerMirroredStrategy``), decide on the chief and share the decision, or use ``every_steps``.
+    reads each process's own clock: where every worker must take part in a save, decide on the chief and
+    share the decision (``ctx.checkpoint`` does: `shardkit.trainer.checkpointing.Checkpoints.due`).
     A remote TensorFlow checkpoint is restored from a local copy that lives as long as the
     ``tf.train.Checkpoint`` object (TensorFlow fills variables created later, such as Keras optimizer
     slots, from the file when they appear).

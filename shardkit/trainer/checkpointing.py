@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
-import warnings
+import math
+import time
 from typing import TYPE_CHECKING, Any
+
+from shardkit.errors import ConfigError
 
 if TYPE_CHECKING:
     from shardkit.trainer.checkpoint import CheckpointManager, Restored
@@ -12,6 +15,8 @@ if TYPE_CHECKING:
 __all__ = ["Checkpoints"]
 
 _OBJECTS = ("model", "optimizer", "reader", "tf_checkpoint")
+LATENESS = 0.02  # a time-based save in a job of several processes comes at most this x every_seconds late
+MAX_STEPS_BETWEEN = 1000  # steps between two exchanges of the chief's decision, at most
 
 
 class Checkpoints:
@@ -26,6 +31,14 @@ class Checkpoints:
     the chief (rank 0) writes; the other processes call the same methods at the same steps (TensorFlow
     MultiWorkerMirrored takes part in the save through collectives). Without a job config there is no
     checkpoint folder: `restore` returns 0 and nothing is saved.
+
+    ``every_seconds`` reads a clock, and processes read theirs at different moments, so in an
+    allreduce job of several processes the chief's clock decides and the others learn its answer every
+    few steps (`_chief_decides`: a time-based save comes about 2% of ``every_seconds`` late at most, and
+    at most one message goes per step): torch broadcasts it (``torch.distributed``); TensorFlow sums it
+    over the workers with an all-reduce of the job's ``MultiWorkerMirroredStrategy``
+    (`share_decisions`, which `shardkit.trainer.tf.strategy` calls). ``every_steps`` alone needs no
+    message.
     """
 
     def __init__(self, ctx: TrainContext) -> None:
@@ -35,21 +48,18 @@ class Checkpoints:
         self.restored: Restored | None = None
         self.manager: CheckpointManager | None = None
         self._due_cache: tuple[int, bool] | None = None
+        self._tf_strategy: Any = None  # a MultiWorkerMirroredStrategy that tells the chief's answers
+        self._tf_agree: Any = None  # its all-reduce, a tf.function made at the first exchange
+        self._next_exchange = 0  # the step of the next exchange of the chief's decision
+        self._last_exchange: tuple[int, float] | None = None  # (step, time) of the chief's last one
         config = ctx.config
         if config is None:
             return
         from shardkit.trainer.checkpoint import CheckpointManager
 
         c = config.checkpoint
-        every_seconds = c.every_seconds
-        if every_seconds is not None and config.framework == "tensorflow" and config.strategy == "allreduce" \
-                and (ctx.num_data_shards or 1) > 1:
-            warnings.warn("checkpoint.every_seconds is ignored in a multi-process TensorFlow allreduce job: "
-                          "the workers cannot agree on the step without a collective. Use "
-                          "checkpoint.every_steps", UserWarning, stacklevel=3)
-            every_seconds = None
         self.manager = CheckpointManager(config.checkpoint_dir, keep=c.keep, every_steps=c.every_steps,
-                                         every_seconds=every_seconds)
+                                         every_seconds=c.every_seconds)
 
     @property
     def url(self) -> str | None:
@@ -86,23 +96,105 @@ class Checkpoints:
     def due(self, step: int) -> bool:
         """Whether ``ctx.step`` saves at ``step``; the same answer on every process of the job.
 
-        With ``every_seconds`` in a torch allreduce job of several ranks, rank 0's clock decides and
-        the answer is broadcast: then every rank must call this (``ctx.step`` does) for each step.
+        With ``every_seconds`` in an allreduce job of several processes, the chief's clock decides (see
+        the class docstring): then every process must call this (``ctx.step`` does) for each step.
+
+        Raises:
+            ConfigError: ``every_seconds`` in a TensorFlow allreduce job of several processes whose
+                strategy was not made by `shardkit.trainer.tf.strategy` nor given to `share_decisions`.
         """
         if self.manager is None or not self.objects:
             return False
         if self._due_cache is not None and self._due_cache[0] == step:
             return self._due_cache[1]
         due = self.manager.due(step)
-        if self.manager.schedule.every_seconds is not None and self._collective():
+        if self.manager.schedule.every_seconds is not None and self._processes() > 1:
+            due = self._chief_decides(step, due)
+        self._due_cache = (step, due)
+        return due
+
+    def _chief_decides(self, step: int, due: bool) -> bool:
+        """``due`` as the chief sees it, told to the others every few steps (the chief says how many).
+
+        Between exchanges only ``every_steps`` counts (every process knows the step). At an exchange the
+        chief sends its clock's answer and the number of steps to the next exchange: about `LATENESS` x
+        ``every_seconds`` at the recent step time (at most `MAX_STEPS_BETWEEN`). So a time-based save
+        comes about that much late at most (more if steps slow down suddenly), and fast steps do not
+        pay a message each.
+        """
+        by_steps = self.manager is not None and self.manager.due(step, now=-math.inf)
+        if step < self._next_exchange:
+            return by_steps
+        mine = (0, 0)
+        if self._decides():
+            now, seconds = time.monotonic(), self.manager.schedule.every_seconds if self.manager else None
+            steps = 1
+            if self._last_exchange is not None and seconds is not None and step > self._last_exchange[0]:
+                per_step = (now - self._last_exchange[1]) / (step - self._last_exchange[0])
+                steps = max(1, min(MAX_STEPS_BETWEEN, int(LATENESS * seconds / max(per_step, 1e-9))))
+            self._last_exchange = (step, now)
+            mine = (1 if due else 0, steps)
+        told, steps = self._tell(mine)
+        self._next_exchange = step + max(1, steps)
+        return by_steps or told > 0
+
+    def _tell(self, mine: tuple[int, int]) -> tuple[int, int]:
+        """The chief's ``(due, steps)`` on every process (the others pass zeros)."""
+        if self._ctx.framework == "torch":
             import torch
             import torch.distributed as dist
 
-            flag = torch.tensor([1 if due else 0], dtype=torch.uint8, device=self._ctx.device)
-            dist.broadcast(flag, src=0)
-            due = bool(flag.item())
-        self._due_cache = (step, due)
-        return due
+            values = torch.tensor(mine, dtype=torch.int64, device=self._ctx.device)
+            dist.broadcast(values, src=0)
+            due, steps = values.tolist()
+            return int(due), int(steps)
+        if self._tf_strategy is None:
+            raise ConfigError(
+                "checkpoint.every_seconds in a TensorFlow allreduce job of several workers: the workers "
+                "must agree on the step to save, through the job's strategy. Make it with "
+                "shardkit.trainer.tf.strategy(ctx), or pass yours to "
+                "ctx.checkpoint.share_decisions(strategy) before the first ctx.step; or use "
+                "checkpoint.every_steps")
+        import tensorflow as tf
+
+        if self._tf_agree is None:
+            strategy = self._tf_strategy
+
+            def agree(values: Any) -> Any:  # the chief's values summed with every other worker's zeros
+                return strategy.reduce(tf.distribute.ReduceOp.SUM, strategy.run(tf.identity, args=(values,)),
+                                       axis=None)
+
+            self._tf_agree = tf.function(agree, input_signature=[tf.TensorSpec([2], tf.float32)])
+        due, steps = self._tf_agree(tf.constant(mine, tf.float32)).numpy().tolist()
+        return round(due), round(steps)
+
+    def share_decisions(self, strategy: Any) -> None:
+        """Tell the workers the chief's checkpoint decisions through ``strategy`` (a
+        ``MultiWorkerMirroredStrategy``; see `due`).
+
+        `shardkit.trainer.tf.strategy` calls it; call it yourself with a strategy you make otherwise,
+        before the first ``ctx.step``. Only ``checkpoint.every_seconds`` needs it.
+        """
+        self._tf_strategy, self._tf_agree = strategy, None
+
+    def _decides(self) -> bool:
+        """Whether this process's clock decides: rank 0 of torch (the broadcast's source), else the chief."""
+        if self._ctx.framework == "torch":
+            import torch.distributed as dist
+
+            return dist.get_rank() == 0
+        return self._ctx.is_chief
+
+    def _processes(self) -> int:
+        """How many processes must save together: those of an allreduce job (1 for other strategies)."""
+        ctx = self._ctx
+        if ctx.strategy != "allreduce":
+            return 1
+        if ctx.framework == "torch":
+            import torch.distributed as dist
+
+            return dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
+        return ctx.num_data_shards or 1
 
     def pending(self, step: int) -> bool:
         """Whether ``step`` has objects to save and has not been saved (or restored) already."""
@@ -117,11 +209,3 @@ class Checkpoints:
             self.extra.update(extra)
         step = self._ctx.step_count if step is None else step
         return self.manager.save(step, **self.objects, extra=self.extra, writer=self._ctx.is_chief)
-
-    def _collective(self) -> bool:
-        ctx = self._ctx
-        if (ctx.framework, ctx.strategy) != ("torch", "allreduce") or ctx.world_size <= 1:
-            return False
-        import torch.distributed as dist
-
-        return bool(dist.is_available() and dist.is_initialized())

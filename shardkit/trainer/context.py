@@ -226,9 +226,9 @@ def init(config: str | os.PathLike[str] | JobConfig | None = None, *, backend: s
     - server roles never return from `init`: they serve until the job is done, then the process exits
       (torch parameter server: ``ps`` runs `shardkit.trainer.torch_ps.serve`; TensorFlow parameter
       server: ``ps`` and ``worker`` run `shardkit.trainer.tf.serve`).
-    - checkpoints every ``checkpoint.every_seconds``: for torch allreduce rank 0 decides and broadcasts
-      (so every rank saves at the same step); for TensorFlow allreduce across processes it is ignored
-      with a warning (the workers could not agree without a collective): use ``every_steps``.
+    - checkpoints every ``checkpoint.every_seconds``: in an allreduce job the chief (rank 0) decides
+      and tells the others at every step, so every process saves at the same step (torch: a broadcast;
+      TensorFlow: an all-reduce of the strategy `shardkit.trainer.tf.strategy` made).
     """
     cfg = load_job_config(config)
     env = os.environ

@@ -4,7 +4,8 @@ Allreduce (``framework: tensorflow, strategy: allreduce``): every worker (and th
 the script; `strategy` is a ``MultiWorkerMirroredStrategy`` built from ``TF_CONFIG``. Each process
 reads its own reader shard and hands its local batch to ``strategy.run`` (one replica per process).
 Checkpoints: every worker takes part in the save (its variables sync through collectives) and only
-the chief writes durably (``writer=ctx.is_chief``, which ``ctx.step`` passes).
+the chief writes durably (``writer=ctx.is_chief``, which ``ctx.step`` passes). With
+``checkpoint.every_seconds`` the chief's clock decides, and each step a scalar all-reduce tells the others.
 
 Parameter server (``strategy: parameter_server``): ``ps`` and ``worker`` roles are plain
 ``tf.distribute.Server`` processes (`serve`, run by ``shardkit.trainer.init()``); the chief runs the
@@ -97,7 +98,11 @@ def strategy(ctx: _Context) -> Any:
     resolver = tf.distribute.cluster_resolver.TFConfigClusterResolver()
     if _is_parameter_server(config):
         return tf.distribute.ParameterServerStrategy(resolver)
-    return tf.distribute.MultiWorkerMirroredStrategy(cluster_resolver=resolver)
+    made = tf.distribute.MultiWorkerMirroredStrategy(cluster_resolver=resolver)
+    checkpoints = getattr(ctx, "checkpoint", None)
+    if checkpoints is not None:  # checkpoint.every_seconds: the chief's clock decides for every worker
+        checkpoints.share_decisions(made)
+    return made
 
 
 def coordinator(strategy: Any) -> Any:

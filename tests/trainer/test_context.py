@@ -181,16 +181,22 @@ def test_only_the_chief_writes_and_failures_send_no_done(tmp_path: Path,
     assert not (tmp_path / "job" / "checkpoints").exists()
 
 
-def test_every_seconds_is_refused_for_multiprocess_tensorflow_allreduce(
+def test_every_seconds_in_tensorflow_allreduce_needs_the_strategy_to_agree(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
 ) -> None:
+    """Two workers must save at the same step; their clocks disagree, so the chief's answer goes to the
+    others through the job's strategy. Without one, the first step says how to give it (nothing saved).
+    The agreement itself runs in a real two-worker job: tests/trainer/test_strategies.py."""
     with HeartbeatReceiver() as receiver:
-        _in_job(monkeypatch, tmp_path, receiver.addr, checkpoint={"every_seconds": 5})
-        with pytest.warns(UserWarning, match="every_seconds is ignored"):
-            ctx = init()
+        job = _in_job(monkeypatch, tmp_path, receiver.addr, checkpoint={"every_seconds": 5})
+        ctx = init()
         assert ctx.checkpoint.manager is not None
-        assert ctx.checkpoint.manager.schedule.every_seconds is None
-        ctx.finish()
+        assert ctx.checkpoint.manager.schedule.every_seconds == 5
+        ctx.checkpoint.track(reader=Counter())
+        with pytest.raises(ConfigError, match=r"shardkit\.trainer\.tf\.strategy\(ctx\).*share_decisions"):
+            ctx.step()
+        ctx.finish(save=False)
+    assert not (job / "checkpoints").exists()
 
 
 def test_beacon_never_raises() -> None:

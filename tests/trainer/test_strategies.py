@@ -45,7 +45,8 @@ def _no_orphans() -> Iterator[None]:
 
 
 def run_example(folder: Path, example: str, data_url: str, *, fail_at_step: int = 0,
-                every_steps: int = 1000, roles: dict[str, int] | None = None) -> tuple[JobResult, str, Path]:
+                every_steps: int | None = 1000, every_seconds: float | None = None,
+                roles: dict[str, int] | None = None) -> tuple[JobResult, str, Path]:
     """Run ``examples/<example>.yaml`` with its script wrapped by inject.py, on ``data_url``, for EPOCHS
     (``roles``: other process counts)."""
     config = yaml.safe_load((EXAMPLES / f"{example}.yaml").read_text())
@@ -54,7 +55,7 @@ def run_example(folder: Path, example: str, data_url: str, *, fail_at_step: int 
     script = str(EXAMPLES / config["entrypoint"])
     config.update(entrypoint=str(INJECT), logdir=str(folder / "job"))
     config["data"].update(url=data_url, num_epochs=EPOCHS)
-    config["checkpoint"] = {"every_steps": every_steps, "keep": 2}
+    config["checkpoint"] = {"every_steps": every_steps, "every_seconds": every_seconds, "keep": 2}
     config["fault_tolerance"].update(max_restarts=1, heartbeat_timeout=30.0, startup_timeout=90.0)
     config["params"]["test"] = {"script": script, "fail_at_step": fail_at_step}
     path = folder / "job.yaml"
@@ -109,6 +110,30 @@ def test_tf_allreduce_job_trains_on_both_workers(digits: str, tmp_path: Path) ->
     assert_loss_falls(losses(worker0))
     assert "test accuracy:" in console
     assert [c.step for c in result.checkpoints][-1:] == [steps]
+
+
+@pytest.mark.tf
+@pytest.mark.timeout(150)
+def test_tf_allreduce_every_seconds_saves_at_the_same_step_on_both_workers(digits: str,
+                                                                           tmp_path: Path) -> None:
+    """``checkpoint.every_seconds`` with two MultiWorkerMirrored workers: the chief's clock decides and an
+    all-reduce tells the other worker every few steps, so both take part in the same saves (a save one
+    worker skipped would leave the other waiting in its collectives). The chief crashes at step 40; the
+    job resumes at the last save before it."""
+    result, console, job = run_example(tmp_path, "digits_tf", digits, fail_at_step=40, every_steps=None,
+                                       every_seconds=0.3)
+    assert result.ok, console
+    assert result.restarts == 1
+    steps = EPOCHS * batches_per_epoch(digits, 32, 0, 2)
+    worker0, worker1 = records(job, "worker", 0), records(job, "worker", 1)
+    saves0 = [(r["attempt"], r["save"]) for r in worker0 if "save" in r]
+    assert saves0 == [(r["attempt"], r["save"]) for r in worker1 if "save" in r]
+    first = [s for a, s in saves0 if a == 0 and s < 40]
+    assert first, f"no save in 40 steps at every_seconds=0.3: {saves0}"
+    assert [r["start"] for r in worker0 if "start" in r] == [0, first[-1]]
+    assert saves0[-1] == (1, steps)  # and the final one
+    assert [r["step"] for r in worker0 if r["attempt"] == 1 and "step" in r] == list(range(first[-1] + 1,
+                                                                                        steps + 1))
 
 
 @pytest.mark.tf

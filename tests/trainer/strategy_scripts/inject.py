@@ -5,6 +5,7 @@ step N in attempt 0; 0: never)}. Appends JSON lines to <job dir>/record-<role>-<
 - {"attempt", "start"} when a checkpoint restore returns; {"attempt", "step", "loss"} per step;
 - TensorFlow parameter server: {"attempt", "save", "applied"} at each save: the steps the workers have
   applied in this attempt (an exact counter added to the scheduled step function);
+- TensorFlow allreduce: {"attempt", "save"} at each save, on every worker (all take part in it);
 - torch parameter server: {"attempt", "roundtrip": bool, "updates", "saved_updates"} when worker 0 loads
   a checkpoint into the ps (whether the state read back from the ps equals the one loaded).
 Only observes and crashes: the example, the trainer and the strategies run unchanged."""
@@ -79,6 +80,16 @@ def _patch_tf_ps() -> None:
     checkpointing.Checkpoints.save = recording_save  # type: ignore[method-assign]
 
 
+def _patch_tf_allreduce() -> None:
+    save = checkpointing.Checkpoints.save
+
+    def recording_save(self: checkpointing.Checkpoints, step: int | None = None, **kwargs: Any) -> str | None:
+        _record(self._ctx, save=self._ctx.step_count if step is None else step)
+        return save(self, step, **kwargs)
+
+    checkpointing.Checkpoints.save = recording_save  # type: ignore[method-assign]
+
+
 def _patch_torch_ps() -> None:
     import torch
 
@@ -117,4 +128,6 @@ if (job["framework"], job["strategy"]) == ("torch", "parameter_server"):
     _patch_torch_ps()
 if (job["framework"], job["strategy"]) == ("tensorflow", "parameter_server"):
     _patch_tf_ps()
+if (job["framework"], job["strategy"]) == ("tensorflow", "allreduce"):
+    _patch_tf_allreduce()
 runpy.run_path(job["params"]["test"]["script"], run_name="__main__")
