@@ -187,8 +187,9 @@ def writer_key() -> str:
     return hashlib.sha256("\n".join(parts).encode()).hexdigest()[:8]
 
 
-def shardkit_path(rows: int, image: ImageLayout = "tensor") -> Path:
-    return CACHE / f"shardkit-v{VERSION}-w{writer_key()}-{image}-n{rows}"
+def shardkit_path(rows: int, image: ImageLayout = "tensor", compression: str = COMPRESSION) -> Path:
+    suffix = "" if compression == COMPRESSION else f"-{compression}"
+    return CACHE / f"shardkit-v{VERSION}-w{writer_key()}-{image}-n{rows}{suffix}"
 
 
 def materialize_raw(rows: int) -> Path:
@@ -206,18 +207,19 @@ def materialize_raw(rows: int) -> Path:
     return path
 
 
-def materialize_shardkit(rows: int, image: ImageLayout = "tensor") -> Path:
+def materialize_shardkit(rows: int, image: ImageLayout = "tensor", compression: str = COMPRESSION) -> Path:
     """The rows as a shardkit dataset, written by `shardkit.write_dataset` chunk by chunk; cached.
 
     Tensor images go in as Arrow record batches; PNG images as pandas frames, because `ImageCodec`
-    does not take ``fixed_shape_tensor`` Arrow input yet.
+    does not take ``fixed_shape_tensor`` Arrow input yet. ``compression``: `COMPRESSION` (snappy, as
+    every other reader's copy, for like-for-like comparisons) or, e.g., ``"auto"`` (shardkit's default).
     """
-    path = shardkit_path(rows, image)
+    path = shardkit_path(rows, image, compression)
     if (path / "_metadata").exists():
         return path
     chunks = iter_batches(rows, "tensor") if image == "tensor" else iter_frames(rows)
     shardkit.write_dataset(chunks, path, schema=shardkit_schema(image), mode="overwrite",
-                           compression=COMPRESSION, progress=False)
+                           compression=compression, progress=False)
     return path
 
 

@@ -19,6 +19,9 @@ Cases (ratios are to the best raw pyarrow reader of shardkit's files and to Peta
     shardkit-noshuffle     make_reader(tensor dataset, batch_size=256, shuffle=False)
     shardkit               make_reader(tensor dataset, batch_size=256) (default shuffle)
     shardkit-shard         the same, num_shards=2, shard 0 (half the rows)
+    raw-iter-auto          raw-iter over the rows written with write_dataset's default compression="auto"
+    shardkit-auto          shardkit (default shuffle) over those files (the others are snappy throughout,
+                           as every other reader's copy, so that their ratios compare like with like)
     petastorm-batch        Petastorm make_batch_reader, thread pool, 2 workers (its best) ┐ on a plain
     petastorm-batch-dflt   Petastorm make_batch_reader, defaults (10 threads)             ┘ list<> copy
     petastorm-rows         Petastorm make_reader, process pool, 2 workers (its best), on a dataset
@@ -105,7 +108,8 @@ FIRST_BATCH_S = 0.5
 RSS_LIMIT = 0.5 * GB
 RSS_FLAT = 1.25  # "flat": peak RSS at 10x the rows at most this many times the peak at 1x
 
-LOCAL = ["raw-iter", "raw-table", "raw-iter-plain", "shardkit-noshuffle", "shardkit", "shardkit-shard"]
+LOCAL = ["raw-iter", "raw-table", "raw-iter-plain", "shardkit-noshuffle", "shardkit", "shardkit-shard",
+         "raw-iter-auto", "shardkit-auto"]
 PETASTORM = ["petastorm-batch", "petastorm-batch-dflt", "petastorm-rows", "shardkit-petastorm",
              "shardkit-petastorm-ns"]
 HF = ["hf-mmap", "hf-mmap-u8"]
@@ -498,6 +502,12 @@ def run(rows: int, cases: list[str], repeat: int, slow_repeat: int) -> Run:
         r.local("shardkit", "case_shardkit", {"url": tensor})
     if "shardkit-shard" in want:
         r.local("shardkit-shard", "case_shardkit", {"url": tensor, "num_shards": 2, "shard": 0})
+    if want & {"raw-iter-auto", "shardkit-auto"}:  # the same rows written with write_dataset's default
+        auto = str(data.materialize_shardkit(rows, "tensor", compression="auto"))
+        if "raw-iter-auto" in want:
+            r.local("raw-iter-auto", "case_raw_iter", {"path": auto})
+        if "shardkit-auto" in want:
+            r.local("shardkit-auto", "case_shardkit", {"url": auto})
 
     if want & {"petastorm-batch", "petastorm-batch-dflt"}:
         listed = materialize_list_copy(rows).as_uri()
@@ -609,6 +619,8 @@ def report(run_: Run) -> tuple[str, list[dict[str, Any]]]:
         ("shardkit make_reader, shuffle=False", "shardkit-noshuffle", "", pb_best, rows),
         ("shardkit make_reader, default shuffle", "shardkit", "", pb_best, rows),
         ("shardkit make_reader, num_shards=2 (one shard)", "shardkit-shard", "", pb_best, rows // 2),
+        ("raw pyarrow iter_batches(256), compression='auto' files", "raw-iter-auto", "", None, rows),
+        ("shardkit make_reader, default, compression='auto' files", "shardkit-auto", "", pb_best, rows),
         ("Petastorm make_batch_reader, thread x2 (list copy)", "petastorm-batch", "", pb_best, rows),
         ("Petastorm make_batch_reader, defaults (list copy)", "petastorm-batch-dflt", "", pb_best, rows),
         ("Petastorm make_reader, process x2, own dataset", "petastorm-rows", "", pr_best, rows),

@@ -117,7 +117,7 @@ def write_spark(
     mode: Mode = "error",
     row_group_size: int | str = "32MiB",
     file_size: int | str = "128MiB",
-    compression: str = "snappy",
+    compression: str = "auto",
     storage_options: dict[str, Any] | None = None,
 ) -> Dataset:
     """Write a Spark DataFrame as a shardkit dataset at ``url``; executors encode and write the files.
@@ -144,7 +144,8 @@ def write_spark(
         mode: ``"error"``, ``"overwrite"`` or ``"append"``, as in `shardkit.write_dataset`.
         row_group_size: encoded bytes per row group (``"32MiB"``), or an int number of rows.
         file_size: encoded bytes per part file before a task starts a new one.
-        compression: Parquet codec (``"snappy"``, ``"zstd"``, ``"lz4"``, ``"none"``).
+        compression: as in `shardkit.write_dataset` (``"auto"``, or a Parquet codec for every column);
+            with ``"auto"`` each task decides from its first row group.
         storage_options: fsspec options for ``url``; sent to the executors too.
 
     Raises:

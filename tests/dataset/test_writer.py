@@ -306,10 +306,59 @@ def test_compression(tmp_path: Path, compression: str) -> None:
     assert codec == ("UNCOMPRESSED" if compression == "none" else compression.upper())
 
 
+def _codecs(ds: shardkit.Dataset, root: Path) -> list[dict[str, str]]:
+    """Per part file: column path -> codec, the same in every row group of the file (asserted)."""
+    out = []
+    for name in ds.files:
+        md = pq.ParquetFile(root / name).metadata
+        groups = [{md.row_group(g).column(c).path_in_schema: md.row_group(g).column(c).compression
+                   for c in range(md.num_columns)} for g in range(md.num_row_groups)]
+        assert all(g == groups[0] for g in groups), groups
+        out.append(groups[0])
+    return out
+
+
+def test_auto_compression_leaves_binary_columns_snappy_cannot_shrink_uncompressed(tmp_path: Path) -> None:
+    """The default: snappy, except for tensor/image/bytes columns it shrinks by less than 10% (decided on
+    the first row group, kept in every file); scalars, text and list-layout tensors stay snappy. (PNGs of
+    16x16 noise do shrink by more: their repeated headers are ~10% of them.)"""
+    rng = np.random.default_rng(0)
+    n = 3000
+    noise = rng.integers(0, 256, (n, 16, 16, 3), dtype=np.uint8)
+    smooth = np.repeat(np.arange(n, dtype=np.uint16)[:, None] % 7, 64, axis=1).astype(np.uint8)
+    data = {"id": np.arange(n), "noise": noise, "smooth": smooth, "text": [f"row {i}" for i in range(n)],
+            "blob": [rng.bytes(40) for _ in range(n)],
+            "png": rng.integers(0, 256, (n, 64, 64), dtype=np.uint8), "listed": noise[:, 0, :, 0]}
+    schema = Schema([Field("id", "int64"), Field("noise", "uint8", (16, 16, 3)),
+                     Field("smooth", "uint8", (64,)),
+                     Field("text", "str"), Field("blob", "bytes"),
+                     Field("png", "uint8", (64, 64), codec=shardkit.ImageCodec("png")),
+                     Field("listed", "uint8", (16,), codec=TensorCodec(storage="list"))])
+    ds = shardkit.write_dataset(data, tmp_path / "ds", schema=schema, row_group_size=500, file_size="300KiB")
+    files = _codecs(ds, tmp_path / "ds")
+    assert len(files) > 1
+    assert all(f == files[0] for f in files), files
+    plain = {path for path, codec in files[0].items() if codec == "UNCOMPRESSED"}
+    assert plain == {"noise", "blob", "png"}, files[0]
+    assert set(files[0].values()) == {"UNCOMPRESSED", "SNAPPY"}
+    assert files[0]["smooth"] == files[0]["text"] == files[0]["id"] == "SNAPPY"
+    with shardkit.make_reader(tmp_path / "ds", shuffle=False, batch_size=n, num_shards=1, shard=0) as reader:
+        got = next(iter(reader))
+    np.testing.assert_array_equal(got["noise"], noise)
+    np.testing.assert_array_equal(got["png"], data["png"])
+    assert list(got["blob"]) == data["blob"]
+
+
+def test_an_explicit_codec_compresses_every_column(tmp_path: Path) -> None:
+    noise = np.random.default_rng(1).integers(0, 256, (500, 64), dtype=np.uint8)
+    ds = shardkit.write_dataset({"id": np.arange(500), "noise": noise}, tmp_path / "ds", compression="snappy")
+    assert _codecs(ds, tmp_path / "ds") == [{"id": "SNAPPY", "noise": "SNAPPY"}]
+
+
 @pytest.mark.parametrize("compression", ["bogus", "", None])
 def test_bad_compression(tmp_path: Path, helpers: SimpleNamespace, compression: Any) -> None:
     url = str(tmp_path / "ds")
-    with pytest.raises(SchemaError, match=rf"compression={compression!r}.*'zstd'"):
+    with pytest.raises(SchemaError, match=rf"compression={compression!r}.*'auto'.*'zstd'"):
         shardkit.write_dataset({"x": [1]}, url, compression=compression)
     helpers.assert_nothing_written(url)
 
