@@ -227,7 +227,7 @@ def init(config: str | os.PathLike[str] | JobConfig | None = None, *, backend: s
       (torch parameter server: ``ps`` runs `shardkit.trainer.torch_ps.serve`; TensorFlow parameter
       server: ``ps`` and ``worker`` run `shardkit.trainer.tf.serve`).
     - checkpoints every ``checkpoint.every_seconds``: in an allreduce job the chief (rank 0) decides
-      and tells the others at every step, so every process saves at the same step (torch: a broadcast;
+      and tells the others every few steps, so every process saves at the same step (torch: a broadcast;
       TensorFlow: an all-reduce of the strategy `shardkit.trainer.tf.strategy` made).
     """
     cfg = load_job_config(config)

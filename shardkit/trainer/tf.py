@@ -5,7 +5,7 @@ the script; `strategy` is a ``MultiWorkerMirroredStrategy`` built from ``TF_CONF
 reads its own reader shard and hands its local batch to ``strategy.run`` (one replica per process).
 Checkpoints: every worker takes part in the save (its variables sync through collectives) and only
 the chief writes durably (``writer=ctx.is_chief``, which ``ctx.step`` passes). With
-``checkpoint.every_seconds`` the chief's clock decides, and each step a scalar all-reduce tells the others.
+``checkpoint.every_seconds`` the chief's clock decides, and an all-reduce every few steps tells the others.
 
 Parameter server (``strategy: parameter_server``): ``ps`` and ``worker`` roles are plain
 ``tf.distribute.Server`` processes (`serve`, run by ``shardkit.trainer.init()``); the chief runs the
