@@ -80,8 +80,8 @@ class PartWriter:
         self.loc, self.staging, self.schema = loc, staging, schema
         self.arrow_schema = schema.storage_schema()
         self.rg_bytes, self.rg_rows, self.file_bytes = rg_bytes, rg_rows, file_bytes
-        self.compression = compression
-        self._codecs: str | dict[str, str] | None = None if compression == "auto" else compression
+        # "auto" (any case, as check_compression takes it): decided at the first row group
+        self._codecs: str | dict[str, str] | None = None if compression.lower() == "auto" else compression
         scalars = [f.name for f in schema if f.codec.name == "scalar"]
         self.options = {"use_dictionary": scalars + _small_int_leaves(schema), "write_statistics": scalars}
         self.pending: list[pa.Table] = []

@@ -108,12 +108,14 @@ class Checkpoints:
         if self._due_cache is not None and self._due_cache[0] == step:
             return self._due_cache[1]
         due = self.manager.due(step)
-        if self.manager.schedule.every_seconds is not None and self._processes() > 1:
-            due = self._chief_decides(step, due)
+        every_seconds = self.manager.schedule.every_seconds
+        if every_seconds is not None and self._processes() > 1:
+            by_steps = self.manager.due(step, now=-math.inf)  # what every process knows alike
+            due = self._chief_decides(step, due, by_steps, every_seconds)
         self._due_cache = (step, due)
         return due
 
-    def _chief_decides(self, step: int, due: bool) -> bool:
+    def _chief_decides(self, step: int, due: bool, by_steps: bool, every_seconds: float) -> bool:
         """``due`` as the chief sees it, told to the others every few steps (the chief says how many).
 
         Between exchanges only ``every_steps`` counts (every process knows the step). At an exchange the
@@ -122,16 +124,14 @@ class Checkpoints:
         comes about that much late at most (more if steps slow down suddenly), and fast steps do not
         pay a message each.
         """
-        by_steps = self.manager is not None and self.manager.due(step, now=-math.inf)
         if step < self._next_exchange:
             return by_steps
         mine = (0, 0)
         if self._decides():
-            now, seconds = time.monotonic(), self.manager.schedule.every_seconds if self.manager else None
-            steps = 1
-            if self._last_exchange is not None and seconds is not None and step > self._last_exchange[0]:
+            now, steps = time.monotonic(), 1
+            if self._last_exchange is not None and step > self._last_exchange[0]:
                 per_step = (now - self._last_exchange[1]) / (step - self._last_exchange[0])
-                steps = max(1, min(MAX_STEPS_BETWEEN, int(LATENESS * seconds / max(per_step, 1e-9))))
+                steps = max(1, min(MAX_STEPS_BETWEEN, int(LATENESS * every_seconds / max(per_step, 1e-9))))
             self._last_exchange = (step, now)
             mine = (1 if due else 0, steps)
         told, steps = self._tell(mine)

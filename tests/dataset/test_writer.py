@@ -355,6 +355,12 @@ def test_an_explicit_codec_compresses_every_column(tmp_path: Path) -> None:
     assert _codecs(ds, tmp_path / "ds") == [{"id": "SNAPPY", "noise": "SNAPPY"}]
 
 
+def test_auto_is_taken_in_any_case_like_codec_names(tmp_path: Path) -> None:
+    noise = np.random.default_rng(2).integers(0, 256, (500, 64), dtype=np.uint8)
+    ds = shardkit.write_dataset({"id": np.arange(500), "noise": noise}, tmp_path / "ds", compression="AUTO")
+    assert _codecs(ds, tmp_path / "ds") == [{"id": "SNAPPY", "noise": "UNCOMPRESSED"}]
+
+
 @pytest.mark.parametrize("compression", ["bogus", "", None])
 def test_bad_compression(tmp_path: Path, helpers: SimpleNamespace, compression: Any) -> None:
     url = str(tmp_path / "ds")
