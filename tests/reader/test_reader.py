@@ -12,6 +12,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import pytest
+from hypothesis import HealthCheck, assume, given, settings
+from hypothesis import strategies as st
 
 import shardkit
 from shardkit import SummaryMissingWarning
@@ -199,6 +201,35 @@ def test_filter_on_a_column_that_is_not_read(ids_ds: str) -> None:
         (batch,) = list(reader)
     assert list(batch) == ["id"]
     assert batch["id"].tolist() == list(range(0, 500, 10))
+
+
+@pytest.fixture(scope="module")
+def big_groups_ds(tmp_path_factory: pytest.TempPathFactory) -> str:
+    """3,000 rows in row groups of 1,000: each is read in many 256-row slices."""
+    return write_ids(tmp_path_factory.mktemp("big") / "ds", 3000, row_group_size=1000, file_size=1 << 30)
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(lo=st.integers(0, 3000), width=st.integers(1, 3000), modulus=st.sampled_from([1, 3, 7]),
+       num_shards=st.integers(1, 3), shuffle=st.booleans(), window=st.sampled_from([50, 700, 5000]),
+       cache=st.booleans(), batch_size=st.sampled_from([16, 300]))
+def test_a_filter_reads_every_matching_row_once_in_row_groups_of_many_slices(
+        big_groups_ds: str, tmp_path_factory: pytest.TempPathFactory, lo: int, width: int, modulus: int,
+        num_shards: int, shuffle: bool, window: int, cache: bool, batch_size: int) -> None:
+    # the selected rows lie anywhere in a row group, past the rows a task covers (a filtered task's
+    # rows index the selection): reading only as far as the task's stop failed with "Index out of bounds"
+    filter_ = [("id", ">=", lo), ("id", "<", lo + width), ("label", "in", list(range(0, 10, modulus)))]
+    want = ids_frame(3000).query(f"{lo} <= id < {lo + width} and label % {modulus} == 0").id.to_numpy()
+    assume(len(want) >= num_shards)
+    kwargs = {"cache": str(tmp_path_factory.mktemp("cache")) if cache else None}
+    got = []
+    for shard in range(num_shards):
+        with shardkit.make_reader(big_groups_ds, shard=shard, num_shards=num_shards, filter=filter_,
+                                  batch_size=batch_size, remainder="uneven", shuffle=shuffle,
+                                  shuffle_buffer=window, **kwargs) as reader:
+            got.append(ids_of(reader))
+    assert sorted(np.concatenate(got).tolist()) == want.tolist()
+    assert max(map(len, got)) - min(map(len, got)) <= 1
 
 
 # ---- epochs ----------------------------------------------------------------------------------------
