@@ -140,17 +140,22 @@ class Recycler:
     fifth of a shuffled read's CPU). An array handed out before is reused when its reference count
     shows that only this recycler holds it: every numpy view (and whatever holds a view: a torch tensor
     from ``torch.from_numpy``, a memoryview) refers to the array that owns the memory, so a batch still
-    in use keeps its window's arrays out of reuse. At most ``keep_bytes`` of arrays are kept (the
-    oldest go first); object arrays are never kept (they hold references). Arrays start at a multiple of
+    in use keeps its window's arrays out of reuse. A request takes the smallest free array that fits it
+    (a window's small columns do not take its large ones' arrays). ``keep_bytes`` bounds what is kept
+    while free: past it, free arrays go, the oldest first; an array in use is never let go, since its
+    memory is held anyway and it is free again soon (dropping it made the next window fault in fresh
+    pages: a DataLoader worker, whose queued batches keep one window more alive, allocated 7x the bytes
+    it reused). Object arrays are never kept (they hold references). Arrays start at a multiple of
     `ALIGN` bytes: TensorFlow takes such an array as a tensor without copying it (measured: an aligned
     run of batches costs tf.data half the CPU of one 16 bytes off).
     """
 
     def __init__(self, keep_bytes: int) -> None:
         self.keep_bytes = keep_bytes
-        self._arrays: list[np.ndarray] = []
+        self._arrays: list[np.ndarray] = []  # oldest first
         self._lock = threading.Lock()
         self.reused = 0  # arrays handed out again
+        self.allocated = 0  # arrays made
         # the reference count of an array that only this list holds, read the way `empty` reads it
         probe = [np.empty(1)]
         self._free = sys.getrefcount(probe[0])
@@ -166,19 +171,25 @@ class Recycler:
             return np.empty(shape, dtype)
         nbytes = int(np.prod(shape)) * dtype.itemsize
         with self._lock:
-            for i in range(len(self._arrays)):
-                fits = self._arrays[i].nbytes - ALIGN >= nbytes
-                if fits and sys.getrefcount(self._arrays[i]) <= self._free:
-                    a = self._arrays.pop(i)
-                    self._arrays.append(a)
-                    self.reused += 1
-                    return _aligned(a, nbytes).view(dtype).reshape(shape)  # owned by ``a``
-            # room for a somewhat larger window next time (windows differ by some rows)
-            a = np.empty(-(-nbytes * 9 // 8 // ALIGN) * ALIGN + ALIGN, np.uint8)
+            free = [i for i in range(len(self._arrays)) if sys.getrefcount(self._arrays[i]) <= self._free]
+            fits = [i for i in free if self._arrays[i].nbytes - ALIGN >= nbytes]
+            if fits:
+                a = self._arrays.pop(min(fits, key=lambda i: self._arrays[i].nbytes))
+                self.reused += 1
+            else:
+                # room for a somewhat larger window next time (windows differ by some rows)
+                a = np.empty(-(-nbytes * 9 // 8 // ALIGN) * ALIGN + ALIGN, np.uint8)
+                self.allocated += 1
+                kept = sum(x.nbytes for x in self._arrays) + a.nbytes
+                dropped = set()
+                for i in free:  # too small for this request: the oldest go while over budget
+                    if kept <= self.keep_bytes:
+                        break
+                    kept -= self._arrays[i].nbytes
+                    dropped.add(i)
+                self._arrays = [x for i, x in enumerate(self._arrays) if i not in dropped]
             self._arrays.append(a)
-            while sum(x.nbytes for x in self._arrays) > self.keep_bytes and len(self._arrays) > 1:
-                del self._arrays[0]
-            return _aligned(a, nbytes).view(dtype).reshape(shape)
+            return _aligned(a, nbytes).view(dtype).reshape(shape)  # owned by ``a``
 
 
 class Scatter:

@@ -177,11 +177,30 @@ def test_recycler_clear_lets_go_of_kept_arrays() -> None:
     assert recycler.reused == 0  # the freed array was not kept, so not handed out again
 
 
-def test_recycler_keeps_at_most_keep_bytes() -> None:
+def test_recycler_keeps_arrays_in_use_and_lets_free_ones_go_past_keep_bytes() -> None:
     recycler = batching.Recycler(keep_bytes=3 * 4096)
     held = [recycler.empty((4096,), np.dtype(np.uint8)) for _ in range(10)]  # all in use: new each time
     assert len({a.__array_interface__["data"][0] for a in held}) == 10
-    assert sum(a.nbytes for a in recycler._arrays) <= 3 * 8192
+    assert len(recycler._arrays) == 10  # in use: memory held anyway, reused once free
+    del held[:5]
+    again = [recycler.empty((4096,), np.dtype(np.uint8)) for _ in range(5)]
+    assert (recycler.reused, recycler.allocated) == (5, 10)
+    del held, again
+    recycler.empty((8192,), np.dtype(np.uint8))  # fits none: the free ones go down to the budget
+    assert sum(a.nbytes for a in recycler._arrays) <= 3 * 4096 * 9 // 8 + 2 * batching.ALIGN + 8192 * 9 // 8
+
+
+def test_recycler_gives_a_request_the_smallest_free_array_that_fits() -> None:
+    recycler = batching.Recycler(keep_bytes=1 << 30)
+    big = recycler.empty((1 << 20,), np.dtype(np.uint8))
+    small = recycler.empty((1 << 10,), np.dtype(np.uint8))
+    big_at, small_at = big.__array_interface__["data"][0], small.__array_interface__["data"][0]
+    del big, small
+    # a window's small column first: it must not take the large column's array
+    assert recycler.empty((1000,), np.dtype(np.uint8)).__array_interface__["data"][0] == small_at
+    kept = recycler.empty((1 << 20,), np.dtype(np.uint8))
+    assert kept.__array_interface__["data"][0] == big_at
+    assert (recycler.reused, recycler.allocated) == (2, 2)
 
 
 @given(sizes=st.lists(st.integers(0, 20), min_size=1, max_size=6), data=st.data())
