@@ -7,14 +7,17 @@ step N in attempt 0; 0: never)}. Appends JSON lines to <job dir>/record-<role>-<
   applied in this attempt (an exact counter added to the scheduled step function);
 - TensorFlow allreduce: {"attempt", "save"} at each save, on every worker (all take part in it);
 - torch parameter server: {"attempt", "roundtrip": bool, "updates", "saved_updates"} when worker 0 loads
-  a checkpoint into the ps (whether the state read back from the ps equals the one loaded).
-Only observes and crashes: the example, the trainer and the strategies run unchanged."""
+  a checkpoint into the ps (whether the state read back from the ps equals the one loaded); the other
+  workers' first push of a restarted attempt waits for that read-back (at most 60 s).
+Only observes, crashes and (that one push) waits: the example, the trainer and the strategies run
+unchanged."""
 
 from __future__ import annotations
 
 import json
 import os
 import runpy
+import time
 from pathlib import Path
 from typing import Any
 
@@ -109,6 +112,24 @@ def _patch_torch_ps() -> None:
             )
             _record(self._test_ctx, roundtrip=bool(same), updates=int(back["updates"]),  # type: ignore[attr-defined]
                     saved_updates=int(state["updates"]))
+            _checked(self._test_ctx).touch()  # type: ignore[attr-defined]
+
+    def _checked(ctx: Any) -> Path:
+        return Path(os.environ[protocol.ENV_JOB_DIR]) / f"roundtrip-checked-{ctx.attempt}"
+
+    def after_the_check(method: Any) -> Any:
+        """Other workers push only once worker 0 has read the loaded state back: a push in between
+        changes the ps state (updates 77 vs saved 76 in 1 of 8 runs)."""
+        def wrapped(self: torch_ps.ParameterServerClient, *args: Any, **kwargs: Any) -> Any:
+            ctx = getattr(self, "_test_ctx", None)
+            waited = getattr(self, "_test_waited", False)
+            if self.worker != 0 and ctx is not None and ctx.attempt > 0 and not waited:
+                deadline = time.monotonic() + 60
+                while not _checked(ctx).exists() and time.monotonic() < deadline:
+                    time.sleep(0.05)
+                self._test_waited = True  # type: ignore[attr-defined]
+            return method(self, *args, **kwargs)
+        return wrapped
 
     connect = torch_ps.connect
 
@@ -118,6 +139,9 @@ def _patch_torch_ps() -> None:
         return client
 
     torch_ps.ParameterServerClient.load_state_dict = load_state_dict  # type: ignore[method-assign]
+    client = torch_ps.ParameterServerClient
+    client.push = after_the_check(client.push)  # type: ignore[method-assign]
+    client.step = after_the_check(client.step)  # type: ignore[method-assign]
     torch_ps.connect = connect_recording
 
 
