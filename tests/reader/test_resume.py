@@ -57,9 +57,16 @@ def roundtrip(state: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+# Row groups of more than one 256-row slice (`SLICE_ROWS`): streamed slice by slice, shared by tasks.
+big_row_groups = st.lists(st.integers(1, 1200), min_size=1, max_size=4)
+small_batches, small_windows = st.integers(1, 8), st.integers(1, 60)
+
+
 @st.composite
-def jobs(draw: st.DrawFn) -> dict[str, Any]:
-    layout = draw(row_groups)
+def jobs(draw: st.DrawFn, layouts: st.SearchStrategy[list[int]] = row_groups,
+         batch_sizes: st.SearchStrategy[int] = small_batches,
+         windows: st.SearchStrategy[int] = small_windows) -> dict[str, Any]:
+    layout = draw(layouts)
     n = sum(layout)
     stages = [(draw(st.integers(1, min(n, 4))), draw(st.integers(0, 12)), draw(st.integers(0, 3)))
               for _ in range(draw(st.integers(1, 3)))]  # (world, steps, rank whose state is saved)
@@ -68,10 +75,10 @@ def jobs(draw: st.DrawFn) -> dict[str, Any]:
         final = final % min(n, 4) + 1 if min(n, 4) > 1 else final
     return {
         "layout": layout, "stages": stages, "final": final,
-        "batch_size": draw(st.integers(1, 8)),
+        "batch_size": draw(batch_sizes),
         "remainder": draw(st.sampled_from(["uneven", "drop"])),
         "shuffle": draw(st.booleans()),
-        "shuffle_buffer": draw(st.integers(1, 60)),
+        "shuffle_buffer": draw(windows),
         "seed": draw(st.integers(0, 2**31)),
         "num_epochs": draw(st.sampled_from([1, 2])),
     }
@@ -80,6 +87,18 @@ def jobs(draw: st.DrawFn) -> dict[str, Any]:
 @settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(job=jobs())
 def test_resume_with_other_world_sizes_reads_every_sample_once(job: dict[str, Any]) -> None:
+    check_resume(job)
+
+
+@settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(job=jobs(big_row_groups, st.integers(16, 96), st.sampled_from([100, 700, 3000])))
+def test_resume_over_row_groups_of_many_slices_reads_every_sample_once(job: dict[str, Any]) -> None:
+    check_resume(job)
+
+
+def check_resume(job: dict[str, Any]) -> None:
+    """Run ``job``'s stages, each resumed from one rank's state of the one before, then read to the end:
+    every epoch has every sample once (``uneven``) or none twice (``drop``)."""
     n = sum(job["layout"])
     kw = {k: job[k] for k in ("batch_size", "remainder", "shuffle", "shuffle_buffer", "seed", "num_epochs")}
     seen: list[Counter[int]] = [Counter() for _ in range(job["num_epochs"] + 1)]
