@@ -109,7 +109,8 @@ class RowGroupSource:
             index = None if selected is None else selected[task.start : task.stop]
             if rows is not None:
                 index = (rows + task.start) if index is None else index[rows]
-            end = task.stop if index is None else int(index[-1]) + 1 if len(index) else 0
+            # read as far as the last row needed (none needed: no further than read already)
+            end = task.stop if index is None else int(index.max(initial=-1)) + 1
             table = self._arrow(task.row_group, end if self.cache is None or not to_end else None)
             if index is None:
                 batches = table.slice(task.start, task.stop - task.start).to_batches()
