@@ -6,6 +6,8 @@ import os
 from collections.abc import Sequence
 from typing import Any, Literal
 
+import numpy as np
+
 from shardkit.dataset.index import Dataset, open_dataset
 from shardkit.errors import ReaderError
 from shardkit.reader.filter import Filter
@@ -67,16 +69,23 @@ def make_reader(
         prefetch: tasks (row-group slices) read ahead; default ``2 * workers``.
         workers: reading/decoding threads; default ``min(4, cpus)``, at least 2.
         on_error: ``"raise"`` on a corrupt row group (naming file and row group), or ``"skip"`` it,
-            count it in ``reader.stats`` and warn at the end of the epoch.
+            count it in ``reader.stats`` and warn at the end of the epoch; the shard then reads as many
+            of its own rows again in their place, so that it still yields ``len(reader)`` batches.
         storage_options: passed to fsspec (credentials, endpoint).
 
     Raises:
         ReaderError: a bad argument (shard, columns, filter, sizes) — before anything is read.
         DatasetNotFoundError, NotADatasetError: no dataset at ``url``.
     """
+    # numpy integers (a rank computed with numpy, a size read from an array) count as ints
+    shard, num_shards, batch_size, seed, num_epochs, shuffle_buffer, prefetch, workers = map(
+        _plain, (shard, num_shards, batch_size, seed, num_epochs, shuffle_buffer, prefetch, workers))
     shard, num_shards = _job_world(shard, num_shards)
     validate_shard(shard, num_shards)
     _positive("batch_size", batch_size)
+    for name, flag in (("shuffle", shuffle), ("drop_last", drop_last)):
+        if not isinstance(flag, bool | np.bool_):
+            raise ReaderError(f"{name}={flag!r} must be True or False")
     if not isinstance(seed, int) or isinstance(seed, bool) or seed < 0:
         raise ReaderError(f"seed={seed!r} must be an int >= 0")
     if num_epochs is not None:
@@ -100,6 +109,9 @@ def make_reader(
         unknown = [c for c in columns if c not in names]
         if unknown:
             raise ReaderError(f"unknown column(s) {unknown!r} for {dataset.url!r}; its fields are {names}")
+        twice = sorted({c for c in columns if list(columns).count(c) > 1})
+        if twice:
+            raise ReaderError(f"columns={list(columns)!r} names {twice} more than once; name each field once")
     row_bytes = max(1, dataset.decoded_row_bytes(columns))
     if shuffle_buffer is None:
         # decoded bytes, not Parquet's: compression and dictionaries (PNG images even more) make the
@@ -119,3 +131,8 @@ def make_reader(
                   cache=row_cache, prefetch=prefetch,
                   workers=workers, on_error=on_error,
                   row_bytes=row_bytes)
+
+
+def _plain(value: Any) -> Any:
+    """A numpy integer as the Python int it is; anything else as it is (checked later)."""
+    return int(value) if isinstance(value, np.integer) else value

@@ -3,13 +3,15 @@
 A filter changes how many samples there are, and equal shards need that number before reading. So
 `select_rows` first drops the row groups whose Parquet statistics rule the filter out (via
 ``pyarrow.dataset``'s row-group pruning), then reads only the filter's columns of the others and keeps
-the indices of matching rows. The plan then works on those rows as if they were the dataset.
+the indices of matching rows. The plan then works on those rows as if they were the dataset. A row
+group whose filter columns cannot be read raises `CorruptDatasetError`, or with ``on_error="skip"``
+counts as having no matching rows (and is reported as skipped).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any, TypeAlias
+from typing import Any, Literal, TypeAlias
 
 import numpy as np
 import pyarrow as pa
@@ -18,7 +20,7 @@ import pyarrow.dataset as pads
 import pyarrow.parquet as pq
 
 from shardkit.dataset.index import Dataset
-from shardkit.errors import ReaderError
+from shardkit.errors import CorruptDatasetError, ReaderError
 
 Filter: TypeAlias = pc.Expression | Sequence[Any]
 
@@ -73,21 +75,30 @@ def _empty(arrow_schema: pa.Schema) -> pa.Table:
     return pa.table({f.name: pa.array([], type=f.type) for f in arrow_schema})
 
 
-def select_rows(ds: Dataset, expr: pc.Expression) -> tuple[np.ndarray, dict[int, np.ndarray], int]:
-    """Matching rows per row group: (counts, {row group: indices where not all match}, pruned groups)."""
+def select_rows(ds: Dataset, expr: pc.Expression, on_error: Literal["raise", "skip"] = "raise"
+                ) -> tuple[np.ndarray, dict[int, np.ndarray], int, dict[int, str]]:
+    """Matching rows per row group: (counts, {row group: indices where not all match}, pruned groups,
+    {row group: error} of those skipped as corrupt with ``on_error="skip"``, which match no row)."""
     may_match = _prunable(ds, expr)
     columns = filter_columns(expr, ds.arrow_schema)
     counts = np.zeros(len(ds.row_groups), dtype=np.int64)
     selection: dict[int, np.ndarray] = {}
+    skipped: dict[int, str] = {}
     for i, rg in enumerate(ds.row_groups):
         if not may_match[i]:
             continue
-        table = ds.read_row_group(i, columns)
+        try:
+            table = ds.read_row_group(i, columns)
+        except CorruptDatasetError as e:
+            if on_error == "raise":
+                raise
+            skipped[i] = str(e)
+            continue
         keep = _matches(table, expr)
         counts[i] = int(keep.sum())
         if counts[i] != rg.num_rows:
             selection[i] = np.flatnonzero(keep)
-    return counts, selection, int((~may_match).sum())
+    return counts, selection, int((~may_match).sum()), skipped
 
 
 def _matches(table: pa.Table, expr: pc.Expression) -> np.ndarray:

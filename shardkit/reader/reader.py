@@ -15,10 +15,17 @@ samples of its piece that its yielded batches cover (``consumed``) and the batch
 (``steps``). Iterating again after a ``break`` continues from that position (a reader has one live
 iteration: starting a new one, `load_state_dict` or `close` ends the previous one). Rows of a skipped
 corrupt row group count as covered, so a resume does not read them again.
+
+Skipped rows (``on_error="skip"``). A shard still yields ``len(reader)`` batches, so that ranks keep
+stepping together (one rank with fewer steps would hang an allreduce): at the end of the epoch its
+place is taken by as many rows of the shard read again from the start of its piece (repeats, as
+``remainder="pad"`` repeats a few). A reader resumed past a skip does not know of it and yields the
+rest of its piece only.
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import sys
@@ -32,7 +39,7 @@ import numpy as np
 
 from shardkit.dataset.index import SLICE_ROWS, Dataset
 from shardkit.dataset.schema import Schema
-from shardkit.errors import ReaderError
+from shardkit.errors import CorruptDatasetError, ReaderError
 from shardkit.reader import batching
 from shardkit.reader.filter import Filter, select_rows, to_expression
 from shardkit.reader.plan import (
@@ -76,11 +83,17 @@ class Reader:
         self.filter_text = ""
         selection: dict[int, np.ndarray] = {}
         self.rows_per_group = dataset.rows_per_group
-        self.stats: dict[str, int] = {"pruned_row_groups": 0, "skipped_row_groups": 0}
+        self.stats: dict[str, int] = {"pruned_row_groups": 0, "skipped_row_groups": 0, "repeated_rows": 0}
         if filter is not None:
             expr = to_expression(filter, dataset.arrow_schema)
             self.filter_text = str(expr)
-            self.rows_per_group, selection, self.stats["pruned_row_groups"] = select_rows(dataset, expr)
+            self.rows_per_group, selection, self.stats["pruned_row_groups"], unreadable = select_rows(
+                dataset, expr, on_error)
+            if unreadable:  # on_error="skip": they hold no sample of this reader
+                self.stats["skipped_row_groups"] += len(unreadable)
+                warnings.warn(f"skipped {len(unreadable)} corrupt row group(s) while counting the rows that "
+                              f"match the filter (on_error='skip'); first: {next(iter(unreadable.values()))}",
+                              stacklevel=3)
         self.num_samples = int(self.rows_per_group.sum())
         if self.num_samples == 0:
             raise ReaderError(
@@ -179,6 +192,7 @@ class Reader:
 
         results = self._prefetched(reads())
         position = start
+        missing = 0  # rows of skipped (corrupt) row groups this pass did not yield
         try:
             for window in windows:
                 parts = [next(results) for _ in window.tasks]
@@ -186,12 +200,20 @@ class Reader:
                 placed = None if scatter is None else scatter.placed(parts)
                 if placed is not None:
                     parts, emit = [[placed]], None  # the workers put the rows in emission order
+                emitted = 0
                 for chunk in _chunks(parts, emit, sizes, position, batcher.need):
+                    emitted += batching.num_rows(chunk)
                     for batch in batcher.add(chunk):
                         yield self._step(batch)
                         if generation != self._generation:
                             return
+                missing += window.num_rows - emitted
                 position += window.num_rows
+            for chunk in self._refill(windows, order, missing, position - 1) if missing else ():
+                for batch in batcher.add(chunk):
+                    yield self._step(batch)
+                    if generation != self._generation:
+                        return
             for batch in batcher.flush():
                 yield self._step(batch)
                 if generation != self._generation:
@@ -200,6 +222,50 @@ class Reader:
             results.close()
         if generation == self._generation:
             self._finish_epoch()
+
+    def _refill(self, windows: Sequence[Window], order: EpochOrder, missing: int, last: int
+                ) -> Iterator[Columns]:
+        """``missing`` rows of this shard's piece read again from its start, in its order (cycling when it
+        has fewer), in place of rows of skipped row groups, all at piece position ``last`` (its end: a
+        resume reads on from there). Raises `CorruptDatasetError` when no row of the piece can be read."""
+        got = 0
+        while got < missing:
+            before = got
+            with contextlib.closing(self._reread(windows, order)) as chunks:
+                for chunk in chunks:
+                    n = min(batching.num_rows(chunk), missing - got)
+                    got += n
+                    self.stats["repeated_rows"] += n
+                    yield {**{k: v[:n] for k, v in chunk.items()}, _POSITION: np.full(n, last)}
+                    if got == missing:
+                        return
+            if got == before:
+                raise CorruptDatasetError(
+                    f"shard {self.shard} of {self.num_shards} could read none of its rows in epoch "
+                    f"{self.epoch}: every row group it reads was skipped as corrupt (on_error='skip'); "
+                    f"first: {next(iter(self._source.skipped.values()), '?')}. Rewrite the dataset"
+                )
+
+    def _reread(self, windows: Sequence[Window], order: EpochOrder) -> Generator[Columns, None, None]:
+        """The rows of ``windows`` this shard emits, read again, in emission order (skipped ones left out)."""
+        prepared: deque[tuple[np.ndarray | None, list[int]]] = deque()
+
+        def reads() -> Iterator[tuple[Task, np.ndarray | None, bool, _Slot]]:
+            for w in windows:
+                emit, rows = _needed_rows(w, order)
+                pairs = list(zip(w.tasks, rows, strict=True))
+                prepared.append((emit, [t.stop - t.start if r is None else len(r) for t, r in pairs]))
+                for t, r in pairs:
+                    yield t, r, True, None
+
+        results = self._prefetched(reads())
+        try:
+            for w in windows:
+                parts = [next(results) for _ in w.tasks]
+                emit, sizes = prepared.popleft()
+                yield from _chunks(parts, emit, sizes, 0, lambda: self.batch_size)
+        finally:
+            results.close()
 
     def _step(self, batch: Columns) -> Columns:
         """Account for a batch about to be yielded: from now on `state_dict` counts it as consumed."""
@@ -212,7 +278,9 @@ class Reader:
         if skipped:
             self.stats["skipped_row_groups"] += len(skipped)
             warnings.warn(f"epoch {self.epoch}: skipped {len(skipped)} corrupt row group(s) "
-                          f"(on_error='skip'); first: {next(iter(skipped.values()))}", stacklevel=3)
+                          f"(on_error='skip'; rows of the shard are read again in their place, so it "
+                          f"still yields len(reader) batches); first: {next(iter(skipped.values()))}",
+                          stacklevel=3)
             skipped.clear()
         self.epoch += 1
         self._history, self._consumed, self._steps = [], 0, 0
@@ -280,9 +348,11 @@ class Reader:
         for key in ("fingerprint", "seed", "shuffle", "shuffle_buffer", "remainder", "drop_last"):
             if state.get(key) != mine[key]:
                 what = "another dataset or filter" if key == "fingerprint" else f"{key}={state.get(key)!r}"
+                hint = (f" (the default follows the columns read: pass shuffle_buffer={state.get(key)!r})"
+                        if key == "shuffle_buffer" else "")
                 raise ReaderError(
                     f"the reader state was saved with {what}, this reader has {key}={mine[key]!r}; resume "
-                    f"with the same dataset and {key}, or start a fresh reader"
+                    f"with the same dataset and {key}{hint}, or start a fresh reader"
                 )
         if state.get("drop_last") and state.get("batch_size") != self.batch_size:
             raise ReaderError("drop_last=True needs the same batch_size to resume; "

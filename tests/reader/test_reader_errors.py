@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -10,10 +11,13 @@ import numpy as np
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 import shardkit
 from shardkit.errors import CorruptDatasetError, DatasetNotFoundError, ReaderError
-from tests.reader.datasets import ids_of, write_ids
+from shardkit.reader.plan import Remainder
+from tests.reader.datasets import ids_of, write_ids, write_layout
 
 
 @pytest.fixture(scope="module")
@@ -49,6 +53,9 @@ def ids_ds(tmp_path_factory: pytest.TempPathFactory) -> str:
         ({"columns": ["id", "nope"]}, ["unknown column", "'nope'", "'label'"]),
         ({"columns": "id"}, ["columns='id'", "list"]),
         ({"columns": []}, ["columns=[]"]),
+        ({"columns": ["id", "label", "id"]}, ["columns=['id', 'label', 'id']", "['id'] more than once"]),
+        ({"shuffle": "no"}, ["shuffle='no'", "True or False"]),
+        ({"drop_last": 1}, ["drop_last=1", "True or False"]),
         ({"filter": pc.field("nope") > 1}, ["nope", "does not apply", "'label'"]),
         ({"filter": [("nope", "=", 1)]}, ["nope"]),
         ({"filter": pc.field("label") == "three"}, ["label", "does not apply", "type"]),
@@ -63,6 +70,16 @@ def test_bad_arguments(ids_ds: str, kwargs: dict[str, Any], words: list[str]) ->
     assert isinstance(info.value, ValueError)
     for word in words:
         assert word in str(info.value), (word, str(info.value))
+
+
+def test_numpy_integers_are_ints(ids_ds: str) -> None:
+    """A rank or size computed with numpy is taken as the int it is."""
+    plain = {"shard": 1, "num_shards": 3, "batch_size": 16, "seed": 5, "num_epochs": 2, "shuffle_buffer": 40,
+             "workers": 2}
+    with shardkit.make_reader(ids_ds, **plain) as a, shardkit.make_reader(
+            ids_ds, **{k: np.int32(v) if k == "batch_size" else np.int64(v) for k, v in plain.items()}) as b:
+        assert ids_of(a).tolist() == ids_of(b).tolist()
+        assert a.state_dict() == b.state_dict()
 
 
 def test_arguments_are_checked_before_the_dataset_is_opened(tmp_path: Path) -> None:
@@ -171,15 +188,21 @@ def test_corrupt_row_group_skipped(corrupt_ds: tuple[str, str, int, int]) -> Non
     with pytest.warns(UserWarning, match=r"skipped 1 corrupt row group.*row group 1 of") as record:
         ids = np.concatenate([ids_of(r) for r in readers])
     assert file in str(record[0].message)
-    assert sorted(ids.tolist()) == sorted(set(range(500)) - lost)
+    # every other row once, and as many rows again as were lost (the shards keep their sizes)
+    assert set(ids.tolist()) == set(range(500)) - lost
+    assert len(ids) == 500
+    assert sum(r.stats["repeated_rows"] for r in readers) == rows
     assert sum(r.stats["skipped_row_groups"] for r in readers) >= 1
     assert all(r.epoch == 1 for r in readers)  # the epochs completed
 
     with shardkit.make_reader(url, batch_size=10, on_error="skip", num_epochs=2, shuffle_buffer=40) as reader:
         for epoch in range(2):
             with pytest.warns(UserWarning, match=f"epoch {epoch}: skipped 1 corrupt"):
-                ids = ids_of(reader.iter_epoch())
-            assert sorted(ids.tolist()) == sorted(set(range(500)) - lost)
+                batches = list(reader.iter_epoch())
+            assert len(batches) == len(reader)
+            ids = ids_of(batches)
+            assert set(ids.tolist()) == set(range(500)) - lost
+            assert len(ids) == 500
             assert reader.stats["skipped_row_groups"] == epoch + 1  # once per epoch it was met
 
 
@@ -198,10 +221,83 @@ def test_skipped_rows_are_not_read_again_on_resume(corrupt_ds: tuple[str, str, i
     assert len(ids) == len(set(ids.tolist())) == 500 - rows
 
 
+@pytest.fixture(scope="module")
+def skip_pair(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, str, set[int]]:
+    """The same 3,000 ids twice, in row groups of 400-750 rows (several 256-row slices each): intact,
+    and with one row group corrupt. Returns (intact url, corrupt url, the ids of the corrupt group)."""
+    base = tmp_path_factory.mktemp("skip")
+    sizes = [500, 700, 400, 650, 750]
+    intact, broken = write_layout(base / "intact", sizes), write_layout(base / "broken", sizes)
+    ds = shardkit.open_dataset(broken)
+    k = 3  # the second row group of the second file (mid-file: corrupt_column_chunk's requirement)
+    rg = ds.row_groups[k]
+    corrupt_column_chunk(broken, rg.file, rg.index)
+    first = int(ds.rows_per_group[:k].sum())
+    return intact, broken, set(range(first, first + rg.num_rows))
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(num_shards=st.integers(1, 4), shuffle=st.booleans(),
+       remainder=st.sampled_from(["drop", "pad", "uneven"]), batch_size=st.sampled_from([64, 100, 333]),
+       drop_last=st.booleans(), seed=st.integers(0, 3), shuffle_buffer=st.sampled_from([300, 1000, 5000]))
+def test_skipping_a_corrupt_row_group_keeps_every_shard_in_step(
+        skip_pair: tuple[str, str, set[int]], num_shards: int, shuffle: bool, remainder: Remainder,
+        batch_size: int, drop_last: bool, seed: int, shuffle_buffer: int) -> None:
+    """Every shard yields the batches (and sizes) it yields on the intact data: the rows it can read, in
+    the same order, then as many of its own rows again (from its start) as it lost."""
+    intact, broken, lost = skip_pair
+    kw: dict[str, Any] = {"num_shards": num_shards, "shuffle": shuffle, "remainder": remainder,
+                          "batch_size": batch_size, "drop_last": drop_last, "seed": seed,
+                          "shuffle_buffer": shuffle_buffer}
+    for shard in range(num_shards):
+        with shardkit.make_reader(intact, shard=shard, **kw) as reader:
+            want = list(reader)
+            assert len(want) == len(reader)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", UserWarning)  # "skipped 1 corrupt row group", when it is met
+            with shardkit.make_reader(broken, shard=shard, on_error="skip", **kw) as reader:
+                got = list(reader)
+                repeated = reader.stats["repeated_rows"]
+        assert [len(b["id"]) for b in got] == [len(b["id"]) for b in want]
+        wanted, ids = ids_of(want), ids_of(got)
+        readable = wanted[~np.isin(wanted, list(lost))]
+        missing = len(wanted) - len(readable)
+        assert repeated == missing
+        assert ids.tolist() == [*readable.tolist(), *np.resize(readable, missing).tolist()]
+
+
+def test_a_filter_skips_a_row_group_it_cannot_read(skip_pair: tuple[str, str, set[int]]) -> None:
+    """The filter's rows are counted when the reader is made: a row group whose filter column is corrupt
+    raises there, naming it, or with on_error="skip" holds no sample (and is counted as skipped)."""
+    _, broken, lost = skip_pair
+    with pytest.raises(CorruptDatasetError, match=r"row group 1 of .*part-00002\.parquet"):
+        shardkit.make_reader(broken, filter=[("id", ">=", 100)])
+    with pytest.warns(UserWarning, match="skipped 1 corrupt row group.*counting the rows that match"):
+        reader = shardkit.make_reader(broken, filter=[("id", ">=", 100)], on_error="skip", batch_size=64)
+    with reader:
+        assert reader.stats["skipped_row_groups"] == 1
+        assert reader.num_samples == 2900 - len(lost)
+        ids = ids_of(reader)
+    assert sorted(ids.tolist()) == sorted(set(range(100, 3000)) - lost)
+    assert reader.stats["repeated_rows"] == 0
+
+
+def test_a_shard_that_can_read_none_of_its_rows_raises(tmp_path: Path) -> None:
+    url = write_layout(tmp_path / "ds", [300, 300, 300], files=1)
+    ds = shardkit.open_dataset(url)
+    for rg in ds.row_groups[1:]:
+        corrupt_column_chunk(url, rg.file, rg.index)
+    with shardkit.make_reader(url, shard=0, num_shards=3, shuffle=False, on_error="skip") as reader:
+        assert ids_of(reader).tolist() == list(range(300))
+    reader = shardkit.make_reader(url, shard=1, num_shards=3, shuffle=False, on_error="skip")
+    with reader, pytest.raises(CorruptDatasetError, match=r"shard 1 of 3 could read none of its rows.*row"):
+        list(reader)
+
+
 def test_truncated_file_raises_naming_file_and_row_group(tmp_path: Path) -> None:
     """A data file cut in half: the row groups still whole in it are read (the ``_metadata`` summary
     says where they are), the first one that is not raises naming the file and row group; skipping
-    loses exactly the row groups the cut reached."""
+    loses exactly the row groups the cut reached (their place is taken by rows read again)."""
     url = write_ids(tmp_path / "ds", 500, row_group_size=23)
     ds = shardkit.open_dataset(url)
     path = os.path.join(url, ds.files[2])
@@ -226,5 +322,9 @@ def test_truncated_file_raises_naming_file_and_row_group(tmp_path: Path) -> None
         with pytest.warns(UserWarning, match="skipped"):
             ids = ids_of(reader)
         lost = sum(ds.row_groups[k].num_rows for k, _ in cut)
-        assert len(ids) == len(set(ids.tolist())) == 500 - lost
+        readable = len(set(ids.tolist()))
+        assert readable == 500 - lost
+        assert ids[readable:].tolist() == ids[:lost].tolist()  # the lost rows' place: the first rows again
+        assert len(ids) == 500
+        assert reader.stats["repeated_rows"] == lost
         assert reader.stats["skipped_row_groups"] == len(cut)
