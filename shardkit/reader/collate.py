@@ -106,6 +106,8 @@ def _target(field: Field, collate: Collate, framework: Framework) -> np.dtype[An
             raise AdapterError(f"Collate(cast=...) names the {field.dtype_name} field {field.name!r}; "
                                "only number, bool and datetime fields can be cast")
         try:
+            if collate.cast[field.name] is None:  # np.dtype(None) would be float64
+                raise TypeError("None is not a dtype")
             target = np.dtype(collate.cast[field.name])
         except TypeError as e:
             raise AdapterError(f"Collate(cast={{{field.name!r}: {collate.cast[field.name]!r}}}) is not a "
@@ -140,6 +142,8 @@ def plan_fields(schema: Schema, collate: Collate, framework: Framework) -> list[
         else:
             kind = collate.variable if collate.variable == "pad" else "rows"
         plans.append(FieldPlan(f, kind, dtype, f.nullable))
+        if kind == "pad":
+            _check_pad_value(f.name, dtype, collate.pad_value)
     names = set(schema.names)
     for p in plans:
         for key in output_extras(p):
@@ -148,6 +152,19 @@ def plan_fields(schema: Schema, collate: Collate, framework: Framework) -> list[
                                    f"adapter adds for {p.name!r}; rename one of them, or leave one out "
                                    "with columns=[...]")
     return plans
+
+
+def _check_pad_value(name: str, dtype: np.dtype[Any], value: float) -> None:
+    """``value`` must be one of ``dtype``'s (padding is written with it), or `AdapterError`."""
+    try:
+        held = np.array(value, dtype=dtype)
+        same = bool(held == value) or (dtype.kind == "f" and bool(np.isnan(held)) and bool(np.isnan(value)))
+    except (OverflowError, TypeError, ValueError):
+        same = False
+    if not same:
+        raise AdapterError(f"Collate(pad_value={value!r}) is not a value of field {name!r} ({dtype}), "
+                           "which is padded with it; use one it holds (e.g. 0), or cast the field to a dtype "
+                           f"that holds it: Collate(cast={{{name!r}: '<dtype>'}}, pad_value={value!r})")
 
 
 def output_extras(plan: FieldPlan) -> list[str]:
@@ -232,14 +249,18 @@ class Passes:
         self.reader, self.fresh = reader, fresh
         self._lock = threading.Lock()
         self._token = 0
-        self._resumed = False
+        self._resume_from: int | None = None  # the start epoch of the pass the next one resumes (`resumed`)
+        self.start: int | None = None  # the epoch the current pass started at (None: no pass yet)
 
-    def resumed(self) -> None:
-        """The reader was just restored from a checkpoint: the next pass reads only the epochs left of
-        its ``num_epochs`` (counted from epoch 0, as a `Reader` counts them), so a job restarted from
-        its last checkpoint does not train ``num_epochs`` more epochs. Later passes are relative again."""
+    def resumed(self, started: int = 0) -> None:
+        """The reader was just restored from a checkpoint taken in a pass that started at epoch
+        ``started``: the next pass reads only what is left of that one, up to epoch ``started +
+        num_epochs`` (by default the epochs left of ``num_epochs`` counted from epoch 0, as a `Reader`
+        counts them), so a job restarted from its last checkpoint does not train ``num_epochs`` more
+        epochs, and a checkpoint taken after the pass's last batch resumes with nothing left. Later
+        passes are relative again."""
         with self._lock:
-            self._resumed = True
+            self._resume_from = started
 
     def stop(self) -> None:
         """End the pass in progress (at its next batch)."""
@@ -254,10 +275,12 @@ class Passes:
             state = reader.state_dict() if self.fresh and token > 1 else {}
             if state.get("history"):
                 jump_to_epoch(reader, int(state["epoch"]) + 1)
-            absolute, self._resumed = self._resumed, False
+            started, self._resume_from = self._resume_from, None
+            self.start = reader.epoch if started is None else started
+            until = None if started is None or reader.num_epochs is None else started + reader.num_epochs
         done = 0
-        while reader.num_epochs is None or (
-                reader.epoch < reader.num_epochs if absolute else done < reader.num_epochs):
+        while reader.num_epochs is None or (reader.epoch < until if until is not None
+                                            else done < reader.num_epochs):
             epoch = reader.iter_epoch()
             while True:
                 with self._lock:

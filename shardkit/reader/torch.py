@@ -218,7 +218,9 @@ class Loader:
                     self._seen = pending[1]
                     yield stager.hand(pending[0])
                 pending = staged
-            if pending is not None:
+            # the passes end when this pass is over, or when a newer pass or a load_state_dict took the
+            # reader: then the batch read ahead is not this pass's to hand out, nor its position to keep
+            if pending is not None and generation == self._generation:
                 self._seen = pending[1]
                 yield stager.hand(pending[0])
             pending = None

@@ -283,6 +283,8 @@ class ShardkitIterableDataset(torch.utils.data.IterableDataset[Batch]):
     default). Workers that are not persistent start from a copy of this object at every pass: call
     ``set_epoch(epoch)`` before each one (as with ``DistributedSampler``) so each epoch gets its own
     shuffle, or use ``persistent_workers=True``, where each worker's reader goes on to its next epoch.
+    A persistent worker's copy is made once, when it starts: ``set_epoch`` reaches it then, and not
+    later (calling it with each epoch in turn, as above, agrees with where its reader goes).
     See the module docstring for what resuming guarantees. In a worker, each batch crosses to the main
     process as one shared-memory block, its tensors views of it there (`_WorkerBatch`), in a segment the
     worker reuses once the main process has dropped the batch (`_Segments`): no new segment and no
@@ -315,6 +317,8 @@ class ShardkitIterableDataset(torch.utils.data.IterableDataset[Batch]):
             raise AdapterError(f"collate={collate!r} must be a shardkit Collate or a function of a batch")
         self._epoch: int | None = None
         self._pending: dict[str, Any] | None = None  # a reader state to load when the reader is made
+        self._pending_pass: int | None = None  # the epoch the pass of ``_pending`` started at, if known
+        self._placed_pid = 0  # the process that last put its reader where _epoch / _pending say
         self._reader: Reader | None = None
         self._passes: Passes | None = None  # passes over _reader: a new pass ends the one before
         self._reader_pid = 0  # the process that made _reader (a forked worker must make its own)
@@ -346,9 +350,17 @@ class ShardkitIterableDataset(torch.utils.data.IterableDataset[Batch]):
             self._reader, self._reader_pid, self._passes = reader, os.getpid(), passes
         if self._pending is not None:
             reader.load_state_dict(self._pending)
-            self._pending = None
-        elif self._epoch is not None and reader.state_dict()["epoch"] != self._epoch:
+            if self._pending_pass is not None:  # the rest of the pass the state was saved in
+                passes.resumed(self._pending_pass)
+            self._pending, self._pending_pass = None, None
+        elif self._epoch is not None and reader.state_dict()["epoch"] != self._epoch and (
+                torch.utils.data.get_worker_info() is None or self._placed_pid != os.getpid()):
+            # In a persistent worker (one that outlives a pass), this object is the copy made when the
+            # worker started: set_epoch() in the main process since then does not reach it. Its reader
+            # was put at _epoch once and goes on to its next epoch each pass (set_epoch() called with
+            # each epoch in turn agrees); jumping back to the stale _epoch would replay that epoch.
             jump_to_epoch(reader, self._epoch)
+        self._placed_pid = os.getpid()
         return reader, passes
 
     def __iter__(self) -> Iterator[Batch]:
@@ -368,10 +380,12 @@ class ShardkitIterableDataset(torch.utils.data.IterableDataset[Batch]):
     def state_dict(self) -> dict[str, Any]:
         """This worker's position: its reader's state and its place in the layout (JSON-able)."""
         worker, workers = _worker()
-        reader_state = self._reader.state_dict() if self._reader is not None and \
-            self._reader_pid == os.getpid() else self._pending
+        live = self._reader is not None and self._reader_pid == os.getpid() and self._pending is None
+        reader_state = self._reader.state_dict() if live and self._reader is not None else self._pending
+        started = self._passes.start if live and self._passes is not None else self._pending_pass
         return {"kind": STATE_KIND, "version": 1, "reader": reader_state, "epoch": self._epoch,
-                "rank": self.rank, "world_size": self.world_size, "num_workers": workers, "worker": worker}
+                "pass": started, "rank": self.rank, "world_size": self.world_size, "num_workers": workers,
+                "worker": worker}
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Continue from ``state``: a worker's own (same layout), one from `job_state`, or a reader state.
@@ -382,7 +396,7 @@ class ShardkitIterableDataset(torch.utils.data.IterableDataset[Batch]):
         if not isinstance(state, Mapping):
             raise AdapterError(f"not a ShardkitIterableDataset state: {state!r:.200}")
         if state.get("kind") != STATE_KIND:  # a plain reader state (e.g. make_loader's): the job's position
-            self._pending, self._epoch = dict(state), None
+            self._pending, self._pending_pass, self._epoch = dict(state), None, None
             return
         if state.get("worker") is not None:
             worker, workers = _worker()
@@ -396,6 +410,8 @@ class ShardkitIterableDataset(torch.utils.data.IterableDataset[Batch]):
                     "into the dataset before making the DataLoader"
                 )
         self._pending = None if state.get("reader") is None else dict(state["reader"])
+        started = state.get("pass")
+        self._pending_pass = started if isinstance(started, int) and not isinstance(started, bool) else None
         self._epoch = state.get("epoch")
         if self._pending is None and self._epoch is None:
             self._epoch = 0  # saved before its worker read anything: the start of the first epoch
@@ -450,7 +466,7 @@ def job_state(saved: Any) -> dict[str, Any]:
         raise AdapterError(f"the saved worker states disagree on {differ}; they come from different datasets "
                            "or jobs")
     behind = min(states, key=_position)
-    return {"kind": STATE_KIND, "version": 1, "reader": behind["reader"],
+    return {"kind": STATE_KIND, "version": 1, "reader": behind["reader"], "pass": behind.get("pass"),
             "epoch": _position(behind)[0], "job": True, "worker": None}
 
 

@@ -168,6 +168,27 @@ def test_a_field_torch_cannot_represent_fails_with_the_options(tmp_path: Path) -
         skt.make_loader(url, collate=skt.Collate(cast={"big": "uint16"}), columns=["big"])
     with pytest.raises(AdapterError, match="variable"):
         skt.Collate(variable="ragged")  # type: ignore[arg-type]
+    none: Any = None
+    with pytest.raises(AdapterError, match=r"cast=\{'depth': None\}.*not a numpy dtype"):
+        skt.make_loader(url, collate=skt.Collate(cast={"depth": none}), columns=["depth"])
+
+
+@pytest.mark.parametrize(("pad_value", "ok"),
+                         [(-1, False), (256, False), (0.5, False), (255, True), (0, True)])
+def test_a_pad_value_the_field_cannot_hold_is_refused_up_front(codecs_ds: str, pad_value: float,
+                                                               ok: bool) -> None:
+    """var2 is int32 (-1 fits), a uint8 cast of it holds 0..255: the adapter is refused when it is made,
+    naming the field and the value (it used to fail on the first batch with numpy's OverflowError, or
+    pad 0.5 silently as 0)."""
+    collate = skt.Collate(variable="pad", pad_value=pad_value, cast={"var2": "uint8"})
+    kw = {"columns": ["var2"], "batch_size": 16, "collate": collate}
+    if ok:
+        with skt.make_loader(codecs_ds, **kw) as loader:
+            batch = next(iter(loader))
+        assert (batch["var2"][~batch["var2__mask"]] == pad_value).all()
+        return
+    with pytest.raises(AdapterError, match=rf"pad_value={pad_value!r}\) is not a value of field 'var2'"):
+        skt.make_loader(codecs_ds, **kw)
 
 
 def test_an_added_key_that_collides_with_a_field_is_refused(tmp_path: Path) -> None:
@@ -246,8 +267,24 @@ def test_each_pass_is_the_next_epoch(ids_ds: str) -> None:
     assert not np.array_equal(epochs[0], epochs[1])
 
 
-def test_a_new_pass_or_a_loaded_state_ends_the_pass_in_progress(ids_ds: str) -> None:
-    with skt.make_loader(ids_ds, batch_size=48, shuffle=False, columns=["id"]) as loader:
+class _HostStager:
+    """The loader's look-ahead without CUDA: staging is the identity (the CUDA copy is in test_gpu.py)."""
+
+    def stage(self, batch: dict[str, Any]) -> dict[str, Any]:
+        return batch
+
+    def hand(self, staged: dict[str, Any]) -> dict[str, Any]:
+        return staged
+
+
+def _loader(url: str, lookahead: bool, **kw: Any) -> reader_torch.Loader:
+    """make_loader's Loader, on the CUDA path's look-ahead (`_HostStager`) or on the host path."""
+    return reader_torch.Loader(shardkit.make_reader(url, **kw), _stager=_HostStager() if lookahead else None)
+
+
+@pytest.mark.parametrize("lookahead", [False, True])
+def test_a_new_pass_or_a_loaded_state_ends_the_pass_in_progress(ids_ds: str, lookahead: bool) -> None:
+    with _loader(ids_ds, lookahead, batch_size=48, shuffle=False, columns=["id"]) as loader:
         first = iter(loader)
         a = next(first)
         second = iter(loader)
@@ -259,14 +296,21 @@ def test_a_new_pass_or_a_loaded_state_ends_the_pass_in_progress(ids_ds: str) -> 
     np.testing.assert_array_equal(ids_of([a, b, *rest]), np.arange(N_IDS))
 
 
-class _HostStager:
-    """The loader's look-ahead without CUDA: staging is the identity (the CUDA copy is in test_gpu.py)."""
-
-    def stage(self, batch: dict[str, Any]) -> dict[str, Any]:
-        return batch
-
-    def hand(self, staged: dict[str, Any]) -> dict[str, Any]:
-        return staged
+@pytest.mark.parametrize("lookahead", [False, True])
+def test_loading_an_earlier_state_mid_pass_goes_back_to_it(ids_ds: str, lookahead: bool) -> None:
+    """A rollback (say, the loss blew up): the pass ends where the state was loaded, and the next pass
+    starts at the saved position; the batch the look-ahead read meanwhile is not handed out."""
+    with _loader(ids_ds, lookahead, batch_size=16, shuffle=False, columns=["id"]) as loader:
+        seen = []
+        for i, batch in enumerate(loader):
+            seen.append(int(batch["id"][0]))
+            if i == 2:
+                saved = loader.state_dict()
+            if i == 6:
+                loader.load_state_dict(saved)
+        after = ids_of(list(loader))
+    assert seen == [16 * i for i in range(7)]
+    np.testing.assert_array_equal(after, np.arange(48, N_IDS))
 
 
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
@@ -346,6 +390,40 @@ def test_two_workers_on_two_ranks_cover_every_id_once(ids_ds: str) -> None:
         assert [len(b) for b in batches] == [16] * 14 + [8] * 2  # 120 ids a worker: 7 batches and 8 ids
     assert len(per_rank[0]) == len(per_rank[1])  # ranks step together
     assert_exactly_once(np.concatenate(per_rank), N_IDS)
+
+
+def _epoch_of_workers(url: str, epoch: int, num_workers: int, **kw: Any) -> list[np.ndarray]:
+    """The batches ``num_workers`` DataLoader workers yield in ``epoch``: each its reader's, in turn."""
+    per_worker = []
+    for w in range(num_workers):
+        with shardkit.make_reader(url, shard=w, num_shards=num_workers, num_epochs=epoch + 1, **kw) as reader:
+            for _ in range(epoch):
+                list(reader.iter_epoch())
+            per_worker.append([b["id"].copy() for b in reader.iter_epoch()])
+    return [b for group in zip(*per_worker, strict=True) for b in group]
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.usefixtures("reap")
+@pytest.mark.parametrize("set_epoch", [True, False])
+def test_persistent_workers_read_the_next_epoch_each_pass(ids_ds: str, set_epoch: bool) -> None:
+    """A persistent worker's copy of the dataset is made once: set_epoch() calls made later in the main
+    process do not reach it, and its reader goes on to its next epoch each pass (it used to jump back
+    to the epoch its copy was made with, replaying one shuffle every pass)."""
+    from torch.utils.data import DataLoader
+
+    kw = {"batch_size": 16, "columns": ["id"], "seed": 5, "workers": 1}
+    ds = skt.ShardkitIterableDataset(ids_ds, **kw)
+    dl = DataLoader(ds, batch_size=None, num_workers=2, persistent_workers=True)
+    for epoch in range(3):
+        if set_epoch:
+            ds.set_epoch(epoch)
+        got = [b["id"].numpy().copy() for b in dl]
+        want = _epoch_of_workers(ids_ds, epoch, 2, **kw)
+        assert len(got) == len(want)
+        for g, w in zip(got, want, strict=True):
+            np.testing.assert_array_equal(g, w)
+    del dl
 
 
 @pytest.mark.timeout(60)
@@ -514,7 +592,7 @@ def _rank_ds(url: str, rank: int, world: int = 2) -> Any:
 @pytest.mark.timeout(180)
 @pytest.mark.filterwarnings(_TORCHDATA_WARNING)
 @pytest.mark.usefixtures("reap")
-@pytest.mark.parametrize("steps", [3, 4])
+@pytest.mark.parametrize("steps", [3, 4, 15])  # 15 of 16: worker 0 has read its last batch, worker 1 not
 def test_stateful_dataloader_resumes_each_rank_exactly(ids_ds: str, steps: int) -> None:
     whole = [_dl_ids(None, 2, loader=_stateful(_rank_ds(ids_ds, rank))) for rank in range(2)]
     dl = _stateful(_rank_ds(ids_ds, 0))
