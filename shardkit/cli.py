@@ -11,7 +11,13 @@ import warnings
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from shardkit.dataset import Dataset, SummaryMissingWarning, open_dataset, write_summary
+from shardkit.dataset import (
+    Dataset,
+    SummaryMissingWarning,
+    UncommittedFilesWarning,
+    open_dataset,
+    write_summary,
+)
 from shardkit.errors import JobError, ShardkitError
 
 if TYPE_CHECKING:
@@ -85,9 +91,12 @@ def _inspect(args: argparse.Namespace) -> int:
 
 
 def _index(args: argparse.Namespace) -> int:
-    with warnings.catch_warnings():
+    with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("ignore", SummaryMissingWarning)
+        warnings.simplefilter("always", UncommittedFilesWarning)
         ds = write_summary(args.url)
+    for w in caught:
+        print(f"warning: {w.message}", file=sys.stderr)
     summary = f"{args.url.rstrip('/')}/_metadata"
     print(f"wrote {summary}: {len(ds.row_groups):,} row groups in {len(ds.files):,} files")
     return 0

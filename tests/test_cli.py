@@ -113,6 +113,22 @@ def test_index_writes_the_summary(plain_folder: str, capsys: pytest.CaptureFixtu
     shardkit.open_dataset(plain_folder)  # and none from Python either
 
 
+def test_index_of_a_shardkit_dataset_names_the_parts_it_leaves_out(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """The parts of a write that did not commit are not indexed; the CLI says so on stderr."""
+    url = os.fspath(tmp_path / "ds")
+    kept = shardkit.write_dataset({"x": np.arange(10)}, url)
+    other = shardkit.write_dataset({"x": np.full(5, -1)}, os.fspath(tmp_path / "other"))
+    stray = other.files[0]
+    os.replace(os.path.join(other.url, stray), os.path.join(url, stray))  # as a killed overwrite leaves it
+    assert main(["index", url]) == 0
+    out, err = capsys.readouterr()
+    assert out == f"wrote {url}/_metadata: 1 row groups in 1 files\n"
+    assert err.startswith("warning: ")
+    assert stray in err
+    assert shardkit.open_dataset(url).files == kept.files
+
+
 @pytest.mark.parametrize(
     ("argv", "needles"),
     [

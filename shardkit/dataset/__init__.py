@@ -1,7 +1,13 @@
 """The format on disk: schema and codecs, the writer, opening (and Petastorm compatibility)."""
 
 from shardkit.dataset.codecs import ImageCodec, NdarrayCodec, ScalarCodec, TensorCodec
-from shardkit.dataset.index import Dataset, RowGroup, SummaryMissingWarning, open_dataset
+from shardkit.dataset.index import (
+    Dataset,
+    RowGroup,
+    SummaryMissingWarning,
+    UncommittedFilesWarning,
+    open_dataset,
+)
 from shardkit.dataset.schema import Field, Schema
 from shardkit.dataset.writer import write_dataset, write_summary
 
@@ -15,6 +21,7 @@ __all__ = [
     "Schema",
     "SummaryMissingWarning",
     "TensorCodec",
+    "UncommittedFilesWarning",
     "open_dataset",
     "write_dataset",
     "write_summary",

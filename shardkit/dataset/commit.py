@@ -10,17 +10,87 @@ Order, and what a crash at each point leaves (readers open only what ``_metadata
 5. parts no longer listed (overwrite) and staging are removed; so is garbage of killed writers.
 
 A folder that has shardkit parts but no ``_metadata`` is an unfinished first write and does not open.
-One writer at a time per dataset: concurrent writers are not coordinated.
+
+One writer at a time per dataset: the garbage collection of step 5 (and of a write's start) takes
+every staging folder and every unlisted part for a killed writer's. What overlapping writers get:
+
+- local folders: a write holds an exclusive advisory lock (``fcntl.flock`` on ``_write.lock`` in the
+  root, removed when the write ends) from its first look at the folder to its last removal; a second
+  write (or `write_summary`) that starts meanwhile raises `DatasetError` at once and changes nothing.
+  ``flock`` coordinates processes of one machine; on network mounts (NFS) it may not.
+- object stores (and any other fsspec filesystem) have no lock: overlapping writers are detected, not
+  prevented. A writer checks that every file it is about to list exists just before it writes
+  ``_metadata`` and raises `DatasetError` instead of committing when one is gone, and a write whose
+  staging files vanish raises `DatasetError` too, not a bare ``FileNotFoundError``. Another writer's
+  removal between that check and the commit (milliseconds) can still leave a ``_metadata`` that lists
+  a missing file; `write_summary` repairs it.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import contextlib
+import os
+from collections.abc import Iterator, Sequence
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 
 from shardkit.dataset.location import COMMON, STAGING, SUMMARY, Location
+from shardkit.errors import DatasetError
+
+LOCK = "_write.lock"
+
+
+def overlap_error(loc: Location, what: str) -> DatasetError:
+    """The error of a write that overlapped another one at ``loc``; ``what`` says how it showed."""
+    return DatasetError(
+        f"another write to {loc.url!r} overlapped this one ({what}); writers to one dataset must not "
+        "overlap. Nothing was committed by this write: wait for the other to finish and run it again, or "
+        "write to another URL"
+    )
+
+
+@contextlib.contextmanager
+def write_lock(loc: Location) -> Iterator[None]:
+    """Hold ``loc``'s write lock (local folders; elsewhere a no-op, see the module docstring).
+
+    Creates the root folder when it is missing (the lock file lives there) and removes the lock file,
+    and the root when this created it and left it empty, at the end. Raises `DatasetError` when
+    another write holds the lock. A root that is a file is left for the caller to refuse.
+    """
+    try:
+        import fcntl
+    except ImportError:  # not POSIX: no advisory locks
+        fcntl = None  # type: ignore[assignment]
+    if fcntl is None or not loc.is_local or os.path.isfile(loc.root):
+        yield
+        return
+    created = not os.path.isdir(loc.root)
+    os.makedirs(loc.root, exist_ok=True)
+    path = loc.join(LOCK)
+    while True:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            raise overlap_error(loc, f"it holds the lock file {path!r}") from None
+        try:
+            same = os.fstat(fd).st_ino == os.stat(path).st_ino
+        except FileNotFoundError:
+            same = False
+        if same:
+            break
+        os.close(fd)  # the file was removed by the write that just ended: lock the new one
+    try:
+        yield
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            os.remove(path)  # still holding the lock: a writer that opened this file fails its flock
+        os.close(fd)
+        with contextlib.suppress(OSError):
+            if created and not os.listdir(loc.root):
+                os.rmdir(loc.root)
 
 
 def summary_bytes(arrow_schema: pa.Schema, parts: Sequence[pq.FileMetaData]) -> tuple[bytes, bytes]:
@@ -56,26 +126,46 @@ def commit(
     names = list(keep_files)
     for src, md in staged:
         name = src.rsplit("/", 1)[-1]
-        loc.move(src, loc.join(name))
+        try:
+            loc.move(src, loc.join(name))
+        except FileNotFoundError as e:
+            raise overlap_error(loc, f"its staged part {src!r} was removed") from e
         md.set_file_path(name)
         mds.append(md)
         names.append(name)
+    check_present(loc, names)
     meta, common = summary_bytes(arrow_schema, mds)
     loc.write_atomic(SUMMARY, meta)
     loc.write_atomic(COMMON, common)
     live = set(names)
     for old in replace:
-        if old not in live and loc.exists(old):
-            loc.fs.rm(loc.join(old))
+        if old not in live:
+            with contextlib.suppress(FileNotFoundError):  # gone already: what this wanted
+                loc.fs.rm(loc.join(old))
     collect_garbage(loc, live)
+
+
+def check_present(loc: Location, names: Sequence[str]) -> None:
+    """Raise `DatasetError` unless every file in ``names`` (relative to the root) exists: the summary
+    about to be committed lists them. One listing of the root (one request on an object store)."""
+    if not names:
+        return
+    loc.fs.invalidate_cache(loc.root)  # another writer's removals are what this looks for
+    root = loc.root.rstrip("/") + "/"
+    here = {str(p)[len(root):] if str(p).startswith(root) else str(p) for p in loc.fs.find(loc.root)}
+    missing = [name for name in names if name not in here]
+    if missing:
+        gone = f"{len(missing)} file(s) this write was about to list are gone: {missing[:3]}"
+        raise overlap_error(loc, gone)
 
 
 def collect_garbage(loc: Location, live: set[str]) -> None:
     """Remove staging folders and root ``part-*`` files not in ``live`` (left by killed writers)."""
-    if loc.exists(STAGING):
+    with contextlib.suppress(FileNotFoundError):
         loc.fs.rm(loc.join(STAGING), recursive=True)
     for path in loc.fs.ls(loc.root, detail=False):
         name = str(path).rstrip("/").rsplit("/", 1)[-1]
         dead_part = name.startswith("part-") and name.endswith(".parquet") and name not in live
         if dead_part or name.startswith((f".{SUMMARY}.tmp-", f".{COMMON}.tmp-")):
-            loc.fs.rm(path)
+            with contextlib.suppress(FileNotFoundError):
+                loc.fs.rm(path)

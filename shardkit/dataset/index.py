@@ -49,6 +49,11 @@ class SummaryMissingWarning(UserWarning):
     """A dataset without ``_metadata`` was opened by reading every file's footer (slower)."""
 
 
+class UncommittedFilesWarning(UserWarning):
+    """`write_summary` of a shardkit dataset left out data files its ``_metadata`` did not list (the
+    parts of a write that did not commit)."""
+
+
 @dataclasses.dataclass(frozen=True)
 class RowGroup:
     """One row group: ``file`` (relative to the root), its ``index`` in that file, rows and bytes."""
@@ -247,13 +252,16 @@ def open_location(loc: Location) -> Dataset:
             raise NotADatasetError(f"{loc.url!r} is a file; a dataset is a folder of Parquet files")
         if loc.exists(SUMMARY):  # there after all (written meanwhile): read it, or say why it cannot be
             md = read_footer(loc, SUMMARY)
+    groups_from_summary = md is not None
     if md is not None:
-        arrow_schema, groups = md.schema.to_arrow_schema(), tuple(_groups_of(md))
+        arrow_schema, groups = md.schema.to_arrow_schema(), tuple(summary_row_groups(md))
         footers: Footers = []
     else:
         md, (arrow_schema, groups, footers) = None, _index_footers(loc)
     if SCHEMA_KEY in (arrow_schema.metadata or {}):
-        ds = Dataset(loc, _schema(loc, arrow_schema), arrow_schema, groups, "shardkit", md)
+        schema = _schema(loc, arrow_schema)
+        check_columns(loc, schema, arrow_schema, where=loc.join(SUMMARY) if groups_from_summary else loc.url)
+        ds = Dataset(loc, schema, arrow_schema, groups, "shardkit", md)
     elif (blob := _petastorm_blob(loc)) is not None:
         from shardkit.dataset.petastorm import petastorm_schema
 
@@ -318,6 +326,39 @@ def _schema(loc: Location, arrow_schema: pa.Schema) -> Schema:
         return schema_from_arrow(arrow_schema)
     except SchemaError as e:
         raise SchemaError(f"dataset {loc.url!r}: {e}") from e
+
+
+def check_columns(loc: Location, schema: Schema, arrow_schema: pa.Schema, *, where: str) -> None:
+    """Raise `CorruptDatasetError` unless ``schema`` (stored as JSON) describes the Parquet columns.
+
+    Every field needs a column of its name that its codec can read (`Codec.stored_problem`), and every
+    column a field: shardkit writes exactly the schema's columns, so a difference means the stored
+    schema was edited (or the files replaced) outside shardkit, and reading on would drop a field or
+    decode wrong values. Metadata only: no data file is read. ``where`` names the file the schema and
+    columns come from.
+    """
+    fix = ("The schema stored in the dataset no longer describes its Parquet files: rewrite the dataset "
+           "with shardkit.write_dataset, or restore the schema it was written with")
+    columns = {f.name: f.type for f in arrow_schema}
+    for field in schema:
+        if field.name not in columns:
+            raise CorruptDatasetError(
+                f"dataset {loc.url!r}: the field {field.name!r} of its schema has no Parquet column in "
+                f"{where!r} (columns: {list(columns)}). {fix}"
+            )
+        problem = field.codec.stored_problem(field, columns[field.name])
+        if problem is not None:
+            raise CorruptDatasetError(
+                f"dataset {loc.url!r}: the field {field.name!r} ({field.dtype_name}, shape "
+                f"{field.shape}, codec {field.codec.name!r}) does not fit its Parquet column in {where!r}: "
+                f"{problem}. {fix}"
+            )
+    extra = [name for name in columns if name not in schema]
+    if extra:
+        raise CorruptDatasetError(
+            f"dataset {loc.url!r}: the Parquet column(s) {extra} in {where!r} are not in its schema "
+            f"(fields: {schema.names}). {fix}"
+        )
 
 
 def data_files(loc: Location) -> list[str]:
@@ -397,7 +438,8 @@ def _columns(md: pq.FileMetaData) -> str:
     return ", ".join(f"{f.name}: {f.type}" for f in md.schema.to_arrow_schema())
 
 
-def _groups_of(md: pq.FileMetaData) -> list[RowGroup]:
+def summary_row_groups(md: pq.FileMetaData) -> list[RowGroup]:
+    """The row groups a ``_metadata`` summary lists, each with its file and its index in that file."""
     groups: list[RowGroup] = []
     per_file: dict[str, int] = {}
     for i in range(md.num_row_groups):

@@ -1,8 +1,11 @@
 """What `write_dataset` accepts, turned into a stream of ``(columns, num_rows)`` batches.
 
 Accepted: a pandas DataFrame, an Arrow Table or RecordBatch, a mapping of column name -> values (one
-columnar batch), or an iterable of any of those or of row dicts. Large inputs are cut into batches of
-at most ``BATCH_ROWS`` rows so that memory stays bounded by a row group, not by the input.
+columnar batch), or an iterable of DataFrames, Arrow tables or batches, mappings of column name -> Arrow
+array, or row dicts. Inside an iterable a mapping is a row unless all its values are Arrow arrays
+(`is_row`): a row's values may be arrays (tensor fields), so a mapping of numpy columns there is a row.
+Large inputs are cut into batches of at most ``BATCH_ROWS`` rows so that memory stays bounded by a row
+group, not by the input.
 """
 
 from __future__ import annotations
@@ -29,16 +32,40 @@ def _column_len(name: str, values: Any) -> int:
         raise SchemaError(f"column {name!r} is a {type(values).__name__}, not a sequence of values") from e
 
 
+def column_names(labels: Iterable[Any], what: str) -> list[str]:
+    """The field names of a frame's or table's column ``labels`` (``str`` of each); raise
+    `SchemaMismatchError` when two labels give one name, as one column would silently replace the other.
+
+    pandas labels that are not strings (``0``, ``1.5``) become their ``str``; ``1`` and ``"1"`` (or a
+    label given twice) collide.
+    """
+    labels = list(labels)
+    names = [str(label) for label in labels]
+    if len(set(names)) == len(names):
+        return names
+    seen: dict[str, list[Any]] = {}
+    for label, name in zip(labels, names, strict=True):
+        seen.setdefault(name, []).append(label)
+    clashes = {name: found for name, found in seen.items() if len(found) > 1}
+    raise SchemaMismatchError(
+        f"the {what} has column labels that name one field: "
+        + "; ".join(f"{found} become {name!r}" for name, found in clashes.items())
+        + ". Every column needs its own name: rename or drop the duplicates before writing"
+    )
+
+
 def _from_table(table: pa.Table | pa.RecordBatch) -> Iterator[Batch]:
+    names = column_names(table.schema.names, "Arrow table")
     batches = table.to_batches(max_chunksize=BATCH_ROWS) if isinstance(table, pa.Table) else [table]
     for batch in batches:
-        yield {name: batch.column(name) for name in batch.schema.names}, batch.num_rows
+        yield {name: batch.column(i) for i, name in enumerate(names)}, batch.num_rows
 
 
 def _from_dataframe(df: Any) -> Iterator[Batch]:
+    names = column_names(df.columns, "DataFrame")
     for start in range(0, len(df), BATCH_ROWS):
         chunk = df.iloc[start : start + BATCH_ROWS]
-        yield {str(c): chunk[c] for c in chunk.columns}, len(chunk)
+        yield {name: chunk.iloc[:, i] for i, name in enumerate(names)}, len(chunk)
 
 
 def _from_mapping(columns: Mapping[str, Any]) -> Iterator[Batch]:
@@ -110,9 +137,9 @@ def whole_columns(data: Any) -> Mapping[str, Any] | None:
     that first appears past ``BATCH_ROWS`` rows is seen too.
     """
     if isinstance(data, pa.Table | pa.RecordBatch):
-        return {name: data.column(name) for name in data.schema.names}
+        return {name: data.column(i) for i, name in enumerate(column_names(data.schema.names, "Arrow table"))}
     if _is_dataframe(data):
-        return {str(c): data[c] for c in data.columns}
+        return {name: data.iloc[:, i] for i, name in enumerate(column_names(data.columns, "DataFrame"))}
     if isinstance(data, Mapping):
         return data
     return None
@@ -127,4 +154,4 @@ def is_row(item: Any) -> bool:
     )
 
 
-__all__ = ["BATCH_ROWS", "is_row", "iter_batches", "whole_columns"]
+__all__ = ["BATCH_ROWS", "column_names", "is_row", "iter_batches", "whole_columns"]

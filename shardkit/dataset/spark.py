@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING, Any
 import pyarrow as pa
 
 from shardkit import errors
-from shardkit.dataset.commit import commit
+from shardkit.dataset.commit import commit, write_lock
 from shardkit.dataset.index import Dataset, data_files, open_location, read_footer
 from shardkit.dataset.location import STAGING, Location
 from shardkit.dataset.schema import Field, Schema
@@ -170,37 +170,38 @@ def write_spark(
             f"write_spark cannot write to {loc.url!r}: executors run in other processes and cannot see "
             "the driver's in-memory filesystem; use a local folder, an object store or HDFS"
         )
-    existing, schema = resolve_target(loc, mode, schema)
-    if schema is None:
-        schema = schema_from_spark(df.schema)
-    check_spark_columns(schema, df.schema)
-    replaced = data_files(loc) if mode == "overwrite" and loc.fs.exists(loc.root) else []
-
-    write_id = uuid.uuid4().hex
-    staging = loc.join(STAGING, write_id)
     root_existed = loc.fs.exists(loc.root)
-    loc.fs.makedirs(staging, exist_ok=True)
-    task = _WriteTask(loc.root if loc.is_local else loc.url, storage_options, f"{STAGING}/{write_id}",
-                      schema.to_json(), rg_bytes, rg_rows, file_bytes, compression)
-    try:
-        names = [row.path for row in df.mapInArrow(task, "path string").collect()]
-        with ThreadPoolExecutor(max_workers=8) as pool:  # one footer per file: overlap the round trips
-            footers = list(pool.map(lambda name: read_footer(loc, name), names))
-        staged = [(loc.join(name), md) for name, md in zip(names, footers, strict=True)]
-        if not staged:  # an empty DataFrame still gets one (empty) file that carries the schema
-            staged = PartWriter(loc, staging, schema, rg_bytes=rg_bytes, rg_rows=rg_rows,
-                                file_bytes=file_bytes, compression=compression).finish()
-    except BaseException as e:
-        # a straggling task of the failed job may still be writing: never let cleanup hide the error
-        with contextlib.suppress(OSError):
-            discard_staging(loc, created_root=not root_existed)
-        raised = _from_worker(e)
-        if raised is not None:
-            raise raised from e
-        raise
-    keep = [existing.metadata] if existing is not None and existing.metadata is not None else []
-    keep_files = existing.files if existing is not None else []
-    commit(loc, schema.storage_schema(), staged, keep=keep, keep_files=keep_files, replace=replaced)
+    with write_lock(loc):  # the driver holds it for the whole job (local folders)
+        existing, schema = resolve_target(loc, mode, schema)
+        if schema is None:
+            schema = schema_from_spark(df.schema)
+        check_spark_columns(schema, df.schema)
+        replaced = data_files(loc) if mode == "overwrite" and root_existed else []
+
+        write_id = uuid.uuid4().hex
+        staging = loc.join(STAGING, write_id)
+        loc.fs.makedirs(staging, exist_ok=True)
+        task = _WriteTask(loc.root if loc.is_local else loc.url, storage_options, f"{STAGING}/{write_id}",
+                          schema.to_json(), rg_bytes, rg_rows, file_bytes, compression)
+        try:
+            names = [row.path for row in df.mapInArrow(task, "path string").collect()]
+            with ThreadPoolExecutor(max_workers=8) as pool:  # one footer per file: overlap the round trips
+                footers = list(pool.map(lambda name: read_footer(loc, name), names))
+            staged = [(loc.join(name), md) for name, md in zip(names, footers, strict=True)]
+            if not staged:  # an empty DataFrame still gets one (empty) file that carries the schema
+                staged = PartWriter(loc, staging, schema, rg_bytes=rg_bytes, rg_rows=rg_rows,
+                                    file_bytes=file_bytes, compression=compression).finish()
+        except BaseException as e:
+            # a straggling task of the failed job may still be writing: never let cleanup hide the error
+            with contextlib.suppress(OSError):
+                discard_staging(loc, created_root=not root_existed)
+            raised = _from_worker(e)
+            if raised is not None:
+                raise raised from e
+            raise
+        keep = [existing.metadata] if existing is not None and existing.metadata is not None else []
+        keep_files = existing.files if existing is not None else []
+        commit(loc, schema.storage_schema(), staged, keep=keep, keep_files=keep_files, replace=replaced)
     return open_location(loc)
 
 

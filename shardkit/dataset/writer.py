@@ -12,6 +12,7 @@ import os
 import re
 import sys
 import uuid
+import warnings
 from collections.abc import Mapping
 from typing import Any, Literal
 
@@ -19,12 +20,22 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from shardkit.dataset.codecs import TensorCodec
-from shardkit.dataset.commit import collect_garbage, commit, summary_bytes
-from shardkit.dataset.index import Dataset, data_files, is_petastorm, open_location, read_footer, read_footers
+from shardkit.dataset.commit import collect_garbage, commit, overlap_error, summary_bytes, write_lock
+from shardkit.dataset.index import (
+    Dataset,
+    UncommittedFilesWarning,
+    data_files,
+    is_petastorm,
+    open_location,
+    read_footer,
+    read_footers,
+    summary_row_groups,
+)
 from shardkit.dataset.location import COMMON, STAGING, SUMMARY, Location
 from shardkit.dataset.schema import SCHEMA_KEY, Field, Schema, infer_field
 from shardkit.dataset.sources import is_row, iter_batches, whole_columns
 from shardkit.errors import (
+    CorruptDatasetError,
     DatasetExistsError,
     DatasetNotFoundError,
     NotADatasetError,
@@ -174,7 +185,10 @@ def write_dataset(
 
     Args:
         data: a pandas DataFrame, an Arrow Table or RecordBatch, a mapping of column -> values, or an
-            iterable of any of those or of row dicts (streamed: only one row group is held in memory).
+            iterable (streamed: only one row group is held in memory) of DataFrames, Arrow tables or
+            record batches, mappings of column -> Arrow array, or row dicts. Inside an iterable a
+            mapping is one row unless all its values are Arrow arrays (``{"id": np.arange(3)}`` there
+            is one row whose ``id`` is an array).
         url: a folder on any fsspec filesystem.
         schema: the fields; when omitted, inferred from the whole input if it is in memory (a
             DataFrame, table or dict of columns), else from its first batch (images must be declared).
@@ -193,6 +207,8 @@ def write_dataset(
         DatasetExistsError: ``mode="error"`` and a dataset exists at ``url``.
         NotADatasetError: ``url`` is a file.
         SchemaMismatchError: the data does not fit the schema; nothing is written.
+        DatasetError: another write to ``url`` overlapped this one (see `shardkit.dataset.commit` for
+            what is guaranteed where); this one committed nothing.
     """
     if mode not in ("error", "overwrite", "append"):
         raise SchemaError(f"mode={mode!r} is not one of 'error', 'overwrite', 'append'")
@@ -202,54 +218,56 @@ def write_dataset(
     if rg_rows is not None and rg_rows <= 0:
         raise SchemaError(f"row_group_size={row_group_size!r} must be positive")
     rg_bytes = 1 << 62 if rg_rows else parse_size(row_group_size, what="row_group_size")
-    loc = Location.of(url, storage_options)
-    existing, schema = resolve_target(loc, mode, schema)
     file_bytes = parse_size(file_size, what="file_size")
     check_compression(compression)
+    loc = Location.of(url, storage_options)
     root_existed = loc.fs.exists(loc.root)
-    replaced = data_files(loc) if mode == "overwrite" and root_existed else []
-    if schema is None and (whole := whole_columns(data)) is not None:
-        schema = infer_schema(whole)
-
-    staging = loc.join(STAGING, uuid.uuid4().hex)
-    loc.fs.makedirs(staging, exist_ok=True)
-    parts: PartWriter | None = None
-    bar = _progress_bar(data, progress)
-    try:
-        offset = 0
-        for columns, n in iter_batches(data):
-            if schema is None:
-                schema = infer_schema(columns)
+    with write_lock(loc):
+        existing, schema = resolve_target(loc, mode, schema)
+        replaced = data_files(loc) if mode == "overwrite" and root_existed else []
+        if schema is None and (whole := whole_columns(data)) is not None:
+            schema = infer_schema(whole)
+        staging = loc.join(STAGING, uuid.uuid4().hex)
+        loc.fs.makedirs(staging, exist_ok=True)
+        parts: PartWriter | None = None
+        bar = _progress_bar(data, progress)
+        try:
+            offset = 0
+            for columns, n in iter_batches(data):
+                if schema is None:
+                    schema = infer_schema(columns)
+                if parts is None:
+                    parts = PartWriter(loc, staging, schema, rg_bytes=rg_bytes, rg_rows=rg_rows,
+                                       file_bytes=file_bytes, compression=compression)
+                try:
+                    table = schema.encode(columns, n)
+                except SchemaMismatchError as e:
+                    if not offset:
+                        raise
+                    raise SchemaMismatchError(f"in the batch that starts at input row {offset}: {e}") from e
+                parts.add(table)
+                offset += n
+                if bar is not None:
+                    bar.update(n)
             if parts is None:
+                if schema is None:
+                    raise SchemaError("the data has no rows and no schema was given; pass schema=...")
                 parts = PartWriter(loc, staging, schema, rg_bytes=rg_bytes, rg_rows=rg_rows,
                                    file_bytes=file_bytes, compression=compression)
-            try:
-                table = schema.encode(columns, n)
-            except SchemaMismatchError as e:
-                if not offset:
-                    raise
-                raise SchemaMismatchError(f"in the batch that starts at input row {offset}: {e}") from e
-            parts.add(table)
-            offset += n
+            staged = parts.finish()
+        except BaseException as e:
+            if parts is not None:
+                parts.abort()
+            discard_staging(loc, created_root=not root_existed)
+            if isinstance(e, FileNotFoundError) and staging in str(e):  # not one of the input's own
+                raise overlap_error(loc, "its staging folder was removed") from e
+            raise
+        finally:
             if bar is not None:
-                bar.update(n)
-        if parts is None:
-            if schema is None:
-                raise SchemaError("the data has no rows and no schema was given; pass schema=...")
-            parts = PartWriter(loc, staging, schema, rg_bytes=rg_bytes, rg_rows=rg_rows,
-                               file_bytes=file_bytes, compression=compression)
-        staged = parts.finish()
-    except BaseException:
-        if parts is not None:
-            parts.abort()
-        discard_staging(loc, created_root=not root_existed)
-        raise
-    finally:
-        if bar is not None:
-            bar.close()
-    keep = [existing.metadata] if existing is not None and existing.metadata is not None else []
-    keep_files = existing.files if existing is not None else []
-    commit(loc, parts.arrow_schema, staged, keep=keep, keep_files=keep_files, replace=replaced)
+                bar.close()
+        keep = [existing.metadata] if existing is not None and existing.metadata is not None else []
+        keep_files = existing.files if existing is not None else []
+        commit(loc, parts.arrow_schema, staged, keep=keep, keep_files=keep_files, replace=replaced)
     return open_location(loc)
 
 
@@ -310,8 +328,8 @@ def infer_schema(columns: Mapping[str, Any]) -> Schema:
 def discard_staging(loc: Location, *, created_root: bool) -> None:
     """Remove what a failed write left: ``_staging``, and the root folder if the write created it.
 
-    Every staging folder is garbage once no write runs (one writer at a time, see
-    `shardkit.dataset.commit`), so all of ``_staging`` goes, as in `collect_garbage`.
+    Every staging folder is garbage once no write runs (one writer at a time: locked on local folders,
+    see `shardkit.dataset.commit`), so all of ``_staging`` goes, as in `collect_garbage`.
     """
     with contextlib.suppress(FileNotFoundError):
         loc.fs.rm(loc.join(STAGING), recursive=True)
@@ -336,11 +354,28 @@ def resolve_target(loc: Location, mode: Mode, schema: Schema | list[Field] | Non
     if mode == "append" and existing is not None:
         if schema is not None and _layout_free(schema) != _layout_free(existing.schema):
             raise SchemaMismatchError(
-                f"cannot append to {loc.url!r}: its schema is {existing.schema!r}, the given one "
-                f"{schema!r}; write to a new URL or use mode='overwrite'"
+                f"cannot append to {loc.url!r}: the given schema differs from the dataset's "
+                f"({_schema_difference(existing.schema, schema)}); append with the dataset's schema "
+                "(leave schema= out), write to a new URL, or use mode='overwrite'"
             )
         schema = existing.schema
     return existing, schema
+
+
+def _schema_difference(existing: Schema, given: Schema) -> str:
+    """What differs between two schemas that `_layout_free` finds different, named attribute by attribute."""
+    if existing.names != given.names:
+        return f"the dataset has the fields {existing.names}, the given schema {given.names}"
+    diffs = []
+    for old, new in zip(existing, given, strict=True):
+        for attr in ("dtype_name", "shape", "nullable", "codec"):
+            was, now = getattr(old, attr), getattr(new, attr)
+            if attr == "codec" and was.name == now.name == "tensor":
+                continue  # the stored layout: an append keeps the dataset's
+            if was != now:
+                diffs.append(f"field {old.name!r}: {attr.removesuffix('_name')} {was!r} in the dataset, "
+                             f"{now!r} given")
+    return "; ".join(diffs)
 
 
 def _layout_free(schema: Schema) -> list[tuple[Any, ...]]:
@@ -422,22 +457,80 @@ def write_summary(url: str | os.PathLike[str], *, storage_options: dict[str, Any
 
     The data files are not rewritten; their footers are read once and merged. A Petastorm dataset
     keeps its own ``_common_metadata`` (where its schema lives).
+
+    A folder without a readable shardkit ``_metadata`` (plain Parquet, Petastorm, the parts of a
+    killed first write) gets every data file in it indexed. A shardkit dataset (its ``_metadata``
+    holds shardkit's schema) gets only the files that summary lists and that still exist, in its
+    order: the fix for a dataset whose file was deleted (`CorruptDatasetError` "is missing"). Other
+    data files beside them are the parts of a write that did not commit (killed, or still running)
+    and are left out, with an `UncommittedFilesWarning` that names them; the next write removes them.
+    To adopt such files on purpose, delete ``_metadata`` first.
     """
     loc = Location.of(url, storage_options)
     if not loc.fs.exists(loc.root):
         raise DatasetNotFoundError(f"cannot index {loc.url!r}: the path does not exist. Check the URL")
+    with write_lock(loc):
+        _write_summary(loc)
+    return open_location(loc)
+
+
+def _write_summary(loc: Location) -> None:
+    """`write_summary` once the root exists and the write lock is held."""
     files = data_files(loc)
-    if not files:
+    committed = _committed_files(loc)
+    if committed is not None:
+        present = set(files)
+        _warn_uncommitted(loc, [name for name in files if name not in set(committed)])
+        files = [name for name in committed if name in present]
+    if not files and committed is None:
         raise NotADatasetError(
             f"{loc.url!r} has no Parquet data files to index; point at the folder that holds the "
             "*.parquet files"
         )
     mds = []
-    for name, md in read_footers(loc, files):
+    for name, md in read_footers(loc, files) if files else []:
         md.set_file_path(name)
         mds.append(md)
-    meta, common = summary_bytes(mds[0].schema.to_arrow_schema(), mds)
+    # no file left of a shardkit dataset: an empty one, of the schema its summary holds
+    arrow_schema = (mds[0] if mds else read_footer(loc, SUMMARY)).schema.to_arrow_schema()
+    meta, common = summary_bytes(arrow_schema, mds)
     loc.write_atomic(SUMMARY, meta)
     if not is_petastorm(loc):
         loc.write_atomic(COMMON, common)
-    return open_location(loc)
+
+
+def _committed_files(loc: Location) -> list[str] | None:
+    """The data files the shardkit ``_metadata`` at ``loc`` lists, in its order; None when there is no
+    readable ``_metadata`` or it is not shardkit's (its files are then not known to be all committed)."""
+    if not loc.exists(SUMMARY):
+        return None
+    try:
+        md = read_footer(loc, SUMMARY)
+    except CorruptDatasetError:
+        return None
+    if SCHEMA_KEY not in (md.schema.to_arrow_schema().metadata or {}):
+        return None
+    return list(dict.fromkeys(rg.file for rg in summary_row_groups(md)))
+
+
+def _warn_uncommitted(loc: Location, names: list[str]) -> None:
+    """Warn about the unlisted files ``names`` of a shardkit dataset that hold rows (an empty dataset's
+    one empty part, which carries the schema, is never listed and holds none)."""
+    with_rows = []
+    for name in names:
+        try:
+            rows = read_footer(loc, name).num_rows
+        except CorruptDatasetError:
+            rows = -1  # unreadable: not data of this dataset either, say so
+        if rows:
+            with_rows.append(name)
+    if with_rows:
+        warnings.warn(
+            UncommittedFilesWarning(
+                f"{loc.url!r}: left {len(with_rows)} data file(s) out of the summary, as its _metadata does "
+                f"not list them: {with_rows[:5]}{' ...' if len(with_rows) > 5 else ''}. They are parts of a "
+                "write that did not commit (or one still running); the next write removes them. To index "
+                "them anyway, delete _metadata and run write_summary again"
+            ),
+            stacklevel=4,  # write_summary's caller
+        )

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import random
+import re
 import signal
 import subprocess
 import sys
@@ -21,10 +22,11 @@ from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
+import pyarrow as pa
 import pytest
 
 import shardkit
-from shardkit.errors import DatasetNotFoundError, NotADatasetError
+from shardkit.errors import DatasetError, DatasetNotFoundError, NotADatasetError
 
 REPO = Path(__file__).resolve().parents[2]
 BATCHES = 40
@@ -279,3 +281,59 @@ def test_sigkill_at_each_step_of_the_commit(
             assert garbage(url, old, helpers), "a write killed before its commit left nothing to collect?"
         next_mode = "error" if state == ("none", None) else "overwrite"
         assert_next_write_cleans_up(url, next_mode, tag=101, helpers=helpers)
+
+
+# --- overlapping writers ----------------------------------------------------------------------------
+
+
+def test_a_write_that_overlaps_a_running_one_fails_and_changes_nothing(
+    tmp_path: Path, helpers: SimpleNamespace
+) -> None:
+    # two writes used to both report success, one leaving a _metadata that lists the other's deleted files
+    url = str(tmp_path / "ds")
+    write_in_process(url, "error", tag=1)
+    proc = start_writer(url, "overwrite", 2)
+    assert proc.stdin is not None
+    assert proc.stdout is not None
+    try:
+        proc.stdin.write("go\n")
+        proc.stdin.flush()
+        assert proc.stdout.readline().strip() == "batch 0"  # the child is writing: it holds the lock
+        others = (lambda: write_in_process(url, "overwrite", 3), lambda: shardkit.write_summary(url))
+        for overlapping in others:
+            with pytest.raises(DatasetError, match=rf"{re.escape(url)}.*lock.*must not overlap"):
+                overlapping()
+            assert state_of(url, helpers) == ("dataset", 1)
+        proc.stdin.write("go\n" * BATCHES)
+        code, err = finish(proc)
+        assert code == 0, err
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert state_of(url, helpers) == ("dataset", 2)
+    assert garbage(url, shardkit.open_dataset(url), helpers) == set()  # the lock file too
+
+
+def test_a_write_overlapped_by_another_never_commits_a_missing_file(
+    any_url: str, helpers: SimpleNamespace
+) -> None:
+    # the other write runs inside this one's input. Local folders: it finds the lock and fails. Other
+    # stores have no lock: it commits and removes this write's staged parts as garbage, and this write
+    # must then fail clearly (it used to raise a bare FileNotFoundError, or commit missing files)
+    schema = shardkit.Schema([shardkit.Field("x", "int64")])
+
+    def data() -> Any:
+        for i in range(4):
+            if i == 2:  # two part files of this write are staged by now
+                shardkit.write_dataset({"x": np.full(5, -1)}, any_url, schema=schema, mode="overwrite")
+            yield {"x": pa.array(np.arange(i * 10, i * 10 + 10))}
+
+    with pytest.raises(DatasetError, match=rf"{re.escape(any_url)}.*must not overlap"):
+        shardkit.write_dataset(data(), any_url, schema=schema, row_group_size=10, file_size="1B")
+    if not helpers.exists(any_url):  # local: the other write failed, and so this one (the first)
+        helpers.assert_nothing_written(any_url)
+        return
+    ds = shardkit.open_dataset(any_url)
+    assert set(ds.files) <= helpers.files_under(any_url)
+    assert helpers.read_all(ds)["x"] == [-1] * 5

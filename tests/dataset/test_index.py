@@ -345,6 +345,51 @@ def test_missing_file_in_a_shardkit_dataset(three_files: tuple[str, shardkit.Dat
         shardkit.open_dataset(url).read_row_group(0)
 
 
+def test_write_summary_indexes_the_files_that_remain(
+    three_files: tuple[str, shardkit.Dataset], helpers: SimpleNamespace
+) -> None:
+    # what the missing-file error above tells users to do
+    url, ds = three_files
+    os.remove(os.path.join(url, ds.files[1]))
+    indexed = shardkit.write_summary(url)  # filterwarnings=error: no UncommittedFilesWarning
+    assert indexed.kind == "shardkit"
+    assert indexed.files == [ds.files[0], ds.files[2]]
+    assert helpers.read_all(indexed)["x"] == [*range(300), *range(600, 900)]
+
+
+def test_write_summary_leaves_out_the_parts_of_an_uncommitted_write(
+    three_files: tuple[str, shardkit.Dataset], tmp_path: Path, helpers: SimpleNamespace
+) -> None:
+    # a killed overwrite (or append) moved its parts into the root and died before its _metadata:
+    # indexing must not mix them into the committed dataset
+    url, ds = three_files
+    other = shardkit.write_dataset({"x": np.full(50, -1), "s": ["new"] * 50}, tmp_path / "other")
+    stray = other.files[0]
+    os.replace(os.path.join(other.url, stray), os.path.join(url, stray))
+    warning = shardkit.dataset.UncommittedFilesWarning
+    with pytest.warns(warning, match=rf"1 data file.*{stray}.*did not commit"):
+        indexed = shardkit.write_summary(url)
+    assert indexed.files == ds.files
+    assert helpers.read_all(shardkit.open_dataset(url))["x"] == list(range(900))
+    assert stray in helpers.files_under(url)  # left for the next write to remove, not deleted here
+
+
+def test_write_summary_of_an_empty_shardkit_dataset(tmp_path: Path, helpers: SimpleNamespace) -> None:
+    schema = shardkit.Schema([shardkit.Field("x", "int64")])
+    url = os.fspath(tmp_path / "ds")
+    shardkit.write_dataset({"x": []}, url, schema=schema)
+    indexed = shardkit.write_summary(url)  # its one empty part is never listed, and is no stray
+    assert (indexed.kind, indexed.num_rows, indexed.schema) == ("shardkit", 0, schema)
+
+
+def test_write_summary_of_a_plain_folder_adopts_new_files(plain_parquet_folder: Any) -> None:
+    # no shardkit summary: every data file is the dataset's, as before
+    url = plain_parquet_folder(frames()[:1])
+    shardkit.write_summary(url)
+    frames()[1].to_parquet(os.path.join(url, "part-9.parquet"), row_group_size=3, index=False)
+    assert shardkit.write_summary(url).num_rows == 11
+
+
 def test_corrupt_summary(three_files: tuple[str, shardkit.Dataset]) -> None:
     url, _ = three_files
     with open(os.path.join(url, "_metadata"), "wb") as f:
@@ -356,12 +401,14 @@ def test_corrupt_summary(three_files: tuple[str, shardkit.Dataset]) -> None:
 # --- schemas this shardkit cannot read --------------------------------------------------------------
 
 
-def dataset_with_stored_schema(folder: Path, schema_json: dict[str, Any]) -> str:
-    """A dataset whose files and summary carry ``schema_json`` as the shardkit schema."""
+def dataset_with_stored_schema(
+    folder: Path, schema_json: dict[str, Any], table: pa.Table | None = None
+) -> str:
+    """A dataset of ``table`` (default: an int64 column ``x``) whose files and summary carry
+    ``schema_json`` as the shardkit schema."""
     folder.mkdir()
-    table = pa.table({"x": np.arange(3, dtype=np.int64)}).replace_schema_metadata(
-        {SCHEMA_KEY: json.dumps(schema_json)}
-    )
+    table = pa.table({"x": np.arange(3, dtype=np.int64)}) if table is None else table
+    table = table.replace_schema_metadata({SCHEMA_KEY: json.dumps(schema_json)})
     collector: list[pq.FileMetaData] = []
     pq.write_table(table, folder / "part-0.parquet", metadata_collector=collector)
     collector[0].set_file_path("part-0.parquet")
@@ -420,6 +467,86 @@ def test_stored_schema_that_is_not_json(tmp_path: Path) -> None:
     pq.write_metadata(table.schema, folder / "_metadata", metadata_collector=collector)
     with pytest.raises(SchemaError, match="not valid JSON"):
         shardkit.open_dataset(folder)
+
+
+def with_edited_schema(url: str, edit: Any) -> None:
+    """Replace the schema JSON in ``url``'s ``_metadata`` by ``edit(fields)``'s, as a hand edit would."""
+    md = pq.read_metadata(os.path.join(url, "_metadata"))
+    arrow_schema = md.schema.to_arrow_schema()
+    stored = json.loads(arrow_schema.metadata[SCHEMA_KEY])
+    edit(stored["fields"])
+    sink = pa.BufferOutputStream()
+    pq.ParquetWriter(sink, arrow_schema.with_metadata({SCHEMA_KEY: json.dumps(stored)})).close()
+    edited = pq.read_metadata(pa.BufferReader(sink.getvalue()))
+    edited.append_row_groups(md)
+    edited.write_metadata_file(os.path.join(url, "_metadata"))
+
+
+def _set(index: int, **changes: Any) -> Any:
+    return lambda fields: fields[index].update(changes)
+
+
+@pytest.mark.parametrize(
+    ("edit", "needles"),
+    [
+        (_set(1, name="renamed"), ["'renamed'", "no Parquet column", "'x'"]),
+        (_set(0, dtype="str"), ["'id'", "str values", "int64"]),
+        (_set(2, dtype="int64"), ["'s'", "int64 values", "string"]),
+        (_set(0, dtype="int32"), ["'id'", "int32 values", "int64"]),
+        (_set(1, shape=[5]), ["'x'", "(5,)", "20 bytes", "16"]),
+        (_set(3, dtype="int32"), ["'l'", "int32 values", "float"]),
+        (_set(3, shape=[3, 3]), ["'l'", "(3, 3)", "9 values", "not the column's 4"]),
+        (_set(4, dtype="float64"), ["'v'", "float64 values", "int16"]),
+        (_set(4, shape=[None, 2]), ["'v'", "2-dimensional", "list<"]),
+        (_set(0, shape=[4], codec={"name": "tensor"}), ["'id'", "fixed-shape tensor", "int64"]),
+        (_set(0, dtype="uint8", shape=[2, 2], codec={"name": "image"}), ["'id'", "images", "int64"]),
+        (lambda fields: fields.pop(2), ["['s']", "not in its schema"]),
+    ],
+    ids=["renamed", "int as str", "str as int", "int64 as int32", "tensor size", "tensor values",
+         "list size", "ndarray values", "ndarray rank", "scalar as tensor", "int as image", "field dropped"],
+)
+def test_a_stored_schema_that_does_not_describe_the_files_fails_at_open(
+    tmp_path: Path, edit: Any, needles: list[str]
+) -> None:
+    # the schema JSON is edited, the files stay: reading on would drop a field or decode wrong values
+    url = os.fspath(tmp_path / "ds")
+    schema = shardkit.Schema([
+        shardkit.Field("id", "int64"),
+        shardkit.Field("x", "float32", (4,)),
+        shardkit.Field("s", "str"),
+        shardkit.Field("l", "float32", (2, 2), codec=shardkit.TensorCodec(storage="list")),
+        shardkit.Field("v", "int16", (None,)),
+    ])
+    data = {"id": np.arange(3), "x": np.ones((3, 4), np.float32), "s": list("abc"),
+            "l": np.ones((3, 2, 2), np.float32), "v": [np.arange(i, dtype=np.int16) for i in range(3)]}
+    shardkit.write_dataset(data, url, schema=schema)
+    with_edited_schema(url, edit)
+    with pytest.raises(CorruptDatasetError) as info:
+        shardkit.open_dataset(url)
+    message = str(info.value)
+    for needle in [url, "_metadata", "rewrite the dataset", *needles]:
+        assert needle in message
+
+
+def test_every_layout_a_field_decodes_from_opens(tmp_path: Path) -> None:
+    # the check takes what the codecs read, not only what this shardkit writes: a tensor in either
+    # layout whatever its storage option says, datetime64[s] (stored as milliseconds), dictionary text
+    url = os.fspath(tmp_path / "ds")
+    table = pa.table({
+        "t": pa.array([b"\x00" * 8], pa.binary(8)),
+        "when": pa.array([1000], pa.timestamp("ms")),
+        "s": pa.array(["a"]).dictionary_encode(),
+        "im": pa.array([b"png"], pa.large_binary()),
+    })
+    stored = shardkit.Schema([
+        shardkit.Field("t", "float32", (2,), codec=shardkit.TensorCodec(storage="list")),
+        shardkit.Field("when", "datetime64[s]"),
+        shardkit.Field("s", "str"),
+        shardkit.Field("im", "uint8", (None, None), codec="image"),
+    ])
+    dataset_with_stored_schema(tmp_path / "ds", json.loads(stored.to_json()), table)
+    ds = shardkit.open_dataset(url)
+    assert ds.decode(ds.read_row_group(0, ["t", "when", "s"]))["when"].tolist() == [np.datetime64(1, "s")]
 
 
 def test_open_never_warns_for_a_shardkit_dataset(tmp_path: Path) -> None:

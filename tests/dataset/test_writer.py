@@ -20,7 +20,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 
 import shardkit
-from shardkit import Field, Schema
+from shardkit import Field, ImageCodec, Schema
 from shardkit.dataset.codecs.tensor import TensorCodec
 from shardkit.dataset.schema import SCHEMA_KEY
 from shardkit.dataset.sources import BATCH_ROWS
@@ -564,6 +564,65 @@ def test_row_dicts_with_different_keys(tmp_path: Path, helpers: SimpleNamespace)
     helpers.assert_nothing_written(url)
 
 
+LABELS = st.one_of(st.integers(0, 3), st.sampled_from(["0", "1", "a"]))
+
+
+@given(labels=st.lists(LABELS, min_size=1, max_size=4))
+@settings(max_examples=40, deadline=None)
+def test_dataframe_labels_that_name_one_field_are_refused(labels: list[Any]) -> None:
+    # 1 and "1" both became the field "1" and one column was lost; ["a", "a"] gave a shape error
+    df = pd.DataFrame([list(range(len(labels)))], columns=labels)
+    root = f"/shardkit-labels-{uuid.uuid4().hex[:8]}"
+    url = f"memory://{root}/ds"
+    names = [str(label) for label in labels]
+    declared = Schema([Field(n, "int64") for n in set(names)])
+    try:
+        for data, schema in [(df, None), (iter([df]), None), (df, declared)]:
+            if len(set(names)) == len(names):
+                ds = shardkit.write_dataset(data, url, schema=schema, mode="overwrite")
+                assert sorted(ds.schema.names) == sorted(names)
+                continue
+            clash = next(n for n in names if names.count(n) > 1)
+            with pytest.raises(SchemaMismatchError) as info:
+                shardkit.write_dataset(data, url, schema=schema, mode="overwrite")
+            message = str(info.value)
+            assert f"become {clash!r}" in message
+            assert repr([label for label in labels if str(label) == clash]) in message
+            assert not fsspec.filesystem("memory").exists(f"{root}/ds")
+    finally:
+        if fsspec.filesystem("memory").exists(root):
+            fsspec.filesystem("memory").rm(root, recursive=True)
+
+
+@pytest.mark.parametrize(
+    ("data", "shape"),
+    [
+        ({"id": np.zeros((3, 2), np.int64)}, r"\(3, 2\), \(2,\) per row"),
+        # inside an iterable a dict of numpy columns is one row (its values may be tensors)
+        (lambda: iter([{"id": np.arange(3)}, {"id": np.arange(3, 6)}]), r"\(2, 3\), \(3,\) per row.*one row"),
+    ],
+    ids=["2-D column", "iterable of dicts of numpy columns"],
+)
+def test_arrays_given_to_a_scalar_field_name_the_field_and_shape(
+    tmp_path: Path, helpers: SimpleNamespace, data: Any, shape: str
+) -> None:
+    # raised a bare pyarrow ArrowInvalid
+    url = str(tmp_path / "ds")
+    with pytest.raises(SchemaMismatchError, match=rf"field 'id'.*shape \(\).*{shape}"):
+        shardkit.write_dataset(data() if callable(data) else data, url, schema=Schema([Field("id", "int64")]))
+    helpers.assert_nothing_written(url)
+    columns = iter([{"id": pa.array(np.arange(3))}, {"id": pa.array(np.arange(3, 6))}])  # Arrow: columns
+    assert shardkit.write_dataset(columns, url, schema=Schema([Field("id", "int64")])).num_rows == 6
+
+
+def test_arrow_tables_with_a_column_name_twice_are_refused(tmp_path: Path, helpers: SimpleNamespace) -> None:
+    url = str(tmp_path / "ds")
+    table = pa.table([pa.array([1]), pa.array([2])], names=["a", "a"])
+    with pytest.raises(SchemaMismatchError, match=r"Arrow table.*\['a', 'a'\] become 'a'"):
+        shardkit.write_dataset(table, url)
+    helpers.assert_nothing_written(url)
+
+
 @pytest.mark.parametrize("data", [42, "a string", b"bytes", 3.5])
 def test_unsupported_input_types(tmp_path: Path, helpers: SimpleNamespace, data: Any) -> None:
     url = str(tmp_path / "ds")
@@ -744,12 +803,39 @@ def test_append_with_a_different_schema(any_url: str, helpers: SimpleNamespace) 
     other = Schema([Field("id", "int32"), *GOOD_SCHEMA[1:]])
     with pytest.raises(SchemaMismatchError) as info:
         shardkit.write_dataset(good_columns(), any_url, schema=other, mode="append")
-    for needle in [any_url, "id: int64", "id: int32", "mode='overwrite'"]:
+    for needle in [any_url, "field 'id': dtype 'int64' in the dataset, 'int32' given", "mode='overwrite'"]:
         assert needle in str(info.value)
     with pytest.raises(SchemaMismatchError, match=r"\['extra'\]"):
         shardkit.write_dataset(with_changes(extra=np.arange(4)), any_url, mode="append")
     assert helpers.files_under(any_url) == before
     assert shardkit.open_dataset(any_url).num_rows == 4
+
+
+@pytest.mark.parametrize(
+    ("old", "new", "needle"),
+    [
+        (Field("v", "float32", (3,)), Field("v", "float32", (3,), nullable=True),
+         "field 'v': nullable False in the dataset, True given"),
+        (Field("v", "uint8", (4, 4), codec=ImageCodec("png")),
+         Field("v", "uint8", (4, 4), codec=ImageCodec("jpeg")),
+         "field 'v': codec ImageCodec(format='png', quality=95) in the dataset, ImageCodec(format='jpeg'"),
+        (Field("v", "float32", (3,)), Field("v", "float32", (None,)),
+         "field 'v': shape (3,) in the dataset, (None,)"),
+        (Field("v", "float32", (3,)), Field("w", "float32", (3,)),
+         "the dataset has the fields ['v'], the given"),
+    ],
+    ids=["nullable", "codec option", "shape", "name"],
+)
+def test_append_with_a_different_schema_names_what_differs(
+    tmp_path: Path, old: Field, new: Field, needle: str
+) -> None:
+    # schemas that differ only in nullability or a codec option printed the same twice
+    url = str(tmp_path / "ds")
+    shardkit.write_dataset({"v": np.zeros((2, 3), np.float32) if old.codec.name != "image" else
+                            np.zeros((2, 4, 4), np.uint8)}, url, schema=Schema([old]))
+    with pytest.raises(SchemaMismatchError) as info:
+        shardkit.write_dataset({new.name: []}, url, schema=Schema([new]), mode="append")
+    assert needle in str(info.value)
 
 
 def test_append_to_a_plain_parquet_folder_is_refused(tmp_path: Path, plain_parquet_folder: Any) -> None:

@@ -52,8 +52,34 @@ class Codec:
         """Turn an Arrow column into numpy (first axis = rows)."""
         raise NotImplementedError
 
+    def stored_problem(self, field: Field, stored: pa.DataType) -> str | None:
+        """Why a Parquet column of the Arrow type ``stored`` cannot hold ``field``, or None when it can.
+
+        Checked when a dataset opens, from its metadata alone: a schema that no longer describes the
+        files (a field renamed or retyped in the stored JSON) must fail there, not decode wrong values.
+        Only what the type shows is checked (the kind of values, a tensor's size in values or bytes);
+        codecs that do not override this accept any type.
+        """
+        return None
+
     def to_json(self) -> dict[str, Any]:
         return {"name": self.name, **dataclasses.asdict(self)}
+
+
+def plain_type(t: pa.DataType) -> pa.DataType:
+    """``t`` without a dictionary encoding (a dictionary column decodes as its values)."""
+    return t.value_type if pa.types.is_dictionary(t) else t
+
+
+def is_text_type(t: pa.DataType) -> bool:
+    t = plain_type(t)
+    return bool(pa.types.is_string(t) or pa.types.is_large_string(t) or pa.types.is_string_view(t))
+
+
+def is_bytes_type(t: pa.DataType) -> bool:
+    t = plain_type(t)
+    return bool(pa.types.is_binary(t) or pa.types.is_large_binary(t) or pa.types.is_binary_view(t)
+                or pa.types.is_fixed_size_binary(t))
 
 
 def combine(column: ArrowColumn) -> pa.Array:
@@ -92,7 +118,11 @@ def cast_array(field: Field, arr: np.ndarray, where: str) -> np.ndarray:
 
     Policy (documented for users): any cast numpy calls "same_kind" is accepted (int -> wider
     int, int -> float, float64 -> float32), integers must also fit the target range; a cast across
-    kinds (float -> int, str -> number) is a `SchemaMismatchError`.
+    kinds (float -> int, str -> number) is a `SchemaMismatchError`. A cast must not lose a value
+    either (`SchemaMismatchError` naming the first ones): a finite value that overflows to inf
+    (1e300 as float32), an integer a float cannot hold exactly (2**53 + 1 as float64), a time finer
+    than the declared unit or out of its range (nanoseconds as datetime64[s]). Rounding a float to a
+    narrower float (0.1 as float32) is the one loss accepted: it is what declaring float32 asks for.
     """
     target = field.dtype
     if arr.dtype == target:
@@ -118,7 +148,31 @@ def cast_array(field: Field, arr: np.ndarray, where: str) -> np.ndarray:
                 f"field {field.name!r} ({where}) is declared {field.dtype_name} but holds values in "
                 f"[{lo}, {hi}], outside its range [{info.min}, {info.max}]; declare a wider dtype"
             )
-    return arr.astype(target, copy=False)
+    with np.errstate(all="ignore"):  # overflows are found below, and named
+        out = arr.astype(target, copy=False)
+        lossy = _lost(arr, out)
+    if lossy is not None and lossy.any():
+        bad = ", ".join(str(v) for v in arr[lossy][:3]) + (", ..." if lossy.sum() > 3 else "")
+        raise SchemaMismatchError(
+            f"field {field.name!r} ({where}) is declared {field.dtype_name} but its data ({arr.dtype}) holds "
+            f"values that {field.dtype_name} cannot hold, which the cast would change: [{bad}]; declare "
+            f"Field({field.name!r}, {arr.dtype.name!r}, ...) or convert the values first"
+        )
+    return out
+
+
+def _lost(arr: np.ndarray, out: np.ndarray) -> np.ndarray | None:
+    """Where casting ``arr`` to ``out`` changed a value beyond rounding a float (see `cast_array`)."""
+    src, dst = arr.dtype.kind, out.dtype.kind
+    if dst == "f" and src == "f":
+        lost = np.isinf(out) & np.isfinite(arr)
+    elif dst == "f" and src in "iu":
+        lost = np.isinf(out) | (out.astype(arr.dtype) != arr) | ((out < 0) != (arr < 0))
+    elif dst in "mM" and src == dst:
+        lost = (out.astype(arr.dtype) != arr) & ~np.isnat(arr) | (np.isnat(out) & ~np.isnat(arr))
+    else:
+        return None
+    return np.asarray(lost, dtype=bool)
 
 
 def null_error(field: Field, row: int, where: str) -> SchemaMismatchError:

@@ -29,7 +29,16 @@ import numpy as np
 import pyarrow as pa
 
 from shardkit.dataset.codecs import png
-from shardkit.dataset.codecs.base import ArrowColumn, Codec, as_masked, combine, mask_of, null_error
+from shardkit.dataset.codecs.base import (
+    ArrowColumn,
+    Codec,
+    as_masked,
+    combine,
+    is_bytes_type,
+    is_text_type,
+    mask_of,
+    null_error,
+)
 from shardkit.dataset.codecs.tensor import rows_of, stack_rows
 from shardkit.errors import CorruptDatasetError, SchemaError, SchemaMismatchError
 
@@ -132,9 +141,20 @@ class ImageCodec(Codec):
                 f"field {field.name!r}: image shape {field.shape} is not (H, W) or (H, W, C) with C in "
                 f"1, 3, 4 ({self.format} supports {'1 or 3' if self.format == 'jpeg' else '1, 3 or 4'})"
             )
+        if 0 in field.shape:
+            raise SchemaError(
+                f"field {field.name!r}: image shape {field.shape} has a dimension of size 0, and PNG and "
+                "JPEG cannot hold an empty image; give the height and width as positive sizes (or None)"
+            )
 
     def arrow_type(self, field: Field) -> pa.DataType:
         return pa.binary()
+
+    def stored_problem(self, field: Field, stored: pa.DataType) -> str | None:
+        """Encoded images are bytes (a string column is read as its bytes too, as `decode` does)."""
+        if is_bytes_type(stored) or is_text_type(stored):
+            return None
+        return f"encoded images cannot be read from a column of type {stored}"
 
     def _encode_one(self, pixels: np.ndarray) -> bytes:
         from PIL import Image

@@ -17,8 +17,11 @@ from shardkit.dataset.codecs.base import (
     cast_array,
     combine,
     first_null,
+    is_bytes_type,
+    is_text_type,
     mask_of,
     null_error,
+    plain_type,
 )
 from shardkit.errors import SchemaError, SchemaMismatchError
 
@@ -41,6 +44,9 @@ def column_source(values: Any) -> pa.Array | np.ndarray:
         dtype = values.dtype
         if isinstance(dtype, np.dtype) and dtype.kind != "O":
             return np.asarray(to_numpy())
+        if dtype.kind == "O" and any(isinstance(v, np.floating) and np.isnan(v) for v in values):
+            # pandas counts NaN as missing in an object column; Arrow sees only a Python float's NaN
+            values = [None if _missing(v) else v for v in values]
         try:
             return _decoded(pa.array(values, from_pandas=True))
         except (TypeError, ValueError):  # objects Arrow cannot convert itself, e.g. numpy datetime64[D]
@@ -69,7 +75,8 @@ def column_source(values: Any) -> pa.Array | np.ndarray:
 def _missing(value: Any) -> bool:
     """pandas' missing values in an object column: None, NaN, pd.NA."""
     pandas_na = type(value).__name__ == "NAType"
-    return value is None or (isinstance(value, float) and math.isnan(value)) or pandas_na
+    nan = isinstance(value, float | np.floating) and math.isnan(value)
+    return value is None or nan or pandas_na
 
 
 def _decoded(array: pa.Array) -> pa.Array:
@@ -90,6 +97,22 @@ def arrow_scalar_type(field: Field) -> pa.DataType:
             f"field {field.name!r}: dtype {field.dtype} has no Arrow equivalent; use a number, bool, "
             "datetime64, str or bytes dtype"
         ) from e
+
+
+def scalar_stored_problem(field: Field, stored: pa.DataType) -> str | None:
+    """`ScalarCodec.stored_problem`, also used for the values of a tensor (``stored``: their type)."""
+    kind, t = field.dtype.kind, plain_type(stored)
+    if kind == "U":
+        ok = is_text_type(t)
+    elif kind == "S":
+        ok = is_bytes_type(t)
+    elif kind == "M":  # Parquet has no seconds timestamp: datetime64[s] is stored as milliseconds
+        ok = pa.types.is_timestamp(t) or pa.types.is_date(t)
+    elif kind == "m":
+        ok = pa.types.is_duration(t)
+    else:
+        ok = t == arrow_scalar_type(field)
+    return None if ok else f"{field.dtype_name} values cannot be read from a column of type {stored}"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -114,6 +137,11 @@ class ScalarCodec(Codec):
     def arrow_type(self, field: Field) -> pa.DataType:
         return arrow_scalar_type(field)
 
+    def stored_problem(self, field: Field, stored: pa.DataType) -> str | None:
+        """Text needs a string column, bytes a binary one, times a timestamp/date (datetime64) or
+        duration (timedelta64) of any unit, and numbers a column of exactly the field's dtype."""
+        return scalar_stored_problem(field, stored)
+
     def encode(self, field: Field, values: Any) -> pa.Array:
         target = self.arrow_type(field)
         try:
@@ -124,6 +152,13 @@ class ScalarCodec(Codec):
                 f"type ({e}); convert them to {field.dtype_name} first"
             ) from e
         where = "writing"
+        if isinstance(src, np.ndarray) and src.ndim != 1:
+            raise SchemaMismatchError(
+                f"field {field.name!r} holds one value per row (shape ()) but its data has the shape "
+                f"{src.shape}, {src.shape[1:]} per row; declare Field({field.name!r}, {field.dtype_name!r}, "
+                f"{src.shape[1:]}) for a tensor, or give one value per row. (Inside an iterable, a dict is "
+                "one row unless all its values are Arrow arrays: give columns as an Arrow table or DataFrame)"
+            )
         if field.dtype.kind in "US":
             out = self._encode_text(field, src, target)
         elif isinstance(src, np.ndarray):
@@ -177,18 +212,15 @@ class ScalarCodec(Codec):
                 f"field {field.name!r} (writing) is declared {field.dtype_name} but the data has the Arrow "
                 f"type {src.type}; convert the values to {field.dtype_name} first"
             )
-        if src.null_count == 0:
-            data = src.to_numpy(zero_copy_only=False)
-            return pa.array(cast_array(field, data, "writing"), type=target)
-        # nulls present: check the kind on the non-null values, then let Arrow cast (keeps the nulls)
-        cast_array(field, np.asarray(pc.drop_null(src).to_numpy(zero_copy_only=False)), "writing")
-        try:
-            return pc.cast(src, target, safe=True)
-        except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as e:
-            raise SchemaMismatchError(
-                f"field {field.name!r} is declared {field.dtype_name}; its data ({src.type}) does not "
-                f"convert: {e}"
-            ) from e
+        # one cast, `cast_array`'s, with or without nulls: it is checked for lost values either way
+        mask = mask_of(src)
+        present = src if mask is None else pc.drop_null(src)
+        values = cast_array(field, np.asarray(present.to_numpy(zero_copy_only=False)), "writing")
+        if mask is None:
+            return pa.array(values, type=target)
+        full = np.zeros(len(src), field.dtype)
+        full[~mask] = values
+        return pa.array(full, mask=mask, type=target)
 
     def decode(self, field: Field, column: ArrowColumn) -> np.ndarray:
         arr = combine(column)

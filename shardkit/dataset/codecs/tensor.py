@@ -37,7 +37,7 @@ from shardkit.dataset.codecs.base import (
     mask_of,
     null_error,
 )
-from shardkit.dataset.codecs.scalar import arrow_scalar_type
+from shardkit.dataset.codecs.scalar import arrow_scalar_type, scalar_stored_problem
 from shardkit.errors import SchemaError, SchemaMismatchError
 
 if TYPE_CHECKING:
@@ -145,9 +145,34 @@ class TensorCodec(Codec):
                 f"field {field.name!r}: the tensor codec needs a fixed shape with at least one dimension, "
                 f"got {field.shape}; use codec='scalar' for () or 'ndarray' for variable dimensions"
             )
+        if 0 in field.shape:
+            # rows of no values: Arrow's fixed-size list of size 0 cannot be built (pyarrow divides by the
+            # list size and the process dies of SIGFPE), and a row that holds nothing needs no column
+            raise SchemaError(
+                f"field {field.name!r}: the tensor codec cannot store the shape {field.shape}, which has a "
+                "dimension of size 0 (every row would hold no values); drop the field, or declare the "
+                "dimension variable with None (codec 'ndarray' stores empty rows)"
+            )
 
     def arrow_type(self, field: Field) -> pa.DataType:
         return pa.fixed_shape_tensor(arrow_scalar_type(field), list(field.dims))
+
+    def stored_problem(self, field: Field, stored: pa.DataType) -> str | None:
+        """Either layout (whatever the ``storage`` option says, as `decode` reads both) of the field's
+        size: ``fixed_size_binary`` of its bytes, or a fixed-size list / ``fixed_shape_tensor`` of its
+        number of values of its dtype. A tensor of another shape with as many values is not detected."""
+        t = stored.storage_type if isinstance(stored, pa.BaseExtensionType) else stored
+        size = math.prod(field.dims)
+        if pa.types.is_fixed_size_binary(t):
+            if t.byte_width == size * field.dtype.itemsize:
+                return None
+            return (f"{field.dtype_name} tensors of shape {field.shape} take {size * field.dtype.itemsize} "
+                    f"bytes, not the column's {t.byte_width} ({stored})")
+        if pa.types.is_fixed_size_list(t):
+            if t.list_size != size:
+                return f"tensors of shape {field.shape} hold {size} values, not the column's {t.list_size}"
+            return scalar_stored_problem(field, t.value_type)
+        return f"a fixed-shape tensor cannot be read from a column of type {stored}"
 
     def storage_type(self, field: Field) -> pa.DataType:
         if self.storage == "list":
@@ -221,6 +246,20 @@ class NdarrayCodec(Codec):
         _check_numeric(field)
         if not field.shape:
             raise SchemaError(f"field {field.name!r}: the ndarray codec needs at least one dimension")
+
+    def stored_problem(self, field: Field, stored: pa.DataType) -> str | None:
+        """A list of the field's dtype (1-D), or a struct of such a ``data`` list and a ``shape`` of as
+        many dimensions as the field's (more)."""
+        t, ndim = stored, len(field.shape)
+        if ndim > 1:
+            names = [t.field(i).name for i in range(t.num_fields)] if pa.types.is_struct(t) else []
+            shape = t.field("shape").type if {"data", "shape"} <= set(names) else None
+            if shape is None or not pa.types.is_fixed_size_list(shape) or shape.list_size != ndim:
+                return f"{ndim}-dimensional tensors cannot be read from a column of type {stored}"
+            t = t.field("data").type
+        if not (pa.types.is_list(t) or pa.types.is_large_list(t)):
+            return f"variable-shape tensors cannot be read from a column of type {stored}"
+        return scalar_stored_problem(field, t.value_type)
 
     def arrow_type(self, field: Field) -> pa.DataType:
         item = arrow_scalar_type(field)
