@@ -182,12 +182,10 @@ class Reader:
 
         def reads() -> Iterator[tuple[Task, np.ndarray | None, bool, _Slot]]:
             for w in windows:  # prepared just ahead of the reads, popped when the window is assembled
-                emit, rows = _needed_rows(w, order)
-                pairs = list(zip(w.tasks, rows, strict=True))
-                sizes = [t.stop - t.start if r is None else len(r) for t, r in pairs]
+                emit, rows, sizes = _needed_rows(w, order)
                 plan = _scatter_plan(emit, sizes, self._recycler)
                 prepared.append((emit, sizes, None if plan is None else plan[0]))
-                for i, (t, r) in enumerate(pairs):
+                for i, (t, r) in enumerate(zip(w.tasks, rows, strict=True)):
                     yield t, r, t not in short, None if plan is None else (plan[0], plan[1][i])
 
         results = self._prefetched(reads())
@@ -252,10 +250,9 @@ class Reader:
 
         def reads() -> Iterator[tuple[Task, np.ndarray | None, bool, _Slot]]:
             for w in windows:
-                emit, rows = _needed_rows(w, order)
-                pairs = list(zip(w.tasks, rows, strict=True))
-                prepared.append((emit, [t.stop - t.start if r is None else len(r) for t, r in pairs]))
-                for t, r in pairs:
+                emit, rows, sizes = _needed_rows(w, order)
+                prepared.append((emit, sizes))
+                for t, r in zip(w.tasks, rows, strict=True):
                     yield t, r, True, None
 
         results = self._prefetched(reads())
@@ -390,24 +387,25 @@ class Reader:
                 f"batch_size={self.batch_size}, samples={self.num_samples})")
 
 
-def _needed_rows(window: Window, order: EpochOrder) -> tuple[np.ndarray | None, list[np.ndarray | None]]:
+def _needed_rows(window: Window, order: EpochOrder
+                 ) -> tuple[np.ndarray | None, list[np.ndarray | None], list[int]]:
     """Which rows of each task this shard emits, so only those are decoded.
 
-    Returns the emission order as indices into the concatenated decoded rows (None: all, in order)
-    and, per task, the rows to decode (None: all of them). A shard that needs only part of a shuffle
-    window (at its ends, or when the window spans the whole dataset) decodes only its part.
+    Returns the emission order as indices into the concatenated decoded rows (None: all, in order),
+    per task the rows to decode (None: all of them), and per task how many rows it decodes. A shard
+    that needs only part of a shuffle window (at its ends, or when the window spans the whole dataset)
+    decodes only its part.
     """
     emit = window.emit(order)
-    if emit is None:
-        return None, [None] * len(window.tasks)
     sizes = [t.stop - t.start for t in window.tasks]
-    if len(emit) == sum(sizes):
-        return emit, [None] * len(window.tasks)
+    if emit is None or len(emit) == sum(sizes):
+        return emit, [None] * len(window.tasks), sizes
     needed = np.unique(emit)
     bounds = np.concatenate([[0], np.cumsum(sizes)])
     cuts = np.searchsorted(needed, bounds)
-    rows: list[np.ndarray | None] = [needed[cuts[i] : cuts[i + 1]] - bounds[i] for i in range(len(sizes))]
-    return np.searchsorted(needed, emit), rows
+    picked = [needed[cuts[i] : cuts[i + 1]] - bounds[i] for i in range(len(sizes))]
+    rows: list[np.ndarray | None] = list(picked)
+    return np.searchsorted(needed, emit), rows, [len(r) for r in picked]
 
 
 def _scatter_plan(emit: np.ndarray | None, sizes: list[int], recycler: batching.Recycler

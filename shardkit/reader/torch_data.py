@@ -318,7 +318,6 @@ class ShardkitIterableDataset(torch.utils.data.IterableDataset[Batch]):
         self._epoch: int | None = None
         self._pending: dict[str, Any] | None = None  # a reader state to load when the reader is made
         self._pending_pass: int | None = None  # the epoch the pass of ``_pending`` started at, if known
-        self._placed_pid = 0  # the process that last put its reader where _epoch / _pending say
         self._reader: Reader | None = None
         self._passes: Passes | None = None  # passes over _reader: a new pass ends the one before
         self._reader_pid = 0  # the process that made _reader (a forked worker must make its own)
@@ -343,24 +342,24 @@ class ShardkitIterableDataset(torch.utils.data.IterableDataset[Batch]):
         worker, workers = _worker()
         shard, num_shards = self.shard_of(worker, workers)
         reader, passes = self._reader, self._passes
+        made = False  # a reader made now, in this process
         if reader is None or passes is None or self._reader_pid != os.getpid() or reader.shard != shard \
                 or reader.num_shards != num_shards:
             reader = make_reader(self.url, shard=shard, num_shards=num_shards, **self.reader_kwargs)
             passes = Passes(reader)
-            self._reader, self._reader_pid, self._passes = reader, os.getpid(), passes
+            self._reader, self._reader_pid, self._passes, made = reader, os.getpid(), passes, True
         if self._pending is not None:
             reader.load_state_dict(self._pending)
             if self._pending_pass is not None:  # the rest of the pass the state was saved in
                 passes.resumed(self._pending_pass)
             self._pending, self._pending_pass = None, None
         elif self._epoch is not None and reader.state_dict()["epoch"] != self._epoch and (
-                torch.utils.data.get_worker_info() is None or self._placed_pid != os.getpid()):
+                made or torch.utils.data.get_worker_info() is None):
             # In a persistent worker (one that outlives a pass), this object is the copy made when the
             # worker started: set_epoch() in the main process since then does not reach it. Its reader
-            # was put at _epoch once and goes on to its next epoch each pass (set_epoch() called with
-            # each epoch in turn agrees); jumping back to the stale _epoch would replay that epoch.
+            # is put at _epoch when it is made and goes on to its next epoch each pass (set_epoch()
+            # called with each epoch in turn agrees); jumping back to the stale _epoch would replay it.
             jump_to_epoch(reader, self._epoch)
-        self._placed_pid = os.getpid()
         return reader, passes
 
     def __iter__(self) -> Iterator[Batch]:

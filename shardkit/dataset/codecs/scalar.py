@@ -44,15 +44,17 @@ def column_source(values: Any) -> pa.Array | np.ndarray:
         dtype = values.dtype
         if isinstance(dtype, np.dtype) and dtype.kind != "O":
             return np.asarray(to_numpy())
-        if dtype.kind == "O" and any(isinstance(v, np.floating) and np.isnan(v) for v in values):
-            # pandas counts NaN as missing in an object column; Arrow sees only a Python float's NaN
-            values = [None if _missing(v) else v for v in values]
         try:
-            return _decoded(pa.array(values, from_pandas=True))
+            array = _decoded(pa.array(values, from_pandas=True))
         except (TypeError, ValueError):  # objects Arrow cannot convert itself, e.g. numpy datetime64[D]
             if dtype.kind != "O":
                 raise
             return column_source([None if _missing(v) else v for v in values])
+        if dtype.kind == "O" and pa.types.is_floating(array.type) and pc.any(pc.is_nan(array)).as_py():
+            # pandas counts NaN as missing in an object column; Arrow nulls only a Python float's NaN,
+            # so a NaN still here was a numpy float32/float16 one
+            array = pc.if_else(pc.is_nan(array), pa.scalar(None, array.type), array)
+        return array
     values = list(values)
     if not values:
         return pa.array([], pa.null())  # no values: any type fits (numpy would say float64)
