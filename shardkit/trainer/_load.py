@@ -93,19 +93,101 @@ def load(store: Store, step: int, tmp: str, *, model: bool, optimizer: bool, rea
 
 
 def apply(loaded: Loaded, *, model: Any, optimizer: Any, reader: Any) -> None:
-    """Load the states into the objects (those given); a state that does not fit raises `CheckpointError`."""
-    targets = ((fw.unwrap(model) if model is not None else None, MODEL, loaded.model),
-               (optimizer, OPTIMIZER, loaded.optimizer),
-               (reader, "reader state", loaded.state.get("reader")))
-    for obj, name, state in targets:
-        if obj is None:
-            continue
-        try:
-            obj.load_state_dict(state)
-        except (RuntimeError, ValueError, KeyError, TypeError) as e:
-            raise CheckpointError(
-                f"the {name} of checkpoint {loaded.info.url} does not fit this {type(obj).__name__} ({e}); "
-                "restore into the same architecture, optimizer and dataset that were saved") from e
+    """Load the states into the objects (those given); a state that does not fit raises `CheckpointError`.
+
+    Checked before anything changes: the model state against ``model.state_dict()`` (the same keys and
+    tensor shapes: torch's own load copies the layers that fit before it raises) and the optimizer state
+    against the optimizer (as many param groups, as many parameters in each). Then the reader is loaded,
+    its state kept first (JSON, cheap) and put back when the optimizer or the model then fails; then
+    the optimizer; then the model. So a misfit leaves every object as it was, but for a model whose own
+    loading fails past these checks (its ``set_extra_state`` refuses, say): the optimizer stays loaded.
+    """
+    model = fw.unwrap(model) if model is not None else None
+    if model is not None:
+        _check_model(loaded, model)
+    if optimizer is not None:
+        _check_optimizer(loaded, optimizer)
+    before = None
+    if reader is not None:
+        before = reader.state_dict()
+        _load_into(loaded, reader, "reader state", loaded.state.get("reader"))
+    try:
+        if optimizer is not None:
+            _load_into(loaded, optimizer, OPTIMIZER, loaded.optimizer)
+        if model is not None:
+            _load_into(loaded, model, MODEL, loaded.model)
+    except BaseException:
+        if reader is not None:
+            reader.load_state_dict(before)
+        raise
+
+
+_FIX = "restore into the same architecture, optimizer and dataset that were saved"
+
+
+def _load_into(loaded: Loaded, obj: Any, name: str, state: Any) -> None:
+    try:
+        obj.load_state_dict(state)
+    except (RuntimeError, ValueError, KeyError, TypeError) as e:
+        raise _misfit(loaded, obj, name, str(e)) from e
+
+
+def _misfit(loaded: Loaded, obj: Any, name: str, why: str) -> CheckpointError:
+    return CheckpointError(f"the {name} of checkpoint {loaded.info.url} does not fit this "
+                           f"{type(obj).__name__} ({why}); {_FIX}")
+
+
+def _check_model(loaded: Loaded, model: Any) -> None:
+    """The saved state has the model's keys (``_extra_state`` aside: the module's own
+    ``set_extra_state`` judges it) with the same tensor shapes."""
+    saved = loaded.model if loaded.model is not None else {}
+    mine = model.state_dict()
+    keys = {k for k in saved if not k.endswith("_extra_state")}
+    want = {k for k in mine if not k.endswith("_extra_state")}
+    problems = []
+    if want - keys:
+        problems.append(f"keys missing from the checkpoint: {_few(want - keys)}")
+    if keys - want:
+        problems.append(f"keys this model lacks: {_few(keys - want)}")
+    shapes = [(k, tuple(saved[k].shape), tuple(mine[k].shape)) for k in sorted(keys & want)
+              if _tensor_shape(saved[k]) and _tensor_shape(mine[k]) and saved[k].shape != mine[k].shape]
+    if shapes:
+        k, theirs, ours = shapes[0]
+        more = f" and {len(shapes) - 1} more" if len(shapes) > 1 else ""
+        problems.append(f"{k!r} has the shape {list(theirs)} in the checkpoint, {list(ours)} here{more}")
+    if problems:
+        raise _misfit(loaded, model, MODEL, "; ".join(problems))
+
+
+def _check_optimizer(loaded: Loaded, optimizer: Any) -> None:
+    """What torch's ``Optimizer.load_state_dict`` checks, first: as many param groups, as many parameters
+    in each (other optimizers, such as a parameter-server handle, check their own state when loading)."""
+    groups = getattr(optimizer, "param_groups", None)
+    if not isinstance(groups, list):
+        return
+    saved = loaded.optimizer if loaded.optimizer is not None else {}
+    theirs = saved.get("param_groups")
+    if not (isinstance(theirs, list) and "state" in saved
+            and all(isinstance(g, Mapping) and isinstance(g.get("params"), list) for g in theirs)):
+        raise _misfit(loaded, optimizer, OPTIMIZER, "it is not a torch optimizer state dict: no "
+                      "state and param_groups with params")
+    ours_n = [len(g["params"]) for g in groups]
+    theirs_n = [len(g["params"]) for g in theirs]
+    if ours_n != theirs_n:
+        raise _misfit(loaded, optimizer, OPTIMIZER, f"its param groups hold {theirs_n} parameters, this "
+                      f"optimizer's {ours_n}")
+
+
+def _tensor_shape(value: Any) -> bool:
+    """A tensor whose shape is known (an uninitialized lazy parameter takes any saved shape)."""
+    import torch
+
+    return isinstance(value, torch.Tensor) and not torch.nn.parameter.is_lazy(value)
+
+
+def _few(keys: set[str]) -> str:
+    names = sorted(keys)
+    return ", ".join(map(repr, names[:5])) + (f" and {len(names) - 5} more" if len(names) > 5 else "")
 
 
 def _torch_state(store: Store, step: int, name: str, meta: Mapping[str, Any]) -> Mapping[str, Any]:

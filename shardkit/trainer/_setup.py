@@ -15,7 +15,8 @@ from shardkit.errors import ConfigError
 if TYPE_CHECKING:
     from shardkit.trainer.context import TrainContext
 
-__all__ = ["CONFIG_ENV", "init_torch_allreduce", "int_env", "load_job_config", "serve_if_server"]
+__all__ = ["CONFIG_ENV", "check_place", "init_torch_allreduce", "int_env", "load_job_config",
+           "serve_if_server"]
 
 CONFIG_ENV = "SHARDKIT_CONFIG"  # a job YAML for a script started by hand (python / torchrun)
 
@@ -30,6 +31,28 @@ def int_env(name: str, default: int | None = None) -> int | None:
     except ValueError as e:
         raise ConfigError(f"the environment variable {name}={value!r} is not an integer; it is set by "
                           "`shardkit train` (or torchrun): do not set it by hand") from e
+
+
+def check_place(rank: int | None, world: int | None, shard: int | None, shards: int | None) -> None:
+    """Refuse a rank or data shard from the environment that is not one of its job's: ``RANK`` must be
+    in ``0 .. WORLD_SIZE - 1`` (``WORLD_SIZE`` unset: one process, so 0), and ``SHARDKIT_DATA_SHARD`` in
+    ``0 .. SHARDKIT_DATA_NUM_SHARDS - 1``. Otherwise a process would run alone as a rank that never
+    checkpoints (``RANK=1`` with no ``WORLD_SIZE``: a one-process group whose only member is no chief).
+    """
+    fix = ("set both as torchrun and `shardkit train` do (RANK=0 .. WORLD_SIZE-1), or unset them to run "
+           "a single process")
+    if world is not None and world < 1:
+        raise ConfigError(f"the environment variable {p.WORLD_SIZE}={world} is not a number of processes "
+                          f"(>= 1); {fix}")
+    if rank is not None and not 0 <= rank < (world if world is not None else 1):
+        total = f"{p.WORLD_SIZE}={world}" if world is not None else f"{p.WORLD_SIZE} unset (1 process)"
+        raise ConfigError(f"the environment variables {p.RANK}={rank} and {total} do not fit: a rank is "
+                          f">= 0 and < {p.WORLD_SIZE}; {fix}")
+    if (shard, shards) != (None, None) and (shard is None or shards is None or not 0 <= shard < shards):
+        raise ConfigError(
+            f"the environment variables {p.ENV_DATA_SHARD}={'unset' if shard is None else shard} and "
+            f"{p.ENV_DATA_NUM_SHARDS}={'unset' if shards is None else shards} do not fit: a shard is "
+            ">= 0 and < the number of shards, both set. `shardkit train` sets them: do not set them by hand")
 
 
 def load_job_config(config: str | os.PathLike[str] | JobConfig | None) -> JobConfig | None:

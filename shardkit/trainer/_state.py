@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import random
 import sys
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any, cast
 
 import numpy as np
@@ -85,12 +85,25 @@ def check_rng(rng: Any) -> dict[str, Any]:
 
 
 def encode_state(step: int, *, reader: Mapping[str, Any] | None, rng: Mapping[str, Any] | None,
-                 extra: Mapping[str, Any] | None, where: str) -> bytes:
-    """``state.json`` bytes; a reader state or ``extra`` that is not JSON fails here, before any write."""
+                 extra: Mapping[str, Any] | None, where: str,
+                 rng_ranks: Sequence[Mapping[str, Any]] | None = None) -> bytes:
+    """``state.json`` bytes; a reader state or ``extra`` that is not JSON fails here, before any write.
+
+    Dict keys must be strings: JSON would turn ``3``, ``True`` and ``None`` into ``"3"``, ``"true"`` and
+    ``"null"``, and the restored dict would miss the keys the script looks up. Tuples are saved as lists
+    (and come back as lists). ``rng_ranks``: every rank's `capture_rng` in rank order (torch allreduce
+    jobs of several processes), beside ``rng`` (this process's).
+    """
     for name, value in (("reader.state_dict()", reader), ("extra", extra)):
         if value is not None and not isinstance(value, Mapping):
             raise CheckpointError(f"checkpoint {where}: {name} is {type(value).__name__}, not a dict of "
                                   "JSON values; pass a dict (numbers, strings, lists, dicts)")
+        for path, key in _keys(value, name):
+            if not isinstance(key, str):
+                raise CheckpointError(
+                    f"checkpoint {where}: {path} has the key {key!r} ({type(key).__name__}), "
+                    f"{_as_json(key)}; use str keys (checkpoints are JSON: the restored dict would not have "
+                    "this key)")
         try:
             json.dumps(value, allow_nan=True)
         except (TypeError, ValueError) as e:
@@ -98,8 +111,29 @@ def encode_state(step: int, *, reader: Mapping[str, Any] | None, rng: Mapping[st
                 f"checkpoint {where}: {name} is not JSON ({e}); keep only numbers, strings, lists and dicts "
                 "in it (checkpoints never pickle)"
             ) from e
-    doc = {"version": STATE_VERSION, "step": step, "reader": reader, "rng": rng, "extra": dict(extra or {})}
+    doc: dict[str, Any] = {"version": STATE_VERSION, "step": step, "reader": reader, "rng": rng,
+                           "extra": dict(extra or {})}
+    if rng_ranks is not None:
+        doc["rng_ranks"] = [dict(r) for r in rng_ranks]
     return json.dumps(doc, separators=(",", ":")).encode()
+
+
+def _keys(value: Any, path: str) -> Iterator[tuple[str, Any]]:
+    """``(path of the dict, key)`` for every dict key in ``value``, outermost first."""
+    if isinstance(value, Mapping):
+        for key, item in value.items():
+            yield path, key
+            yield from _keys(item, f"{path}[{key!r}]")
+    elif isinstance(value, list | tuple):
+        for i, item in enumerate(value):
+            yield from _keys(item, f"{path}[{i}]")
+
+
+def _as_json(key: Any) -> str:
+    try:
+        return f"which JSON turns into the string {next(iter(json.loads(json.dumps({key: 0}))))!r}"
+    except (TypeError, ValueError):
+        return "which JSON cannot hold"
 
 
 def decode_state(data: bytes, step: int) -> dict[str, Any]:
@@ -115,6 +149,15 @@ def decode_state(data: bytes, step: int) -> dict[str, Any]:
         raise ValueError("its extra is not an object")
     if doc.get("rng") is not None:
         check_rng(doc["rng"])
+    ranks = doc.get("rng_ranks")
+    if ranks is not None:
+        if not isinstance(ranks, list) or not ranks:
+            raise ValueError("its rng_ranks is not a list of RNG states")
+        for i, rng in enumerate(ranks):
+            try:
+                check_rng(rng)
+            except ValueError as e:
+                raise ValueError(f"rng_ranks[{i}]: {e}") from e
     return doc
 
 

@@ -4,6 +4,10 @@ Crash safety, by filesystem. Local: every file is written under a temporary name
 into place with ``os.replace``; the folder is fsynced before ``COMMIT`` is written the same way, so a
 power cut cannot leave a ``COMMIT`` whose files are not on disk. Object stores: each file is one PUT
 (whole or absent), and ``COMMIT`` is PUT last, which is the atomic point.
+
+Saves that overlap in one folder: locally they take turns under an exclusive ``fcntl.flock`` on
+``_save.lock`` in the folder (`Store.lock`; ``flock`` coordinates the processes of one machine, on
+network mounts such as NFS it may not). Object stores have no lock: one writer per folder.
 """
 
 from __future__ import annotations
@@ -16,12 +20,14 @@ import re
 import time
 import uuid
 from collections.abc import Iterator, Mapping
+from contextlib import contextmanager, suppress
 from typing import Any
 
 from shardkit.dataset.location import Location
-from shardkit.errors import CorruptCheckpointError
+from shardkit.errors import CheckpointError, CorruptCheckpointError
 
 COMMIT = "COMMIT"
+LOCK = "_save.lock"  # a file, never a step folder: `Store.steps` lists only folders named step-<n>
 COMMIT_VERSION = 1
 CHUNK = 4 << 20  # large tensors go out in pieces: bounded syscalls, and a kill can land mid-file
 _STEP = re.compile(r"^step-(\d+)$")
@@ -77,6 +83,43 @@ class Store:
             if match and entry.get("type") == "directory":
                 found.append(int(match.group(1)))
         return sorted(found)
+
+    @contextmanager
+    def lock(self) -> Iterator[None]:
+        """Hold the folder's save lock (local folders; elsewhere a no-op): a save that starts meanwhile in
+        another process waits for this one to end, so two saves never mix their files or delete each
+        other's. The lock file is removed at the end, while still held (a waiter that opened it sees it
+        gone and locks the next one); a killed saver leaves it behind, unlocked, and the next save uses it.
+        """
+        try:
+            import fcntl
+        except ImportError:  # not POSIX: no advisory locks
+            fcntl = None  # type: ignore[assignment]
+        if fcntl is None or not self.loc.is_local:
+            yield
+            return
+        path = self.loc.join(LOCK)
+        while True:
+            try:
+                os.makedirs(self.loc.root, exist_ok=True)
+                fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+            except OSError as e:
+                raise CheckpointError(f"could not open the lock file {path} of checkpoint folder "
+                                      f"{self.loc.url} ({e}); check that the folder is writable") from e
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            try:
+                same = os.fstat(fd).st_ino == os.stat(path).st_ino
+            except FileNotFoundError:
+                same = False
+            if same:
+                break
+            os.close(fd)  # the saver that held it removed this file: lock the one there now
+        try:
+            yield
+        finally:
+            with suppress(OSError):
+                os.remove(path)
+            os.close(fd)
 
     def begin(self, step: int) -> None:
         """Make the step's folder empty and uncommitted: ``COMMIT`` goes first, so a crash from here on

@@ -23,7 +23,7 @@ import tempfile
 import time
 import warnings
 import weakref
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
 from shardkit.dataset.location import Location
@@ -96,7 +96,10 @@ class CheckpointManager:
         ...     if ckpt.due(step):
         ...         ckpt.save(step, model=model, optimizer=opt, reader=reader, writer=rank == 0)
 
-    Choices: one writer per job (the chief / rank 0); the others pass ``writer=False``. ``keep=None`` keeps
+    Choices: one writer per job (the chief / rank 0); the others pass ``writer=False``. Saves that overlap
+    in one local folder (two writers by mistake) take turns under a file lock, so each commits a
+    checkpoint that verifies; on an object store (``s3://``, ``memory://``) nothing coordinates them, so
+    one writer per folder is required there (``ctx.checkpoint`` writes on the chief only). ``keep=None`` keeps
     every checkpoint. torch state is serialized in memory before it is written (peak memory: one extra copy
     of the state dict's bytes), so its sha256 is known without reading the file back. ``every_seconds``
     reads each process's own clock: where every worker must take part in a save, decide on the chief and
@@ -129,11 +132,21 @@ class CheckpointManager:
     def save(self, step: int, *, model: torch.nn.Module | None = None,
              optimizer: torch.optim.Optimizer | None = None, reader: Stateful | None = None,
              tf_checkpoint: tf.train.Checkpoint | None = None, extra: Mapping[str, Any] | None = None,
-             writer: bool = True) -> str | None:
+             writer: bool = True, rng_ranks: Sequence[Mapping[str, Any]] | None = None) -> str | None:
         """Write step ``step`` and commit it; returns its URL (None when ``writer=False``).
 
-        ``model`` may be wrapped in DDP (its ``.module`` is saved). ``extra`` and the reader state must be
-        JSON. ``writer=False``: a non-chief worker of ``MultiWorkerMirroredStrategy``, whose
+        ``model`` may be wrapped in DDP, DataParallel or torch.compile (the module inside is saved).
+        ``extra`` and the reader state must be JSON with str dict keys (tuples come back as lists).
+
+        The torch states are checked before anything is written: numpy scalars in them (a learning rate
+        computed with numpy) are saved as Python numbers, and come back as such; any other value that
+        ``torch.load(weights_only=True)`` refuses (a numpy array, an object of your own class not
+        registered with ``torch.serialization.add_safe_globals``) raises `CheckpointError` naming its key
+        path, since such a checkpoint could never be restored. ``rng_ranks``: every rank's RNG states
+        (`shardkit.trainer._state.capture_rng`) in rank order, which `restore` gives back rank by rank
+        (``ctx.checkpoint`` gathers them in a torch allreduce job of several processes).
+
+        ``writer=False``: a non-chief worker of ``MultiWorkerMirroredStrategy``, whose
         ``tf_checkpoint.write`` must run (it takes part in collectives) but into a temporary folder that is
         deleted; torch state is not touched. After the commit, checkpoints beyond the ``keep`` newest
         and uncommitted folders of earlier steps are deleted (never a folder of a later step).
@@ -149,44 +162,60 @@ class CheckpointManager:
             return None
         where = self._store.url(step)
         state = encode_state(step, reader=reader.state_dict() if reader is not None else None,
-                             rng=capture_rng(), extra=extra, where=where)
+                             rng=capture_rng(), extra=extra, where=where, rng_ranks=rng_ranks)
         blobs = {}
         if model is not None:
-            blobs[MODEL] = fw.torch_bytes(fw.unwrap(model).state_dict())
+            blobs[MODEL] = fw.torch_bytes(fw.unwrap(model).state_dict(), what="model",
+                                          where=self._store.url(step, MODEL))
         if optimizer is not None:
-            blobs[OPTIMIZER] = fw.torch_bytes(optimizer.state_dict())
+            blobs[OPTIMIZER] = fw.torch_bytes(optimizer.state_dict(), what="optimizer",
+                                              where=self._store.url(step, OPTIMIZER))
         kinds = ["torch"] * bool(blobs) + ["tensorflow"] * (tf_checkpoint is not None)
-        try:
-            self._store.begin(step)
-            files = {name: self._store.write(step, name, data) for name, data in blobs.items()}
-            if tf_checkpoint is not None:
-                files.update(_load.write_tf(self._store, step, tf_checkpoint))
-            files[STATE] = self._store.write(step, STATE, state)
-            self._store.commit(step, files, "+".join(kinds) or "none")
-        except CheckpointError:
-            raise
-        except OSError as e:
-            raise CheckpointError(f"could not write checkpoint {where} ({e}); check that the folder is "
-                                  "writable and has space (the previous checkpoints are intact)") from e
-        self.schedule.record(step, time.monotonic())
-        self._prune(step)
+        with self._store.lock():  # another process saving into this folder finishes first
+            try:
+                self._store.begin(step)
+                files = {name: self._store.write(step, name, data) for name, data in blobs.items()}
+                if tf_checkpoint is not None:
+                    files.update(_load.write_tf(self._store, step, tf_checkpoint))
+                files[STATE] = self._store.write(step, STATE, state)
+                self._store.commit(step, files, "+".join(kinds) or "none")
+            except CheckpointError:
+                raise
+            except OSError as e:
+                raise CheckpointError(f"could not write checkpoint {where} ({e}); check that the folder is "
+                                      "writable and has space (the previous checkpoints are intact)") from e
+            self.schedule.record(step, time.monotonic())
+            self._prune(step)
         return where
 
     def restore(self, *, model: torch.nn.Module | None = None, optimizer: torch.optim.Optimizer | None = None,
                 reader: Stateful | None = None, tf_checkpoint: tf.train.Checkpoint | None = None,
-                rng: bool = True, required: bool = False) -> Restored | None:
+                rng: bool = True, required: bool = False, rank: int | None = None,
+                world_size: int | None = None) -> Restored | None:
         """Load the newest checkpoint that verifies into the given objects; None when there is none.
 
         A newer folder that is uncommitted or does not verify (missing or bad ``COMMIT``, a missing,
         truncated or altered file, a torch file that is not a plain state dict) is skipped with a
         `CheckpointWarning` naming it and why. Everything is read and checked before any object is
         changed. ``rng=True`` sets python's, numpy's and torch's global RNGs to their saved states, so the
-        resumed run draws the same numbers as an uninterrupted one. ``required=True`` raises instead of
+        resumed run draws the same numbers as an uninterrupted one.
+
+        ``rank`` and ``world_size`` (both or neither): this process's place in a job of several processes
+        (``ctx.checkpoint`` passes them; rank 0 is the writer). The RNGs are then set to this rank's saved
+        states when the checkpoint holds every rank's (``save(rng_ranks=...)``) for the same world size,
+        and rank 0's to the writer's when it holds only those. Otherwise (another world size; a process
+        other than the writer, and only the writer's states saved, as in a TensorFlow
+        ``MultiWorkerMirroredStrategy`` job) the RNGs stay as the script seeded them and a
+        `CheckpointWarning` says that this process's random streams do not continue exactly. Without
+        them (one process), the writer's states are set. ``required=True`` raises instead of
         returning None: `CorruptCheckpointError` when folders exist but none verifies, `CheckpointError`
         when there are none. A checkpoint that verifies but does not fit the objects (another model,
         a reader of another dataset, a file that was not saved) raises `CheckpointError`: an older one
         would not fit either.
         """
+        if (rank is None) != (world_size is None) or (rank is not None and not 0 <= rank < (world_size or 0)):
+            raise CheckpointError(f"restore(rank={rank!r}, world_size={world_size!r}) from {self.url}: pass "
+                                  "both or neither, with 0 <= rank < world_size")
         steps = self._store.steps()
         for step in reversed(steps):
             tmp = tempfile.mkdtemp(prefix="shardkit-ckpt-")
@@ -210,8 +239,8 @@ class CheckpointManager:
                 # lazily: the local copy of a remote checkpoint lives as long as the tf.train.Checkpoint
                 weakref.finalize(tf_checkpoint, shutil.rmtree, tmp, True)
             _load.apply(loaded, model=model, optimizer=optimizer, reader=reader)
-            if rng and loaded.state.get("rng") is not None:
-                restore_rng(loaded.state["rng"])
+            if rng:
+                self._restore_rng(loaded.state, loaded.info.url, rank, world_size)
             self.schedule.record(step, time.monotonic())
             state = loaded.state
             return Restored(step, loaded.info.url, loaded.info, state["extra"], state.get("reader"))
@@ -225,6 +254,27 @@ class CheckpointManager:
             warnings.warn(f"none of the {len(steps)} checkpoints under {self.url} verifies; starting from "
                           "scratch", CheckpointWarning, stacklevel=2)
         return None
+
+    def _restore_rng(self, state: Mapping[str, Any], url: str, rank: int | None,
+                     world_size: int | None) -> None:
+        """The RNG part of `restore`: this rank's saved states, or a warning that there are none."""
+        ranks = state.get("rng_ranks")
+        if rank is None or world_size is None:
+            mine = state.get("rng")
+        elif ranks is not None and len(ranks) == world_size:
+            mine = ranks[rank]
+        elif ranks is None and (rank == 0 or world_size == 1):
+            mine = state.get("rng")
+        else:
+            saved = (f"the random states of {len(ranks)} processes" if ranks is not None else
+                     "the random states of the process that wrote it only")
+            warnings.warn(f"checkpoint {url} holds {saved}; process {rank} of {world_size} keeps its python, "
+                          "numpy and torch random generators as the script seeded them, so its random "
+                          "streams do not continue exactly as in an uninterrupted run", CheckpointWarning,
+                          stacklevel=3)
+            return
+        if mine is not None:
+            restore_rng(mine)
 
     def list(self) -> list[CheckpointInfo]:
         """Committed checkpoints whose files have the committed sizes, oldest first."""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 import time
 from typing import TYPE_CHECKING, Any
@@ -31,6 +32,15 @@ class Checkpoints:
     the chief (rank 0) writes; the other processes call the same methods at the same steps (TensorFlow
     MultiWorkerMirrored takes part in the save through collectives). Without a job config there is no
     checkpoint folder: `restore` returns 0 and nothing is saved.
+
+    ``extra`` is saved as JSON with each checkpoint: str keys only (others raise `CheckpointError` at the
+    save, since JSON would turn ``3`` into ``"3"``), and tuples come back as lists.
+
+    RNG states: in a torch allreduce job of several processes every rank's are gathered at each save (a
+    collective, with no pickle: JSON bytes in a tensor), and `restore` gives each rank its own. Where
+    only the chief's are saved (TensorFlow), the other processes keep the RNGs as the script seeded them
+    after a restore, with a `CheckpointWarning`, as every process does after a change of the number of
+    processes (see `restore`).
 
     ``every_seconds`` reads a clock, and processes read theirs at different moments, so in an
     allreduce job of several processes the chief's clock decides and the others learn its answer every
@@ -79,13 +89,18 @@ class Checkpoints:
         """Load the newest complete checkpoint into the objects and register them; the restored step or 0.
 
         The step count of ``ctx`` continues from the restored step. A reader (or loader) continues
-        the epoch where the checkpoint was taken. See `CheckpointManager.restore` for which
-        checkpoint is chosen (a broken newer one is skipped with a warning) and for ``rng``.
+        the epoch where the checkpoint was taken. ``rng=True``: each rank of a torch allreduce job gets
+        its own saved RNG states (every rank's are saved). A process with no saved states of its own
+        keeps the RNGs as the script seeded them, with a `CheckpointWarning`: every rank when the job
+        resumes with another number of processes; in other jobs, where only the chief's states are
+        saved, every process but the chief. See `CheckpointManager.restore` for which checkpoint is
+        chosen (a broken newer one is skipped with a warning).
         """
         self.track(model=model, optimizer=optimizer, reader=reader, tf_checkpoint=tf_checkpoint)
         if self.manager is None:
             return 0
-        restored = self.manager.restore(**self.objects, rng=rng)
+        rank, world = self._rng_place()
+        restored = self.manager.restore(**self.objects, rng=rng, rank=rank, world_size=world)
         self.restored = restored
         if restored is None:
             return 0
@@ -196,16 +211,58 @@ class Checkpoints:
             return dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
         return ctx.num_data_shards or 1
 
+    def _rng_place(self) -> tuple[int, int]:
+        """This process's (rank, world size) as a checkpoint's RNG states count them: torch allreduce's
+        ranks, whose states are all saved; elsewhere only the chief's are, as rank 0, and any other
+        process has a rank past it."""
+        ctx = self._ctx
+        processes = self._processes()
+        if ctx.framework == "torch" and processes > 1:
+            import torch.distributed as dist
+
+            return dist.get_rank(), processes
+        world = max(processes, ctx.world_size, 1)
+        if ctx.is_chief:
+            return 0, world
+        return max(ctx.rank, 1), max(world, ctx.rank + 1, 2)
+
+    def _gather_rng(self) -> list[dict[str, Any]]:
+        """Every rank's `capture_rng`, in rank order, on every rank (torch allreduce), never pickled: each
+        rank's JSON bytes in a uint8 tensor on ``ctx.device``; one all_gather of the lengths, then one of
+        the bytes padded to the longest."""
+        import torch
+        import torch.distributed as dist
+
+        from shardkit.trainer._state import capture_rng, check_rng
+
+        device = self._ctx.device if self._ctx.device is not None else torch.device("cpu")
+        world = dist.get_world_size()
+        data = json.dumps(capture_rng(), separators=(",", ":")).encode()
+        size = torch.tensor([len(data)], dtype=torch.int64, device=device)
+        sizes = [torch.zeros_like(size) for _ in range(world)]
+        dist.all_gather(sizes, size)
+        lengths = [int(n.item()) for n in sizes]
+        mine = torch.zeros(max(lengths), dtype=torch.uint8)
+        mine[: len(data)] = torch.frombuffer(bytearray(data), dtype=torch.uint8)
+        mine = mine.to(device)
+        parts = [torch.empty_like(mine) for _ in range(world)]
+        dist.all_gather(parts, mine)
+        return [check_rng(json.loads(bytes(part[:n].cpu().numpy().tobytes())))
+                for part, n in zip(parts, lengths, strict=True)]
+
     def pending(self, step: int) -> bool:
         """Whether ``step`` has objects to save and has not been saved (or restored) already."""
         return self.manager is not None and bool(self.objects) and step > self.manager.schedule.last_step
 
     def save(self, step: int | None = None, *, extra: dict[str, Any] | None = None) -> str | None:
         """Save the registered objects as ``step`` (default: the current step); the URL on the writer
-        (the chief), None elsewhere. Every process of an allreduce job calls it at the same step."""
+        (the chief), None elsewhere. Every process of an allreduce job calls it at the same step (torch:
+        the ranks' RNG states are gathered then). ``extra``: see the class docstring."""
         if self.manager is None:
             return None
         if extra is not None:
             self.extra.update(extra)
         step = self._ctx.step_count if step is None else step
-        return self.manager.save(step, **self.objects, extra=self.extra, writer=self._ctx.is_chief)
+        rng_ranks = self._gather_rng() if self._ctx.framework == "torch" and self._processes() > 1 else None
+        return self.manager.save(step, **self.objects, extra=self.extra, writer=self._ctx.is_chief,
+                                 rng_ranks=rng_ranks)

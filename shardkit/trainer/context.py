@@ -14,6 +14,7 @@ from shardkit.cluster.config import JobConfig
 from shardkit.errors import ConfigError
 from shardkit.trainer._setup import (
     CONFIG_ENV,
+    check_place,
     init_torch_allreduce,
     int_env,
     load_job_config,
@@ -217,7 +218,9 @@ def init(config: str | os.PathLike[str] | JobConfig | None = None, *, backend: s
     argument is ignored); else ``config`` (a YAML path or a `JobConfig`); else the YAML named by
     ``SHARDKIT_CONFIG``; else none (rank and world from ``RANK``/``WORLD_SIZE``, no data section, no
     checkpoints). Started by hand (``python train.py``, ``torchrun ... train.py``), the process reads
-    shard ``RANK`` of ``WORLD_SIZE`` and sends no heartbeats.
+    shard ``RANK`` of ``WORLD_SIZE`` and sends no heartbeats. A ``RANK`` outside ``0 .. WORLD_SIZE - 1``
+    (``WORLD_SIZE`` unset counts as 1) raises `ConfigError`, and so does a data shard outside its count:
+    such a process would run alone and never checkpoint.
 
     What it does for the job's strategy:
     - torch allreduce: ``torch.distributed.init_process_group`` from the env (``nccl`` when CUDA has a
@@ -238,6 +241,7 @@ def init(config: str | os.PathLike[str] | JobConfig | None = None, *, backend: s
     index = int_env(p.ENV_ROLE_INDEX, rank_env or 0) or 0
     attempt = int_env(p.ENV_ATTEMPT, int_env("TORCHELASTIC_RESTART_COUNT", 0)) or 0
     shard, shards = int_env(p.ENV_DATA_SHARD), int_env(p.ENV_DATA_NUM_SHARDS)
+    check_place(rank_env, world_env, shard, shards)
     if not in_job and shard is None:
         shard, shards = rank_env or 0, world_env or 1
     rank = rank_env if rank_env is not None else (shard if shard is not None else index)

@@ -29,6 +29,7 @@ from torch import nn
 
 import shardkit
 from shardkit.errors import CheckpointError, CheckpointWarning, ConfigError, CorruptCheckpointError
+from shardkit.trainer import _load
 from shardkit.trainer.checkpoint import CheckpointManager
 from tests.reader import conftest as s3_fixtures
 from tests.reader.conftest import S3Server
@@ -162,6 +163,50 @@ def test_ddp_style_wrapper_saves_plain_keys(tmp_path: Path) -> None:
     assert weight_of(bare) == 1.5
 
 
+class _Backbone(nn.Module):
+    """An ordinary model that names a submodule ``module`` (no wrapper)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.module = nn.Linear(4, 8)
+        self.head = nn.Linear(8, 2)
+
+
+def test_only_real_wrappers_are_unwrapped(tmp_path: Path) -> None:
+    from torch.optim.swa_utils import AveragedModel
+
+    trained = _Backbone()
+    with torch.no_grad():
+        for p in trained.parameters():
+            p.fill_(0.5)
+    ckpt = CheckpointManager(tmp_path / "a")
+    ckpt.save(1, model=trained)
+    saved = torch.load(tmp_path / "a" / "step-000000001" / "model.pt", weights_only=True)
+    assert sorted(saved) == ["head.bias", "head.weight", "module.bias", "module.weight"]
+    fresh = _Backbone()
+    ckpt.restore(model=fresh)
+    assert same_tensors(fresh.state_dict(), trained.state_dict())
+
+    swa = AveragedModel(nn.Linear(3, 3))  # `.module` inside, its `n_averaged` buffer on the wrapper
+    for _ in range(5):
+        swa.update_parameters(swa.module)
+    CheckpointManager(tmp_path / "b").save(5, model=swa)
+    fresh_swa = AveragedModel(nn.Linear(3, 3))
+    CheckpointManager(tmp_path / "b").restore(model=fresh_swa)
+    assert int(fresh_swa.n_averaged) == 5
+    assert same_tensors(fresh_swa.state_dict(), swa.state_dict())
+
+    with warnings.catch_warnings():  # importing dynamo imports torch's own deprecated jit code
+        warnings.filterwarnings("ignore", r".*torch\.jit\.script_method.* is deprecated", DeprecationWarning)
+        compiled = torch.compile(nn.DataParallel(linear(2.5)))  # a compiled wrapper of a wrapper: both opened
+    CheckpointManager(tmp_path / "c").save(1, model=compiled)
+    keys = torch.load(tmp_path / "c" / "step-000000001" / "model.pt", weights_only=True).keys()
+    assert sorted(keys) == ["bias", "weight"]
+    bare = linear(0.0)
+    CheckpointManager(tmp_path / "c").restore(model=bare)
+    assert weight_of(bare) == 2.5
+
+
 def test_commit_lists_every_file_with_size_and_sha256(tmp_path: Path) -> None:
     model = linear(1.0)
     opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
@@ -198,6 +243,111 @@ def test_not_json_extra_fails_before_writing(tmp_path: Path) -> None:
     assert not (tmp_path / "step-000000001").exists()
 
 
+def test_extra_keys_must_be_strings(tmp_path: Path) -> None:
+    ckpt = CheckpointManager(tmp_path)
+    cases = [({"best_by_epoch": {3: 0.91}}, r"extra\['best_by_epoch'\] has the key 3 \(int\), which JSON "
+              r"turns into the string '3'; use str keys"),
+             ({"runs": [{"a": 1}, {True: "flag"}]},
+              r"extra\['runs'\]\[1\] has the key True \(bool\), .*'true'"),
+             ({None: 1}, r"extra has the key None \(NoneType\), which JSON turns into the string 'null'"),
+             ({(1, 2): 1}, r"extra has the key \(1, 2\) \(tuple\), which JSON cannot hold")]
+    for extra, message in cases:
+        with pytest.raises(CheckpointError, match=message):
+            ckpt.save(1, extra=extra)
+    assert not (tmp_path / "step-000000001").exists()
+    ckpt.save(1, extra={"shape": (2, 3), "nested": {"k": [(1, {"x": 2})]}})  # tuples: saved as lists
+    restored = ckpt.restore()
+    assert restored is not None
+    assert restored.extra == {"shape": [2, 3], "nested": {"k": [[1, {"x": 2}]]}}
+
+
+def test_numpy_scalars_in_torch_state_come_back_as_python_numbers(tmp_path: Path) -> None:
+    model = linear(1.0)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    model(torch.ones(2, 3)).sum().backward()
+    opt.step()
+    lr = 0.1 * 0.5 * (1 + np.cos(np.pi * 3 / 30))  # a cosine schedule computed with numpy: np.float64
+    opt.param_groups[0]["lr"] = lr
+    opt.param_groups[0]["dampening"] = np.int64(0)
+    ckpt = CheckpointManager(tmp_path)
+    ckpt.save(3, model=model, optimizer=opt)
+    fresh = linear(0.0)
+    fresh_opt = torch.optim.SGD(fresh.parameters(), lr=0.5, momentum=0.9)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # restored, not skipped as corrupt
+        restored = ckpt.restore(model=fresh, optimizer=fresh_opt)
+    assert restored is not None
+    assert restored.step == 3
+    group = fresh_opt.param_groups[0]
+    assert (type(group["lr"]), group["lr"], type(group["dampening"])) == (float, float(lr), int)
+    assert same_tensors(fresh_opt.state_dict()["state"], opt.state_dict()["state"])
+    assert type(opt.param_groups[0]["lr"]) is np.float64  # the optimizer saved is not changed
+
+
+class _Vocab(nn.Module):
+    """A module with extra state (``get_extra_state``), which holds ``ids``."""
+
+    def __init__(self, ids: Any) -> None:
+        super().__init__()
+        self.emb = nn.Embedding(5, 2)
+        self.ids = ids
+
+    def get_extra_state(self) -> Any:
+        return {"ids": self.ids}
+
+    def set_extra_state(self, state: Any) -> None:
+        if len(state["ids"]) != len(self.ids):
+            raise ValueError(f"a vocabulary of {len(state['ids'])} ids, this model has {len(self.ids)}")
+        self.ids = state["ids"]
+
+
+class _Tag:
+    """A class of the script's own, which torch's weights_only load refuses unless it is registered."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+
+def test_state_that_weights_only_refuses_fails_before_writing(tmp_path: Path) -> None:
+    ckpt = CheckpointManager(tmp_path)
+    ckpt.save(1, model=_Vocab([0, 1, 2, 3, 4]))
+    with pytest.raises(CheckpointError, match=(
+            r"step-000000002/model.pt: model.state_dict\(\)\['_extra_state'\]\['ids'\] is a numpy.ndarray "
+            r".*torch.load\(weights_only=True\) refuses.*Convert it to a torch tensor, a list or a Python "
+            r"number, or register its class with torch.serialization.add_safe_globals")):
+        ckpt.save(2, model=_Vocab(np.arange(5)))  # an array is not silently turned into a tensor
+    model = linear(1.0)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    opt.param_groups[0]["tag"] = [_Tag("warmup")]
+    with pytest.raises(CheckpointError, match=r"optimizer.state_dict\(\)\['param_groups'\]\[0\]\['tag'\]"
+                                              r"\[0\] is a tests.trainer.test_checkpoint._Tag"):
+        ckpt.save(2, optimizer=opt)
+    assert [p.name for p in tmp_path.iterdir()] == ["step-000000001"]  # nothing written
+    restored = ckpt.restore(model=_Vocab([9] * 5))
+    assert restored is not None
+    assert restored.step == 1
+    with torch.serialization.safe_globals([_Tag]):  # registered: saved and restored
+        ckpt.save(2, optimizer=opt)
+        fresh = torch.optim.SGD(linear(0.0).parameters(), lr=0.1)
+        assert ckpt.restore(optimizer=fresh) is not None
+    assert fresh.param_groups[0]["tag"][0].name == "warmup"
+
+
+def test_refused_file_warning_says_what_to_do(tmp_path: Path) -> None:
+    ckpt, fs, newest = _two_checkpoints(str(tmp_path))
+    state = linear(2.0).state_dict()
+    state["_extra_state"] = np.arange(3)  # as shardkit saved it before it checked
+    _rewrite_commit(fs, newest, "model.pt", _torch_bytes(state))
+    with pytest.warns(CheckpointWarning) as record:
+        restored = ckpt.restore(model=linear(0.0))
+    assert restored is not None
+    assert restored.step == 1
+    message = str(record[0].message)
+    assert "model.pt is not a torch state dict that loads with weights_only=True" in message
+    assert "a numpy array: older shardkit versions saved such states" in message
+    assert "If you did not write it" not in message
+
+
 def test_restore_into_another_architecture_raises_instead_of_falling_back(tmp_path: Path) -> None:
     ckpt = CheckpointManager(tmp_path)
     ckpt.save(1, model=linear(1.0))
@@ -205,6 +355,94 @@ def test_restore_into_another_architecture_raises_instead_of_falling_back(tmp_pa
         ckpt.restore(model=nn.Linear(5, 2))
     with pytest.raises(CheckpointError, match=r"has no optimizer.pt: it was saved without optimizer="):
         ckpt.restore(model=linear(0.0), optimizer=torch.optim.SGD(linear(0.0).parameters(), lr=0.1))
+
+
+class _Two(nn.Module):
+    def __init__(self, n: int) -> None:
+        super().__init__()
+        self.a = nn.Linear(3, 2)
+        self.b = nn.Linear(2, n)
+
+
+def _filled(module: nn.Module, value: float) -> nn.Module:
+    with torch.no_grad():
+        for p in module.parameters():
+            p.fill_(value)
+    return module
+
+
+def test_restore_that_does_not_fit_changes_no_object(tmp_path: Path, dataset: str) -> None:
+    other = str(tmp_path / "other")
+    shardkit.write_dataset({"id": np.arange(80)}, other, row_group_size=10, progress=False)
+    saved = _filled(linear(7.0), 7.0)
+    reader = shardkit.make_reader(dataset, batch_size=4, seed=0)
+    next(iter(reader))
+    ckpt = CheckpointManager(tmp_path / "ckpt")
+    ckpt.save(5, model=saved, optimizer=torch.optim.SGD(saved.parameters(), lr=0.1), reader=reader)
+    reader.close()
+
+    def unchanged(model: nn.Module) -> bool:
+        return all(bool(torch.all(p == 1.0)) for p in model.parameters())
+
+    # a reader of another dataset: its own load refuses it, before the model is touched
+    model = _filled(linear(1.0), 1.0)
+    with shardkit.make_reader(other, batch_size=4, seed=0) as wrong_reader:
+        with pytest.raises(CheckpointError, match=r"reader state of checkpoint .*-000000005 does not fit"):
+            CheckpointManager(tmp_path / "ckpt").restore(model=model, reader=wrong_reader)
+        assert unchanged(model)
+
+    # an optimizer with another layout of param groups: the model and the reader keep their state
+    model = _filled(linear(1.0), 1.0)
+    opt = torch.optim.SGD([{"params": [model.weight]}, {"params": [model.bias]}], lr=0.5)
+    with shardkit.make_reader(dataset, batch_size=4, seed=0) as fresh_reader:
+        before = fresh_reader.state_dict()
+        with pytest.raises(CheckpointError, match=(r"the optimizer.pt of checkpoint .*step-000000005 does "
+                                                   r"not fit this SGD \(its param groups hold \[2\] "
+                                                   r"parameters, this optimizer's \[1, 1\]\)")):
+            CheckpointManager(tmp_path / "ckpt").restore(model=model, optimizer=opt, reader=fresh_reader)
+        assert fresh_reader.state_dict() == before
+    assert unchanged(model)
+    assert [g["lr"] for g in opt.param_groups] == [0.5, 0.5]
+
+    # a layer of another shape: torch would copy the layers that fit before raising
+    ckpt = CheckpointManager(tmp_path / "two")
+    ckpt.save(6, model=_filled(_Two(2), 7.0))
+    two = _filled(_Two(5), 1.0)
+    with pytest.raises(CheckpointError, match=r"model.pt of checkpoint .*step-000000006 does not fit this "
+                                              r"_Two \('b.bias' has the shape \[2\] in the checkpoint, "
+                                              r"\[5\] here and 1 more\)"):
+        ckpt.restore(model=two)
+    assert unchanged(two)
+    with pytest.raises(CheckpointError, match=r"keys missing from the checkpoint: 'c.bias', 'c.weight'; keys "
+                                              r"this model lacks: 'b.bias', 'b.weight'"):
+        ckpt.restore(model=nn.ModuleDict({"a": nn.Linear(3, 2), "c": nn.Linear(2, 2)}))
+
+
+class _Counter:
+    """A `Stateful` reader stand-in: a JSON state of one number."""
+
+    def __init__(self, value: int) -> None:
+        self.value = value
+
+    def state_dict(self) -> dict[str, int]:
+        return {"value": self.value}
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        self.value = state["value"]
+
+
+def test_reader_is_put_back_when_the_model_then_fails(tmp_path: Path) -> None:
+    ckpt = CheckpointManager(tmp_path)
+    ckpt.save(4, model=_Vocab([0, 1, 2, 3, 4]), reader=_Counter(40))
+    reader = _Counter(7)
+    model = _Vocab([0, 1, 2])  # same keys and shapes, but its set_extra_state refuses the saved state
+    with pytest.raises(CheckpointError, match=r"model.pt of checkpoint .*does not fit this _Vocab \(a "
+                                              r"vocabulary of 5 ids, this model has 3\)"):
+        ckpt.restore(model=model, reader=reader)
+    assert reader.value == 7
+    ok = _Counter(7)
+    assert ckpt.restore(model=_Vocab([5, 6, 7, 8, 9]), reader=ok) is not None
+    assert ok.value == 40
 
 
 def test_bad_arguments_name_the_key() -> None:
@@ -402,6 +640,64 @@ def test_malicious_pickle_never_runs(tmp_path: Path, name: str, kind: str) -> No
     with pytest.warns(CheckpointWarning), pytest.raises(CorruptCheckpointError):
         ckpt.restore(model=model, optimizer=opt, required=True)
     assert not marker.exists()
+
+
+# ------------------------------------------------------------------------------------- overlapping saves
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.distributed
+def test_overlapping_saves_into_one_local_folder_each_commit_a_verified_checkpoint(tmp_path: Path) -> None:
+    """Two processes that both save (``writer=True`` on two ranks by mistake) the same steps at once:
+    their saves take turns, so every URL a save returned holds a checkpoint that verifies, sha256 too."""
+    import multiprocessing
+
+    from tests.trainer.scripts import concurrent_saves
+
+    url, steps = str(tmp_path / "ckpt"), 15
+    spawn = multiprocessing.get_context("spawn")
+    barrier, out = spawn.Barrier(2), spawn.Queue()
+    procs = [spawn.Process(target=concurrent_saves.save, args=(url, rank, steps, barrier, out))
+             for rank in range(2)]
+    for proc in procs:
+        proc.start()
+    try:
+        results = dict(out.get(timeout=100) for _ in procs)
+    finally:
+        for proc in procs:
+            proc.join(10)
+            if proc.is_alive():
+                proc.kill()
+                proc.join()
+    assert all(error is None for rank in results for _, _, error in results[rank]), results
+    urls = {u for rank in results for _, u, _ in results[rank]}
+    assert urls == {f"{url}/step-{s:09d}" for s in range(1, steps + 1)}
+    ckpt = CheckpointManager(url)
+    assert [i.step for i in ckpt.list()] == list(range(1, steps + 1))
+    names = sorted(p.name for p in (tmp_path / "ckpt").iterdir())
+    assert names == [f"step-{s:09d}" for s in range(1, steps + 1)]  # no lock file left
+    for step in range(1, steps + 1):  # every file against its COMMIT's size and sha256, then loaded
+        loaded = _load.load(ckpt._store, step, str(tmp_path), model=True, optimizer=False, reader=False,
+                            tf=False)
+        assert loaded.model is not None
+        rank = loaded.state["extra"]["rank"]
+        assert bool(torch.all(loaded.model["weight"] == rank)), step  # one writer's files, not a mix
+    restored = ckpt.restore(model=nn.Linear(128, 128))
+    assert restored is not None
+    assert restored.step == steps
+
+def test_a_leftover_lock_file_is_no_checkpoint(tmp_path: Path) -> None:
+    """A saver killed while it held the lock leaves its lock file: never listed, pruned or in the way."""
+    (tmp_path / "_save.lock").write_bytes(b"")
+    ckpt = CheckpointManager(tmp_path, keep=1)
+    assert ckpt.list() == []
+    for step in (1, 2):
+        ckpt.save(step, model=linear(float(step)))
+    assert [i.step for i in ckpt.list()] == [2]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["step-000000002"]  # each save removes it
+    with ckpt._store.lock():
+        assert (tmp_path / "_save.lock").is_file()
+        assert ckpt._store.steps() == [2]
 
 
 # ------------------------------------------------------------------------------------ SIGKILL mid-save

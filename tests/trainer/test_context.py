@@ -94,6 +94,32 @@ def test_by_hand_with_a_config_reads_the_ranks_shard(tmp_path: Path, dataset: st
         assert next(iter(whole))["id"].tolist() == list(range(40))
 
 
+@pytest.mark.parametrize(("env", "message"), [
+    ({"RANK": "1"}, r"RANK=1 and WORLD_SIZE unset \(1 process\) do not fit: a rank is >= 0 and < WORLD_SIZE; "
+                    r"set both as torchrun"),
+    ({"RANK": "-1", "WORLD_SIZE": "2"}, r"RANK=-1 and WORLD_SIZE=2 do not fit"),
+    ({"RANK": "2", "WORLD_SIZE": "2"}, r"RANK=2 and WORLD_SIZE=2 do not fit"),
+    ({"WORLD_SIZE": "0"}, r"WORLD_SIZE=0 is not a number of processes \(>= 1\)"),
+    ({p.ENV_DATA_SHARD: "2", p.ENV_DATA_NUM_SHARDS: "2"},
+     r"SHARDKIT_DATA_SHARD=2 and SHARDKIT_DATA_NUM_SHARDS=2 do not fit: a shard is >= 0 and <"),
+    ({p.ENV_DATA_SHARD: "1"}, r"SHARDKIT_DATA_SHARD=1 and SHARDKIT_DATA_NUM_SHARDS=unset do not fit"),
+])
+def test_a_rank_or_shard_outside_its_job_is_refused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                      env: dict[str, str], message: str) -> None:
+    """Such a process would run as the only one of its group yet not as the chief: no checkpoint, ever."""
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    with pytest.raises(ConfigError, match=message):
+        init(config=write_yaml(tmp_path, framework="torch"))
+
+
+def test_rank_zero_alone_is_the_chief(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("RANK", "0")  # torchrun's variables without WORLD_SIZE: one process
+    ctx = init()
+    assert (ctx.rank, ctx.world_size, ctx.is_chief) == (0, 1, True)
+    ctx.finish()
+
+
 def test_config_from_environment_variable(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("SHARDKIT_CONFIG", str(write_yaml(tmp_path)))
     with init() as ctx:
