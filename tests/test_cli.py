@@ -229,6 +229,19 @@ def test_validate_and_train_exit_2_on_a_bad_config(tmp_path: Path, capsys: pytes
     assert not (tmp_path / "job").exists()
 
 
+def test_train_exits_2_when_the_logdir_cannot_be_created(tmp_path: Path,
+                                                       capsys: pytest.CaptureFixture[str]) -> None:
+    (tmp_path / "afile").write_text("x")
+    logdir = tmp_path / "afile" / "job"
+    assert main(["train", str(_job_yaml(tmp_path)), "--set", f"logdir={logdir}"]) == 2
+    out, err = capsys.readouterr()
+    assert out == ""
+    assert err.startswith("shardkit train: error: ")
+    for word in (f"logdir = '{logdir}'", "cannot create it or write in it", "Not a directory",
+                 "Fix: give a folder this user can create and write"):
+        assert word in err, (word, err)
+
+
 @pytest.mark.distributed
 @pytest.mark.timeout(60)
 def test_train_runs_the_job(tmp_path: Path) -> None:

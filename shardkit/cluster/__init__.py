@@ -21,9 +21,12 @@ def run_job(config: JobConfig, *, node_rank: int | None = None, echo: bool = Tru
         >>> result.steps, result.restarts, result.samples_per_s
 
     Policy (the job config's ``fault_tolerance``):
-    - Before anything starts: the secrets are read, ``<logdir>/job.json`` (the config without secret
-      values) is written, and ``<logdir>/logs`` and ``<logdir>/tensorboard`` from an earlier run are
-      cleared. Checkpoints are kept: a job started again resumes from its newest one.
+    - Before anything starts: the secrets are read; a ``data.url`` on this machine's filesystem is
+      opened as a dataset when the roles run here (local engine, a local Ray instance, a local Spark
+      master); the logdir is locked for this run (``<logdir>/.lock``: a second run with the same
+      logdir is refused); ``<logdir>/job.json`` (the config without secret values) is written, and
+      ``<logdir>/logs`` and ``<logdir>/tensorboard`` from an earlier run are cleared. Checkpoints are
+      kept: a job started again resumes from its newest one.
     - Each attempt starts every process with fresh ports (`shardkit.cluster.spec.build_spec`); output
       goes to ``<logdir>/logs/attempt-<k>/<role>-<i>.log`` and, with ``echo``, to the console prefixed
       with ``[role-i]``. A progress line (step, samples/s, metrics, restarts) shows every few seconds.
@@ -38,8 +41,13 @@ def run_job(config: JobConfig, *, node_rank: int | None = None, echo: bool = Tru
     - At the end ``<logdir>/summary.json`` is written and a summary printed; TensorBoard scalars
       (metrics, samples/s, restarts) are in ``<logdir>/tensorboard``. Secret values are replaced by
       ``<redacted>`` in everything the supervisor prints or writes.
-    - Ctrl-C or SIGTERM stops every process (no orphans), writes the summary and raises
-      KeyboardInterrupt.
+    - Ctrl-C, SIGTERM or SIGHUP stops every process (no orphans), writes the summary and raises
+      KeyboardInterrupt (its ``signum`` attribute says which; ``shardkit train`` exits 128 + it). If the
+      trainer is SIGKILLed, the roles die with it (parent-death signal) and a watcher process stops
+      what they started (`shardkit.cluster.watcher`).
+    - Showing progress never stops a job: a TensorBoard or progress error is shown once as a warning.
+    - The engine the supervisor made is closed at the end (a local Ray instance or a SparkSession it
+      started is shut down).
 
     With ``engine: torchrun`` this runs one node of the job instead (torch's elastic agent starts and
     restarts the workers; see `shardkit.cluster.engine_torchrun.run_node`): ``node_rank`` is this
@@ -48,7 +56,8 @@ def run_job(config: JobConfig, *, node_rank: int | None = None, echo: bool = Tru
     Raises:
         JobError: restarts exhausted (the message holds every failure with the end of its log; the
             `JobResult` is its ``result`` attribute), or the processes could not start.
-        ConfigError: an unknown engine or engine option, or a secret that cannot be read.
+        ConfigError: an unknown engine or engine option, a secret that cannot be read, a local
+            ``data.url`` with no dataset, or a logdir in use by another run or that cannot be written.
     """
     if config.engine.name == "torchrun":  # one node's elastic agent; torch's agent does the restarts
         from shardkit.cluster.engine_torchrun import run_node

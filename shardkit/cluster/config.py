@@ -37,6 +37,7 @@ __all__ = [
     "EngineConfig",
     "FaultTolerance",
     "JobConfig",
+    "MAX_PROCESSES",
     "Resources",
     "RoleConfig",
     "SecretRef",
@@ -59,6 +60,8 @@ _FUNCTION = re.compile(r"[A-Za-z_][\w]*(\.[A-Za-z_][\w]*)*:[A-Za-z_][\w]*\Z")
 _SCHEME = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://")
 _MEMORY = re.compile(r"\s*(\d+(?:\.\d*)?|\.\d+)\s*([kmgtp]?)(i?)(b?)\s*\Z", re.IGNORECASE)
 _SECTIONS = frozenset({"checkpoint", "fault_tolerance", "engine", "params", "env", "secrets", "python"})
+#: The most processes a role, and a whole job, may have (see `RoleConfig`).
+MAX_PROCESSES = 10_000
 # Keys of make_reader that the trainer sets itself (from the job and the process's shard).
 _READER_OWNED = frozenset({"url", "shard", "num_shards", "batch_size", "seed", "shuffle", "num_epochs"})
 
@@ -122,7 +125,12 @@ class Resources(_Model):
 
 
 class RoleConfig(_Model):
-    """One role: ``worker: {count: 2, resources: {...}}``."""
+    """One role: ``worker: {count: 2, resources: {...}}``; 1 to `MAX_PROCESSES` processes.
+
+    The bound is there so that a slip (``count: 100000000000``) fails here, not after minutes of
+    building a cluster spec that no machine could start; 10,000 is far above the largest jobs one
+    supervisor or torchrun agent runs (each process is an entry in ``TF_CONFIG``, a log file, ...).
+    """
 
     count: int = 1
     resources: Resources = Field(default_factory=Resources)
@@ -133,6 +141,9 @@ class RoleConfig(_Model):
         if value < 1:
             raise Problem((), value, "a role needs at least 1 process",
                           "set it to 1 or more, or remove the role (where the strategy allows)")
+        if value > MAX_PROCESSES:
+            raise Problem((), value, f"more than {MAX_PROCESSES:,} processes in one role (shardkit's limit)",
+                          f"set it to {MAX_PROCESSES} or less")
         return value
 
 
@@ -486,6 +497,11 @@ def _role_problems(config: JobConfig) -> Iterator[Problem]:
         if role in roles and roles[role].count != 1:
             yield Problem(("roles", role, "count"), roles[role].count, f"a job has exactly one {role}",
                           f"set roles.{role}.count to 1")
+    total = sum(spec.count for spec in roles.values())
+    if total > MAX_PROCESSES:
+        counts = ", ".join(f"{role} {spec.count:,}" for role, spec in roles.items())
+        yield Problem(("roles",), _NO_VALUE, f"{total:,} processes in all ({counts}), more than shardkit's "
+                      f"limit of {MAX_PROCESSES:,} per job", "lower the roles' counts")
 
 
 def _raise_all(problems: list[Problem]) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextvars
 import json
+import math
 import os
 import re
 from collections.abc import Sequence
@@ -83,11 +84,45 @@ def translate(error: ValidationError, source: Path | None) -> ConfigError:
             expected = expected.replace("an instance of Path", "a path").removeprefix("Input should be ")
             fix = f"make it {expected}"
             if isinstance(value, str) and kind in ("int_type", "float_type", "bool_type"):
-                fix += " (write it without quotes)"
+                fix += _unquote_hint(value, kind)
             elif isinstance(value, bool) and kind == "string_type":
                 fix = "quote it ('yes'): YAML reads yes/no/on/off/true/false unquoted as booleans"
             items.append((loc, value, f"a {_yaml_kind(value)} where {expected} belongs", fix))
     return config_error(source, items)
+
+
+def _unquote_hint(text: str, kind: str) -> str:
+    """How to write ``text`` so that YAML reads a number or boolean. A string that YAML would read as
+    one without quotes was quoted; one that is a number to Python but not to YAML is YAML 1.1's
+    exponent rule (PyYAML): ``1e3`` and ``1.0e3`` are strings, ``1.0e+3`` is a float."""
+    try:
+        unquoted = yaml.safe_load(text)
+    except yaml.YAMLError:
+        unquoted = None
+    if type(unquoted) in (int, float, bool):
+        return " (write it without quotes)"
+    if kind == "bool_type":
+        return ""
+    try:
+        number = float(text)
+    except ValueError:
+        return ""
+    if not math.isfinite(number):
+        return " (YAML writes infinity and not-a-number as .inf, -.inf and .nan)"
+    whole = number.is_integer() and abs(number) < 1e16
+    if kind == "int_type":
+        return f" (YAML reads {text} as a string: write {int(number)})" if whole else ""
+    mantissa, e, exponent = text.strip().lower().partition("e")
+    forms = [str(int(number))] if whole else []
+    if e:
+        dotted = mantissa if "." in mantissa else f"{mantissa}.0"
+        signed = exponent if exponent[:1] in ("+", "-") else f"+{exponent}"
+        if isinstance(yaml.safe_load(f"{dotted}e{signed}"), float):
+            forms.append(f"{dotted}e{signed}")
+    if not forms:
+        return ""
+    return (f" (YAML reads {text} as a string: YAML 1.1 wants a dot and a signed exponent; write "
+            f"{' or '.join(forms)})")
 
 
 def _yaml_kind(value: Any) -> str:

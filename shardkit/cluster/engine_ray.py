@@ -169,6 +169,12 @@ class RayEngine:
         self.ray: Any = require("ray", extra="ray", purpose="engine: ray (the job's processes as Ray actors)")
         self._owned = False
 
+    @property
+    def runs_here(self) -> bool:
+        """Whether the roles will run on this machine: a local instance the engine starts (no
+        ``address``, no connection yet); the supervisor then checks a local ``data.url`` first."""
+        return self.address is None and not self.ray.is_initialized()
+
     def _connect(self, spec: ClusterSpec, resources: dict[str, dict[str, Any]]) -> None:
         ray = self.ray
         if ray.is_initialized():

@@ -154,6 +154,16 @@ class SparkEngine:
         require("pyspark", extra="spark", purpose="engine: spark (Spark barrier mode)")
         self._own: Any = None
 
+    @property
+    def runs_here(self) -> bool:
+        """Whether the tasks will run on this machine (a ``local[...]`` master: the active session's, or
+        the one the engine would create); the supervisor then checks a local ``data.url`` first."""
+        from pyspark.sql import SparkSession
+
+        active = SparkSession.getActiveSession()
+        master = active.sparkContext.master if active is not None else self.master
+        return _slots(str(master or "local")) is not None
+
     def session(self, processes: int = 2) -> Any:
         """The active SparkSession, or one this engine creates (``local[processes]`` unless ``master``)."""
         from pyspark.sql import SparkSession

@@ -248,10 +248,12 @@ def run_node(config: JobConfig, *, node_rank: int | None = None, echo: bool = Tr
     written (``<logdir>/summary.json`` by node 0, ``logs/node-<K>/summary.json`` by the others).
 
     Raises:
-        ConfigError: bad engine options, or a job the torchrun engine cannot run.
+        ConfigError: bad engine options, a job the torchrun engine cannot run, a local ``data.url``
+            with no dataset, or a logdir this node rank already uses (or cannot write).
         JobError: the workers failed more than ``max_restarts`` times on this node, or the rendezvous
             failed (closed by another node, timed out).
-        KeyboardInterrupt: SIGINT/SIGTERM: the workers were stopped (``signum`` attribute).
+        KeyboardInterrupt: SIGINT, SIGTERM or SIGHUP, at any point (in the rendezvous too): the workers
+            were stopped (``signum`` attribute), the summary says ``interrupted``.
     """
     options = dict(config.engine.options)
     if node_rank is not None:

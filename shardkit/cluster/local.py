@@ -13,7 +13,9 @@ from pathlib import Path
 from typing import IO, Any
 
 from shardkit.cluster import protocol
+from shardkit.cluster.output import LineSplitter
 from shardkit.cluster.spec import ClusterSpec, ProcessSpec
+from shardkit.cluster.watcher import GroupWatcher
 from shardkit.errors import ConfigError
 
 __all__ = ["LocalEngine", "LocalGroup", "LocalProcess", "group_members"]
@@ -31,17 +33,36 @@ def _libc() -> Any:
 
 
 _LIBC = _libc()  # loaded here, not in the forked child (where loading could take a lock)
+# Linux: an exit can be seen without reaping the process (waitid's WNOWAIT); elsewhere Popen.poll reaps.
+_PEEK = sys.platform.startswith("linux") and hasattr(os, "waitid")
+
+
+def _exit_code(pid: int, *, block: bool) -> int | None:
+    """The exit code of child ``pid`` (``-signal`` when a signal ended it), None while it runs, without
+    reaping it: the zombie keeps its pid, and so its process group's id, from being reused."""
+    flags = os.WEXITED | os.WNOWAIT | (0 if block else os.WNOHANG)
+    info = os.waitid(os.P_PID, pid, flags)
+    if info is None:
+        return None
+    return info.si_status if info.si_code == os.CLD_EXITED else -info.si_status
 
 
 class LocalProcess:
-    """One role process: its `subprocess.Popen`, log file and the part of the log already echoed."""
+    """One role process: its `subprocess.Popen`, log file and the part of the log already echoed.
+
+    Its exit is seen without reaping it (Linux): it stays a zombie until `LocalGroup.stop` has
+    signalled its process group for the last time, so that the group's id cannot meanwhile be given
+    to an unrelated process, which a ``killpg`` would then hit. ``returncode`` is the same before
+    and after the reaping (``popen.returncode`` once reaped).
+    """
 
     def __init__(self, spec: ProcessSpec, popen: subprocess.Popen[bytes], log_path: Path,
                  started: float) -> None:
         self.spec, self.popen, self.log_path, self.started = spec, popen, log_path, started
         self.reported = False
+        self._exit: int | None = None
         self._reader: IO[bytes] | None = None
-        self._partial = b""
+        self._lines = LineSplitter()
         self._closed = False
 
     role = property(lambda self: self.spec.role)
@@ -51,7 +72,29 @@ class LocalProcess:
 
     @property
     def returncode(self) -> int | None:
-        return self.popen.poll()
+        if self.popen.returncode is not None:
+            return self.popen.returncode
+        if self._exit is None:
+            self._exit = self._peek(block=False)
+        return self._exit
+
+    def _peek(self, *, block: bool) -> int | None:
+        if not _PEEK:
+            return self.popen.wait() if block else self.popen.poll()
+        try:
+            return _exit_code(self.popen.pid, block=block)
+        except ChildProcessError:  # reaped by someone else (SIGCHLD ignored, os.wait): Popen says what
+            return self.popen.wait() if block else self.popen.poll()
+
+    def wait_exit(self) -> int:
+        """Wait for the exit, still without reaping (see the class docstring)."""
+        while self._exit is None and self.popen.returncode is None:
+            self._exit = self._peek(block=True)
+        return self.returncode  # type: ignore[return-value]
+
+    def reap(self) -> None:
+        """Reap the exited process (its group's id is free again afterwards)."""
+        self.popen.wait()
 
     def tail(self, lines: int = 20) -> list[str]:
         try:
@@ -63,7 +106,8 @@ class LocalProcess:
         return data.decode("utf-8", "replace").splitlines()[-lines:]
 
     def new_lines(self, final: bool = False) -> list[str]:
-        """Complete lines appended to the log since the last call (``final``: the unterminated rest too)."""
+        """Lines appended to the log since the last call (``final``: the unterminated rest too), as
+        `shardkit.cluster.output.LineSplitter` shows them (``\\r`` progress bars, long lines)."""
         if self._closed:
             return []
         if self._reader is None:
@@ -71,15 +115,11 @@ class LocalProcess:
                 self._reader = open(self.log_path, "rb")  # noqa: SIM115 - kept open while the job runs
             except OSError:
                 return []
-        data = self._partial + self._reader.read()
-        *lines, self._partial = data.split(b"\n")
-        if final and self._partial:
-            lines.append(self._partial)
-            self._partial = b""
+        lines = self._lines.feed(self._reader.read(), final)
         if final:
             self._reader.close()
             self._closed = True
-        return [line.decode("utf-8", "replace").rstrip("\r") for line in lines]
+        return lines
 
     def __repr__(self) -> str:
         return f"LocalProcess({self.name}, pid={self.pid}, returncode={self.returncode})"
@@ -98,11 +138,14 @@ def _child_setup(parent: int) -> Any:
 
 
 class LocalGroup:
-    """The processes of one attempt on this machine (see `LocalEngine`)."""
+    """The processes of one attempt on this machine (see `LocalEngine`), and their `GroupWatcher`."""
 
-    def __init__(self, processes: list[LocalProcess], grace: float) -> None:
+    def __init__(self, processes: list[LocalProcess], grace: float,
+                 watcher: GroupWatcher | None = None) -> None:
         self.processes = processes
         self.grace = grace
+        self.watcher = watcher
+        self._stopped = False
         self._rest: list[tuple[LocalProcess, str]] = []  # output read when the group stopped
 
     def poll(self) -> list[LocalProcess]:
@@ -123,49 +166,70 @@ class LocalGroup:
 
     def _signal(self, sig: signal.Signals) -> None:
         # Each process leads its own group; signalling the group also reaches what it started
-        # (DataLoader workers, TensorFlow servers), even after the leader itself has exited.
+        # (DataLoader workers, TensorFlow servers), even after the leader itself has exited: an exited
+        # leader is not reaped before `stop` ends (see LocalProcess), so the group id is still its own.
         for p in self.processes:
+            if p.popen.returncode is not None:  # reaped: the id may belong to another process by now
+                continue
             try:
                 os.killpg(p.popen.pid, sig)
             except ProcessLookupError:
                 pass
-            except PermissionError:  # pragma: no cover - the group's pid was reused by another user
+            except PermissionError:  # pragma: no cover - only if reaped by someone else and reused
                 pass
 
     def stop(self, grace: float | None = None) -> None:
-        """SIGTERM every process group, SIGKILL what is left after ``grace`` seconds, wait for all.
+        """SIGTERM every process group, SIGKILL what is left after ``grace`` seconds, wait for all,
+        then reap. A second call does nothing.
 
-        A KeyboardInterrupt while waiting (a second Ctrl-C) skips the rest of the grace period; it is
-        raised again once every process is gone.
+        A KeyboardInterrupt while waiting (a second Ctrl-C or SIGTERM) skips the rest of the grace
+        period; the first one is raised again, as it was (with the signal it came from), once every
+        process is gone.
         """
+        if self._stopped:
+            return
         grace = self.grace if grace is None else grace
-        interrupted = False
+        interrupt: KeyboardInterrupt | None = None
         try:
             self._signal(signal.SIGTERM)
             deadline = time.monotonic() + grace
             while any(p.returncode is None for p in self.processes) and time.monotonic() < deadline:
                 time.sleep(0.02)
-        except KeyboardInterrupt:
-            interrupted = True
+        except KeyboardInterrupt as e:
+            interrupt = e
         while True:
             try:
                 self._signal(signal.SIGKILL)
                 for p in self.processes:
-                    p.popen.wait()
+                    p.wait_exit()
                 self._reap_groups()
+                self._release()
                 self._rest += [(p, line) for p in self.processes for line in p.new_lines(final=True)]
                 break
-            except KeyboardInterrupt:
-                interrupted = True
-        if interrupted:
-            raise KeyboardInterrupt
+            except KeyboardInterrupt as e:
+                interrupt = interrupt or e
+        self._stopped = True
+        if interrupt is not None:
+            raise interrupt
 
     def _reap_groups(self, timeout: float = 2.0) -> None:
         """Wait until no live member of any group is left (its grandchildren are reaped by init)."""
         deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline and any(group_members(p.popen.pid) for p in self.processes):
+        while time.monotonic() < deadline and any(group_members(p.popen.pid) for p in self.processes
+                                                  if p.popen.returncode is None):
             self._signal(signal.SIGKILL)
             time.sleep(0.02)
+
+    def _release(self) -> None:
+        """Every group is empty and every leader a zombie: tell the watcher, then reap, then end it."""
+        for p in self.processes:
+            if p.popen.returncode is None:
+                if self.watcher is not None:
+                    self.watcher.gone(p.popen.pid)  # before the reaping that frees the id
+                p.reap()
+        if self.watcher is not None:
+            self.watcher.close()
+            self.watcher = None
 
 
 def group_members(pgid: int) -> list[int]:
@@ -202,7 +266,10 @@ class LocalEngine:
 
     Choices: each process gets a new session (``start_new_session``), so a Ctrl-C in the terminal
     reaches only the trainer, which then stops every group itself; and on Linux a parent-death signal
-    (SIGKILL), so that even a SIGKILLed trainer leaves no role running. stdout and stderr go to one
+    (SIGKILL), so that even a SIGKILLed trainer leaves no role running. What a role starts gets no
+    parent-death signal: for that, each group of processes has a `GroupWatcher`, a small process
+    outside the trainer's session that stops the groups still running when the trainer dies without
+    stopping them (SIGKILL: SIGTERM, then SIGKILL after ``grace``). stdout and stderr go to one
     file per process, ``<log_dir>/<role>-<index>.log``. The environment is the trainer's, without any
     variable the trainer sets itself (``RANK``, ``TF_CONFIG``, ...: from an enclosing job they would
     mislead the roles), plus the spec's. Options: ``grace`` (seconds between SIGTERM and SIGKILL when
@@ -215,6 +282,7 @@ class LocalEngine:
     """
 
     name = "local"
+    runs_here = True  # the roles run on this machine: the supervisor checks a local data.url first
 
     def __init__(self, options: Mapping[str, Any] | None = None) -> None:
         options = dict(options or {})
@@ -232,7 +300,7 @@ class LocalEngine:
         log_dir.mkdir(parents=True, exist_ok=True)
         base = {k: v for k, v in os.environ.items() if k not in protocol.ALL_ENV}
         processes: list[LocalProcess] = []
-        group = LocalGroup(processes, self.grace)
+        group = LocalGroup(processes, self.grace, GroupWatcher(grace=self.grace))
         try:
             for proc in spec.processes:
                 log_path = log_dir / f"{proc.name}.log"
@@ -243,6 +311,8 @@ class LocalEngine:
                         preexec_fn=_child_setup(os.getpid()),  # noqa: PLW1509 - no lock is taken in it
                     )
                 processes.append(LocalProcess(proc, popen, log_path, time.monotonic()))
+                if group.watcher is not None:
+                    group.watcher.started(popen.pid)
         except BaseException:
             group.stop(0)
             raise

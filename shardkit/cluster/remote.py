@@ -102,9 +102,10 @@ class NodeRunner:
                 return beats
 
     def close(self) -> None:
-        """Stop the process if it still runs and remove the temporary folder."""
-        if self.group is not None and self.returncode is None:
-            self.group.stop(0)
+        """Stop the process if it still runs (an exited one is reaped, and what it left behind stopped),
+        and remove the temporary folder."""
+        if self.group is not None:
+            self.group.stop(0)  # once only: a second call does nothing
         self.sock.close()
         shutil.rmtree(self.dir, ignore_errors=True)
 

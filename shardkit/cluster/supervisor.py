@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
-import os
-import shutil
 import signal
 import sys
 import threading
@@ -20,6 +19,7 @@ from shardkit.cluster import protocol
 from shardkit.cluster.config import JobConfig
 from shardkit.cluster.engines import Engine, ProcessGroup, RoleProcess, get_engine
 from shardkit.cluster.heartbeats import HeartbeatReceiver, apply_beat
+from shardkit.cluster.preflight import LogdirLock, check_local_data, prepare_logdir
 from shardkit.cluster.progress import Progress
 from shardkit.cluster.report import (
     AttemptRecord,
@@ -62,7 +62,7 @@ class _Watch:
 
 
 class _Terminated(KeyboardInterrupt):
-    """SIGTERM to the trainer: handled like Ctrl-C (stop everything, then exit)."""
+    """SIGTERM or SIGHUP to the trainer (SIGINT too): handled like Ctrl-C (stop everything, then exit)."""
 
     def __init__(self, signum: int) -> None:
         super().__init__(signal.Signals(signum).name)
@@ -70,11 +70,17 @@ class _Terminated(KeyboardInterrupt):
 
 
 class Supervisor:
-    """Runs one job to its end. Use `shardkit.cluster.run_job`; see its docstring for the policy."""
+    """Runs one job to its end. Use `shardkit.cluster.run_job`; see its docstring for the policy.
+
+    ``engine``: one the caller made (and closes: a Ray or Spark connection it keeps using); by default
+    the supervisor makes the config's engine and closes it when the job ends (``close()``: a local Ray
+    instance or a SparkSession it started is shut down, nothing is left running).
+    """
 
     def __init__(self, config: JobConfig, *, echo: bool = True, console: TextIO | None = None,
                  engine: Engine | None = None, progress_interval: float = 5.0) -> None:
         self.config = config
+        self._owns_engine = engine is None
         self.engine = engine if engine is not None else get_engine(config.engine.name, config.engine.options)
         self.console = console if console is not None else sys.stdout
         self.echo = echo
@@ -91,10 +97,16 @@ class Supervisor:
         self._failures: list[Failure] = []
         self._notes: list[str] = []
         self._metrics: dict[str, float] = {}
+        self._console_lost = False
 
     # -- output ------------------------------------------------------------------------------------
     def _say(self, text: str) -> None:
-        print(scrub(text, self._secrets), file=self.console, flush=True)
+        if self._console_lost:
+            return
+        try:
+            print(scrub(text, self._secrets), file=self.console, flush=True)
+        except OSError:  # the terminal is gone (a hangup) or the pipe closed: the job and its files go on
+            self._console_lost = True
 
     def _echo(self, lines: Iterator[tuple[RoleProcess, str]]) -> None:
         for proc, line in lines:
@@ -107,8 +119,31 @@ class Supervisor:
     # -- the job -----------------------------------------------------------------------------------
     def run(self) -> JobResult:
         """Run every attempt until the job succeeds, fails for good, or is interrupted."""
+        try:
+            return self._run()
+        finally:
+            self._close_engine()
+
+    def _run(self) -> JobResult:
         self._secrets = list(self.config.secret_values().values())  # a missing secret fails before any start
-        self._prepare_logdir()
+        if getattr(self.engine, "runs_here", False):
+            check_local_data(self.config)
+        lock = self._prepare_logdir()
+        try:
+            result = self._attempts_and_summary()
+        finally:
+            lock.release()
+        if not result.ok:
+            error = JobError(
+                f"job {self.config.name} failed: {len(self._failures)} failure(s), "
+                f"max_restarts={self.ft.max_restarts} exhausted:\n{result.history()}\n"
+                f"Fix: see the logs above; summary in {result.summary_path}"
+            )
+            error.result = result  # type: ignore[attr-defined]
+            raise error
+        return result
+
+    def _attempts_and_summary(self) -> JobResult:
         status: Status = "failed"
         with _signals_as_interrupts(), HeartbeatReceiver() as receiver:
             try:
@@ -124,7 +159,8 @@ class Supervisor:
                 status = "interrupted"
                 why = str(e) or type(e).__name__
                 self._say(f"[shardkit] {why}: stopping every process")
-                self._stop()
+                with contextlib.suppress(KeyboardInterrupt):  # a second one while stopping: raise the first
+                    self._stop()
                 raise
             finally:
                 self._stop()
@@ -132,25 +168,25 @@ class Supervisor:
                 result = self._result(status)
                 result.write()
                 self._say(f"[shardkit] {result.format()}")
-        if not result.ok:
-            error = JobError(
-                f"job {self.config.name} failed: {len(self._failures)} failure(s), "
-                f"max_restarts={self.ft.max_restarts} exhausted:\n{result.history()}\n"
-                f"Fix: see the logs above; summary in {result.summary_path}"
-            )
-            error.result = result  # type: ignore[attr-defined]
-            raise error
         return result
 
-    def _prepare_logdir(self) -> None:
-        self.logdir.mkdir(parents=True, exist_ok=True)
-        for old in ("logs", "tensorboard"):  # one run's outputs; checkpoints stay (the job resumes from them)
-            shutil.rmtree(self.logdir / old, ignore_errors=True)
-        job_json = self.logdir / protocol.JOB_CONFIG_FILE
-        tmp = job_json.with_suffix(".json.tmp")
-        tmp.write_text(json.dumps(self.config.redacted(), indent=2, default=str) + "\n")
-        os.replace(tmp, job_json)
+    def _prepare_logdir(self) -> LogdirLock:
+        """Lock the logdir for this run, clear one run's outputs (checkpoints stay: the job resumes from
+        them), write job.json, open TensorBoard (`shardkit.cluster.preflight.prepare_logdir`)."""
+        lock = prepare_logdir(self.config, clear=[self.logdir / "logs", self.logdir / "tensorboard"])
         self.progress.open()
+        return lock
+
+    def _close_engine(self) -> None:
+        """Close an engine the supervisor made (a local Ray instance, a SparkSession it started)."""
+        close = getattr(self.engine, "close", None) if self._owns_engine else None
+        if close is None:
+            return
+        try:
+            close()
+        except Exception as e:  # the job's result stands; say what may be left running
+            self._say(f"[shardkit] warning: closing engine {self.config.engine.name} failed "
+                      f"({type(e).__name__}: {e}); its processes may still run")
 
     def _attempt(self, attempt: int, receiver: HeartbeatReceiver) -> Failure | None:
         record = AttemptRecord(attempt, self._elapsed(), resumed_from=self._latest_checkpoint())
@@ -294,7 +330,8 @@ class Supervisor:
 
 @contextmanager
 def _signals_as_interrupts() -> Iterator[None]:
-    """In the main thread, SIGTERM (and SIGINT) raise KeyboardInterrupt, so the job is stopped cleanly."""
+    """In the main thread, SIGTERM, SIGHUP (the terminal or SSH session closed) and SIGINT raise
+    KeyboardInterrupt (`_Terminated`, with the signal), so the job is stopped cleanly and summed up."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
@@ -302,7 +339,7 @@ def _signals_as_interrupts() -> Iterator[None]:
     def handler(signum: int, frame: FrameType | None) -> None:
         raise _Terminated(signum)
 
-    previous = {sig: signal.signal(sig, handler) for sig in (signal.SIGTERM, signal.SIGINT)}
+    previous = {sig: signal.signal(sig, handler) for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)}
     try:
         yield
     finally:

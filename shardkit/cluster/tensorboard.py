@@ -9,6 +9,7 @@ The handful of protobuf fields needed are encoded by hand below.
 
 from __future__ import annotations
 
+import math
 import os
 import socket
 import struct
@@ -63,6 +64,15 @@ def _bytes_field(number: int, payload: bytes) -> bytes:
     return _varint(number << 3 | 2) + _varint(len(payload)) + payload
 
 
+def _float32(value: float) -> bytes:
+    """``value`` as a little-endian float32; finite values beyond its range become +-inf (what a cast to
+    float32 gives in numpy, C or torch), where ``struct`` would raise OverflowError."""
+    try:
+        return struct.pack("<f", value)
+    except OverflowError:
+        return struct.pack("<f", math.copysign(math.inf, value))
+
+
 def _event(wall_time: float, step: int, *, file_version: str | None = None,
            scalars: dict[str, float] | None = None) -> bytes:
     data = _varint(1 << 3 | 1) + struct.pack("<d", wall_time) + _varint(2 << 3 | 0) + _varint(step)
@@ -70,7 +80,7 @@ def _event(wall_time: float, step: int, *, file_version: str | None = None,
         data += _bytes_field(3, file_version.encode())
     if scalars:
         values = b"".join(
-            _bytes_field(1, _bytes_field(1, tag.encode()) + _varint(2 << 3 | 5) + struct.pack("<f", value))
+            _bytes_field(1, _bytes_field(1, tag.encode()) + _varint(2 << 3 | 5) + _float32(value))
             for tag, value in scalars.items()
         )
         data += _bytes_field(5, values)
@@ -92,7 +102,8 @@ class ScalarWriter:
 
     Choices: one file per writer (``events.out.tfevents.<time>.<host>.<pid>``, as TensorBoard names
     them), flushed after every call so a live TensorBoard sees progress; values that are not finite
-    numbers are written as they are (TensorBoard shows NaN), non-numbers are skipped.
+    numbers are written as they are (TensorBoard shows NaN), finite values beyond float32's range
+    (``exp(100)``, a diverging loss) as +-inf, since TensorBoard stores float32; non-numbers are skipped.
     """
 
     def __init__(self, logdir: str | os.PathLike[str]) -> None:

@@ -7,13 +7,13 @@ import contextlib
 import json
 import math
 import os
-import shutil
 import signal
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import FrameType
 from typing import Any, TextIO
 
 from torch.distributed import DistError, DistStoreError
@@ -27,6 +27,8 @@ from shardkit.cluster import protocol as p
 from shardkit.cluster.config import JobConfig
 from shardkit.cluster.engine_torchrun import ENV_AGENT_PID, ENV_LOG_DIR, TorchrunOptions, worker_log
 from shardkit.cluster.heartbeats import HeartbeatReceiver, apply_beat
+from shardkit.cluster.output import LineSplitter
+from shardkit.cluster.preflight import check_local_data, prepare_logdir
 from shardkit.cluster.progress import Progress
 from shardkit.cluster.report import (
     AttemptRecord,
@@ -46,7 +48,7 @@ _REGROUPED = "the group restarted with no failure here (a worker failed elsewher
 
 
 class NodeInterrupted(KeyboardInterrupt):
-    """SIGINT/SIGTERM reached the agent: its workers were stopped."""
+    """SIGINT, SIGTERM or SIGHUP reached the agent: its workers were stopped (or never started)."""
 
     def __init__(self, signum: int) -> None:
         super().__init__(signal.Signals(signum).name)
@@ -114,9 +116,11 @@ class _Worker:
     samples: int = 0
     metrics: dict[str, float] = field(default_factory=dict)
     offset: int = 0
-    partial: bytes = b""
+    lines: LineSplitter = field(default_factory=LineSplitter)
 
     def new_lines(self, final: bool = False) -> list[str]:
+        """What the worker wrote since the last call, as `LineSplitter` shows it (``\\r`` bars, long
+        lines: a constant cost per call, however long an unterminated line grows)."""
         try:
             with open(self.log, "rb") as f:
                 f.seek(self.offset)
@@ -124,11 +128,7 @@ class _Worker:
         except OSError:
             return []
         self.offset += len(data)
-        *lines, self.partial = (self.partial + data).split(b"\n")
-        if final and self.partial:
-            lines.append(self.partial)
-            self.partial = b""
-        return [line.decode("utf-8", "replace").rstrip("\r") for line in lines]
+        return self.lines.feed(data, final)
 
     def tail(self, count: int = 20) -> list[str]:
         try:
@@ -163,6 +163,7 @@ class NodeMonitor:
         self.notes: list[str] = []
         self.metrics: dict[str, float] = {}
         self.workers: dict[int, _Worker] = {}
+        self.loop_errors = 0  # errors caught in the watching thread; the first one was shown
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="shardkit-node-monitor", daemon=True)
 
@@ -283,15 +284,26 @@ class NodeMonitor:
 
     def _loop(self) -> None:
         while not self._stop.is_set():
-            beats = self.receiver.receive(0.1)
-            with self.lock:
-                now = time.monotonic()
-                for beat in beats:
-                    self._on_beat(beat, now)
-                self._echo()
-                self._check_silence(now)
-                if self.attempts:
-                    self.progress.tick(self.attempts[-1].steps, self._samples(), self.metrics)
+            try:
+                self._watch_once()
+            except Exception as e:  # the thread must go on: it is what notices hangs on this node
+                self.loop_errors += 1
+                if self.loop_errors == 1:
+                    with contextlib.suppress(Exception):
+                        self.say(f"{self.tag} warning: watching the workers failed ({type(e).__name__}: "
+                                 f"{e}); it goes on (later such errors are not shown)")
+                self._stop.wait(0.1)
+
+    def _watch_once(self) -> None:
+        beats = self.receiver.receive(0.1)
+        with self.lock:
+            now = time.monotonic()
+            for beat in beats:
+                self._on_beat(beat, now)
+            self._echo()
+            self._check_silence(now)
+            if self.attempts:
+                self.progress.tick(self.attempts[-1].steps, self._samples(), self.metrics)
 
     # -- lifecycle -------------------------------------------------------------------------------------
     def start(self) -> None:
@@ -335,17 +347,29 @@ def _environment(values: Mapping[str, str], drop: frozenset[str]) -> Iterator[No
         os.environ.update(saved)
 
 
-def _prepare(config: JobConfig, node: int, node_dir: Path) -> None:
-    logdir = Path(config.logdir)
-    logdir.mkdir(parents=True, exist_ok=True)
-    shutil.rmtree(node_dir, ignore_errors=True)  # this node's logs of an earlier run; checkpoints stay
-    if node == 0:
-        shutil.rmtree(logdir / "tensorboard", ignore_errors=True)
-    node_dir.mkdir(parents=True)
-    job_json = logdir / p.JOB_CONFIG_FILE
-    tmp = job_json.with_name(f".{job_json.name}.{os.getpid()}")  # nodes sharing a logdir write it too
-    tmp.write_text(json.dumps(config.redacted(), indent=2, default=str) + "\n")
-    os.replace(tmp, job_json)
+@contextlib.contextmanager
+def _signals_as_exceptions() -> Iterator[None]:
+    """SIGINT, SIGTERM and SIGHUP raise torch's `SignalException` in the main thread for the whole run.
+
+    torch's agent installs the same handler, but only once it starts workers (and keeps it): before
+    that, in the rendezvous, SIGTERM or SIGHUP would kill the agent with no summary, and SIGINT raise
+    a KeyboardInterrupt counted as a failure. With this handler, a signal at any point is an
+    interrupt: status ``interrupted``, exit 128 + the signal. The previous handlers come back after.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def handler(signum: int, frame: FrameType | None) -> None:
+        sig = signal.Signals(signum)
+        raise SignalException(f"Process {os.getpid()} got signal: {sig}", sigval=sig)
+
+    previous = {sig: signal.signal(sig, handler) for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)}
+    try:
+        yield
+    finally:
+        for sig, old in previous.items():
+            signal.signal(sig, old)
 
 
 def _latest(config: JobConfig) -> Callable[[], int | None]:
@@ -362,18 +386,50 @@ def _latest(config: JobConfig) -> Callable[[], int | None]:
 
 
 def launch(config: JobConfig, opts: TorchrunOptions, *, echo: bool, console: TextIO) -> JobResult:
-    """Run this node's agent to the end of the job (`shardkit.cluster.engine_torchrun.run_node`)."""
+    """Run this node's agent to the end of the job (`shardkit.cluster.engine_torchrun.run_node`).
+
+    Before anything starts: the secrets are read, a local ``data.url`` is checked (this node's workers
+    read it), and the logdir is locked for this node (`shardkit.cluster.preflight.LogdirLock`: nodes
+    may share it, two agents of one node rank may not) and this node's logs of an earlier run cleared.
+    """
     secrets = config.secret_values()  # first: a missing secret fails before anything starts
-    node_dir = Path(config.logdir) / "logs" / f"node-{opts.node_rank}"
-    _prepare(config, opts.node_rank, node_dir)
+    check_local_data(config)
+    logdir = Path(config.logdir)
+    node_dir = logdir / "logs" / f"node-{opts.node_rank}"
+    clear = [node_dir] + ([logdir / "tensorboard"] if opts.node_rank == 0 else [])
+    lock = prepare_logdir(config, clear=clear, node=opts.node_rank)
+    try:
+        node_dir.mkdir(parents=True, exist_ok=True)
+        result, error = _launch(config, opts, node_dir, secrets, echo=echo, console=console)
+    finally:
+        lock.release()
+    if error is not None:
+        raise error
+    if not result.ok:
+        failed = JobError(f"job {config.name} failed on node {opts.node_rank}: {len(result.failures)} "
+                          f"failure(s), max_restarts exhausted:\n{result.history()}\nFix: see the logs above")
+        failed.result = result  # type: ignore[attr-defined]
+        raise failed
+    return result
+
+
+def _launch(config: JobConfig, opts: TorchrunOptions, node_dir: Path, secrets: Mapping[str, str], *,
+            echo: bool, console: TextIO) -> tuple[JobResult, BaseException | None]:
     hidden = list(secrets.values())
+    console_lost = False
 
     def say(text: str) -> None:
-        print(scrub(text, hidden), file=console, flush=True)
+        nonlocal console_lost
+        if console_lost:
+            return
+        try:
+            print(scrub(text, hidden), file=console, flush=True)
+        except OSError:  # the terminal is gone (a hangup) or the pipe closed: the job and its files go on
+            console_lost = True
 
     status: Status = "failed"
     error: BaseException | None = None
-    with HeartbeatReceiver() as receiver:
+    with _signals_as_exceptions(), HeartbeatReceiver() as receiver:
         env = {p.ENV_JOB_CONFIG: str(Path(config.logdir) / p.JOB_CONFIG_FILE),
                p.ENV_JOB_DIR: str(config.logdir), p.ENV_HEARTBEAT_ADDR: receiver.addr,
                ENV_LOG_DIR: str(node_dir), ENV_AGENT_PID: str(os.getpid()),
@@ -383,20 +439,15 @@ def launch(config: JobConfig, opts: TorchrunOptions, *, echo: bool, console: Tex
         try:
             with _environment(env, p.ALL_ENV):
                 status, error = _run_agent(config, opts, monitor, node_dir)
+        except SignalException as e:  # before or after the agent ran (in the agent: _run_agent's)
+            status, error = "interrupted", NodeInterrupted(int(e.sigval))
         finally:
             monitor.stop()
             result = monitor.result(status)
             summary = result.write() if opts.node_rank == 0 else _write_node_summary(result, node_dir)
             text = result.format().replace(f"summary: {result.summary_path}", f"summary: {summary}")
             say(f"{monitor.tag} {text}")
-    if error is not None:
-        raise error
-    if not result.ok:
-        failed = JobError(f"job {config.name} failed on node {opts.node_rank}: {len(result.failures)} "
-                          f"failure(s), max_restarts exhausted:\n{result.history()}\nFix: see the logs above")
-        failed.result = result  # type: ignore[attr-defined]
-        raise failed
-    return result
+    return result, error
 
 
 def _run_agent(config: JobConfig, opts: TorchrunOptions, monitor: NodeMonitor, node_dir: Path

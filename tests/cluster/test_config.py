@@ -361,6 +361,51 @@ def test_bad_override(job_dir: Path, override: str, words: list[str]) -> None:
         assert word in message, (word, message)
 
 
+@pytest.mark.parametrize(
+    ("override", "key", "words"),
+    [
+        ("fault_tolerance.heartbeat_timeout=1e3", "fault_tolerance.heartbeat_timeout",
+         ["'1e3'", "YAML reads 1e3 as a string", "write 1000 or 1.0e+3"]),
+        ("fault_tolerance.heartbeat_timeout=2.5e1", "fault_tolerance.heartbeat_timeout",
+         ["write 25 or 2.5e+1"]),
+        ("checkpoint.every_seconds=1e-1", "checkpoint.every_seconds", ["write 1.0e-1"]),
+        ("checkpoint.keep=1e1", "checkpoint.keep", ["YAML reads 1e1 as a string: write 10"]),
+        ("checkpoint.keep='3'", "checkpoint.keep", ["'3'", "(write it without quotes)"]),
+    ],
+)
+def test_a_number_yaml_reads_as_a_string_gets_the_fix_that_works(job_dir: Path, override: str, key: str,
+                                                                  words: list[str]) -> None:
+    """YAML 1.1 (PyYAML) reads 1e3 and 1.0e3 as strings: "write it without quotes" would not help."""
+    line = problem_line(fails(job_dir, base(), (override,)), key)
+    for word in words:
+        assert word in line, (word, line)
+    if "without quotes" in line:  # it was quoted: that fix is right
+        return
+    key_path = override.partition("=")[0]
+    for text in line.rsplit("write ", 1)[1].split(")")[0].split(" or "):  # each suggestion loads
+        assert isinstance(load_config(write(job_dir, base()), (f"{key_path}={text}",)), JobConfig)
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize(
+    ("roles", "key", "words"),
+    [
+        ({"worker": {"count": 100_000_000_000}}, "roles.worker.count",
+         ["= 100000000000", "more than 10,000 processes in one role", "10000 or less"]),
+        ({"worker": {"count": 10_001}}, "roles.worker.count", ["10,000"]),
+        ({"worker": {"count": 6000}, "ps": {"count": 5000}}, "roles",
+         ["11,001 processes in all", "worker 6,000", "ps 5,000", "chief 1", "limit of 10,000"]),
+    ],
+)
+def test_role_counts_have_an_upper_bound(job_dir: Path, roles: dict[str, Any], key: str,
+                                         words: list[str]) -> None:
+    """A slip such as count: 100000000000 fails at once, instead of building the processes' slots."""
+    strategy = "parameter_server" if "ps" in roles else "allreduce"
+    line = problem_line(fails(job_dir, base(framework="tensorflow", strategy=strategy, roles=roles)), key)
+    for word in words:
+        assert word in line, (word, line)
+
+
 def test_override_value_failing_validation_points_at_the_override(job_dir: Path) -> None:
     line = problem_line(fails(job_dir, base(), ("roles.worker.count=0",)), "roles.worker.count")
     assert "from --set roles.worker.count" in line

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
 import sys
 import time
 from collections.abc import Iterator
@@ -75,6 +76,61 @@ def test_partial_lines_wait_for_their_newline(tmp_path: Path) -> None:
 
 
 @pytest.mark.timeout(60)
+def test_a_progress_bar_shows_its_newest_redraw_and_a_long_line_comes_in_pieces(tmp_path: Path) -> None:
+    """A tqdm-style bar (``\\r``, no newline) and a 200 kB line with no newline: both are shown while the
+    process runs, and what the supervisor keeps of an unterminated line stays within 64 KiB."""
+    bar = ("import sys, time; [sys.stdout.write(f'\\rstep {i:>8} |' + '#' * 80 + '|') "
+           "for i in range(20000)]; sys.stdout.flush(); time.sleep(600)")
+    long_line = "import sys, time; sys.stdout.write('x' * 200000); sys.stdout.flush(); time.sleep(600)"
+    group = LocalEngine().start(spec(bar, long_line), log_dir=tmp_path)
+    try:
+        sizes = [20000 * 97, 200000]
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and [p.log_path.stat().st_size for p in group.processes] != sizes:
+            time.sleep(0.05)
+        assert [p.log_path.stat().st_size for p in group.processes] == sizes
+        out = [(p.name, line) for p, line in group.output()]
+        assert out[0] == ("worker-0", f"step {19998:>8} |{'#' * 80}|")  # the newest finished redraw only
+        assert [len(line) for name, line in out[1:]] == [65536] * 3
+        assert all(name == "worker-1" for name, _ in out[1:])
+        assert list(group.output()) == []
+    finally:
+        group.stop(0)
+    assert [(p.name, line) for p, line in group.final_output()] == [
+        ("worker-0", f"step {19999:>8} |{'#' * 80}|"), ("worker-1", "x" * (200000 - 3 * 65536))]
+
+
+@pytest.mark.timeout(60)
+def test_an_exited_process_keeps_its_group_id_until_the_group_is_stopped(tmp_path: Path) -> None:
+    """An exited role is not reaped before `stop` has signalled its group for the last time: its zombie
+    keeps the pid, so the kernel cannot give it to a new group that the stop's killpg would then hit."""
+    group = LocalEngine().start(spec("import time; time.sleep(600)", "raise SystemExit(3)"),
+                                log_dir=tmp_path)
+    victims: list[subprocess.Popen[bytes]] = []
+    try:
+        assert wait_exits(group, 1) == [("worker-1", 3)]
+        early = group.processes[1]
+        time.sleep(0.3)
+        assert group.poll() == []
+        assert early.returncode == 3
+        assert Path(f"/proc/{early.pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
+        last_pid = Path("/proc/sys/kernel/ns_last_pid")
+        if os.access(last_pid, os.W_OK):  # root: ask the kernel for exactly that pid, which it must refuse
+            for _ in range(20):
+                last_pid.write_text(str(early.pid - 1))
+                victims.append(subprocess.Popen(["sleep", "600"], start_new_session=True))
+                assert victims[-1].pid != early.pid, "the pid of an exited role was given to a new process"
+    finally:
+        group.stop(0)
+    assert early.popen.returncode == 3  # reaped by stop, with the same code
+    assert not Path(f"/proc/{early.pid}").exists()
+    assert all(v.poll() is None for v in victims), "stopping the group hit another process group"
+    for v in victims:
+        v.kill()
+        v.wait()
+
+
+@pytest.mark.timeout(60)
 def test_environment_is_the_specs_without_inherited_job_variables(tmp_path: Path,
                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("RANK", "7")  # as if the trainer itself ran inside another job
@@ -107,8 +163,11 @@ def test_stop_kills_stubborn_processes_and_their_children(tmp_path: Path) -> Non
     group.stop()
     assert time.monotonic() - started >= 0.5  # the grace period was given to the SIGTERM-ignoring one
     assert [p.returncode for p in group.processes] == [-signal.SIGKILL, -signal.SIGTERM]
+    assert [p.popen.returncode for p in group.processes] == [-signal.SIGKILL, -signal.SIGTERM]  # reaped
     assert proctree.wait_gone(children + pids, 5) == set()
     assert all(group_members(pid) == [] for pid in pids)
+    assert group.watcher is None  # its watcher was ended with it
+    group.stop()  # a second stop does nothing (the ids may belong to other processes by now)
 
 
 @pytest.mark.timeout(60)

@@ -1,7 +1,8 @@
 """The ``ray`` engine on a real local Ray instance: the digits job, and a Ray actor SIGKILLed mid-run.
 
-Each job test starts its own local Ray instance through the engine and shuts it down (``engine.close``),
-so `proctree.reaped` can check that nothing of the job or of Ray is left behind.
+Each job test runs the job as ``shardkit train`` does (the supervisor makes the engine), so the engine
+starts its own local Ray instance and the supervisor shuts it down at the end: `ray_daemons_left` and
+`proctree.reaped` check that nothing of the job or of Ray is left behind.
 """
 
 from __future__ import annotations
@@ -43,13 +44,28 @@ def digits_config(folder: Path, data_url: str, engine: str | dict[str, Any], *, 
 
 
 def run(config: JobConfig) -> tuple[JobResult, str]:
-    engine = get_engine(config.engine.name, config.engine.options)
+    """Run the job with the engine the supervisor makes, and closes, itself."""
     console = io.StringIO()
-    try:
-        result = Supervisor(config, engine=engine, console=console).run()
-    finally:
-        engine.close()  # type: ignore[attr-defined]
+    result = Supervisor(config, console=console).run()
     return result, console.getvalue()
+
+
+def ray_daemons_left(timeout: float = 15.0) -> list[str]:
+    """Ray's own processes (raylet, gcs_server) still running under this test, after ``timeout``."""
+    def daemons() -> dict[int, str]:
+        found = {}
+        for pid in proctree.descendants(os.getpid()):
+            try:
+                cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace")
+            except OSError:
+                continue
+            if "raylet" in cmdline or "gcs_server" in cmdline:
+                found[pid] = cmdline.replace("\0", " ")[:80]
+        return found
+
+    left = daemons()
+    proctree.wait_gone(left, timeout)
+    return [cmd for pid, cmd in daemons().items() if proctree.alive(pid)]
 
 
 def role_process(job_dir: Path, role: str, index: int, attempt: int) -> int | None:
@@ -106,7 +122,8 @@ def test_digits_job_on_a_local_ray_instance(tmp_path: Path, digits: str) -> None
         result, out = run(digits_config(tmp_path, digits, "ray", epochs=3, every_steps=30))
         import ray
 
-        assert not ray.is_initialized()  # the engine's own instance was shut down
+        assert not ray.is_initialized()  # the supervisor shut down the instance its engine started
+        assert ray_daemons_left() == []
     assert result.ok, out
     assert (result.steps, result.restarts) == (72, 0)  # 3 epochs of 24 steps per worker
     assert [c.step for c in result.checkpoints] == [30, 60, 72]

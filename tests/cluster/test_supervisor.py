@@ -6,6 +6,7 @@ from __future__ import annotations
 import hashlib
 import io
 import json
+import math
 import os
 import signal
 import subprocess
@@ -27,6 +28,7 @@ from tests.trainer.scripts import proctree
 
 REPO = Path(__file__).resolve().parents[2]
 SCRIPT = REPO / "tests" / "trainer" / "scripts" / "behave.py"
+ROLE = REPO / "tests" / "cluster" / "scripts" / "role.py"  # what a role can do to its supervisor
 pytestmark = [pytest.mark.distributed]
 
 
@@ -39,14 +41,15 @@ def _no_orphans() -> Iterator[None]:
 def write_config(folder: Path, *, workers: int = 2, steps: int = 20, sleep: float = 0.02,
                  max_restarts: int = 2, heartbeat_timeout: float = 3.0, startup_timeout: float = 30.0,
                  env: dict[str, str] | None = None, secrets: dict[str, Any] | None = None,
-                 **params: Any) -> Path:
+                 script: Path = SCRIPT, data: dict[str, Any] | None = None, **params: Any) -> Path:
     config = {
-        "name": "behave", "entrypoint": str(SCRIPT), "framework": "tensorflow", "strategy": "allreduce",
-        "roles": {"worker": {"count": workers}}, "checkpoint": {"every_steps": 5, "keep": 3},
+        "name": "behave", "entrypoint": str(script), "framework": "tensorflow", "strategy": "allreduce",
+        "roles": {"worker": {"count": workers}},
+        "checkpoint": {"every_steps": 5, "keep": 3} if script == SCRIPT else {},
         "fault_tolerance": {"max_restarts": max_restarts, "heartbeat_interval": 0.2,
                             "heartbeat_timeout": heartbeat_timeout, "startup_timeout": startup_timeout},
         "logdir": str(folder / "job"), "params": {"steps": steps, "sleep": sleep, **params},
-        "env": env or {}, "secrets": secrets or {},
+        "env": env or {}, "secrets": secrets or {}, **({"data": data} if data else {}),
     }
     path = folder / "job.yaml"
     path.write_text(yaml.safe_dump(config))
@@ -183,6 +186,46 @@ def test_secrets_reach_the_roles_and_no_file_or_output(tmp_path: Path,
     assert json.loads((job / "job.json").read_text())["secrets"] == ["API_TOKEN", "OTHER"]
 
 
+@pytest.mark.timeout(60)
+def test_a_metric_beyond_float32_does_not_stop_the_job(tmp_path: Path) -> None:
+    """perplexity = exp(loss) early in training (exp(99) = 1e43) is +inf in TensorBoard, not a crash."""
+    result, console = run(tmp_path, workers=1, steps=10, script=ROLE, exp_metric=100)
+    assert result.ok, console
+    assert result.metrics["ppl"] == pytest.approx(math.exp(90))
+    assert "warning" not in console
+    event_accumulator = pytest.importorskip("tensorboard.backend.event_processing.event_accumulator")
+    acc = event_accumulator.EventAccumulator(str(tmp_path / "job" / "tensorboard"))
+    acc.Reload()
+    ppl = acc.Scalars("ppl")
+    assert ppl
+    assert all(e.value == math.inf for e in ppl)
+    assert acc.Scalars("loss")[-1].value == pytest.approx(0.1)
+
+
+@pytest.mark.timeout(60)
+def test_tensorboard_errors_are_shown_once_and_the_job_goes_on(tmp_path: Path) -> None:
+    """A file where the TensorBoard folder goes: a warning line, and the job runs and sums up anyway."""
+    (tmp_path / "job").mkdir()
+    (tmp_path / "job" / "tensorboard").write_text("not a folder")
+    result, console = run(tmp_path, workers=1, steps=6)
+    assert result.ok, console
+    warnings = [line for line in console.splitlines() if "warning" in line]
+    assert len(warnings) == 1, warnings
+    assert "[shardkit] warning: opening TensorBoard's event file" in warnings[0]
+    assert "the job goes on" in warnings[0]
+    assert json.loads((tmp_path / "job" / "summary.json").read_text())["status"] == "succeeded"
+
+
+def test_a_missing_local_dataset_fails_before_anything_starts(tmp_path: Path) -> None:
+    """A data.url on this machine that holds no dataset: every restart would fail the same way."""
+    config = load_config(write_config(tmp_path, data={"url": str(tmp_path / "no-such-dataset")}))
+    with pytest.raises(ConfigError) as info:
+        run_job(config, console=io.StringIO())
+    for word in ("data.url", str(tmp_path / "no-such-dataset"), "does not exist", "Fix:"):
+        assert word in str(info.value)
+    assert not (tmp_path / "job").exists()  # nothing started, nothing cleared
+
+
 def _start_cli(config: Path) -> subprocess.Popen[str]:
     return subprocess.Popen([sys.executable, "-m", "shardkit.cli", "train", str(config)],
                             stdout=subprocess.PIPE,
@@ -200,8 +243,9 @@ def _wait_running(job: Path, names: list[str], timeout: float = 30.0) -> list[di
 
 
 @pytest.mark.timeout(60)
-@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM, signal.SIGHUP])
 def test_interrupt_stops_every_process_without_orphans(tmp_path: Path, sig: signal.Signals) -> None:
+    """Ctrl-C, SIGTERM, and SIGHUP (the terminal or SSH session closed) stop the job cleanly."""
     config = write_config(tmp_path, steps=100000, sleep=0.05, spawn_child=True)
     trainer = _start_cli(config)
     try:
@@ -221,18 +265,68 @@ def test_interrupt_stops_every_process_without_orphans(tmp_path: Path, sig: sign
 
 
 @pytest.mark.timeout(60)
-def test_sigkilled_trainer_takes_its_roles_along(tmp_path: Path) -> None:
-    """The roles get a parent-death signal: even a SIGKILLed trainer leaves no role running."""
-    trainer = _start_cli(write_config(tmp_path, workers=1, steps=100000, sleep=0.05))
+def test_sigkilled_trainer_takes_its_roles_and_their_children_along(tmp_path: Path) -> None:
+    """The roles get a parent-death signal, what they started is stopped by the group watcher: even a
+    SIGKILLed trainer leaves nothing running."""
+    trainer = _start_cli(write_config(tmp_path, workers=1, steps=100000, sleep=0.05, spawn_child=True))
     try:
         (running,) = _wait_running(tmp_path / "job", ["worker-0"])
+        watchers = [pid for pid in proctree.descendants(trainer.pid)
+                    if b"watcher.py" in Path(f"/proc/{pid}/cmdline").read_bytes()]
         trainer.kill()
         trainer.wait(timeout=10)
-        assert proctree.wait_gone([running["pid"]], timeout=5) == set()
+        left = proctree.wait_gone([running["pid"], running["child"], *watchers], timeout=15)
+        assert left == set(), "a role, its child or the watcher outlived the SIGKILLed trainer"
+        assert len(watchers) == 1
     finally:
         proctree.kill([trainer.pid])
         if trainer.stdout is not None:
             trainer.stdout.close()
+
+
+@pytest.mark.timeout(60)
+def test_a_second_sigterm_while_stopping_still_exits_143(tmp_path: Path) -> None:
+    """The second SIGTERM cuts the grace period short; the exit still says SIGTERM, not Ctrl-C."""
+    trainer = _start_cli(write_config(tmp_path, workers=1, steps=100000, sleep=0.05, script=ROLE,
+                                      ignore_term=True))
+    try:
+        _wait_running(tmp_path / "job", ["worker-0"])
+        time.sleep(0.5)  # past the role's signal(SIGTERM, SIG_IGN)
+        trainer.send_signal(signal.SIGTERM)
+        time.sleep(0.5)  # the role ignores it: the trainer waits out its 5 s grace period
+        trainer.send_signal(signal.SIGTERM)
+        out, _ = trainer.communicate(timeout=30)
+    finally:
+        proctree.kill([trainer.pid])
+    assert trainer.returncode == 128 + signal.SIGTERM, out
+    assert json.loads((tmp_path / "job" / "summary.json").read_text())["status"] == "interrupted"
+
+
+@pytest.mark.timeout(90)
+def test_a_second_run_with_the_same_logdir_is_refused(tmp_path: Path) -> None:
+    """It would clear the first run's logs and write the same checkpoints and summary."""
+    config = write_config(tmp_path, workers=1, steps=100000, sleep=0.05)
+    first = _start_cli(config)
+    try:
+        _wait_running(tmp_path / "job", ["worker-0"])
+        log = tmp_path / "job" / "logs" / "attempt-0" / "worker-0.log"
+        inode = log.stat().st_ino
+        second = subprocess.run([sys.executable, "-m", "shardkit.cli", "train", str(config)], cwd=REPO,
+                                capture_output=True, text=True, timeout=60, start_new_session=True,
+                                check=False)
+        assert second.returncode == 2, second.stderr
+        for word in ("shardkit train: error:", "logdir", str(tmp_path / "job"), f"pid {first.pid}",
+                     "Fix: wait until that run ends", "--set logdir="):
+            assert word in second.stderr, (word, second.stderr)
+        assert "attempt 0" not in second.stdout
+        assert log.stat().st_ino == inode  # the first run's log is untouched
+        assert first.poll() is None
+        first.send_signal(signal.SIGTERM)
+        first.communicate(timeout=30)
+    finally:
+        proctree.kill([first.pid])
+    result, _ = run(tmp_path, workers=1, steps=3)  # the lock went with the first run
+    assert result.ok
 
 
 def test_rendered_engines_and_bad_options_fail_before_anything_starts(tmp_path: Path) -> None:

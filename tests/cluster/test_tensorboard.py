@@ -75,3 +75,18 @@ def test_write_after_close_is_ignored(tmp_path: Path) -> None:
     tb.close()
     tb.add_scalar("x", 1.0, 1)
     assert len(_accumulate(tmp_path).Tags()["scalars"]) == 0
+
+
+def test_finite_values_beyond_float32_are_written_as_infinity(tmp_path: Path) -> None:
+    """TensorBoard stores float32: exp(100) (a perplexity early in training) is +inf there, not an error."""
+    big = math.exp(100)
+    with ScalarWriter(tmp_path) as tb:
+        tb.add_scalars({"ppl": big, "neg": -1e300, "top": 3.4028234663852886e38, "nan": math.nan,
+                        "inf": math.inf}, step=1)
+        tb.add_scalars({"ppl": 2.5}, step=2)  # the writer goes on
+    acc = _accumulate(tmp_path)
+    assert [e.value for e in acc.Scalars("ppl")] == [math.inf, 2.5]
+    assert acc.Scalars("neg")[0].value == -math.inf
+    assert acc.Scalars("top")[0].value == pytest.approx(3.4028234663852886e38)  # float32's largest: kept
+    assert math.isnan(acc.Scalars("nan")[0].value)
+    assert acc.Scalars("inf")[0].value == math.inf

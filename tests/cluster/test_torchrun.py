@@ -256,7 +256,70 @@ def test_a_stopped_or_killed_agent_leaves_no_worker_behind(tmp_path: Path, ids_d
             assert summary(folder / "job", 0)["status"] == "interrupted"
 
 
+@pytest.mark.distributed
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT, signal.SIGHUP])
+def test_a_signal_during_the_rendezvous_is_an_interrupt(tmp_path: Path, ids_dataset: str,
+                                                        sig: signal.Signals) -> None:
+    """Before torch's agent has started workers (and installed its own handlers), a signal still stops
+    the node cleanly: exit 128 + signal, summary "interrupted"."""
+    config = ids_config(tmp_path, ids_dataset, nnodes="2")  # node 0 alone: it waits for node 1
+    (agent,) = start_nodes(config, count=1)
+    try:
+        wait_until("node 0 in the rendezvous", lambda: "joining rendezvous" in output(config, 0), [agent])
+        time.sleep(1.0)
+        agent.send_signal(sig)
+        assert agent.wait(30) == 128 + sig, output(config, 0)
+    finally:
+        proctree.kill([agent.pid])
+    result = summary(tmp_path / "job", 0)
+    assert result["status"] == "interrupted"
+    assert result["attempts"] == []
+
+
 # -- pieces ------------------------------------------------------------------------------------------
+
+
+@pytest.mark.distributed
+@pytest.mark.timeout(60)
+def test_the_node_monitor_survives_a_metric_beyond_float32(tmp_path: Path) -> None:
+    """exp(100) as a metric: +inf in TensorBoard; the monitor thread (hang detection, logs, progress)
+    goes on."""
+    import math
+
+    from shardkit.cluster.heartbeats import HeartbeatReceiver
+    from shardkit.cluster.torchrun_agent import NodeMonitor
+    from shardkit.trainer.heartbeat import Beacon
+
+    config = JobConfig.from_dict({"name": "ppl", "entrypoint": str(IDS), "framework": "torch",
+                                  "roles": {"worker": {"count": 1}}, "logdir": str(tmp_path / "job")})
+    lines: list[str] = []
+    with HeartbeatReceiver() as receiver:
+        monitor = NodeMonitor(config, parse_options({}), node_dir=tmp_path / "node", receiver=receiver,
+                              say=lines.append, echo=True, latest=lambda: None)
+        monitor.start()
+        beacon = Beacon(receiver.addr, role="worker", index=0, attempt=0)
+        try:
+            monitor.attempt_started(0, nodes=1, world=1, ranks=[0])
+            beacon.send("step", step=1, metrics={"ppl": math.exp(100)})
+            deadline = time.monotonic() + 10
+            while monitor.attempts[-1].steps < 1 and time.monotonic() < deadline:
+                time.sleep(0.05)
+            beacon.send("step", step=2, metrics={"ppl": 2.5})
+            while monitor.attempts[-1].steps < 2 and time.monotonic() < deadline:
+                time.sleep(0.05)
+            assert monitor.attempts[-1].steps == 2, lines
+            assert monitor._thread.is_alive()
+        finally:
+            beacon.close()
+            monitor.workers_succeeded()
+            monitor.stop()
+    assert not [line for line in lines if "warning" in line]
+    assert monitor.result("succeeded").metrics == {"ppl": 2.5}
+    event_accumulator = pytest.importorskip("tensorboard.backend.event_processing.event_accumulator")
+    acc = event_accumulator.EventAccumulator(str(tmp_path / "job" / "tensorboard"))
+    acc.Reload()
+    assert [(e.step, e.value) for e in acc.Scalars("ppl")] == [(1, math.inf), (2, 2.5)]
 
 
 @pytest.mark.distributed
@@ -290,6 +353,21 @@ def test_a_silent_worker_is_killed_so_the_agent_restarts_the_group(tmp_path: Pat
     assert result.failures[0].reason.startswith("silent for")
     assert result.failures[0].step == 3
     assert "[worker-0] hanging now" in lines
+
+
+def test_a_workers_progress_bar_and_long_line_are_echoed_with_bounded_work(tmp_path: Path) -> None:
+    """What the node monitor echoes of a worker's log: a ``\\r`` bar as its newest finished redraw, and
+    an unterminated line in 64 KiB pieces (not kept, and copied, whole on every poll)."""
+    from shardkit.cluster.torchrun_agent import _Worker
+
+    log = tmp_path / "worker-0.log"
+    worker = _Worker(0, log, time.monotonic())
+    log.write_bytes(b"epoch 1\n" + b"".join(b"\rstep %8d |%s|" % (i, b"#" * 80) for i in range(20000)))
+    assert worker.new_lines() == ["epoch 1", f"step {19998:>8} |{'#' * 80}|"]
+    with open(log, "ab") as f:
+        f.write(b"\n" + b"x" * 200_000)
+    assert worker.new_lines() == [f"step {19999:>8} |{'#' * 80}|", "x" * 65536, "x" * 65536, "x" * 65536]
+    assert worker.new_lines(final=True) == ["x" * (200_000 - 3 * 65536)]
 
 
 def test_options_are_validated_with_key_paths_and_hints(tmp_path: Path) -> None:
