@@ -63,22 +63,26 @@ def test_torchrun_nodes_share_a_logdir_but_not_a_node_rank_nor_with_a_local_run(
         local.release()
 
 
-@pytest.mark.parametrize("where", ["under_a_file", "read_only"])
+@pytest.mark.parametrize("where", ["under_a_file", "job_json_unwritable"])
 def test_a_logdir_that_cannot_be_created_or_written_is_a_config_error(tmp_path: Path, where: str) -> None:
+    """A logdir under a file cannot be created; one where job.json cannot be written (a folder of that
+    name: what a read-only folder does, also as root, which writes into read-only folders) fails after
+    the lock was taken, and must let it go."""
     if where == "under_a_file":
         (tmp_path / "afile").write_text("x")
         logdir = tmp_path / "afile" / "job"
     else:
-        if os.geteuid() == 0:
-            pytest.skip("root writes into read-only folders")
-        (tmp_path / "ro").mkdir(mode=0o555)
-        logdir = tmp_path / "ro" / "job"
+        logdir = tmp_path / "job"
+        (logdir / "job.json").mkdir(parents=True)
     with pytest.raises(ConfigError) as info:
         prepare_logdir(config(tmp_path, logdir=str(logdir)), clear=[])
     message = str(info.value)
     for word in ("logdir", str(logdir), "cannot create it or write in it", "Fix:", "--set logdir="):
         assert word in message, (word, message)
     assert isinstance(info.value.__cause__, OSError)
+    if where == "job_json_unwritable":  # the lock was released: the next run gets it
+        (logdir / "job.json").rmdir()
+        prepare_logdir(config(tmp_path, logdir=str(logdir)), clear=[]).release()
 
 
 def test_a_local_data_url_must_hold_a_dataset(tmp_path: Path) -> None:
