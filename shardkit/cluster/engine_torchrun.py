@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn, TextIO
 
 from shardkit.cluster import protocol as p
+from shardkit.cluster.config import MAX_PROCESSES
 from shardkit.errors import ConfigError, JobError, MissingDependencyError, ShardkitError, require
 
 if TYPE_CHECKING:
@@ -107,6 +108,9 @@ def _check(key: str, value: Any) -> _Checked:
         low = 1 if key == "nproc_per_node" else 0
         if _int(value, low) is None:
             return {}, f"not a whole number >= {low}", f"write e.g. {low + 1} (without quotes)"
+        if key == "nproc_per_node" and value > MAX_PROCESSES:
+            return {}, f"more than {MAX_PROCESSES:,} processes on one node (shardkit's limit)", \
+                f"set it to {MAX_PROCESSES} or less"
     elif key in _EXAMPLES:
         if not isinstance(value, str) or not value.strip():
             return {}, "not a string", f"quote it, e.g. {_EXAMPLES[key]!r}"

@@ -387,6 +387,7 @@ def test_options_are_validated_with_key_paths_and_hints(tmp_path: Path) -> None:
         "at most 2 node(s)": {"nnodes": "1:2", "node_rank": 2},
         "not HOST:PORT": {"rdzv_endpoint": "localhost"},
         "engine.grace": {"grace": -1},
+        "more than 10,000 processes on one node": {"nproc_per_node": 10**11},  # not minutes of spec
     }
     for expected, options in cases.items():
         with pytest.raises(ConfigError) as info:
