@@ -393,7 +393,7 @@ class JobConfig(_Model):
 
     @model_validator(mode="after")
     def _roles(self) -> JobConfig:
-        problems = list(_role_problems(self))
+        problems = [*_role_problems(self), *_params_problems(self)]
         for key in sorted(self.env.keys() & self.secrets.keys()):
             problems.append(Problem(("secrets", key), _NO_VALUE, f"{key} is also in env",
                                     f"remove env.{key} or secrets.{key}"))
@@ -502,6 +502,19 @@ def _role_problems(config: JobConfig) -> Iterator[Problem]:
         counts = ", ".join(f"{role} {spec.count:,}" for role, spec in roles.items())
         yield Problem(("roles",), _NO_VALUE, f"{total:,} processes in all ({counts}), more than shardkit's "
                       f"limit of {MAX_PROCESSES:,} per job", "lower the roles' counts")
+
+
+def _params_problems(config: JobConfig) -> Iterator[Problem]:
+    """``params`` keys that shardkit itself reads: a torch parameter-server job's ``params.optimizer``,
+    checked here as its workers would check it (`torch_ps_server.optimizer_problem`, which needs no
+    torch), so a bad one fails validation instead of every attempt of the job."""
+    if (config.framework, config.strategy) == ("torch", "parameter_server") and "optimizer" in config.params:
+        from shardkit.trainer.torch_ps_server import optimizer_problem
+
+        problem = optimizer_problem(config.params["optimizer"])
+        if problem is not None:
+            path, value, what, fix = problem
+            yield Problem(("params", "optimizer", *path), value, what, fix)
 
 
 def _raise_all(problems: list[Problem]) -> None:

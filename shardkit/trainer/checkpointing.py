@@ -250,9 +250,12 @@ class Checkpoints:
         return [check_rng(json.loads(bytes(part[:n].cpu().numpy().tobytes())))
                 for part, n in zip(parts, lengths, strict=True)]
 
-    def pending(self, step: int) -> bool:
-        """Whether ``step`` has objects to save and has not been saved (or restored) already."""
-        return self.manager is not None and bool(self.objects) and step > self.manager.schedule.last_step
+    def pending(self, step: int, *, again: bool = False) -> bool:
+        """Whether ``step`` has objects to save and has not been saved (or restored) already; with
+        ``again``, also when it has (its objects changed since: a torch parameter server's state, which
+        the other workers update)."""
+        return (self.manager is not None and bool(self.objects)
+                and step > (0 if again else self.manager.schedule.last_step))
 
     def save(self, step: int | None = None, *, extra: dict[str, Any] | None = None) -> str | None:
         """Save the registered objects as ``step`` (default: the current step); the URL on the writer

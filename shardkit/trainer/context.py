@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 import os
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -65,6 +65,7 @@ class TrainContext:
         self.device: Any = None  # set by init for torch allreduce: the torch.device of this rank
         self._beacon = Beacon(heartbeat_addr, role=role, index=role_index, attempt=attempt)
         self._readers: list[Any] = []
+        self._finish_hooks: list[Callable[[], bool]] = []
         self._owns_process_group = False
         self._finished = False
         self._last_beat = -math.inf
@@ -162,14 +163,24 @@ class TrainContext:
         self._beacon.send(kind, step=self.step_count, samples=self.samples, metrics=self.metrics,
                           checkpoint=checkpoint)
 
+    def on_finish(self, callback: Callable[[], bool]) -> None:
+        """Have `finish` call ``callback()`` before its last save; it returns whether the tracked objects
+        may have changed since the last save (then that save happens even for a step saved already).
+
+        `shardkit.trainer.torch_ps.connect` registers the wait for the other workers' last pushes.
+        """
+        self._finish_hooks.append(callback)
+
     def finish(self, *, save: bool = True) -> None:
-        """End training: save a last checkpoint of the current step (unless ``save=False``, or it was just
-        saved, or nothing is tracked), send the final ``done`` heartbeat, close the readers made by
-        `reader` and end the torch process group `init` started. Called by ``with ctx:`` on success."""
+        """End training: run the `on_finish` callbacks, save a last checkpoint of the current step (unless
+        ``save=False``, or it was just saved and no callback says the objects changed since, or nothing
+        is tracked), send the final ``done`` heartbeat, close the readers made by `reader` and end the
+        torch process group `init` started. Called by ``with ctx:`` on success."""
         if self._finished:
             return
         self._finished = True
-        if save and self.checkpoint.pending(self.step_count):
+        changed = [hook() for hook in self._finish_hooks]  # a list: every callback runs
+        if save and self.checkpoint.pending(self.step_count, again=any(changed)):
             url = self.checkpoint.save(self.step_count)
             if url is not None:
                 self._beat("checkpoint", checkpoint=url)

@@ -34,10 +34,16 @@ Choices:
   any number of ps. Each ps's part is consistent; with several ps, pushes landing during the fetch
   can make parts differ by an update.
 - Checkpoints: worker 0 writes them (``ctx.checkpoint`` with ``optimizer=ps``: the file is
-  ``optimizer.pt``, tensors only, loaded with ``weights_only``). The reader position saved is worker
-  0's; every worker resumes from it in its own shard. Workers of an asynchronous job drift apart by a
-  few batches, so on a restart those few batches of the other workers are trained again or skipped:
-  exact resume needs the lockstep of allreduce.
+  ``optimizer.pt``, tensors only, loaded with ``weights_only``). The final one holds every worker's
+  updates: each worker tells ps 0 when it has pushed its last gradient (`finish`, which ``ctx.finish``
+  and `close` call), and worker 0's ``ctx.finish`` waits for all of them, heartbeating, before it saves.
+  The wait is bounded by `FINAL_WAIT` (then the state so far is saved, with a `CheckpointWarning`), so
+  a hung worker cannot hang the job; a dead one is restarted by the supervisor anyway. Worker 0 would
+  wait for the others in `close` in any case (``rpc.shutdown``), so the job ends no later. The reader
+  position saved is worker 0's; every worker resumes from it in its own shard. Workers of an
+  asynchronous job drift apart, so on a restart the other workers train again, or skip, as many batches
+  as they were behind or ahead of worker 0 at the checkpoint (a few at the same pace, more for a slower
+  worker): exact resume needs the lockstep of allreduce (per-worker positions are not saved yet).
 - Trust: rpc pickles its messages (that is how ``torch.distributed.rpc`` works). The ps port must only
   be reachable by the job's own processes, as with every torch.distributed backend.
 - Shutdown: `close` (and a ps's `serve`) call the graceful ``rpc.shutdown()``, which returns only when
@@ -48,8 +54,9 @@ from __future__ import annotations
 
 import os
 import threading
+import time
 import warnings
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from datetime import timedelta
 from typing import Any, Protocol
 
@@ -57,13 +64,17 @@ import torch
 from torch.distributed import rpc
 
 from shardkit.cluster import protocol
-from shardkit.errors import ConfigError
+from shardkit.errors import CheckpointWarning, ConfigError
 from shardkit.trainer import torch_ps_server as server
 
 __all__ = ["ParameterServerClient", "assign", "connect", "serve"]
 
 DEFAULT_OPTIMIZER: dict[str, Any] = {"name": "sgd", "lr": 0.01}
 RPC_TIMEOUT = timedelta(minutes=10)  # a pull may wait for worker 0's restore; heartbeats catch real hangs
+# How long worker 0's final save waits for the other workers' last pushes: as long as an rpc may take,
+# since a slower worker may be many steps behind; a dead worker stops the job sooner (the supervisor).
+FINAL_WAIT = RPC_TIMEOUT
+WAIT_SLICE = 1.0  # seconds per wait on ps 0 between two heartbeats
 
 
 class _Context(Protocol):
@@ -72,6 +83,8 @@ class _Context(Protocol):
     params: Mapping[str, Any]
 
     def heartbeat(self, kind: str = ...) -> None: ...
+
+    def on_finish(self, callback: Callable[[], bool]) -> None: ...
 
 
 def assign(sizes: Iterable[tuple[str, int]], num_ps: int) -> dict[str, int]:
@@ -151,9 +164,14 @@ class ParameterServerClient:
     """A worker's handle on the parameter servers (create with `connect`)."""
 
     def __init__(self, model: torch.nn.Module, *, num_ps: int, worker: int,
-                 optimizer: Mapping[str, Any]) -> None:
+                 optimizer: Mapping[str, Any], num_workers: int = 1,
+                 heartbeat: Callable[[], None] | None = None) -> None:
         self.model = model
         self.worker = worker
+        self.num_workers = num_workers
+        self._heartbeat = heartbeat  # called while worker 0 waits in `finish`
+        self._inflight: list[torch.futures.Future[list[Any]]] = []  # `push` futures not yet waited for
+        self._finished = False
         self.optimizer = dict(optimizer)
         self.params = {name: p for name, p in model.named_parameters() if p.requires_grad}
         self.placement = assign(((n, p.numel()) for n, p in self.params.items()), num_ps)
@@ -213,7 +231,10 @@ class ParameterServerClient:
         parts = self._split(self._grads() if grads is None else grads)
         futures = [rpc.rpc_async(ps, server._rpc_push, args=(part,))
                    for ps, part in zip(self.ps_names, parts, strict=True)]
-        return torch.futures.collect_all(futures)
+        future = torch.futures.collect_all(futures)
+        self._inflight = [f for f in self._inflight if not f.done()]
+        self._inflight.append(future)
+        return future
 
     def step(self) -> None:
         """Push the model's gradients and load the updated weights: one round trip per ps (blocks)."""
@@ -252,11 +273,58 @@ class ParameterServerClient:
         self._initialized = False
         self._ensure_initialized()
 
+    def finish(self, timeout: timedelta = FINAL_WAIT) -> bool:
+        """Tell ps 0 this worker has pushed its last gradient; worker 0 also waits until every worker has.
+
+        ``ctx.finish`` calls it before the final save (`connect` registers it), and `close` too; only
+        the first call acts. Outstanding `push` futures are waited for first, so the message follows
+        the last update. Worker 0 waits at most ``timeout``, heartbeating every `WAIT_SLICE` seconds;
+        past it, it warns (`CheckpointWarning`) and goes on, so its save holds what the ps has.
+
+        Returns whether the ps state may have changed since worker 0's last save (worker 0 of several
+        workers: ``ctx.finish`` then saves even a step it has saved already); False elsewhere.
+        """
+        if self._finished or self._closed:
+            return False
+        self._tell_finished()
+        if self.worker != 0 or self.num_workers <= 1:
+            return False
+        first = self.ps_names[0]
+        deadline = time.monotonic() + timeout.total_seconds()
+        while True:
+            left = deadline - time.monotonic()
+            missing: list[int] = rpc.rpc_sync(first, server._rpc_wait_finished,
+                                              args=(self.num_workers, max(0.0, min(WAIT_SLICE, left))))
+            if not missing:
+                return True
+            if left <= 0:
+                warnings.warn(f"worker 0 waited {timeout.total_seconds():.0f} s (torch_ps.FINAL_WAIT) for "
+                              f"worker(s) {missing} to push their last gradients; the final checkpoint "
+                              "holds the ps state without the updates they push later. Look for a "
+                              "worker that hangs, or pass a longer timeout to ps.finish() before "
+                              "ctx.finish", CheckpointWarning, stacklevel=2)
+                return True
+            if self._heartbeat is not None:
+                self._heartbeat()
+
+    def _tell_finished(self) -> None:
+        if self._finished:
+            return
+        self._finished = True
+        if self._inflight:
+            torch.futures.wait_all(self._inflight)
+            self._inflight = []
+        rpc.rpc_sync(self.ps_names[0], server._rpc_finished, args=(self.worker,))
+
     def close(self) -> None:
-        """Wait for every worker and ps to finish, then leave rpc (graceful ``rpc.shutdown``)."""
+        """Tell ps 0 this worker is done (`finish`), wait for every worker and ps to finish, then leave
+        rpc (graceful ``rpc.shutdown``)."""
         if not self._closed:
-            self._closed = True
-            rpc.shutdown()
+            try:
+                self._tell_finished()  # without ctx.finish there is no final save to wait for
+            finally:
+                self._closed = True
+                rpc.shutdown()
 
     def __enter__(self) -> ParameterServerClient:
         return self
@@ -290,4 +358,7 @@ def connect(ctx: _Context, model: torch.nn.Module, *,
         raise ConfigError(f"worker {ctx.role_index} has {protocol.RANK}={rank} of {world}: a torch "
                           "parameter-server job needs roles.ps.count >= 1, ranked before the workers")
     _init_rpc(f"worker{ctx.role_index}", rank, world)
-    return ParameterServerClient(model, num_ps=num_ps, worker=ctx.role_index, optimizer=spec)
+    client = ParameterServerClient(model, num_ps=num_ps, worker=ctx.role_index, optimizer=spec,
+                                   num_workers=world - num_ps, heartbeat=lambda: ctx.heartbeat("alive"))
+    ctx.on_finish(client.finish)  # before the final save: see `ParameterServerClient.finish`
+    return client

@@ -3,17 +3,22 @@
 Everything here runs inside a ps process. Workers reach it through the module-level ``_rpc_*``
 functions, which ``torch.distributed.rpc`` calls by their qualified name on the ps's own copy of this
 module (the ps imported it to serve), in the rpc agent's thread pool: hence the lock.
+
+torch is imported where it is used, not with the module: the job config's validation checks
+``params.optimizer`` with `optimizer_problem` (``shardkit validate``, before any process starts), and
+the process that does it (the supervisor) may have no torch.
 """
 
 from __future__ import annotations
 
 import threading
 from collections.abc import Mapping
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final
 
-import torch
+if TYPE_CHECKING:
+    import torch
 
-__all__ = ["OPTIMIZERS", "Shard", "validate_optimizer"]
+__all__ = ["OPTIMIZERS", "Finished", "Shard", "optimizer_problem", "validate_optimizer"]
 
 # name -> (torch.optim class name, options a config may set). Only these two: their per-parameter state
 # is a flat dict of tensors, which is what lets the state be saved by parameter name (see `Shard.state`).
@@ -24,28 +29,49 @@ OPTIMIZERS: Final[dict[str, tuple[str, frozenset[str]]]] = {
 READY_TIMEOUT: Final = 600.0  # how long a pull waits for worker 0 to initialize the parameters
 
 
+def optimizer_problem(spec: Any) -> tuple[tuple[str, ...], Any, str, str] | None:
+    """What is wrong with an optimizer spec without torch (name, option names, ``lr``), or None.
+
+    Example:
+        >>> optimizer_problem({"name": "adamw"})
+        (('name',), 'adamw', 'not a parameter-server optimizer', "use one of ['adam', 'sgd']")
+
+    Returns ``(key path under the spec, bad value, problem, fix)``, the shape of a job config problem.
+    The option values torch itself checks (``betas``, ``eps``, ...) are left to `validate_optimizer`.
+    """
+    if not isinstance(spec, Mapping) or not isinstance(spec.get("name"), str):
+        return (), spec, "must be a mapping with a 'name'", "write e.g. {name: sgd, lr: 0.05}"
+    name = spec["name"].lower()
+    if name not in OPTIMIZERS:
+        return ("name",), spec["name"], "not a parameter-server optimizer", f"use one of {sorted(OPTIMIZERS)}"
+    allowed = OPTIMIZERS[name][1]
+    unknown = sorted(set(spec) - allowed - {"name"})
+    if unknown:
+        return ((), dict(spec), f"option(s) {unknown} that {name} does not take",
+                f"remove them; {name} takes {sorted(allowed)}")
+    lr = spec.get("lr", 1)
+    if isinstance(lr, bool) or not (isinstance(lr, int | float) and lr > 0):
+        return ("lr",), lr, "must be a number > 0", "set e.g. lr: 0.01"
+    return None
+
+
 def validate_optimizer(spec: Mapping[str, Any], where: str) -> dict[str, Any]:
     """Check an optimizer spec such as ``{"name": "adam", "lr": 0.01}``; returns a plain copy.
 
     ``where`` names its origin (``params.optimizer`` or ``connect(optimizer=...)``) for the message.
+    `optimizer_problem` checks the spec, then torch the option values.
     """
+    import torch
+
     from shardkit.errors import ConfigError
 
-    if not isinstance(spec, Mapping) or not isinstance(spec.get("name"), str):
-        raise ConfigError(f"{where}={spec!r} must be a mapping with a 'name', e.g. {{name: sgd, lr: 0.05}}")
+    problem = optimizer_problem(spec)
+    if problem is not None:
+        path, value, what, fix = problem
+        raise ConfigError(f"{'.'.join((where, *path))}={value!r}: {what}; {fix}")
     name = spec["name"].lower()
-    if name not in OPTIMIZERS:
-        raise ConfigError(f"{where}.name={spec['name']!r} is not a parameter-server optimizer; "
-                          f"use one of {sorted(OPTIMIZERS)}")
-    allowed = OPTIMIZERS[name][1]
-    unknown = sorted(set(spec) - allowed - {"name"})
-    if unknown:
-        raise ConfigError(f"{where} has option(s) {unknown} that {name} does not take; "
-                          f"it takes {sorted(allowed)}")
     options = {key: (tuple(value) if isinstance(value, list) else value)
                for key, value in spec.items() if key != "name"}
-    if "lr" in options and not (isinstance(options["lr"], int | float) and options["lr"] > 0):
-        raise ConfigError(f"{where}.lr={options['lr']!r} must be a number > 0")
     try:  # let torch check the rest (betas, eps, ...) now, on the worker, not later on a ps
         getattr(torch.optim, OPTIMIZERS[name][0])([torch.zeros(1, requires_grad=True)], **options)
     except (TypeError, ValueError) as e:
@@ -79,6 +105,8 @@ class Shard:
         with self.lock:
             self.params = {name: value.detach().clone().requires_grad_(True)
                            for name, value in params.items()}
+            import torch
+
             self.spec = dict(spec)
             options = {key: value for key, value in spec.items() if key != "name"}
             names = list(self.params)
@@ -119,6 +147,8 @@ class Shard:
 
     def state(self) -> dict[str, Any]:
         """Parameters, optimizer state keyed by parameter name (so it reshards to any number of ps)."""
+        import torch
+
         self.wait_ready()
         with self.lock:
             slots: dict[str, dict[str, torch.Tensor]] = {}
@@ -131,7 +161,37 @@ class Shard:
                     "spec": dict(self.spec), "updates": self.updates}
 
 
+class Finished:
+    """Which workers have pushed their last gradient (kept on ps 0): worker 0 waits for all of them
+    before the job's final checkpoint, so that it holds every worker's updates.
+
+    Example (what the rpc functions do):
+        >>> finished = Finished()
+        >>> finished.add(1); finished.wait(2, timeout=0.0)
+        [0]
+
+    A set of worker indices, so a repeated message (``close`` after ``finish``) counts once.
+    """
+
+    def __init__(self) -> None:
+        self.changed = threading.Condition()
+        self.workers: set[int] = set()
+
+    def add(self, worker: int) -> None:
+        with self.changed:
+            self.workers.add(worker)
+            self.changed.notify_all()
+
+    def wait(self, count: int, timeout: float) -> list[int]:
+        """Wait at most ``timeout`` s for workers ``0 .. count - 1``; the ones still missing."""
+        expected = set(range(count))
+        with self.changed:
+            self.changed.wait_for(lambda: expected <= self.workers, timeout)
+            return sorted(expected - self.workers)
+
+
 SHARD: Final = Shard()  # the one shard of this process (ps processes only)
+FINISHED: Final = Finished()  # used on ps 0 only
 
 
 def _rpc_load(params: dict[str, torch.Tensor], spec: dict[str, Any],
@@ -154,3 +214,11 @@ def _rpc_pull() -> dict[str, torch.Tensor]:
 
 def _rpc_state() -> dict[str, Any]:
     return SHARD.state()
+
+
+def _rpc_finished(worker: int) -> None:
+    FINISHED.add(worker)
+
+
+def _rpc_wait_finished(count: int, timeout: float) -> list[int]:
+    return FINISHED.wait(count, timeout)

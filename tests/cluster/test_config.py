@@ -479,3 +479,50 @@ def test_secret_values_never_leak(job_dir: Path, monkeypatch: pytest.MonkeyPatch
     assert "holds a NUL" in outputs[-2]
     for text in outputs:
         assert SECRET not in text, text
+
+
+PS = {"framework": "torch", "strategy": "parameter_server",
+      "roles": {"ps": {"count": 1}, "worker": {"count": 2}}}
+
+
+@pytest.mark.parametrize(("optimizer", "key", "words"), [
+    ({"name": "adamw", "lr": 0.01}, "params.optimizer.name", ["'adamw'", "not a parameter-server optimizer",
+                                                              "['adam', 'sgd']"]),
+    ({"lr": 0.01}, "params.optimizer", ["must be a mapping with a 'name'", "{name: sgd, lr: 0.05}"]),
+    ("sgd", "params.optimizer", ["must be a mapping with a 'name'"]),
+    ({"name": "sgd", "lr": 0.1, "betas": [0.9, 0.99]}, "params.optimizer", ["option(s) ['betas']",
+                                                                            "sgd takes"]),
+    ({"name": "adam", "lr": 0}, "params.optimizer.lr", ["= 0", "must be a number > 0"]),
+])
+def test_a_torch_ps_optimizer_is_checked_when_the_config_loads(job_dir: Path, optimizer: Any, key: str,
+                                                               words: list[str]) -> None:
+    """The check the workers make (torch_ps_server), at load time: `shardkit validate` and `shardkit
+    train` stop before any process starts, instead of every attempt failing in the workers."""
+    line = problem_line(fails(job_dir, base(**PS, params={"optimizer": optimizer})), key)
+    for word in words:
+        assert word in line, line
+
+
+def test_only_a_torch_ps_job_reads_params_optimizer(job_dir: Path) -> None:
+    assert load_config(write(job_dir, base(**PS, params={"optimizer": {"name": "Adam", "lr": 0.01}})))
+    assert load_config(write(job_dir, base(**PS, params={"lr": 0.1})))
+    assert load_config(write(job_dir, base(params={"optimizer": {"name": "adamw"}})))  # the script's own
+    tf_ps = base(framework="tensorflow", strategy="parameter_server", roles={"ps": {"count": 1},
+                 "worker": {"count": 1}}, params={"optimizer": "adamw"})
+    assert load_config(write(job_dir, tf_ps))
+
+
+def test_shardkit_validate_refuses_a_bad_ps_optimizer_without_importing_torch(job_dir: Path) -> None:
+    import subprocess
+
+    path = write(job_dir, base(**PS, params={"optimizer": {"name": "adamw", "lr": 0.01}}))
+    result = subprocess.run([sys.executable, "-m", "shardkit.cli", "validate", str(path)],
+                            capture_output=True, text=True, timeout=120, check=False)
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert "params.optimizer.name = 'adamw'" in result.stderr + result.stdout
+    good = write(job_dir, base(**PS, params={"optimizer": {"name": "adam", "lr": 0.01}}), "good.yaml")
+    code = ("import sys; from shardkit.cluster.config import load_config; "
+            f"load_config({str(good)!r}); print('torch' in sys.modules)")
+    loaded = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                            check=True)
+    assert loaded.stdout.strip() == "False", loaded.stderr

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import pandas as pd
 import pytest
 import torch
 import yaml
@@ -32,6 +33,7 @@ from tests.trainer.scripts import proctree
 
 REPO = Path(__file__).resolve().parents[2]
 INJECT = REPO / "tests" / "trainer" / "strategy_scripts" / "inject.py"
+SLOW_WORKER = REPO / "tests" / "trainer" / "strategy_scripts" / "slow_worker_ps.py"
 EXAMPLES = REPO / "examples"
 TRAIN_ROWS = 1500  # make_digits: the last 297 of the 1,797 rows are the test split
 EPOCHS = 3
@@ -203,6 +205,50 @@ def test_torch_parameter_server_job_trains_and_restores_the_ps_state(digits: str
     # Both ps served their part: the merged state holds every parameter (1.weight alone is on ps 0).
     assert torch_ps.assign([(k, v.numel()) for k, v in state["params"].items()], 2) == {
         "1.weight": 0, "3.weight": 1, "1.bias": 1, "3.bias": 1}
+
+
+def write_ps_job(folder: Path, *, slow: float, every_steps: int) -> Path:
+    """A torch ps job of 1 ps and 2 workers over 400 rows (200 per worker, 20 steps of 10) running
+    ``strategy_scripts/slow_worker_ps.py``, whose worker 1 sleeps ``slow`` s per step."""
+    rng = np.random.default_rng(0)
+    frame = {"x": list(rng.normal(size=(400, 4)).astype(np.float32)), "y": np.arange(400) % 2}
+    shardkit.write_dataset(pd.DataFrame(frame), str(folder / "data"), row_group_size=50,
+                           schema=shardkit.Schema([shardkit.Field("x", "float32", (4,)),
+                                                   shardkit.Field("y", "int64")]))
+    config = {"name": "ps-slow", "entrypoint": str(SLOW_WORKER), "framework": "torch",
+              "strategy": "parameter_server", "roles": {"ps": {"count": 1}, "worker": {"count": 2}},
+              "data": {"url": str(folder / "data"), "batch_size": 10, "num_epochs": 1, "shuffle": False},
+              "checkpoint": {"every_steps": every_steps},
+              "fault_tolerance": {"max_restarts": 0, "startup_timeout": 90.0},
+              "params": {"optimizer": {"name": "sgd", "lr": 0.1}, "test": {"slow": slow}},
+              "env": {"OMP_NUM_THREADS": "1"}, "logdir": str(folder / "job")}
+    path = folder / "job.yaml"
+    path.write_text(yaml.safe_dump(config))
+    return path
+
+
+@pytest.mark.timeout(150)
+def test_torch_ps_final_checkpoint_holds_the_slower_workers_last_updates(tmp_path: Path) -> None:
+    """Worker 1 is slower: worker 0 ends first, and its final save waits until worker 1 has pushed its
+    last gradient, so the final checkpoint holds all 40 updates (20 steps x 2 workers), not worker 0's
+    20 and part of worker 1's. Worker 0's last step (20) was saved on schedule already (every 10), with
+    worker 1 behind: the final save writes step 20 again."""
+    console = io.StringIO()
+    result = run_job(load_config(write_ps_job(tmp_path, slow=0.1, every_steps=10)), console=console)
+    assert result.ok, console.getvalue()
+    assert [c.step for c in result.checkpoints][-1:] == [20]
+    state = torch.load(Path(result.checkpoints[-1].url) / "optimizer.pt", weights_only=True)
+    assert state["updates"] == 40, console.getvalue()
+
+
+def test_ps_0_tells_which_workers_have_not_finished_and_stops_waiting_at_the_timeout() -> None:
+    finished = torch_ps_server.Finished()
+    finished.add(1)
+    finished.add(1)
+    assert finished.wait(3, timeout=0.05) == [0, 2]
+    finished.add(0)
+    finished.add(2)
+    assert finished.wait(3, timeout=60.0) == []
 
 
 @settings(max_examples=200, deadline=None)
