@@ -176,11 +176,20 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    """Run the command; exit 2 with one line, ``shardkit <command>: error: <message>``, for a
+    `ShardkitError`, and (with the type named) for an ``OSError`` or ``ImportError`` the API let through:
+    a user's path, permission or missing package, never worth a traceback. Anything else is a bug and
+    keeps its traceback."""
     args = build_parser().parse_args(argv)
     try:
         return int(args.func(args))
     except ShardkitError as e:
         print(f"shardkit {args.command}: error: {e}", file=sys.stderr)
+        return 2
+    except (OSError, ImportError) as e:
+        # the backstop for what the API does not wrap (yet): a user's error (a path, a permission, a
+        # missing package) deserves one line, not a traceback; bugs (other exceptions) keep theirs
+        print(f"shardkit {args.command}: error: {type(e).__name__}: {e}", file=sys.stderr)
         return 2
 
 

@@ -6,6 +6,7 @@
     │   ├── NotADatasetError          (also ValueError)         a folder with no Parquet data in it
     │   ├── DatasetExistsError        (also FileExistsError)    mode="error" over an existing dataset
     │   ├── CorruptDatasetError       (also OSError)            a file or row group that cannot be read
+    │   ├── DatasetPermissionError    (also PermissionError)    a file or folder this user may not read/write
     │   └── UnsafePickleError         (also ValueError)         a Petastorm schema pickle with foreign content
     ├── SchemaError                   (also ValueError)         a schema, field or codec invalid in itself
     │   └── SchemaMismatchError                                 data that does not fit the declared schema
@@ -15,9 +16,12 @@
     ├── CheckpointError               (also OSError)            no checkpoint can be written or restored
     │   └── CorruptCheckpointError                              a commit or file that does not verify
     ├── JobError                      (also RuntimeError)       a job that failed (restarts exhausted)
+    ├── UnsupportedURLError           (also ValueError)         a URL whose protocol no filesystem serves
     └── MissingDependencyError        (also ImportError)        an optional extra is not installed
+        └── MissingFilesystemError                              a URL's filesystem package is not installed
 
     CheckpointWarning                 (a UserWarning)           a broken newer checkpoint was skipped
+    PartitionColumnsWarning           (a UserWarning)           Hive partition columns (key=value) not read
 
 Each message names the bad value, where it came from (URL, file, row group, field) and what to do.
 Every class also subclasses the matching built-in, so ``except FileNotFoundError`` keeps working.
@@ -35,14 +39,18 @@ __all__ = [
     "DatasetError",
     "DatasetExistsError",
     "DatasetNotFoundError",
+    "DatasetPermissionError",
     "JobError",
     "MissingDependencyError",
+    "MissingFilesystemError",
     "NotADatasetError",
+    "PartitionColumnsWarning",
     "ReaderError",
     "SchemaError",
     "SchemaMismatchError",
     "ShardkitError",
     "UnsafePickleError",
+    "UnsupportedURLError",
 ]
 
 
@@ -68,6 +76,14 @@ class DatasetExistsError(DatasetError, FileExistsError):
 
 class CorruptDatasetError(DatasetError, OSError):
     """Raised when a data or summary file is truncated, corrupt, or not Parquet."""
+
+
+class DatasetPermissionError(DatasetError, PermissionError):
+    """Raised when a data or summary file may not be read, a folder listed, or written, by this user.
+
+    Never a corruption: ``on_error="skip"`` does not skip it, and the message names the file and its
+    owner and mode (or, on an object store, the credentials) to fix, never "remove it".
+    """
 
 
 class UnsafePickleError(DatasetError, ValueError):
@@ -112,6 +128,11 @@ class CheckpointWarning(UserWarning):
     """Warned when a broken or incomplete newer checkpoint is skipped for an older complete one."""
 
 
+class PartitionColumnsWarning(UserWarning):
+    """Warned when a dataset's files sit under Hive partition folders (``year=2020/``, Spark's
+    ``partitionBy``): shardkit reads the files but not the partition columns in the folder names."""
+
+
 class JobError(ShardkitError, RuntimeError):
     """Raised when a training job fails for good (restarts exhausted); the message holds the history."""
 
@@ -126,6 +147,21 @@ class MissingDependencyError(ShardkitError, ImportError):
         )
         self.package = package
         self.extra = extra
+
+
+class MissingFilesystemError(MissingDependencyError):
+    """Raised when a URL's protocol needs a filesystem that no shardkit extra installs (gcsfs for
+    ``gs://``, adlfs for ``abfs://``, HDFS's native client): the message names it and how to install it."""
+
+    def __init__(self, package: str, url: str, install: str) -> None:
+        ImportError.__init__(self, f"{url!r} needs {package}, which is not installed or cannot be loaded. "
+                                   f"{install}")
+        self.package = package
+        self.extra = ""
+
+
+class UnsupportedURLError(ShardkitError, ValueError):
+    """Raised when no filesystem serves a URL's protocol (``foo://``, a typo); the message names the URL."""
 
 
 def require(module: str, *, extra: str, purpose: str) -> object:

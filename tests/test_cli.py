@@ -14,8 +14,10 @@ import pytest
 
 import shardkit
 from shardkit.cli import main
+from tests.reader import conftest as s3_fixtures
 
 REPO = Path(__file__).resolve().parents[1]
+no_internet = s3_fixtures.no_internet  # refuses any connection that is not to loopback
 
 
 @pytest.fixture
@@ -267,3 +269,99 @@ def test_render_writes_or_prints_the_manifests(tmp_path: Path, capsys: pytest.Ca
     assert "# ---- digits-skein.yaml ----" in capsys.readouterr().out
     assert main(["render", example]) == 2  # engine: local has nothing to render
     assert "has nothing to render" in capsys.readouterr().err
+
+
+# ---- user errors below the API (filesystems, credentials, permissions): one line, exit 2 -------------
+
+
+def _one_line_error(err: str, command: str) -> str:
+    assert "Traceback" not in err, err
+    assert err.count("\n") == 1, err
+    assert err.startswith(f"shardkit {command}: error: "), err
+    return err
+
+
+def test_a_url_no_filesystem_serves_exits_2(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["inspect", "foo://bucket/ds"]) == 2
+    out, err = capsys.readouterr()
+    assert out == ""
+    assert "'foo://bucket/ds': no filesystem serves the protocol 'foo'" in _one_line_error(err, "inspect")
+
+
+def test_a_missing_filesystem_package_exits_2_naming_it(capsys: pytest.CaptureFixture[str]) -> None:
+    import importlib.util
+
+    if importlib.util.find_spec("gcsfs") is not None:
+        pytest.skip("gcsfs is installed here")
+    assert main(["inspect", "gs://some-bucket/ds"]) == 2
+    err = _one_line_error(capsys.readouterr().err, "inspect")
+    assert "'gs://some-bucket/ds' needs gcsfs" in err
+    assert "pip install gcsfs" in err
+    with pytest.raises(shardkit.errors.MissingDependencyError, match="pip install gcsfs"):
+        shardkit.open_dataset("gs://some-bucket/ds")
+
+
+@pytest.mark.skipif(bool(os.environ.get("HADOOP_HOME") or os.environ.get("ARROW_LIBHDFS_DIR")),
+                    reason="HDFS's native client may load here: the URL would try to connect")
+def test_hdfs_without_its_native_client_exits_2(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["inspect", "hdfs:///warehouse/ds"]) == 2
+    err = _one_line_error(capsys.readouterr().err, "inspect")
+    assert "'hdfs:///warehouse/ds' needs HDFS's native client" in err
+    assert "ARROW_LIBHDFS_DIR" in err
+
+
+def test_s3_without_credentials_exits_2_naming_the_url_and_the_fix(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch,
+        no_internet: None) -> None:
+    s3fs = pytest.importorskip("s3fs")
+    for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_PROFILE",
+                 "AWS_DEFAULT_PROFILE", "AWS_CONTAINER_CREDENTIALS_RELATIVE_URI",
+                 "AWS_CONTAINER_CREDENTIALS_FULL_URI", "AWS_WEB_IDENTITY_TOKEN_FILE"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "no-config"))
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "no-credentials"))
+    s3fs.S3FileSystem.clear_instance_cache()  # one made earlier may hold credentials
+    try:
+        assert main(["inspect", "s3://some-bucket/ds"]) == 2
+    finally:
+        s3fs.S3FileSystem.clear_instance_cache()
+    err = _one_line_error(capsys.readouterr().err, "inspect")
+    assert "cannot reach 's3://some-bucket/ds': no credentials were found" in err
+    assert "AWS_ACCESS_KEY_ID" in err
+    assert "NoCredentialsError" in err
+
+
+def test_index_of_a_read_only_folder_exits_2_naming_it(plain_folder: str) -> None:
+    import shutil
+    import tempfile
+
+    shared = Path(tempfile.mkdtemp(prefix="shardkit-cli-"))  # tmp_path's parents admit only us
+    try:
+        shared.chmod(0o755)
+        folder = shared / "plain"
+        shutil.copytree(plain_folder, folder)
+        folder.chmod(0o555)
+        cmd = [sys.executable, "-m", "shardkit.cli", "index", str(folder)]
+        if os.geteuid() == 0:  # root may write anywhere: index as another user
+            if shutil.which("setpriv") is None:
+                pytest.skip("as root this needs setpriv to run as another user")
+            cmd = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", *cmd]
+        done = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=120, check=False,
+                              env={**os.environ, "HOME": str(shared)})
+    finally:
+        (shared / "plain").chmod(0o755)
+        shutil.rmtree(shared)
+    assert done.returncode == 2, done.stderr
+    err = _one_line_error(done.stderr, "index")
+    assert f"permission denied: cannot write in '{folder}'" in err
+    assert "mode dr-xr-xr-x" in err
+
+
+def test_an_oserror_the_api_does_not_wrap_is_one_line_not_a_traceback(
+        plain_folder: str, capsys: pytest.CaptureFixture[str]) -> None:
+    os.mkdir(os.path.join(plain_folder, "_metadata"))  # where index writes its summary: a folder
+    assert main(["index", plain_folder]) == 2
+    err = _one_line_error(capsys.readouterr().err, "index")
+    assert "IsADirectoryError: " in err
+    assert "_metadata" in err

@@ -35,6 +35,7 @@ from collections.abc import Iterator, Sequence
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from shardkit.dataset.access import is_denied, permission_error
 from shardkit.dataset.location import COMMON, STAGING, SUMMARY, Location
 from shardkit.errors import DatasetError
 
@@ -56,7 +57,8 @@ def write_lock(loc: Location) -> Iterator[None]:
 
     Creates the root folder when it is missing (the lock file lives there) and removes the lock file,
     and the root when this created it and left it empty, at the end. Raises `DatasetError` when
-    another write holds the lock. A root that is a file is left for the caller to refuse.
+    another write holds the lock, `DatasetPermissionError` (naming the folder, its owner and mode) when
+    this user may not create the lock file there. A root that is a file is left for the caller to refuse.
     """
     try:
         import fcntl
@@ -66,10 +68,20 @@ def write_lock(loc: Location) -> Iterator[None]:
         yield
         return
     created = not os.path.isdir(loc.root)
-    os.makedirs(loc.root, exist_ok=True)
     path = loc.join(LOCK)
+    try:
+        os.makedirs(loc.root, exist_ok=True)
+    except OSError as e:
+        if not is_denied(e):
+            raise
+        raise permission_error(loc, str(e.filename or loc.root), e, action="write in") from e
     while True:
-        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        except OSError as e:  # a read-only folder: a write (or write_summary) could not change it anyway
+            if not is_denied(e):
+                raise
+            raise permission_error(loc, loc.root, e, action="write in") from e
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:

@@ -8,16 +8,24 @@ Three kinds of folders open:
   row groups from the data files' footers;
 - a plain Parquet folder (Spark, pandas, DuckDB): schema inferred from the Arrow types, row groups
   from the footers, with a `SummaryMissingWarning` that says how to add the summary.
+
+Hive-partitioned folders (Spark's ``partitionBy``, pandas' ``partition_cols``:
+``year=2020/part-0.parquet``) open with the columns their files hold; the partition columns, which
+live only in the folder names, are not read (yet). Opening one warns once, with a
+`PartitionColumnsWarning` that names those keys and the fix: rewrite the data with
+``shardkit.write_dataset(pyarrow.dataset.dataset(path, partitioning="hive").to_table(), url)``,
+which stores them as columns.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import os
+import re
 import threading
 import warnings
 from collections import OrderedDict
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from functools import cached_property
 from typing import Any, Literal
 
@@ -25,12 +33,15 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from shardkit.dataset.access import is_denied, permission_error, storage_errors
 from shardkit.dataset.location import COMMON, SUMMARY, Location
 from shardkit.dataset.schema import SCHEMA_KEY, Schema, schema_from_arrow
 from shardkit.errors import (
     CorruptDatasetError,
+    DatasetError,
     DatasetNotFoundError,
     NotADatasetError,
+    PartitionColumnsWarning,
     SchemaError,
     SchemaMismatchError,
 )
@@ -43,6 +54,7 @@ PARQUET_SUFFIXES = (".parquet", ".parq", ".pq")
 #: took 30 % less than whole 4,600-row groups) as their scratch buffers stay in the CPU caches.
 SLICE_ROWS = 256
 FOOTERS_KEPT = 256  # data-file footers an opened dataset keeps (LRU), so a file's footer is read once
+_PARTITION = re.compile(r"([^=/]+)=[^/]*")  # a Hive partition folder: key=value
 
 
 class SummaryMissingWarning(UserWarning):
@@ -87,6 +99,12 @@ class Dataset:
     def files(self) -> list[str]:
         return list(dict.fromkeys(rg.file for rg in self.row_groups))
 
+    @cached_property
+    def partition_keys(self) -> list[str]:
+        """Hive partition keys in the folders of the files (``year`` of ``year=2020/``) that are not
+        columns of the dataset: their values are in folder names only, and not read (module docstring)."""
+        return [key for key in partition_keys(self.files) if key not in self.schema.names]
+
     @property
     def num_rows(self) -> int:
         return sum(rg.num_rows for rg in self.row_groups)
@@ -102,7 +120,8 @@ class Dataset:
         return np.fromiter(counts, dtype=np.int64, count=len(self.row_groups))
 
     def open_file(self, file: str) -> pq.ParquetFile:
-        """Open one data file, raising `CorruptDatasetError` (naming it) if it is not readable Parquet.
+        """Open one data file, raising `CorruptDatasetError` (naming it) if it is not readable Parquet,
+        `DatasetPermissionError` if this user may not read it (never taken for corruption).
 
         With a ``_metadata`` summary the file is opened with it, not with its own footer (one request
         less per file, on object stores one round trip less before the first batch): the summary holds
@@ -124,6 +143,8 @@ class Dataset:
                 "shardkit. Rewrite it, or run shardkit.write_summary(url) to index the files that remain"
             ) from e
         except (pa.ArrowInvalid, OSError) as e:
+            if is_denied(e):
+                raise permission_error(self.location, path, e) from e
             raise CorruptDatasetError(
                 f"data file {path!r} of dataset {self.url!r} is not readable Parquet ({e}); "
                 "it is truncated or corrupt: rewrite the dataset or remove the file and rerun write_summary"
@@ -161,6 +182,8 @@ class Dataset:
             yield from pf.iter_batches(batch_size=batch_size, row_groups=[self.row_group_index(i)],
                                        columns=names, use_threads=False)
         except (pa.ArrowInvalid, OSError) as e:
+            if is_denied(e):
+                raise permission_error(self.location, self.location.join(rg.file), e) from e
             raise CorruptDatasetError(
                 f"{where} cannot be read ({e}); the file is truncated or corrupt: rewrite the dataset, "
                 "or read with on_error='skip'"
@@ -231,8 +254,14 @@ def open_dataset(url: str | os.PathLike[str], *, storage_options: dict[str, Any]
         DatasetNotFoundError: nothing exists at ``url``.
         NotADatasetError: the folder has no Parquet data, or holds an unfinished shardkit write.
         CorruptDatasetError: a summary or (for folders without one) a data file is not readable.
+        DatasetPermissionError: this user may not list the folder or read a file it needs.
+        DatasetError: the store cannot be reached (no credentials, no connection: the message says
+            which and what to set).
+        UnsupportedURLError, MissingDependencyError: no filesystem serves ``url`` here.
     """
-    return open_location(Location.of(url, storage_options))
+    loc = Location.of(url, storage_options)
+    with storage_errors(loc.url):
+        return open_location(loc)
 
 
 def open_location(loc: Location) -> Dataset:
@@ -271,7 +300,38 @@ def open_location(loc: Location) -> Dataset:
         ds = Dataset(loc, _schema(loc, arrow_schema), arrow_schema, groups, "parquet", md)
     for name, footer in footers[:FOOTERS_KEPT]:  # read already: the first reads need not fetch them again
         ds.keep_footer(name, footer)
+    _warn_partitions(ds)
     return ds
+
+
+def partition_keys(files: Iterable[str]) -> list[str]:
+    """The Hive partition keys in the folders of ``files`` (relative paths), in order of appearance:
+    ``["year", "month"]`` for ``year=2020/month=1/part-0.parquet``."""
+    keys: dict[str, None] = {}
+    for name in files:
+        for folder in name.split("/")[:-1]:
+            match = _PARTITION.fullmatch(folder)
+            if match:
+                keys.setdefault(match.group(1), None)
+    return list(keys)
+
+
+def _warn_partitions(ds: Dataset) -> None:
+    """Warn (once per opening) that the partition columns of a Hive-partitioned folder are not read."""
+    keys = ds.partition_keys
+    if not keys:
+        return
+    example = next(name for name in ds.files if "=" in name)
+    warnings.warn(
+        PartitionColumnsWarning(
+            f"{ds.url!r} is partitioned Hive-style (e.g. {example!r}): shardkit reads the files but not "
+            f"the partition column(s) {keys} in their folder names, so these are not in the dataset and a "
+            "filter on them fails. To keep them, rewrite the data as a shardkit dataset: "
+            f"shardkit.write_dataset(pyarrow.dataset.dataset({ds.url!r}, partitioning='hive').to_table(), "
+            "new_url)"
+        ),
+        stacklevel=4,  # open_dataset's caller
+    )
 
 
 def is_petastorm(loc: Location) -> bool:
@@ -367,16 +427,35 @@ def data_files(loc: Location) -> list[str]:
     A file is data when its name ends in ``.parquet`` (``.parq``, ``.pq``), or, for tools that name
     files otherwise (Hive's ``000000_0``), when it starts with the Parquet magic ``PAR1``.
     Anything else (a README, a CSV, Spark's ``.crc`` files) is not data: it is neither indexed nor
-    removed by an overwrite.
+    removed by an overwrite. Files in Hive partition folders (``year=2020/``) are data; their partition
+    columns are not read (see the module docstring). A local folder this user may not list raises
+    `DatasetPermissionError` (fsspec's listing would leave it out silently, and its files with it).
     """
     out = []
     root = loc.root.rstrip("/") + "/"
-    for path in sorted(loc.fs.find(loc.root)):
+    for path in sorted(_local_files(loc) if loc.is_local else loc.fs.find(loc.root)):
         rel = path[len(root):] if path.startswith(root) else path
         if any(part.startswith(("_", ".")) for part in rel.split("/")):
             continue
         if rel.lower().endswith(PARQUET_SUFFIXES) or _has_magic(loc, path):
             out.append(rel)
+    return out
+
+
+def _local_files(loc: Location) -> list[str]:
+    """Every file under a local root, as fsspec's ``find`` lists them (symlinks followed), except that a
+    folder this user may not list raises `DatasetPermissionError` where ``find`` leaves it out (even
+    with ``on_error="raise"``, which fsspec does not pass on below the root). Folders whose names
+    start with ``_`` or ``.`` hold no data and are not entered."""
+
+    def refused(e: OSError) -> None:
+        if is_denied(e):
+            raise permission_error(loc, str(e.filename or loc.root), e, action="list") from e
+
+    out: list[str] = []
+    for folder, dirs, files in os.walk(loc.root, onerror=refused, followlinks=True):
+        dirs[:] = [d for d in dirs if not d.startswith(("_", "."))]
+        out.extend(os.path.join(folder, name) for name in files)
     return out
 
 
@@ -389,33 +468,44 @@ def _has_magic(loc: Location, path: str) -> bool:
 
 
 def _summary(loc: Location) -> pq.FileMetaData | None:
-    """The ``_metadata`` footer, or None when it cannot be opened (missing, or the root is no folder)."""
+    """The ``_metadata`` footer, or None when it cannot be opened (missing, or the root is no folder);
+    `DatasetPermissionError` when this user may not read it."""
     try:
         f = loc.arrow_fs.open_input_file(loc.join(SUMMARY))
-    except OSError:
+    except OSError as e:
+        if is_denied(e):
+            raise permission_error(loc, loc.join(SUMMARY), e) from e
         return None
     with f:
-        return _footer_of(f, loc.join(SUMMARY))
+        return _footer_of(loc, f, loc.join(SUMMARY))
 
 
 def read_footer(loc: Location, name: str) -> pq.FileMetaData:
+    """The Parquet footer of the file ``name`` under the root.
+
+    Raises:
+        CorruptDatasetError: the file is not Parquet (truncated, corrupt).
+        DatasetPermissionError: this user may not read it (checked first: it is no corruption).
+    """
     path = loc.join(name)
     try:
         f = loc.arrow_fs.open_input_file(path)
     except (pa.ArrowInvalid, OSError) as e:
-        raise _not_a_footer(path, e) from e
+        raise _not_a_footer(loc, path, e) from e
     with f:
-        return _footer_of(f, path)
+        return _footer_of(loc, f, path)
 
 
-def _footer_of(f: pa.NativeFile, path: str) -> pq.FileMetaData:
+def _footer_of(loc: Location, f: pa.NativeFile, path: str) -> pq.FileMetaData:
     try:
         return pq.read_metadata(f)
     except (pa.ArrowInvalid, OSError) as e:
-        raise _not_a_footer(path, e) from e
+        raise _not_a_footer(loc, path, e) from e
 
 
-def _not_a_footer(path: str, e: Exception) -> CorruptDatasetError:
+def _not_a_footer(loc: Location, path: str, e: Exception) -> DatasetError:
+    if is_denied(e):
+        return permission_error(loc, path, e)
     return CorruptDatasetError(f"{path!r} is not a readable Parquet footer ({e}); the file is truncated or "
                                "corrupt. Remove it (or rewrite the dataset)")
 

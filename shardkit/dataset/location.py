@@ -2,6 +2,11 @@
 
 Local folders are read through pyarrow's native filesystem (memory-mapped, no Python in the loop);
 everything else goes through fsspec (s3, gcs, hdfs, http, memory, ...).
+
+A file's version (`Location.versions`, `Location.version`) is what tells a rewritten file from the
+one read before under the same name: the ETag on object stores (else the version id or generation),
+``size:mtime_ns`` for local files. Object stores have no folders (`Location.makedirs` creates none
+there: s3fs's ``makedirs`` would create a missing bucket, and shardkit never creates buckets).
 """
 
 from __future__ import annotations
@@ -9,6 +14,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import uuid
+from collections.abc import Mapping
 from functools import cached_property
 from typing import Any
 
@@ -16,9 +22,18 @@ import fsspec
 import pyarrow as pa
 import pyarrow.fs as pafs
 
+from shardkit.dataset.access import filesystem_error
+
 SUMMARY = "_metadata"
 COMMON = "_common_metadata"
 STAGING = "_staging"
+#: Protocols of object stores: keys under buckets, no folders (fsspec's names for S3, GCS, Azure, ...).
+OBJECT_STORES = frozenset({"s3", "s3a", "gs", "gcs", "abfs", "abfss", "az", "adl", "oss", "oci", "r2"})
+#: Fields of an fsspec listing entry that name the bytes' version, in order of preference: a content
+#: tag (S3, Azure, GCS), else an id the store gives each upload.
+_VERSION_FIELDS = ("ETag", "etag", "md5Hash", "generation", "VersionId", "version_id")
+#: Fields with a modification time, for filesystems that give no version (memory, HDFS, ...).
+_TIME_FIELDS = ("mtime", "LastModified", "last_modified", "updated", "modified", "created")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -31,8 +46,22 @@ class Location:
 
     @classmethod
     def of(cls, url: str | os.PathLike[str], storage_options: dict[str, Any] | None = None) -> Location:
+        """The location of ``url``: its fsspec filesystem (made with ``storage_options``) and root.
+
+        Raises:
+            UnsupportedURLError: no filesystem serves the URL's protocol (``foo://``).
+            MissingDependencyError: the protocol's filesystem is not installed (s3fs, gcsfs, ...), or
+                HDFS's native client cannot be loaded.
+            DatasetError: the filesystem cannot be set up for another reason (its message says why).
+        """
         text = os.fspath(url)
-        fs, root = fsspec.core.url_to_fs(text, **(storage_options or {}))
+        try:
+            fs, root = fsspec.core.url_to_fs(text, **(storage_options or {}))
+        except (ImportError, ValueError, OSError) as e:
+            error = filesystem_error(text, e)
+            if error is None:
+                raise
+            raise error from e
         return cls(text, fs, root.rstrip("/") or "/")
 
     @property
@@ -65,6 +94,73 @@ class Location:
             f = self.fs.open(path, "rb")
         return pa.PythonFile(f, mode="r")
 
+    @property
+    def is_object_store(self) -> bool:
+        """Whether the root is on an object store (`OBJECT_STORES`): keys in a bucket, no folders."""
+        return not OBJECT_STORES.isdisjoint(_protocols(self.fs))
+
+    def makedirs(self, path: str) -> None:
+        """Create the folder ``path`` (and its parents) where folders exist.
+
+        On object stores this does nothing: a key needs no folder above it, and s3fs's ``makedirs``
+        creates a missing bucket (a typo in the URL would make a bucket in the user's account).
+        """
+        if not self.is_object_store:
+            self.fs.makedirs(path, exist_ok=True)
+
+    def missing_bucket(self) -> str | None:
+        """The root's bucket as a URL (``s3://name``) when the store says it does not exist, else None.
+
+        None without a request where there are no buckets (local, memory, HDFS). On an object store
+        this asks the store once (s3fs: ``HEAD`` of the bucket); a bucket these credentials may not
+        see counts as missing, as the store cannot tell the two apart for them.
+        """
+        if not self.is_object_store:
+            return None
+        bucket = self.root.lstrip("/").split("/", 1)[0]
+        if self.fs.exists(bucket):
+            return None
+        return f"{_protocols(self.fs)[0]}://{bucket}"
+
+    def versions(self) -> dict[str, str]:
+        """The version (see the module docstring) of every file under the root, by path relative to it.
+
+        One listing: on an object store one request per 1,000 files (s3fs: ``ListObjectsV2``), not one
+        per file. Locally, and where the listing is refused (credentials that may read objects but not
+        list them) or gives no versions, this is empty, and `version` asks file by file.
+        """
+        if self.is_local:
+            return {}  # a stat per file costs no round trip, and is taken just before the file's reads
+        self.fs.invalidate_cache(self.root)  # fsspec instances are shared: an older listing may be cached
+        try:
+            found = self.fs.find(self.root, detail=True)
+        except (OSError, NotImplementedError, ValueError):
+            return {}
+        root = self.root.rstrip("/") + "/"
+        out = {}
+        for path, info in found.items():
+            rel = str(path)[len(root):] if str(path).startswith(root) else str(path)
+            version = _version_of(info)
+            if version is not None:
+                out[rel] = version
+        return out
+
+    def version(self, name: str) -> str | None:
+        """The version of the file ``name`` (relative to the root): one ``stat``, or one request; None when
+        the filesystem gives none (no version, no modification time) or the file cannot be looked at."""
+        path = self.join(name)
+        if self.is_local:
+            try:
+                st = os.stat(path)
+            except OSError:
+                return None
+            return f"{st.st_size}:{st.st_mtime_ns}"
+        try:
+            info = self.fs.info(path)
+        except (OSError, NotImplementedError, ValueError):
+            return None
+        return _version_of(info)
+
     def join(self, *parts: str) -> str:
         return "/".join([self.root.rstrip("/"), *parts])
 
@@ -93,6 +189,20 @@ class Location:
             os.replace(src, dst)
         else:
             self.fs.mv(src, dst)
+
+
+def _version_of(info: Mapping[str, Any]) -> str | None:
+    """A file's version from its fsspec listing entry (see `_VERSION_FIELDS`), else its size and
+    modification time; None when the entry has neither."""
+    for field in _VERSION_FIELDS:
+        value = info.get(field)
+        if value not in (None, ""):
+            return f"{field}={value}"
+    for field in _TIME_FIELDS:
+        value = info.get(field)
+        if value not in (None, ""):
+            return f"size={info.get('size')},{field}={value}"
+    return None
 
 
 def _protocols(fs: fsspec.AbstractFileSystem) -> tuple[str, ...]:

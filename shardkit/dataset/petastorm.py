@@ -94,31 +94,36 @@ def petastorm_schema(blob: bytes, *, where: str) -> Schema:
     return Schema([_field(value, where) for _key, value in entries])
 
 
+def _r(value: Any) -> str:
+    """A value from the pickle in a message: bounded (`safe_pickle.short_repr`), however large or nested."""
+    return safe_pickle.short_repr(value)
+
+
 def _field(uf: Any, where: str) -> Field:
     args = uf.args if isinstance(uf, safe_pickle.Call) and uf.func.qualname == _FIELD else ()
     if len(args) not in (4, 5):
-        raise SchemaError(f"{where}: a Petastorm schema entry is not a UnischemaField ({uf!r}); "
+        raise SchemaError(f"{where}: a Petastorm schema entry is not a UnischemaField ({_r(uf)}); "
                           "rewrite the dataset")
     name, dtype_ref, shape, codec = args[:4]
     nullable = args[4] if len(args) == 5 else False
     dims = tuple(shape) if isinstance(shape, tuple | list) else None
     if (not isinstance(name, str) or not isinstance(nullable, bool) or dims is None
             or not all(d is None or (isinstance(d, int) and not isinstance(d, bool)) for d in dims)):
-        raise SchemaError(f"{where}: the Petastorm field {name!r} has a malformed name, shape {shape!r} or "
-                          f"nullable flag {nullable!r}; rewrite the dataset")
+        raise SchemaError(f"{where}: the Petastorm field {_r(name)} has a malformed name, shape {_r(shape)} "
+                          f"or nullable flag {_r(nullable)}; rewrite the dataset")
     if not isinstance(dtype_ref, safe_pickle.Global) or dtype_ref.module != "numpy":
-        raise SchemaError(f"{where}: the Petastorm field {name!r} has the dtype {dtype_ref!r}, not a numpy "
-                          f"type; shardkit reads {sorted(_NUMPY_DTYPES)}")
+        raise SchemaError(f"{where}: the Petastorm field {_r(name)} has the dtype {_r(dtype_ref)}, not a "
+                          f"numpy type; shardkit reads {sorted(_NUMPY_DTYPES)}")
     try:
         return Field(name, _NUMPY_DTYPES[dtype_ref.name], dims, _codec(codec, dims), nullable)
     except SchemaError as e:
-        raise SchemaError(f"{where}: the Petastorm field {name!r} cannot be read: {e}") from e
+        raise SchemaError(f"{where}: the Petastorm field {_r(name)} cannot be read: {e}") from e
 
 
 def _codec(codec: Any, shape: tuple[int | None, ...]) -> Codec:
     if codec is None:
         return ScalarCodec() if shape == () else NdarrayCodec()
-    kind = codec.func.qualname if isinstance(codec, safe_pickle.Call) else repr(codec)
+    kind = codec.func.qualname if isinstance(codec, safe_pickle.Call) else _r(codec)
     if kind == "petastorm.codecs.ScalarCodec":
         return ScalarCodec()
     if kind == "petastorm.codecs.NdarrayCodec":
@@ -128,9 +133,10 @@ def _codec(codec: Any, shape: tuple[int | None, ...]) -> Codec:
     if kind == "petastorm.codecs.CompressedImageCodec":
         state = codec.state if isinstance(codec.state, dict) else {}
         written, quality = state.get("_image_codec", ".png"), state.get("_quality", 80)
-        fmt = _IMAGE_FORMATS.get(str(written).lstrip(".").lower())
+        text = written if isinstance(written, str) else _r(written)  # str() of a nested list recurses
+        fmt = _IMAGE_FORMATS.get(text.lstrip(".").lower())
         if fmt is None or not isinstance(quality, int):
-            raise SchemaError(f"its CompressedImageCodec({written!r}, quality={quality!r}) is not PNG or "
+            raise SchemaError(f"its CompressedImageCodec({_r(written)}, quality={_r(quality)}) is not PNG or "
                               "JPEG; shardkit decodes only those. Rewrite the images as PNG or JPEG")
         # the quality only matters when re-encoding; OpenCV accepted 0..100, shardkit 1..100
         return ImageCodec(fmt, min(max(quality, 1), 100))

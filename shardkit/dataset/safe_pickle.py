@@ -8,18 +8,27 @@ is ever imported, called or looked up, and every `Global` must be on the caller'
 pickle that names ``os.system`` fails at that opcode. Opcodes outside the set that protocols 2 to 5
 use for plain data (extensions, persistent ids, out-of-band buffers, protocol 0/1 ``INST``/``OBJ``)
 are refused too.
+
+Containers (tuples, lists, dicts, sets and the `Call` objects) may nest at most `MAX_DEPTH` deep: a
+crafted pickle of 100,000 nested lists costs nothing to read here, but whatever walks the tree
+recursively afterwards (a ``repr`` in an error message, hashing a nested tuple as a dict key) would
+end in a bare ``RecursionError``. A Petastorm schema nests about six deep.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import pickletools
-from collections.abc import Callable, Collection
+import reprlib
+from collections.abc import Callable, Collection, Iterable
 from typing import Any
 
 from shardkit.errors import UnsafePickleError
 
-__all__ = ["Call", "Global", "load"]
+__all__ = ["MAX_DEPTH", "Call", "Global", "load", "short_repr"]
+
+#: How deep containers may nest in a pickle `load` reads (far below Python's recursion limit).
+MAX_DEPTH = 100
 
 
 @dataclasses.dataclass(frozen=True)
@@ -58,6 +67,7 @@ _LITERALS = frozenset({
 })
 _CONSTANTS: dict[str, Any] = {"NONE": None, "NEWTRUE": True, "NEWFALSE": False}
 _IGNORED = frozenset({"PROTO", "FRAME"})
+_CONTAINERS = (tuple, list, dict, set, frozenset, Call)
 
 
 class _Machine:
@@ -68,6 +78,8 @@ class _Machine:
         self.stack: list[Any] = []
         self.marks: list[list[Any]] = []
         self.memo: dict[int, Any] = {}
+        # id -> (container, how deep it nests); the container is kept so that its id is not reused
+        self.depths: dict[int, tuple[Any, int]] = {}
 
     def fail(self, problem: str) -> UnsafePickleError:
         return UnsafePickleError(f"{self.where}: {problem}; shardkit never runs pickled code, so it refuses "
@@ -75,6 +87,27 @@ class _Machine:
 
     def push(self, value: Any) -> None:
         self.stack.append(value)
+
+    def depth(self, value: Any) -> int:
+        """How deep ``value`` nests: 0 for a scalar, 1 for a container that holds none."""
+        entry = self.depths.get(id(value))
+        if entry is not None and entry[0] is value:
+            return entry[1]
+        return int(isinstance(value, _CONTAINERS))
+
+    def deeper(self, target: Any, children: Iterable[Any]) -> int:
+        """How deep ``target`` nests once it holds ``children`` too; refused beyond `MAX_DEPTH` (checked
+        before anything hashes or walks them)."""
+        depth = max(self.depth(target), 1 + max(map(self.depth, children), default=0))
+        if depth > MAX_DEPTH:
+            raise self.fail(f"the pickle nests containers more than {MAX_DEPTH} deep (a schema needs a "
+                            "few levels; this one is crafted or broken)")
+        return depth
+
+    def nest(self, target: Any, children: Iterable[Any]) -> Any:
+        """Record that ``target`` holds ``children`` (see `deeper`); returns ``target``."""
+        self.depths[id(target)] = (target, self.deeper(target, children))
+        return target
 
     def pop(self) -> Any:
         if not self.stack:
@@ -94,7 +127,8 @@ class _Machine:
 
     def global_(self, module: Any, name: Any) -> Global:
         if not isinstance(module, str) or not isinstance(name, str):
-            raise self.fail(f"the pickle is malformed (a global named by {module!r}, {name!r})")
+            raise self.fail(f"the pickle is malformed (a global named by {short_repr(module)}, "
+                            f"{short_repr(name)})")
         ref = Global(module, name)
         if ref.qualname not in self.allowed:
             raise self.fail(f"the pickle references {ref.qualname}, which is not among the allowed names")
@@ -102,13 +136,16 @@ class _Machine:
 
     def call(self, func: Any, args: Any, kwargs: Any = None) -> Call:
         if not isinstance(func, Global) or not isinstance(args, tuple) or not isinstance(kwargs or {}, dict):
-            raise self.fail(f"the pickle is malformed (it calls {func!r} with {args!r})")
-        return Call(func, args, dict(kwargs or {}))
+            raise self.fail(f"the pickle is malformed (it calls {short_repr(func)} with {short_repr(args)})")
+        call = Call(func, args, dict(kwargs or {}))
+        self.nest(call, [args, kwargs])
+        return call
 
     def set_items(self, target: Any, pairs: list[Any]) -> None:
         if len(pairs) % 2:
             raise self.fail("the pickle is malformed (SETITEMS with an odd number of values)")
         kv = list(zip(pairs[::2], pairs[1::2], strict=True))
+        self.nest(target, pairs)  # before the keys are hashed (a deeply nested tuple key would recurse)
         if isinstance(target, Call):
             target.items.extend(kv)
         elif isinstance(target, dict):
@@ -120,6 +157,7 @@ class _Machine:
             raise self.fail(f"the pickle is malformed (SETITEM on {type(target).__name__})")
 
     def append(self, target: Any, values: list[Any]) -> None:
+        self.nest(target, values)
         if isinstance(target, Call):
             target.list_items.extend(values)
         elif isinstance(target, list):
@@ -130,13 +168,17 @@ class _Machine:
     def build(self, target: Any, state: Any) -> None:
         if not isinstance(target, Call) or target.state is not None:
             raise self.fail(f"the pickle is malformed (BUILD on {type(target).__name__})")
+        self.nest(target, [state])
         target.state = state
 
     def frozen(self, items: list[Any], kind: Callable[[list[Any]], Any]) -> Any:
+        depth = self.deeper(None, items)  # before the items are hashed
         try:
-            return kind(items)
+            out = kind(items)
         except TypeError as e:
             raise self.fail(f"the pickle is malformed (unhashable set item: {e})") from e
+        self.depths[id(out)] = (out, depth)
+        return out
 
     def step(self, op: str, arg: Any) -> None:
         push, pop = self.push, self.pop  # push must see self.stack as replaced by MARK / pop_mark
@@ -163,13 +205,15 @@ class _Machine:
                 raise self.fail(f"the pickle is malformed ({op} on a stack of {len(self.stack)})")
             items = self.stack[-n:]
             del self.stack[-n:]
-            push(tuple(items))
+            push(self.nest(tuple(items), items))
         elif op == "TUPLE":
-            push(tuple(self.pop_mark()))
+            items = self.pop_mark()
+            push(self.nest(tuple(items), items))
         elif op == "EMPTY_LIST":
             push([])
         elif op == "LIST":
-            push(self.pop_mark())
+            items = self.pop_mark()
+            push(self.nest(items, items))
         elif op == "APPEND":
             value = pop()
             self.append(self.top(), [value])
@@ -196,6 +240,7 @@ class _Machine:
             if not isinstance(target_set, set):
                 raise self.fail("the pickle is malformed (ADDITEMS on a non-set)")
             target_set.update(self.frozen(items, set))
+            self.nest(target_set, items)
         elif op == "FROZENSET":
             push(self.frozen(self.pop_mark(), frozenset))
         elif op == "GLOBAL":
@@ -225,6 +270,15 @@ class _Machine:
             raise self.fail(f"the pickle uses the opcode {op}, which a data-only pickle does not need")
 
 
+_REPR = reprlib.Repr()  # keyword options only from Python 3.12
+_REPR.maxlevel, _REPR.maxstring, _REPR.maxother = 3, 80, 80
+
+
+def short_repr(value: Any) -> str:
+    """A bounded ``repr`` for messages: a value from a pickle can be huge, or nested without end."""
+    return _REPR.repr(value)
+
+
 def load(data: bytes, *, allowed: Collection[str], where: str, advice: str = "") -> Any:
     """Read a pickle as an inert tree, without importing or calling anything it names.
 
@@ -245,7 +299,7 @@ def load(data: bytes, *, allowed: Collection[str], where: str, advice: str = "")
 
     Raises:
         UnsafePickleError: the pickle references a name outside ``allowed``, uses an opcode outside
-            the data-only set, or is malformed or truncated.
+            the data-only set, nests containers more than `MAX_DEPTH` deep, or is malformed or truncated.
     """
     machine = _Machine(allowed, where, advice)
     try:
@@ -256,8 +310,9 @@ def load(data: bytes, *, allowed: Collection[str], where: str, advice: str = "")
                 return machine.stack[0]
             if opcode.name not in _IGNORED:
                 machine.step(opcode.name, arg)
-    except (ValueError, IndexError, KeyError, EOFError) as e:
+    except (ValueError, IndexError, KeyError, EOFError, RecursionError) as e:
         if isinstance(e, UnsafePickleError):
             raise
-        raise machine.fail(f"the pickle is malformed or truncated ({type(e).__name__}: {e})") from e
+        problem = f"{type(e).__name__}: {short_repr(e)}"
+        raise machine.fail(f"the pickle is malformed or truncated ({problem})") from e
     raise machine.fail("the pickle is truncated (it ends before its STOP opcode)")

@@ -39,7 +39,14 @@ from shardkit.dataset.index import Dataset, data_files, open_location, read_foot
 from shardkit.dataset.location import STAGING, Location
 from shardkit.dataset.schema import Field, Schema
 from shardkit.dataset.spark_columns import check_spark_columns, columns_from_batch, schema_from_spark
-from shardkit.dataset.writer import Mode, PartWriter, discard_staging, parse_size, resolve_target
+from shardkit.dataset.writer import (
+    Mode,
+    PartWriter,
+    check_bucket,
+    discard_staging,
+    parse_size,
+    resolve_target,
+)
 from shardkit.errors import DatasetError, SchemaError, ShardkitError, require
 
 if TYPE_CHECKING:
@@ -171,6 +178,8 @@ def write_spark(
             "the driver's in-memory filesystem; use a local folder, an object store or HDFS"
         )
     root_existed = loc.fs.exists(loc.root)
+    if not root_existed:
+        check_bucket(loc)
     with write_lock(loc):  # the driver holds it for the whole job (local folders)
         existing, schema = resolve_target(loc, mode, schema)
         if schema is None:
@@ -180,7 +189,7 @@ def write_spark(
 
         write_id = uuid.uuid4().hex
         staging = loc.join(STAGING, write_id)
-        loc.fs.makedirs(staging, exist_ok=True)
+        loc.makedirs(staging)  # none on object stores, where it would create a missing bucket
         task = _WriteTask(loc.root if loc.is_local else loc.url, storage_options, f"{STAGING}/{write_id}",
                           schema.to_json(), rg_bytes, rg_rows, file_bytes, compression)
         try:

@@ -19,6 +19,7 @@ from typing import Any, Literal
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from shardkit.dataset.access import storage_errors
 from shardkit.dataset.codecs import TensorCodec
 from shardkit.dataset.commit import collect_garbage, commit, overlap_error, summary_bytes, write_lock
 from shardkit.dataset.index import (
@@ -205,6 +206,8 @@ def write_dataset(
 
     Raises:
         DatasetExistsError: ``mode="error"`` and a dataset exists at ``url``.
+        DatasetNotFoundError: ``url`` is on an object store whose bucket does not exist (shardkit never
+            creates buckets).
         NotADatasetError: ``url`` is a file.
         SchemaMismatchError: the data does not fit the schema; nothing is written.
         DatasetError: another write to ``url`` overlapped this one (see `shardkit.dataset.commit` for
@@ -221,14 +224,17 @@ def write_dataset(
     file_bytes = parse_size(file_size, what="file_size")
     check_compression(compression)
     loc = Location.of(url, storage_options)
-    root_existed = loc.fs.exists(loc.root)
+    with storage_errors(loc.url):  # the first requests: where missing credentials show
+        root_existed = loc.fs.exists(loc.root)
+        if not root_existed:
+            check_bucket(loc)
     with write_lock(loc):
         existing, schema = resolve_target(loc, mode, schema)
         replaced = data_files(loc) if mode == "overwrite" and root_existed else []
         if schema is None and (whole := whole_columns(data)) is not None:
             schema = infer_schema(whole)
         staging = loc.join(STAGING, uuid.uuid4().hex)
-        loc.fs.makedirs(staging, exist_ok=True)
+        loc.makedirs(staging)  # none on object stores, where it would create a missing bucket
         parts: PartWriter | None = None
         bar = _progress_bar(data, progress)
         try:
@@ -323,6 +329,22 @@ def check_compression(compression: str) -> None:
 def infer_schema(columns: Mapping[str, Any]) -> Schema:
     """A schema inferred from columns of data (see `shardkit.dataset.schema.infer_field`)."""
     return Schema([infer_field(name, values) for name, values in columns.items()])
+
+
+def check_bucket(loc: Location) -> None:
+    """Raise `DatasetNotFoundError` when ``loc`` is on an object store whose bucket does not exist.
+
+    Called before writing to a root that does not exist yet (one request; none off object stores).
+    shardkit never creates a bucket (s3fs's ``makedirs`` would: a typo in the URL made a bucket in
+    the user's account), so a missing one fails here, before any input is consumed.
+    """
+    bucket = loc.missing_bucket()
+    if bucket is not None:
+        example = f" (e.g. `aws s3 mb {bucket}`)" if bucket.startswith(("s3://", "s3a://")) else ""
+        raise DatasetNotFoundError(
+            f"cannot write {loc.url!r}: the bucket {bucket!r} does not exist, or these credentials cannot "
+            f"see it. shardkit does not create buckets: fix the URL, or create the bucket first{example}"
+        )
 
 
 def discard_staging(loc: Location, *, created_root: bool) -> None:
@@ -467,7 +489,9 @@ def write_summary(url: str | os.PathLike[str], *, storage_options: dict[str, Any
     To adopt such files on purpose, delete ``_metadata`` first.
     """
     loc = Location.of(url, storage_options)
-    if not loc.fs.exists(loc.root):
+    with storage_errors(loc.url):  # the first request: where missing credentials show
+        root_exists = loc.fs.exists(loc.root)
+    if not root_exists:
         raise DatasetNotFoundError(f"cannot index {loc.url!r}: the path does not exist. Check the URL")
     with write_lock(loc):
         _write_summary(loc)

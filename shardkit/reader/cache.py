@@ -17,6 +17,10 @@ previous format (``SKC1``, crc32) is a miss: fetched again and replaced, without
   entry (``os.replace``). So the processes of one machine share the folder safely: two filling one
   key both end with a valid table, and a mapped entry stays readable when another process replaces or
   evicts it.
+- An entry is only as fresh as its key: the cache never looks at the data file behind it. The reader's
+  keys (`shardkit.reader.source`) hold the dataset URL, the file, the file's version (ETag on object
+  stores, ``size:mtime_ns`` locally), the row group, its rows and bytes, and the columns; a file
+  rewritten in place gets a new key, so its old entries are never hit again and age out by LRU.
 - Recency is the file's atime, set explicitly on insert and on every hit; mtime is left alone so it
   stays part of the entry's identity. After each insert, under an ``fcntl.flock`` on ``.lock``, the
   least recently used entries are deleted until the folder's entries fit ``size_limit`` (one pass,
@@ -139,8 +143,11 @@ class RowGroupCache:
 
     Example:
         >>> cache = RowGroupCache(CacheConfig("/tmp/rg-cache", 1 << 30))
-        >>> table = cache.get_or_fetch("s3://b/ds|part-0.parquet|3|id,x|etag", lambda: read_remote())
+        >>> table = cache.get_or_fetch('s3://b/ds|part-0.parquet|ETag="9b2c.."|3|id,x', lambda: read_remote())
         >>> cache.stats   # {'hits': 0, 'misses': 1, 'evictions': 0, 'corrupt': 0}
+
+    A key must name the version of the data it stands for (an ETag, a local ``size:mtime_ns``): an entry
+    is served for its key as long as it is kept, whatever happened to the file it was read from.
 
     Thread-safe. ``stats`` counts this instance's hits, misses (refetched corrupt entries included),
     the evictions it made and the corrupt entries it found. Format and guarantees: the module docstring.

@@ -10,6 +10,14 @@ Tasks of one row group share its read. Without a cache the row group is read sli
 far as the tasks so far need: the reader cuts the first window of a pass into small tasks, so the
 first rows are decoded while the rest of their row group is still being read. A read that fails fails
 every task that shares it (none gets the rows read before the failure as a whole task).
+
+With a cache, a row group's key names its file's version (`Location.versions`: the ETag on object
+stores, ``size:mtime_ns`` locally), so a file rewritten in place under the same name, with the same
+rows and bytes, is fetched again instead of served from the old entry. The versions come from one
+listing of the dataset, made at the reader's first read through the cache (one request per 1,000
+files, not one per file); locally, and where the store refuses the listing, each file is looked at
+once (a ``stat``, or one request) before its first read. A file whose filesystem gives no version
+at all is read without the cache: an entry could not be told from a stale one. No cache, no listing.
 """
 
 from __future__ import annotations
@@ -56,19 +64,34 @@ class RowGroupSource:
         self.remote_reads = 0
         self._lock = threading.Lock()
         self._recent: OrderedDict[int, _Shared] = OrderedDict()
+        self._versions: dict[str, str | None] | None = None  # file -> version, when a cache is in use
+        self._versions_lock = threading.Lock()
 
     def _stream(self, row_group: int, on_done: Callable[[pa.Table], None] | None = None) -> _Stream:
         with self._lock:
             self.remote_reads += 1
         return _Stream(self.dataset, row_group, self.columns, on_done)
 
+    def _version(self, file: str) -> str | None:
+        """``file``'s version as of this source's first read of it (see the module docstring)."""
+        loc = self.dataset.location
+        with self._versions_lock:  # one listing, even when several worker threads start at once
+            if self._versions is None:
+                self._versions = dict(loc.versions())
+            if file not in self._versions:
+                self._versions[file] = loc.version(file)
+            return self._versions[file]
+
     def _open(self, row_group: int) -> _Stream | pa.Table:
         """A new read of the row group: the cached table, or a stream (which fills the cache at its end)."""
         if self.cache is None:
             return self._stream(row_group)
         rg = self.dataset.row_groups[row_group]
-        key = "|".join([self.dataset.url, rg.file, str(rg.index), str(rg.num_rows), str(rg.num_bytes),
-                        ",".join(self.columns)])
+        version = self._version(rg.file)
+        if version is None:  # nothing tells a rewritten file from this one: never cache it
+            return self._stream(row_group)
+        key = "|".join([self.dataset.url, rg.file, version, str(rg.index), str(rg.num_rows),
+                        str(rg.num_bytes), ",".join(self.columns)])
         cache = self.cache
         table = cache.get(key)
         return table if table is not None else self._stream(row_group, lambda t: cache.put(key, t))

@@ -3,7 +3,9 @@
 Crash safety, by filesystem. Local: every file is written under a temporary name, fsynced and moved
 into place with ``os.replace``; the folder is fsynced before ``COMMIT`` is written the same way, so a
 power cut cannot leave a ``COMMIT`` whose files are not on disk. Object stores: each file is one PUT
-(whole or absent), and ``COMMIT`` is PUT last, which is the atomic point.
+(whole or absent), and ``COMMIT`` is PUT last, which is the atomic point; no folder is made there (keys
+need none, and s3fs's ``makedirs`` would create a missing bucket), and a missing bucket is a
+`CheckpointError`.
 
 Saves that overlap in one folder: locally they take turns under an exclusive ``fcntl.flock`` on
 ``_save.lock`` in the folder (`Store.lock`; ``flock`` coordinates the processes of one machine, on
@@ -62,6 +64,7 @@ class Store:
 
     def __init__(self, loc: Location) -> None:
         self.loc = loc
+        self._bucket_checked = False
 
     def url(self, step: int, name: str = "") -> str:
         base = f"{self.loc.url.rstrip('/')}/{step_name(step)}"
@@ -124,13 +127,29 @@ class Store:
     def begin(self, step: int) -> None:
         """Make the step's folder empty and uncommitted: ``COMMIT`` goes first, so a crash from here on
         leaves an uncommitted folder, never an old commit that lists new files."""
+        self._check_bucket()
         path = self.path(step)
         fs = self.loc.fs
         fs.invalidate_cache(self.loc.root)
         if fs.exists(path):
             self.remove(step)
-        fs.makedirs(path, exist_ok=True)
+        self.loc.makedirs(path)  # none on object stores: s3fs's makedirs would create a missing bucket
         self.sync_dir(self.loc.root)
+
+    def _check_bucket(self) -> None:
+        """Raise `CheckpointError` when the folder is on an object store whose bucket does not exist
+        (asked once per `Store`): a save never creates a bucket, where a typo in the URL would make one."""
+        if self._bucket_checked:
+            return
+        bucket = self.loc.missing_bucket()
+        if bucket is not None:
+            example = f" (e.g. `aws s3 mb {bucket}`)" if bucket.startswith(("s3://", "s3a://")) else ""
+            raise CheckpointError(
+                f"cannot save checkpoints under {self.loc.url}: the bucket {bucket} does not exist, or "
+                "these credentials cannot see it. shardkit does not create buckets: fix the URL, or create "
+                f"the bucket first{example}"
+            )
+        self._bucket_checked = True
 
     def write(self, step: int, name: str, data: bytes) -> dict[str, Any]:
         """Write one file of the step atomically; returns its ``{"size", "sha256"}``."""

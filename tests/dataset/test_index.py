@@ -624,3 +624,57 @@ def test_decoded_row_bytes_counts_shapes_not_encoded_bytes(tmp_path: Path) -> No
     assert ds.decoded_row_bytes(["v"]) >= 40  # ten float32 a row, from Parquet's plain size
     assert ds.decoded_row_bytes(["s"]) >= 8
     assert ds.decoded_row_bytes() == sum(ds.decoded_row_bytes([f]) for f in schema.names)
+
+
+# --- Hive-partitioned folders: files read, partition columns named as not read -------------------------
+
+
+def _hive(root: Path) -> Path:
+    table = pa.table({"id": list(range(6)), "year": [2020, 2020, 2021, 2021, 2022, 2022],
+                      "month": [1, 2, 1, 2, 1, 2]})
+    pq.write_to_dataset(table, str(root), partition_cols=["year", "month"])
+    return root
+
+
+def test_a_hive_partitioned_folder_warns_once_naming_the_keys_not_read(tmp_path: Path) -> None:
+    from shardkit.errors import PartitionColumnsWarning
+
+    root = _hive(tmp_path / "hive")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        ds = shardkit.open_dataset(str(root))
+    assert ds.schema.names == ["id"]
+    assert ds.num_rows == 6  # every file is read
+    partition = [w for w in caught if issubclass(w.category, PartitionColumnsWarning)]
+    assert len(partition) == 1, [str(w.message) for w in caught]
+    assert partition[0].filename == __file__  # points at the caller's open_dataset
+    message = str(partition[0].message)
+    for words in ("['year', 'month']", "not in the dataset", "partitioning='hive'",
+                  "shardkit.write_dataset", repr(str(root))):
+        assert words in message, (words, message)
+
+
+def test_the_fix_the_warning_gives_keeps_the_partition_columns(tmp_path: Path) -> None:
+    import pyarrow.dataset as pads
+
+    root = _hive(tmp_path / "hive")
+    table = pads.dataset(str(root), partitioning="hive").to_table()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # the rewritten dataset opens without any warning
+        ds = shardkit.write_dataset(table, str(tmp_path / "flat"))
+    assert sorted(ds.schema.names) == ["id", "month", "year"]
+
+
+def test_a_plain_folder_with_equals_signs_in_file_names_only_does_not_warn(tmp_path: Path) -> None:
+    pq.write_table(pa.table({"id": [1, 2]}), tmp_path / "a=1.parquet")
+    with pytest.warns(shardkit.SummaryMissingWarning) as caught:
+        shardkit.open_dataset(str(tmp_path))
+    assert [w.category for w in caught] == [shardkit.SummaryMissingWarning]
+
+
+@pytest.mark.filterwarnings("ignore::shardkit.SummaryMissingWarning")
+def test_partition_keys_lists_the_unread_keys(tmp_path: Path) -> None:
+    with pytest.warns(shardkit.errors.PartitionColumnsWarning):
+        ds = shardkit.open_dataset(str(_hive(tmp_path / "hive")))
+    assert ds.partition_keys == ["year", "month"]
+    assert shardkit.write_dataset(pd.DataFrame({"id": [1]}), str(tmp_path / "flat")).partition_keys == []

@@ -356,3 +356,51 @@ def test_petastorm_codecs_are_read_only_json_codecs() -> None:
     with pytest.raises(SchemaError, match="read-only") as info:
         schema.encode({"x": [np.zeros(2, np.float32)], "y": [np.zeros((4, 5), np.int16)]}, 1)
     assert "codec='ndarray'" in str(info.value)
+
+
+# --- crafted nesting: refused, and bounded in messages ----------------------------------------------
+
+
+def _unischema_with(entry: bytes) -> bytes:
+    """A Unischema pickle whose one ``_fields`` entry is the value the opcodes ``entry`` push."""
+    return (b"\x80\x02cpetastorm.unischema\nUnischema\n)\x81}X\x07\x00\x00\x00_fieldsccollections\n"
+            b"OrderedDict\n)RX\x01\x00\x00\x00a" + entry + b"ssb.")
+
+
+def _nested_lists(depth: int, inner: bytes = b"") -> bytes:
+    """Opcodes pushing ``depth`` lists, each inside the previous one (``inner`` pushed into the last)."""
+    return b"]" * depth + (inner + b"a" if inner else b"") + b"a" * (depth - 1)
+
+
+def test_a_deeply_nested_pickle_is_refused_not_a_recursion_error(tmp_path: Path,
+                                                                 capsys: pytest.CaptureFixture[str]) -> None:
+    root = plant(tmp_path, _unischema_with(_nested_lists(100_000)))
+    with pytest.raises(UnsafePickleError, match=r"_common_metadata: the pickle nests containers more than "
+                                                r"100 deep") as info:
+        open_fixture(root)
+    assert len(str(info.value)) < 600
+    assert main(["inspect", str(root)]) == 2  # one line, no traceback
+    assert "nests containers more than 100 deep" in capsys.readouterr().err
+
+
+def test_nesting_up_to_the_limit_is_read_and_beyond_it_refused() -> None:
+    limit = safe_pickle.MAX_DEPTH
+    out = safe_pickle.load(b"\x80\x04" + _nested_lists(limit) + b".", allowed=(), where="test")
+    for _ in range(limit - 1):
+        out = out[0]
+    assert out == []
+    with pytest.raises(UnsafePickleError, match=f"more than {limit} deep"):
+        safe_pickle.load(b"\x80\x04" + _nested_lists(limit + 1) + b".", allowed=(), where="test")
+
+
+def test_a_deeply_nested_tuple_key_is_refused_before_it_is_hashed() -> None:
+    key = b")" + b"\x85" * 5_000  # () wrapped in 5,000 one-tuples
+    with pytest.raises(UnsafePickleError, match="more than 100 deep"):
+        safe_pickle.load(b"\x80\x04}" + key + b"K\x01s.", allowed=(), where="test")
+
+
+def test_pickle_values_in_messages_are_bounded(tmp_path: Path) -> None:
+    huge = b"X" + (200_000).to_bytes(4, "little") + b"x" * 200_000
+    with pytest.raises(SchemaError, match="is not a UnischemaField") as info:
+        open_fixture(plant(tmp_path, _unischema_with(_nested_lists(60, huge))))
+    assert len(str(info.value)) < 1000, len(str(info.value))

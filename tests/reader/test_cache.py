@@ -404,3 +404,41 @@ def test_processes_share_one_folder(tmp_path: Path, new_process: Callable[[], No
     for i, key in enumerate(KEYS):
         assert cache.get_or_fetch(key, lambda i=i: _table(i, rows=300)).equals(_table(i, rows=300))
     assert cache.stats["corrupt"] == 0
+
+
+# --- file versions in the reader's keys ------------------------------------------------------------
+
+
+def _write_values(path: Path, offset: float) -> None:
+    """400 float64 rows in 4 row groups: same rows and bytes for every ``offset``, other values."""
+    import pyarrow.parquet as pq
+
+    pq.write_table(pa.table({"v": np.arange(400, dtype=np.float64) + offset}), str(path), row_group_size=100,
+                   compression="none", use_dictionary=False, write_statistics=False)
+
+
+@pytest.mark.filterwarnings("ignore::shardkit.SummaryMissingWarning")
+def test_a_file_rewritten_in_place_is_fetched_again_not_served_stale(tmp_path: Path) -> None:
+    import shardkit
+
+    data, directory = tmp_path / "ds", tmp_path / "cache"
+    data.mkdir()
+    config = CacheConfig(str(directory), GiB)
+
+    def read() -> np.ndarray:
+        with shardkit.make_reader(str(data), shuffle=False, batch_size=1000, cache=config) as reader:
+            return np.concatenate([b["v"] for b in reader])
+
+    _write_values(data / "data.parquet", 0)
+    np.testing.assert_array_equal(read(), np.arange(400))
+    first = set(_entries(directory))
+    assert len(first) == 4
+    size, mtime = (data / "data.parquet").stat().st_size, (data / "data.parquet").stat().st_mtime_ns
+    _write_values(data / "data.parquet", 0.5)  # a nightly refresh: same name, rows and size
+    os.utime(data / "data.parquet", ns=(mtime + 10**9, mtime + 10**9))  # a coarse clock could tie
+    assert (data / "data.parquet").stat().st_size == size
+    np.testing.assert_array_equal(read(), np.arange(400) + 0.5)
+    assert len(set(_entries(directory)) - first) == 4  # new entries, under the new version
+    entries = set(_entries(directory))
+    np.testing.assert_array_equal(read(), np.arange(400) + 0.5)  # unchanged file: served by the cache
+    assert set(_entries(directory)) == entries

@@ -150,3 +150,77 @@ def test_opening_a_petastorm_dataset_reads_its_common_metadata_once(s3_server: S
         ds = shardkit.open_dataset(url, storage_options=opts)
     assert ds.kind == "petastorm"
     assert s3_server.count_gets(rf"/{s3_bucket}/pst/_common_metadata", since=since) == 1
+
+
+@pytest.mark.filterwarnings("ignore::shardkit.SummaryMissingWarning")
+def test_a_file_rewritten_in_place_is_fetched_again_and_versions_cost_one_listing(
+        s3_server: S3Server, s3_bucket: str, tmp_path: Path) -> None:
+    """The cache key holds the file's ETag, from one listing of the dataset per reader (no HEAD per file)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    import s3fs
+
+    url, opts = f"s3://{s3_bucket}/plain", s3_server.storage_options
+    fs = s3fs.S3FileSystem(**opts)
+    config = CacheConfig(str(tmp_path / "cache"), 1 << 30)
+
+    def put(offset: float) -> None:
+        for k in range(3):
+            with fs.open(f"{s3_bucket}/plain/data-{k}.parquet", "wb") as f:
+                pq.write_table(pa.table({"v": np.arange(400, dtype=np.float64) + offset + 1000 * k}), f,
+                               row_group_size=100, compression="none", use_dictionary=False,
+                               write_statistics=False)
+        fs.invalidate_cache()
+
+    def read() -> tuple[np.ndarray, list[tuple[str, str]]]:
+        ds = shardkit.open_dataset(url, storage_options=opts)
+        since = s3_server.mark()
+        with shardkit.make_reader(ds, shuffle=False, batch_size=1000, cache=config) as reader:
+            values = np.concatenate([b["v"] for b in reader])
+        return values, [(m, p) for m, p, _ in s3_server.requests(since) if "shardkit-log-sync" not in p]
+
+    want = np.concatenate([np.arange(400, dtype=np.float64) + 1000 * k for k in range(3)])
+    put(0)
+    np.testing.assert_array_equal(read()[0], want)
+    sizes = {p: fs.size(p) for p in fs.ls(f"{s3_bucket}/plain")}
+    put(0.5)  # rewritten in place: same names, rows and sizes
+    assert {p: fs.size(p) for p in fs.ls(f"{s3_bucket}/plain")} == sizes
+    values, asked = read()
+    np.testing.assert_array_equal(values, want + 0.5)
+    assert [p for m, p in asked if "list-type" in p] == [
+        f"/{s3_bucket}?list-type=2&prefix=plain/&delimiter=&encoding-type=url"], asked  # one listing
+    assert [p for m, p in asked if m == "HEAD"] == [], asked  # no request per file for its version
+    assert sum(m == "GET" and "/data-" in p for m, p in asked) == 12  # every row group fetched again
+
+    values, asked = read()
+    np.testing.assert_array_equal(values, want + 0.5)  # unchanged: every row group from the cache
+    assert [p for m, p in asked if m == "GET" and "/data-" in p] == [], asked
+
+
+def _buckets(s3_server: S3Server) -> set[str]:
+    import s3fs
+
+    answer = s3fs.S3FileSystem(**s3_server.storage_options).call_s3("list_buckets")
+    return {b["Name"] for b in answer["Buckets"]}
+
+
+def test_a_write_to_a_missing_bucket_creates_none_and_says_so(s3_server: S3Server, s3_bucket: str) -> None:
+    """s3fs's makedirs creates a missing bucket: a typo in the URL must fail, not make a bucket."""
+    opts = s3_server.storage_options
+    missing = f"typo-{s3_bucket}"
+    before = _buckets(s3_server)
+    since = s3_server.mark()
+    with pytest.raises(shardkit.errors.DatasetNotFoundError,
+                       match=rf"the bucket 's3://{missing}' does not exist.*does not create buckets"):
+        shardkit.write_dataset(_frame(3), f"s3://{missing}/ds", storage_options=opts)
+    assert _buckets(s3_server) == before
+    assert [(m, p) for m, p, _ in s3_server.requests(since) if m == "PUT"] == []
+
+    # into a bucket that exists, a write makes no bucket and no folder either: only its keys
+    since = s3_server.mark()
+    shardkit.write_dataset(_frame(3), f"s3://{s3_bucket}/new/ds", storage_options=opts)
+    puts = [p.split("?")[0] for m, p, _ in s3_server.requests(since) if m == "PUT"]
+    assert puts, s3_server.requests(since)
+    assert all(p.startswith(f"/{s3_bucket}/new/ds/") for p in puts), puts
+    assert not [p for p in puts if p.endswith("/")], puts
+    assert _buckets(s3_server) == before

@@ -1016,3 +1016,23 @@ def test_s3_round_trip_keep_and_fallback(s3_server: S3Server, s3_bucket: str) ->
         restored = CheckpointManager(url, storage_options=s3_server.storage_options).restore(model=model)
     assert restored is not None
     assert (restored.step, weight_of(model)) == (2, 2.0)
+
+
+def test_s3_save_to_a_missing_bucket_creates_none(s3_server: S3Server, s3_bucket: str) -> None:
+    """s3fs's makedirs creates a missing bucket: a typo in the URL must fail, not make a bucket."""
+    fs = fsspec.filesystem("s3", **s3_server.storage_options)
+    before = {b["Name"] for b in fs.call_s3("list_buckets")["Buckets"]}
+    missing = f"typo-{s3_bucket}"
+    ckpt = CheckpointManager(f"s3://{missing}/ckpt", storage_options=s3_server.storage_options)
+    with pytest.raises(CheckpointError, match=rf"the bucket s3://{missing} does not exist.*does not create "
+                                              "buckets"):
+        ckpt.save(1, model=tiny_model())
+    assert {b["Name"] for b in fs.call_s3("list_buckets")["Buckets"]} == before
+    since = s3_server.mark()
+    CheckpointManager(f"s3://{s3_bucket}/ckpt", storage_options=s3_server.storage_options).save(
+        1, model=tiny_model())
+    puts = [p.split("?")[0] for m, p, _ in s3_server.requests(since) if m == "PUT"]
+    assert puts, s3_server.requests(since)
+    assert all(p.startswith(f"/{s3_bucket}/ckpt/step-") for p in puts), puts
+    assert not [p for p in puts if p.endswith("/")], puts
+    assert {b["Name"] for b in fs.call_s3("list_buckets")["Buckets"]} == before

@@ -1,0 +1,167 @@
+"""Failures to reach storage, as shardkit errors: permissions, credentials, missing filesystems.
+
+What the layers below raise for these names neither the dataset nor the fix, and reads as something
+else: Arrow reports an unreadable file as an ``OSError`` that the Parquet paths took for corruption,
+fsspec leaves a folder it may not list out of its listing (so a dataset looked empty), and botocore's
+``NoCredentialsError`` is no ``OSError`` at all. Each is turned into an error of `shardkit.errors`
+here: `is_denied` / `permission_error` (a `DatasetPermissionError` with the owner and mode to fix),
+`filesystem_error` (a URL no installed filesystem serves) and `storage_errors` (credentials and
+connections). botocore and google-auth are not imported: their errors are matched by class name.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import os
+import stat
+from collections.abc import Iterator
+from typing import TYPE_CHECKING
+
+from shardkit.errors import (
+    DatasetError,
+    DatasetPermissionError,
+    MissingDependencyError,
+    MissingFilesystemError,
+    ShardkitError,
+    UnsupportedURLError,
+)
+
+if TYPE_CHECKING:
+    from shardkit.dataset.location import Location
+
+#: What a permission needs, by action: on local files (mode bits), and on object stores.
+_LOCAL_NEED = {"read": "r", "list": "r and x", "write in": "w and x"}
+_STORE_NEED = {"read": "read objects", "list": "list the bucket", "write in": "write objects"}
+#: Packages of fsspec filesystems that a shardkit extra installs; others are installed by name.
+_EXTRAS = {"s3fs": "s3"}
+_CREDENTIALS = (
+    "no credentials were found for it: set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY (or AWS_PROFILE), "
+    "or pass storage_options={'key': ..., 'secret': ...}, or {'anon': True} for a public bucket; for "
+    "gs:// run `gcloud auth application-default login` or set GOOGLE_APPLICATION_CREDENTIALS"
+)
+_CONNECTION = (
+    "the storage service could not be reached: check the network and proxy, and the endpoint "
+    "(storage_options={'client_kwargs': {'endpoint_url': ...}} for an S3-compatible store)"
+)
+#: Errors of cloud SDKs, by class name (theirs or a base's), and what to do about them.
+_CLOUD_ERRORS = {
+    "NoCredentialsError": _CREDENTIALS,  # botocore
+    "PartialCredentialsError": _CREDENTIALS,
+    "CredentialRetrievalError": _CREDENTIALS,
+    "ProfileNotFound": _CREDENTIALS,
+    "TokenRetrievalError": _CREDENTIALS,
+    "SSOTokenLoadError": _CREDENTIALS,
+    "UnauthorizedSSOTokenError": _CREDENTIALS,
+    "DefaultCredentialsError": _CREDENTIALS,  # google.auth (gcsfs)
+    "RefreshError": _CREDENTIALS,
+    "ClientAuthenticationError": _CREDENTIALS,  # azure (adlfs)
+    "NoRegionError": "no region is set: set AWS_DEFAULT_REGION, or storage_options="
+                     "{'client_kwargs': {'region_name': ...}}",
+    "EndpointConnectionError": _CONNECTION,  # botocore
+    "ConnectTimeoutError": _CONNECTION,
+    "ConnectionClosedError": _CONNECTION,
+    "ProxyConnectionError": _CONNECTION,
+}
+
+
+def is_denied(e: BaseException) -> bool:
+    """Whether ``e`` is a refused permission: a `PermissionError`, or an `OSError` with errno EACCES or
+    EPERM (as Arrow and some fsspec filesystems raise it)."""
+    return isinstance(e, PermissionError) or (
+        isinstance(e, OSError) and e.errno in (errno.EACCES, errno.EPERM))
+
+
+def permission_error(loc: Location, path: str, e: BaseException, *, action: str = "read"
+                     ) -> DatasetPermissionError:
+    """The error for ``path`` (under ``loc``) that this user may not ``action``: ``"read"`` (a file),
+    ``"list"`` or ``"write in"`` (a folder). It names the path and the fix, the owner and mode (the
+    credentials' permissions on an object store), and never suggests removing the file."""
+    if loc.is_local:
+        fix = (f"{_owner_mode(path)}; this process runs as uid {_uid()}. Give this user "
+               f"{_LOCAL_NEED.get(action, 'access')} on it (chmod/chown, and x on the folders above it), "
+               "or run as a user who may")
+    else:
+        fix = f"check that these credentials may {_STORE_NEED.get(action, 'access it')} under {loc.url!r}"
+    what = "" if path.rstrip("/") == loc.root.rstrip("/") else f" of {loc.url!r}"
+    verdict = "The file is not corrupt: this user may not read it. " if action == "read" else ""
+    return DatasetPermissionError(f"permission denied: cannot {action} {path!r}{what} ({e}). {verdict}"
+                                  f"{fix[0].upper()}{fix[1:]}")
+
+
+def _owner_mode(path: str) -> str:
+    """``path``'s owner and mode, or those of its nearest folder this user can look at."""
+    probe = path
+    while True:
+        try:
+            st = os.stat(probe)
+        except OSError:
+            parent = os.path.dirname(probe.rstrip("/"))
+            if not parent or parent == probe:
+                return "its owner and mode cannot be seen"
+            probe = parent
+            continue
+        where = "it is" if probe == path else f"its folder {probe!r} is"
+        return f"{where} owned by uid {st.st_uid}, gid {st.st_gid}, mode {stat.filemode(st.st_mode)}"
+
+
+def _uid() -> str:
+    geteuid = getattr(os, "geteuid", None)  # POSIX only
+    return str(geteuid()) if geteuid is not None else "?"
+
+
+def filesystem_error(url: str, e: BaseException) -> ShardkitError | None:
+    """The shardkit error for ``e``, raised by fsspec while making the filesystem of ``url``; None
+    for an error that is not about the URL's filesystem (a bad storage option: raised as it is)."""
+    import fsspec
+
+    protocol = fsspec.core.split_protocol(url)[0] or "file"
+    if isinstance(e, ImportError):
+        cause = e.__cause__ if isinstance(e.__cause__, ImportError) else e
+        package = (cause.name or "").split(".", 1)[0] or _package_of(protocol)
+        if package in _EXTRAS:
+            return MissingDependencyError(package, _EXTRAS[package], f"{url!r} ({protocol}://)")
+        return MissingFilesystemError(package, url, f"Install it with: pip install {package}")
+    if isinstance(e, ValueError):
+        if "protocol not known" not in str(e).lower():
+            return None
+        return UnsupportedURLError(
+            f"{url!r}: no filesystem serves the protocol {protocol!r}. Check the URL for a typo; shardkit "
+            "reads local paths and fsspec URLs such as s3://, gs://, abfs://, hdfs://, https:// and memory://"
+        )
+    if protocol in ("hdfs", "viewfs") and any(lib in str(e) for lib in ("libjvm", "libhdfs")):
+        return MissingFilesystemError(
+            "HDFS's native client (libhdfs and a Java runtime)", url,
+            "Install Hadoop and Java and set JAVA_HOME, HADOOP_HOME and ARROW_LIBHDFS_DIR so that pyarrow "
+            "finds them (see pyarrow's HDFS documentation), or read the data over webhdfs://",
+        )
+    if isinstance(e, OSError) and not isinstance(e, FileNotFoundError | PermissionError):
+        # a connection that failed (sftp, hdfs with its client): a missing file or a refused permission
+        # keeps its own type, which callers catch
+        return DatasetError(f"cannot open the filesystem of {url!r} ({type(e).__name__}: {e}); check the "
+                            "host and port in the URL and that the service is running")
+    return None
+
+
+def _package_of(protocol: str) -> str:
+    from fsspec.registry import known_implementations
+
+    spec = known_implementations.get(protocol, {})
+    return str(spec.get("class", protocol)).split(".", 1)[0]
+
+
+@contextlib.contextmanager
+def storage_errors(url: str) -> Iterator[None]:
+    """Raise a cloud SDK's credential or connection error (`_CLOUD_ERRORS`) as `DatasetError`, naming
+    ``url`` and the fix; anything else goes through as it is.
+
+    Wraps the first requests to a store: credentials are looked up and the endpoint is first reached
+    there (botocore then keeps them), and there these errors surface.
+    """
+    try:
+        yield
+    except Exception as e:
+        fix = next((_CLOUD_ERRORS[c.__name__] for c in type(e).__mro__ if c.__name__ in _CLOUD_ERRORS), None)
+        if fix is None or isinstance(e, ShardkitError):
+            raise
+        raise DatasetError(f"cannot reach {url!r}: {fix} ({type(e).__name__}: {e})") from e
