@@ -8,7 +8,7 @@ import signal
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -145,7 +145,7 @@ class Supervisor:
 
     def _attempts_and_summary(self) -> JobResult:
         status: Status = "failed"
-        with _signals_as_interrupts(), HeartbeatReceiver() as receiver:
+        with signals_raise(_Terminated), HeartbeatReceiver() as receiver:
             try:
                 for attempt in range(self.ft.max_restarts + 1):
                     failure = self._attempt(attempt, receiver)
@@ -328,18 +328,24 @@ class Supervisor:
         )
 
 
+#: The signals that stop a job cleanly: Ctrl-C, a polite kill, the terminal or SSH session closed.
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+
+
 @contextmanager
-def _signals_as_interrupts() -> Iterator[None]:
-    """In the main thread, SIGTERM, SIGHUP (the terminal or SSH session closed) and SIGINT raise
-    KeyboardInterrupt (`_Terminated`, with the signal), so the job is stopped cleanly and summed up."""
+def signals_raise(exception: Callable[[int], BaseException]) -> Iterator[None]:
+    """In the main thread, each of `STOP_SIGNALS` raises ``exception(signum)``, so the job is stopped
+    cleanly and summed up; the previous handlers come back after. Elsewhere (signals reach only the
+    main thread) nothing changes. The supervisor raises `_Terminated`, a torchrun agent torch's own
+    ``SignalException``."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
 
     def handler(signum: int, frame: FrameType | None) -> None:
-        raise _Terminated(signum)
+        raise exception(signum)
 
-    previous = {sig: signal.signal(sig, handler) for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)}
+    previous = {sig: signal.signal(sig, handler) for sig in STOP_SIGNALS}
     try:
         yield
     finally:

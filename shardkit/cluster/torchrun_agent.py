@@ -13,7 +13,6 @@ import time
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from types import FrameType
 from typing import Any, TextIO
 
 from torch.distributed import DistError, DistStoreError
@@ -39,6 +38,7 @@ from shardkit.cluster.report import (
     exit_reason,
     scrub,
 )
+from shardkit.cluster.supervisor import signals_raise
 from shardkit.errors import JobError
 
 __all__ = ["NodeInterrupted", "NodeMonitor", "ShardkitAgent", "launch"]
@@ -347,29 +347,16 @@ def _environment(values: Mapping[str, str], drop: frozenset[str]) -> Iterator[No
         os.environ.update(saved)
 
 
-@contextlib.contextmanager
-def _signals_as_exceptions() -> Iterator[None]:
-    """SIGINT, SIGTERM and SIGHUP raise torch's `SignalException` in the main thread for the whole run.
+def _signal_exception(signum: int) -> SignalException:
+    """What SIGINT, SIGTERM and SIGHUP raise in the main thread for the whole run (`signals_raise`).
 
     torch's agent installs the same handler, but only once it starts workers (and keeps it): before
     that, in the rendezvous, SIGTERM or SIGHUP would kill the agent with no summary, and SIGINT raise
     a KeyboardInterrupt counted as a failure. With this handler, a signal at any point is an
-    interrupt: status ``interrupted``, exit 128 + the signal. The previous handlers come back after.
+    interrupt: status ``interrupted``, exit 128 + the signal.
     """
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-
-    def handler(signum: int, frame: FrameType | None) -> None:
-        sig = signal.Signals(signum)
-        raise SignalException(f"Process {os.getpid()} got signal: {sig}", sigval=sig)
-
-    previous = {sig: signal.signal(sig, handler) for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)}
-    try:
-        yield
-    finally:
-        for sig, old in previous.items():
-            signal.signal(sig, old)
+    sig = signal.Signals(signum)
+    return SignalException(f"Process {os.getpid()} got signal: {sig}", sigval=sig)
 
 
 def _latest(config: JobConfig) -> Callable[[], int | None]:
@@ -429,7 +416,7 @@ def _launch(config: JobConfig, opts: TorchrunOptions, node_dir: Path, secrets: M
 
     status: Status = "failed"
     error: BaseException | None = None
-    with _signals_as_exceptions(), HeartbeatReceiver() as receiver:
+    with signals_raise(_signal_exception), HeartbeatReceiver() as receiver:
         env = {p.ENV_JOB_CONFIG: str(Path(config.logdir) / p.JOB_CONFIG_FILE),
                p.ENV_JOB_DIR: str(config.logdir), p.ENV_HEARTBEAT_ADDR: receiver.addr,
                ENV_LOG_DIR: str(node_dir), ENV_AGENT_PID: str(os.getpid()),

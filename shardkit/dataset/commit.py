@@ -35,6 +35,7 @@ from collections.abc import Iterator, Sequence
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from shardkit.dataset import lockfile
 from shardkit.dataset.access import is_denied, permission_error
 from shardkit.dataset.location import COMMON, STAGING, SUMMARY, Location
 from shardkit.errors import DatasetError
@@ -60,11 +61,7 @@ def write_lock(loc: Location) -> Iterator[None]:
     another write holds the lock, `DatasetPermissionError` (naming the folder, its owner and mode) when
     this user may not create the lock file there. A root that is a file is left for the caller to refuse.
     """
-    try:
-        import fcntl
-    except ImportError:  # not POSIX: no advisory locks
-        fcntl = None  # type: ignore[assignment]
-    if fcntl is None or not loc.is_local or os.path.isfile(loc.root):
+    if not lockfile.SUPPORTED or not loc.is_local or os.path.isfile(loc.root):
         yield
         return
     created = not os.path.isdir(loc.root)
@@ -75,31 +72,18 @@ def write_lock(loc: Location) -> Iterator[None]:
         if not is_denied(e):
             raise
         raise permission_error(loc, str(e.filename or loc.root), e, action="write in") from e
-    while True:
-        try:
-            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
-        except OSError as e:  # a read-only folder: a write (or write_summary) could not change it anyway
-            if not is_denied(e):
-                raise
-            raise permission_error(loc, loc.root, e, action="write in") from e
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            os.close(fd)
-            raise overlap_error(loc, f"it holds the lock file {path!r}") from None
-        try:
-            same = os.fstat(fd).st_ino == os.stat(path).st_ino
-        except FileNotFoundError:
-            same = False
-        if same:
-            break
-        os.close(fd)  # the file was removed by the write that just ended: lock the new one
+    try:
+        fd = lockfile.acquire(path, block=False)
+    except BlockingIOError:
+        raise overlap_error(loc, f"it holds the lock file {path!r}") from None
+    except OSError as e:  # a read-only folder: a write (or write_summary) could not change it anyway
+        if not is_denied(e):
+            raise
+        raise permission_error(loc, loc.root, e, action="write in") from e
     try:
         yield
     finally:
-        with contextlib.suppress(FileNotFoundError):
-            os.remove(path)  # still holding the lock: a writer that opened this file fails its flock
-        os.close(fd)
+        lockfile.release(path, fd)  # still holding the lock: a writer that opened the file fails its flock
         with contextlib.suppress(OSError):
             if created and not os.listdir(loc.root):
                 os.rmdir(loc.root)

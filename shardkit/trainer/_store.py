@@ -22,9 +22,10 @@ import re
 import time
 import uuid
 from collections.abc import Iterator, Mapping
-from contextlib import contextmanager, suppress
+from contextlib import contextmanager
 from typing import Any
 
+from shardkit.dataset import lockfile
 from shardkit.dataset.location import Location
 from shardkit.errors import CheckpointError, CorruptCheckpointError
 
@@ -94,35 +95,20 @@ class Store:
         other's. The lock file is removed at the end, while still held (a waiter that opened it sees it
         gone and locks the next one); a killed saver leaves it behind, unlocked, and the next save uses it.
         """
-        try:
-            import fcntl
-        except ImportError:  # not POSIX: no advisory locks
-            fcntl = None  # type: ignore[assignment]
-        if fcntl is None or not self.loc.is_local:
+        if not lockfile.SUPPORTED or not self.loc.is_local:
             yield
             return
         path = self.loc.join(LOCK)
-        while True:
-            try:
-                os.makedirs(self.loc.root, exist_ok=True)
-                fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
-            except OSError as e:
-                raise CheckpointError(f"could not open the lock file {path} of checkpoint folder "
-                                      f"{self.loc.url} ({e}); check that the folder is writable") from e
-            fcntl.flock(fd, fcntl.LOCK_EX)
-            try:
-                same = os.fstat(fd).st_ino == os.stat(path).st_ino
-            except FileNotFoundError:
-                same = False
-            if same:
-                break
-            os.close(fd)  # the saver that held it removed this file: lock the one there now
+        try:
+            os.makedirs(self.loc.root, exist_ok=True)
+            fd = lockfile.acquire(path, block=True)
+        except OSError as e:
+            raise CheckpointError(f"could not open the lock file {path} of checkpoint folder "
+                                  f"{self.loc.url} ({e}); check that the folder is writable") from e
         try:
             yield
         finally:
-            with suppress(OSError):
-                os.remove(path)
-            os.close(fd)
+            lockfile.release(path, fd)
 
     def begin(self, step: int) -> None:
         """Make the step's folder empty and uncommitted: ``COMMIT`` goes first, so a crash from here on
