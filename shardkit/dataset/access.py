@@ -15,7 +15,7 @@ import contextlib
 import errno
 import os
 import stat
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING
 
 from shardkit.errors import (
@@ -62,6 +62,7 @@ _CLOUD_ERRORS = {
     "ConnectTimeoutError": _CONNECTION,
     "ConnectionClosedError": _CONNECTION,
     "ProxyConnectionError": _CONNECTION,
+    "ReadTimeoutError": _CONNECTION,  # botocore: a server that took the connection but does not answer
 }
 
 
@@ -151,9 +152,10 @@ def _package_of(protocol: str) -> str:
 
 
 @contextlib.contextmanager
-def storage_errors(url: str) -> Iterator[None]:
-    """Raise a cloud SDK's credential or connection error (`_CLOUD_ERRORS`) as `DatasetError`, naming
-    ``url`` and the fix; anything else goes through as it is.
+def storage_errors(url: str, *, error: Callable[[str], ShardkitError] = DatasetError) -> Iterator[None]:
+    """Raise a cloud SDK's credential or connection error (`_CLOUD_ERRORS`) as ``error`` (`DatasetError`;
+    the checkpoint store passes `CheckpointError`), naming ``url`` and the fix; anything else goes
+    through as it is.
 
     Wraps the first requests to a store: credentials are looked up and the endpoint is first reached
     there (botocore then keeps them), and there these errors surface.
@@ -164,4 +166,4 @@ def storage_errors(url: str) -> Iterator[None]:
         fix = next((_CLOUD_ERRORS[c.__name__] for c in type(e).__mro__ if c.__name__ in _CLOUD_ERRORS), None)
         if fix is None or isinstance(e, ShardkitError):
             raise
-        raise DatasetError(f"cannot reach {url!r}: {fix} ({type(e).__name__}: {e})") from e
+        raise error(f"cannot reach {url!r}: {fix} ({type(e).__name__}: {e})") from e

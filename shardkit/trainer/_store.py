@@ -5,7 +5,15 @@ into place with ``os.replace``; the folder is fsynced before ``COMMIT`` is writt
 power cut cannot leave a ``COMMIT`` whose files are not on disk. Object stores: each file is one PUT
 (whole or absent), and ``COMMIT`` is PUT last, which is the atomic point; no folder is made there (keys
 need none, and s3fs's ``makedirs`` would create a missing bucket), and a missing bucket is a
-`CheckpointError`.
+`CheckpointError`, for a restore as for a save (the save that follows could not succeed).
+
+What the store refuses or cannot answer is never taken for "no checkpoint" nor for a damaged one, so a
+restore does not skip to an older checkpoint, nor start from scratch, for it (`Store._access`): a refused
+permission or credentials the store rejects (S3's AccessDenied, InvalidAccessKeyId) raise
+`DatasetPermissionError` naming the path and what the credentials must allow; no credentials, or a store
+that cannot be reached (refused connection, timeout) raise `CheckpointError` naming the URL and what to
+check. Before the first save (`Store.begin`) and where a listing finds nothing, the folder is listed once
+with the errors let out: s3fs's bucket probe answers "no bucket" for all of these.
 
 Saves that overlap in one folder: locally they take turns under an exclusive ``fcntl.flock`` on
 ``_save.lock`` in the folder (`Store.lock`; ``flock`` coordinates the processes of one machine, on
@@ -26,8 +34,9 @@ from contextlib import contextmanager
 from typing import Any
 
 from shardkit.dataset import lockfile
+from shardkit.dataset.access import is_denied, permission_error, storage_errors
 from shardkit.dataset.location import Location
-from shardkit.errors import CheckpointError, CorruptCheckpointError
+from shardkit.errors import CheckpointError, CorruptCheckpointError, ShardkitError
 
 COMMIT = "COMMIT"
 LOCK = "_save.lock"  # a file, never a step folder: `Store.steps` lists only folders named step-<n>
@@ -75,12 +84,19 @@ class Store:
         return self.loc.join(step_name(step), name) if name else self.loc.join(step_name(step))
 
     def steps(self) -> list[int]:
-        """Steps that have a folder, committed or not, ascending."""
+        """Steps that have a folder, committed or not, ascending; none when the folder does not exist.
+
+        Raises `CheckpointError` when the folder is in a bucket that does not exist, or the store cannot
+        be reached; `DatasetPermissionError` when these credentials may not list it.
+        """
         self.loc.fs.invalidate_cache(self.loc.root)  # another process may have saved since: s3fs caches lists
-        try:
-            entries = self.loc.fs.ls(self.loc.root, detail=True)
-        except FileNotFoundError:
-            return []
+        with self._access("list", self.loc.root):
+            try:
+                entries = self.loc.fs.ls(self.loc.root, detail=True)
+            except FileNotFoundError:
+                self._refuse_missing_bucket()  # a missing bucket is no fresh start: no save could follow
+                return []
+        self._bucket_checked = True
         found = []
         for entry in entries:
             match = _STEP.match(entry["name"].rstrip("/").rsplit("/", 1)[-1])
@@ -116,33 +132,74 @@ class Store:
         self._check_bucket()
         path = self.path(step)
         fs = self.loc.fs
-        fs.invalidate_cache(self.loc.root)
-        if fs.exists(path):
-            self.remove(step)
-        self.loc.makedirs(path)  # none on object stores: s3fs's makedirs would create a missing bucket
-        self.sync_dir(self.loc.root)
+        with self._access("write in", path):
+            fs.invalidate_cache(self.loc.root)
+            if fs.exists(path):
+                self.remove(step)
+            self.loc.makedirs(path)  # none on object stores: s3fs's makedirs would create a missing bucket
+            self.sync_dir(self.loc.root)
 
     def _check_bucket(self) -> None:
         """Raise `CheckpointError` when the folder is on an object store whose bucket does not exist
-        (asked once per `Store`): a save never creates a bucket, where a typo in the URL would make one."""
+        (asked once per `Store`): a save never creates a bucket, where a typo in the URL would make one.
+
+        The folder is listed (`steps`) before the bucket is probed (`Location.missing_bucket`), as the
+        listing lets out what s3fs's probe answers with "no bucket": a server that is down, credentials
+        that the store rejects, and credentials that may list the folder but not ``HEAD`` the bucket
+        (which need not stop a save).
+        """
+        if not self._bucket_checked and self.loc.is_object_store:
+            self.steps()
+
+    def _refuse_missing_bucket(self) -> None:
+        """The bucket probe of `_check_bucket`, once the folder was listed and found empty or missing."""
         if self._bucket_checked:
             return
-        bucket = self.loc.missing_bucket()
+        with self._access("list", self.loc.root):
+            bucket = self.loc.missing_bucket()
         if bucket is not None:
             example = f" (e.g. `aws s3 mb {bucket}`)" if bucket.startswith(("s3://", "s3a://")) else ""
             raise CheckpointError(
-                f"cannot save checkpoints under {self.loc.url}: the bucket {bucket} does not exist, or "
-                "these credentials cannot see it. shardkit does not create buckets: fix the URL, or create "
-                f"the bucket first{example}"
+                f"no checkpoint can be saved under or restored from {self.loc.url}: the bucket {bucket} "
+                "does not exist, or these credentials cannot see it. shardkit does not create buckets: fix "
+                f"the URL, or create the bucket first{example}"
             )
         self._bucket_checked = True
+
+    @contextmanager
+    def _access(self, action: str, path: str) -> Iterator[None]:
+        """Raise what the store refuses or cannot answer about ``path`` as a shardkit error with the fix.
+
+        ``action`` is what was tried (``"read"``, ``"list"``, ``"write in"``): a refused permission is a
+        `DatasetPermissionError` (`permission_error`: the owner and mode locally, the credentials on an
+        object store); missing credentials and a store that cannot be reached are a `CheckpointError`
+        (`storage_errors`). Neither is a `CorruptCheckpointError`: a restore stops on them, where it would
+        skip a damaged checkpoint for an older one. Other errors (a missing file) go through as they are.
+        """
+        try:
+            with storage_errors(self.loc.url, error=self._unreachable):
+                yield
+        except OSError as e:
+            if isinstance(e, ShardkitError) or not is_denied(e):
+                raise
+            raise permission_error(self.loc, path, e, action=action) from e
+
+    def _unreachable(self, message: str) -> CheckpointError:
+        """`storage_errors`' message, and what it means for the checkpoints (none skipped, none changed)."""
+        return CheckpointError(f"checkpoint folder: {message}. The checkpoints committed there are intact, "
+                               "and none was skipped: fix this and run again")
 
     def write(self, step: int, name: str, data: bytes) -> dict[str, Any]:
         """Write one file of the step atomically; returns its ``{"size", "sha256"}``."""
         path = self.path(step, name)
+        with self._access("write in", self.path(step)):
+            self._write(path, data)
+        return digest(data)
+
+    def _write(self, path: str, data: bytes) -> None:
         if not self.loc.is_local:
             self.loc.fs.pipe_file(path, data)
-            return digest(data)
+            return
         folder, base = os.path.split(path)
         os.makedirs(folder, exist_ok=True)
         tmp = os.path.join(folder, f".{base}.tmp-{uuid.uuid4().hex[:8]}")
@@ -153,17 +210,17 @@ class Store:
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
-        return digest(data)
 
     def commit(self, step: int, files: Mapping[str, Mapping[str, Any]], framework: str) -> None:
         """Write ``COMMIT`` after every file (and, locally, every folder entry) is durable."""
-        if self.loc.is_local:
-            for folder in {os.path.dirname(self.path(step, name)) for name in files}:
-                self.sync_dir(folder)
-        doc = {"version": COMMIT_VERSION, "step": step, "time": time.time(), "framework": framework,
-               "files": {name: dict(meta) for name, meta in sorted(files.items())}}
-        self.write(step, COMMIT, json.dumps(doc, indent=1).encode())
-        self.sync_dir(self.path(step))
+        with self._access("write in", self.path(step)):
+            if self.loc.is_local:
+                for folder in {os.path.dirname(self.path(step, name)) for name in files}:
+                    self.sync_dir(folder)
+            doc = {"version": COMMIT_VERSION, "step": step, "time": time.time(), "framework": framework,
+                   "files": {name: dict(meta) for name, meta in sorted(files.items())}}
+            self.write(step, COMMIT, json.dumps(doc, indent=1).encode())
+            self.sync_dir(self.path(step))
 
     def info(self, step: int) -> CheckpointInfo:
         """The step's `CheckpointInfo`; raises `CorruptCheckpointError` when it is not committed or broken."""
@@ -176,7 +233,9 @@ class Store:
         """The step's ``COMMIT``, checked against the sizes of its files (not their sha256)."""
         where = self.url(step, COMMIT)
         try:
-            doc = json.loads(self.loc.fs.cat_file(self.path(step, COMMIT)).decode())
+            with self._access("read", self.path(step, COMMIT)):
+                raw = self.loc.fs.cat_file(self.path(step, COMMIT))
+            doc = json.loads(raw.decode())
         except FileNotFoundError as e:
             raise CorruptCheckpointError(f"{where} is missing: the save of step {step} did not finish") from e
         except (UnicodeDecodeError, ValueError) as e:
@@ -198,7 +257,8 @@ class Store:
     def read(self, step: int, name: str, meta: Mapping[str, Any]) -> bytes:
         """A file's bytes, verified against its size and sha256 in ``COMMIT``."""
         try:
-            data = self.loc.fs.cat_file(self.path(step, name))
+            with self._access("read", self.path(step, name)):
+                data = self.loc.fs.cat_file(self.path(step, name))
         except FileNotFoundError as e:
             raise CorruptCheckpointError(f"{self.url(step, name)} is listed in its COMMIT but missing") from e
         self._check(step, name, digest(data), meta)
@@ -212,10 +272,11 @@ class Store:
     def remove(self, step: int) -> None:
         """Delete a step's folder, ``COMMIT`` first: a crash midway leaves an uncommitted folder, not a
         commit with missing files (which would be reported as damaged)."""
-        if self.loc.fs.exists(self.path(step, COMMIT)):
-            self.loc.fs.rm_file(self.path(step, COMMIT))
-            self.sync_dir(self.path(step))
-        self.loc.fs.rm(self.path(step), recursive=True)
+        with self._access("write in", self.path(step)):
+            if self.loc.fs.exists(self.path(step, COMMIT)):
+                self.loc.fs.rm_file(self.path(step, COMMIT))
+                self.sync_dir(self.path(step))
+            self.loc.fs.rm(self.path(step), recursive=True)
 
     def sync_dir(self, path: str) -> None:
         """fsync a local folder so the names moved into it survive a power cut (no-op elsewhere)."""
@@ -230,7 +291,8 @@ class Store:
     def _sizes(self, step: int) -> dict[str, int]:
         base = self.path(step).rstrip("/") + "/"
         self.loc.fs.invalidate_cache(self.path(step))
-        found = self.loc.fs.find(self.path(step), detail=True)
+        with self._access("list", self.path(step)):
+            found = self.loc.fs.find(self.path(step), detail=True)
         return {name[len(base):]: int(info["size"]) for name, info in found.items() if name.startswith(base)}
 
     def _check(self, step: int, name: str, got: Mapping[str, Any], meta: Mapping[str, Any]) -> None:

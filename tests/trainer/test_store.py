@@ -1,0 +1,422 @@
+"""The checkpoint store against a real S3-protocol server (moto on loopback) that refuses or cannot answer.
+
+Rejected or missing credentials, credentials denied the bucket, its listing or its objects, a missing
+bucket, and a server that goes down before or during a restore, a save or the pruning after it. None may
+read as "no checkpoint" (a fresh start) or as a damaged checkpoint (skipped for an older one): each
+raises a shardkit error naming the URL and the fix, and the committed checkpoints stay as they were.
+
+A server "goes down" behind `Link`, a TCP forwarder on loopback that can refuse connections (or take
+them and never answer) and come back, so moto keeps what it stores meanwhile. Credentials are checked
+by a second moto server started with its IAM authentication on (`iam`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import http.client
+import json
+import socket
+import threading
+import uuid
+import warnings
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import fsspec
+import pytest
+import torch
+from torch import nn
+
+from shardkit.errors import CheckpointError, CheckpointWarning, DatasetPermissionError
+from shardkit.trainer._store import Store
+from shardkit.trainer.checkpoint import CheckpointManager
+from tests.reader import conftest as s3_fixtures
+from tests.reader.conftest import S3Server
+
+# the moto S3 server on loopback and a fresh bucket per test (tests/reader/conftest.py)
+s3_server, s3_bucket, no_internet = s3_fixtures.s3_server, s3_fixtures.s3_bucket, s3_fixtures.no_internet
+
+#: botocore's own retries off and short timeouts: a refused connection fails in well under a second
+FAST = {"retries": {"max_attempts": 1}, "connect_timeout": 2, "read_timeout": 10}
+
+
+def linear(value: float) -> nn.Module:
+    model = nn.Linear(3, 2)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.fill_(value)
+    return model
+
+
+def weight_of(model: nn.Module) -> float:
+    return float(next(model.parameters()).detach().flatten()[0])
+
+
+def s3_options(endpoint_url: str, key: str | None = "x", secret: str | None = "x",
+               **config: Any) -> dict[str, Any]:
+    options: dict[str, Any] = {"client_kwargs": {"endpoint_url": endpoint_url, "region_name": "us-east-1"}}
+    if key is not None:
+        options.update(key=key, secret=secret)
+    if config:
+        options["config_kwargs"] = config
+    return options
+
+
+def committed(url: str, options: dict[str, Any]) -> list[int]:
+    return [info.step for info in CheckpointManager(url, storage_options=options).list()]
+
+
+# ------------------------------------------------------------------------------------ a server that dies
+
+
+class Link:
+    """``127.0.0.1:<port>`` forwarded to ``target``; `down` refuses new connections and cuts the open
+    ones, `hang` takes connections and never answers, `up` forwards again on the same port."""
+
+    def __init__(self, target: str) -> None:
+        host, port = target.removeprefix("http://").split(":")
+        self._target = (host, int(port))
+        self._lock = threading.Lock()
+        self._open: set[socket.socket] = set()
+        self._threads: list[threading.Thread] = []
+        self._hanging = False
+        self._server = socket.create_server(("127.0.0.1", 0))
+        self.port = int(self._server.getsockname()[1])
+        self.url = f"http://127.0.0.1:{self.port}"
+        self._serve()
+
+    def _serve(self) -> None:
+        self._spawn(self._accept, self._server)
+
+    def _spawn(self, target: Callable[..., None], *args: Any) -> None:
+        thread = threading.Thread(target=target, args=args, daemon=True)
+        thread.start()
+        self._threads.append(thread)
+
+    def _accept(self, server: socket.socket) -> None:
+        while True:
+            try:
+                client, _ = server.accept()
+            except OSError:  # closed by down()
+                return
+            with self._lock:
+                self._open.add(client)
+            if self._hanging:
+                continue  # held open, never read nor answered
+            try:
+                upstream = socket.create_connection(self._target)
+            except OSError:
+                self._close(client)
+                continue
+            with self._lock:
+                self._open.add(upstream)
+            self._spawn(self._pump, client, upstream)
+            self._spawn(self._pump, upstream, client)
+
+    def _pump(self, src: socket.socket, dst: socket.socket) -> None:
+        try:
+            while data := src.recv(1 << 16):
+                dst.sendall(data)
+        except OSError:
+            pass
+        finally:
+            for s in (src, dst):
+                with contextlib.suppress(OSError):
+                    s.shutdown(socket.SHUT_RDWR)
+
+    def _close(self, s: socket.socket) -> None:
+        with contextlib.suppress(OSError):
+            s.shutdown(socket.SHUT_RDWR)
+        s.close()
+
+    def _cut(self) -> None:
+        with self._lock:
+            sockets, self._open = self._open, set()
+        for s in sockets:
+            self._close(s)
+
+    def down(self) -> None:
+        with contextlib.suppress(OSError):  # wakes the accept() of _accept: a close alone would not, and
+            self._server.shutdown(socket.SHUT_RDWR)  # the socket would take one more connection
+        self._server.close()
+        self._cut()
+
+    def hang(self) -> None:
+        self._hanging = True
+        self._cut()
+
+    def up(self) -> None:
+        self._hanging = False
+        if self._server.fileno() == -1:
+            self._server = socket.create_server(("127.0.0.1", self.port))
+            self._serve()
+
+    def close(self) -> None:
+        self.down()
+        for thread in self._threads:
+            thread.join(10)
+
+
+@pytest.fixture
+def link(s3_server: S3Server, no_internet: None) -> Iterator[Link]:
+    link = Link(s3_server.endpoint_url)
+    try:
+        yield link
+    finally:
+        link.close()
+
+
+def down_before(monkeypatch: pytest.MonkeyPatch, link: Link, method: str, *, hits: int = 1) -> None:
+    """Take ``link`` down just before the ``hits``-th call of ``Store.<method>`` (the store dies there)."""
+    original = getattr(Store, method)
+    calls = 0
+
+    def wrapper(self: Store, *args: Any, **kwargs: Any) -> Any:
+        nonlocal calls
+        calls += 1
+        if calls == hits:
+            link.down()
+        return original(self, *args, **kwargs)
+
+    monkeypatch.setattr(Store, method, wrapper)
+
+
+# ------------------------------------------------------------------------------------ server down: restore
+
+
+def test_server_down_at_restore_is_no_fresh_start(s3_server: S3Server, s3_bucket: str, link: Link) -> None:
+    url, via_link = f"s3://{s3_bucket}/job", s3_options(link.url, **FAST)
+    for step in (1, 2):
+        CheckpointManager(url, storage_options=via_link).save(step, model=linear(float(step)))
+    link.down()
+    model = linear(0.0)
+    with pytest.raises(CheckpointError, match=rf"{url}.*could not be reached.*endpoint_url.*"
+                                              "committed there are intact, and none was skipped"):
+        CheckpointManager(url, storage_options=via_link).restore(model=model)
+    with pytest.raises(CheckpointError, match="could not be reached"):
+        CheckpointManager(url, storage_options=via_link).list()
+    assert weight_of(model) == 0.0
+    restored = CheckpointManager(url, storage_options=s3_server.storage_options).restore(model=model)
+    assert restored is not None
+    assert (restored.step, weight_of(model)) == (2, 2.0)
+
+
+@pytest.mark.parametrize("method", ["read_commit", "_sizes", "read"])
+def test_server_down_during_restore_skips_nothing(s3_server: S3Server, s3_bucket: str, link: Link,
+                                                   monkeypatch: pytest.MonkeyPatch, method: str) -> None:
+    """The folder was listed, then the store dies while the newest checkpoint is read: the restore stops;
+    it neither skips to the older checkpoint nor starts from scratch."""
+    url, via_link = f"s3://{s3_bucket}/job", s3_options(link.url, **FAST)
+    for step in (1, 2):
+        CheckpointManager(url, storage_options=via_link).save(step, model=linear(float(step)))
+    down_before(monkeypatch, link, method)
+    model = linear(0.0)
+    with pytest.raises(CheckpointError, match=rf"cannot reach '{url}'.*could not be reached"):
+        CheckpointManager(url, storage_options=via_link).restore(model=model)  # a warning would fail too
+    assert weight_of(model) == 0.0
+    monkeypatch.undo()
+    assert committed(url, s3_server.storage_options) == [1, 2]
+
+
+def test_server_that_hangs_at_restore(s3_server: S3Server, s3_bucket: str, link: Link,
+                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """A server that takes the connection and never answers: botocore's ReadTimeoutError."""
+    import s3fs
+
+    monkeypatch.setattr(s3fs.S3FileSystem, "retries", 1)  # s3fs retries a timeout 5 times, with pauses
+    url = f"s3://{s3_bucket}/job"
+    CheckpointManager(url, storage_options=s3_server.storage_options).save(1, model=linear(1.0))
+    link.hang()
+    options = s3_options(link.url, **{**FAST, "read_timeout": 1})
+    with pytest.raises(CheckpointError, match=rf"cannot reach '{url}'.*could not be reached.*ReadTimeout"):
+        CheckpointManager(url, storage_options=options).restore(model=linear(0.0))
+
+
+# --------------------------------------------------------------------------------------- server down: save
+
+
+def test_server_down_at_save_is_no_missing_bucket(s3_server: S3Server, s3_bucket: str, link: Link) -> None:
+    """s3fs's bucket probe answers "no bucket" to a server that is down: the error must say what it is."""
+    url = f"s3://{s3_bucket}/job"
+    CheckpointManager(url, storage_options=s3_server.storage_options).save(1, model=linear(1.0))
+    link.down()
+    with pytest.raises(CheckpointError, match="could not be reached") as raised:
+        CheckpointManager(url, storage_options=s3_options(link.url, **FAST)).save(2, model=linear(2.0))
+    assert "does not create buckets" not in str(raised.value)
+    assert committed(url, s3_server.storage_options) == [1]
+
+
+@pytest.mark.parametrize(("method", "hits"), [("write", 1), ("write", 2), ("commit", 1)])
+def test_server_down_during_save_keeps_the_previous_checkpoint(
+        s3_server: S3Server, s3_bucket: str, link: Link, monkeypatch: pytest.MonkeyPatch, method: str,
+        hits: int) -> None:
+    url, via_link = f"s3://{s3_bucket}/job", s3_options(link.url, **FAST)
+    ckpt = CheckpointManager(url, keep=1, storage_options=via_link)
+    ckpt.save(1, model=linear(1.0))
+    down_before(monkeypatch, link, method, hits=hits)
+    with pytest.raises(CheckpointError, match=rf"cannot reach '{url}'.*could not be reached"):
+        ckpt.save(2, model=linear(2.0))
+    monkeypatch.undo()
+    assert committed(url, s3_server.storage_options) == [1]
+    model = linear(0.0)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        restored = CheckpointManager(url, storage_options=s3_server.storage_options).restore(model=model)
+    assert restored is not None
+    assert (restored.step, weight_of(model)) == (1, 1.0)
+    for w in caught:  # the folder of the failed save, where it has one: uncommitted, so skipped
+        assert w.category is CheckpointWarning, w
+        assert "step-000000002/COMMIT is missing" in str(w.message), w
+
+
+def test_server_down_while_pruning_keeps_the_committed_save(s3_server: S3Server, s3_bucket: str, link: Link,
+                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    """The new checkpoint is committed; an old one that cannot be deleted is a warning, not a failed save."""
+    url, via_link = f"s3://{s3_bucket}/job", s3_options(link.url, **FAST)
+    ckpt = CheckpointManager(url, keep=1, storage_options=via_link)
+    ckpt.save(1, model=linear(1.0))
+    down_before(monkeypatch, link, "remove")
+    with pytest.warns(CheckpointWarning, match=r"could not delete old checkpoint .*step-000000001 .*could "
+                                               "not be reached"):
+        assert ckpt.save(2, model=linear(2.0)) == f"{url}/step-000000002"
+    assert committed(url, s3_server.storage_options) == [1, 2]
+
+
+# ---------------------------------------------------------------------------------------- missing bucket
+
+
+def test_missing_bucket_at_restore_is_no_fresh_start(s3_server: S3Server, s3_bucket: str) -> None:
+    """The save after a fresh start would fail on it (no bucket is created): say so before training."""
+    fs = fsspec.filesystem("s3", **s3_server.storage_options)
+    before = {b["Name"] for b in fs.call_s3("list_buckets")["Buckets"]}
+    url = f"s3://typo-{s3_bucket}/job"
+    ckpt = CheckpointManager(url, storage_options=s3_server.storage_options)
+    for call in (lambda: ckpt.restore(model=linear(0.0)), ckpt.list, ckpt.latest):
+        with pytest.raises(CheckpointError, match=rf"restored from {url}: the bucket s3://typo-{s3_bucket} "
+                                                  "does not exist.*does not create buckets"):
+            call()
+    assert {b["Name"] for b in fs.call_s3("list_buckets")["Buckets"]} == before
+    fresh = CheckpointManager(f"s3://{s3_bucket}/fresh", storage_options=s3_server.storage_options)
+    assert fresh.restore(model=linear(0.0)) is None  # an existing bucket with no checkpoint yet
+    assert fresh.list() == []
+
+
+# ----------------------------------------------------------------------------- credentials and permissions
+
+
+@dataclasses.dataclass
+class IAMServer:
+    """A moto server that checks credentials against its IAM users: ``keys[user]`` = (key, secret)."""
+
+    endpoint_url: str
+    bucket: str
+    keys: dict[str, tuple[str, str]]
+
+    def options(self, user: str) -> dict[str, Any]:
+        return s3_options(self.endpoint_url, *self.keys.get(user, ("AKIANOSUCHKEY0000000", "nope")), **FAST)
+
+
+def _allow(*statements: tuple[list[str], str]) -> str:
+    return json.dumps({"Version": "2012-10-17", "Statement": [
+        {"Effect": "Allow", "Action": actions, "Resource": resource} for actions, resource in statements]})
+
+
+@pytest.fixture(scope="module")
+def iam(s3_server: S3Server, tmp_path_factory: pytest.TempPathFactory) -> Iterator[IAMServer]:
+    """Users: ``admin`` (everything), ``nobody`` (nothing), ``no-list`` (objects, but no listing),
+    ``list-only`` (listing, but no object), ``read-only`` (listing and reading). ``s3_server`` for its
+    environment: no credentials or endpoints from outside the test."""
+    import boto3
+
+    proc, url = s3_fixtures._start(tmp_path_factory.mktemp("moto-iam") / "requests.log")
+    try:
+        bucket = f"iam-{uuid.uuid4().hex[:12]}"
+        login = {"endpoint_url": url, "region_name": "us-east-1", "aws_access_key_id": "x",
+                 "aws_secret_access_key": "x"}
+        boto3.client("s3", **login).create_bucket(Bucket=bucket)
+        objects, listing = f"arn:aws:s3:::{bucket}/*", f"arn:aws:s3:::{bucket}"
+        policies = {
+            "admin": _allow((["*"], "*")),
+            "nobody": None,
+            "no-list": _allow((["s3:GetObject", "s3:PutObject", "s3:DeleteObject"], objects)),
+            "list-only": _allow((["s3:ListBucket"], listing)),
+            "read-only": _allow((["s3:ListBucket"], listing), (["s3:GetObject"], objects)),
+        }
+        client, keys = boto3.client("iam", **login), {}
+        for user, policy in policies.items():
+            client.create_user(UserName=user)
+            if policy is not None:
+                client.put_user_policy(UserName=user, PolicyName="test", PolicyDocument=policy)
+            key = client.create_access_key(UserName=user)["AccessKey"]
+            keys[user] = (key["AccessKeyId"], key["SecretAccessKey"])
+        host, port = url.removeprefix("http://").split(":")
+        conn = http.client.HTTPConnection(host, int(port), timeout=10)
+        conn.request("POST", "/moto-api/reset-auth", body=b"0")  # from now on every request is checked
+        assert conn.getresponse().status == 200
+        conn.close()
+        server = IAMServer(url, bucket, keys)
+        CheckpointManager(f"s3://{bucket}/job", storage_options=server.options("admin")).save(
+            1, model=linear(1.0))
+        yield server
+    finally:
+        s3_fixtures._stop(proc)
+
+
+@pytest.mark.parametrize("user", ["unknown key", "nobody", "no-list"])
+def test_refused_listing_is_no_missing_checkpoint(iam: IAMServer, no_internet: None, user: str) -> None:
+    """Credentials the store rejects (an unknown key), or that may not list the folder: restore and list
+    raise `DatasetPermissionError` (not None, not a bare PermissionError); a save says the same."""
+    url = f"s3://{iam.bucket}/job"
+    ckpt = CheckpointManager(url, storage_options=iam.options(user))
+    refused = (rf"permission denied: cannot list '{iam.bucket}/job' .*these credentials may list the bucket "
+               rf"under '{url}'")
+    model = linear(0.0)
+    with pytest.raises(DatasetPermissionError, match=refused):
+        ckpt.restore(model=model)
+    with pytest.raises(DatasetPermissionError, match=refused):
+        ckpt.list()
+    with pytest.raises(CheckpointError, match=refused) as raised:
+        ckpt.save(2, model=linear(2.0))
+    assert "does not create buckets" not in str(raised.value)
+    assert weight_of(model) == 0.0
+    assert committed(url, iam.options("admin")) == [1]
+
+
+def test_unreadable_checkpoint_is_not_skipped(iam: IAMServer, no_internet: None) -> None:
+    """Credentials that may list but not read: the newest checkpoint is not taken for a damaged one."""
+    url = f"s3://{iam.bucket}/job"
+    model = linear(0.0)
+    with pytest.raises(DatasetPermissionError, match=rf"cannot read '{iam.bucket}/job/step-000000001/COMMIT'"
+                                                     r".*not corrupt.*may read objects under"):
+        CheckpointManager(url, storage_options=iam.options("list-only")).restore(model=model)
+    assert weight_of(model) == 0.0
+
+
+def test_read_only_credentials_restore_and_cannot_save(iam: IAMServer, no_internet: None) -> None:
+    """moto authorizes HEAD of a bucket as s3:HeadBucket, which these credentials lack: the save must not
+    report the bucket as missing, but the write that is refused."""
+    url = f"s3://{iam.bucket}/job"
+    ckpt = CheckpointManager(url, storage_options=iam.options("read-only"))
+    model = linear(0.0)
+    restored = ckpt.restore(model=model)
+    assert restored is not None
+    assert (restored.step, weight_of(model)) == (1, 1.0)
+    with pytest.raises(CheckpointError, match=rf"permission denied: cannot write in '{iam.bucket}/job/"
+                                              "step-000000002'.*may write objects under") as raised:
+        ckpt.save(2, model=model)
+    assert "does not create buckets" not in str(raised.value)
+    assert committed(url, iam.options("admin")) == [1]
+
+
+def test_no_credentials(s3_server: S3Server, s3_bucket: str, monkeypatch: pytest.MonkeyPatch,
+                        tmp_path: Path) -> None:
+    for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_PROFILE"):
+        monkeypatch.delenv(name, raising=False)
+    url = f"s3://{s3_bucket}/job"
+    ckpt = CheckpointManager(url, storage_options=s3_options(s3_server.endpoint_url, key=None, **FAST))
+    with pytest.raises(CheckpointError, match=rf"cannot reach '{url}': no credentials were found"):
+        ckpt.restore(model=linear(0.0))
+    with pytest.raises(CheckpointError, match="no credentials were found"):
+        ckpt.save(1, model=linear(1.0))
