@@ -94,6 +94,45 @@ def test_nullable_variable_tensor_with_nulls_after_parquet() -> None:
     assert out[2].shape == (0, 2)
 
 
+_NULL_ELEMENT_INPUTS = {
+    "fixed_size_list": (pa.array([[1.5, 2.0], [3.0, None], None], pa.list_(pa.float32(), 2)), (2,)),
+    "int fixed_size_list": (pa.array([[7, 8], [None, 4], None], pa.list_(pa.int32(), 2)), (2,)),
+    "fixed_shape_tensor": (pa.ExtensionArray.from_storage(
+        pa.fixed_shape_tensor(pa.float32(), [2]),
+        pa.array([[1.5, 2.0], [3.0, None], None], pa.list_(pa.float32(), 2))), (2,)),
+    "list": (pa.array([[1.5], [3.0, None], None], pa.list_(pa.float32())), (None,)),
+    "int list": (pa.array([[7], [None, 4], None], pa.list_(pa.int32())), (None,)),
+}
+
+
+@pytest.mark.parametrize("storage", ["bytes", "list"])
+@pytest.mark.parametrize("case", sorted(_NULL_ELEMENT_INPUTS))
+def test_a_null_element_inside_a_tensor_row_is_refused_naming_the_row(case: str, storage: str) -> None:
+    """A regression: a null element of a valid row was written as 0 (fixed shapes) or NaN (variable)."""
+    arr, shape = _NULL_ELEMENT_INPUTS[case]
+    dtype = "int32" if case.startswith("int") else "float32"
+    codec = TensorCodec(storage=storage) if None not in shape else None
+    field = Field("x", dtype, shape, nullable=True, codec=codec)
+    with pytest.raises(SchemaMismatchError, match=r"field 'x' \(writing\): row 1 holds a null element"):
+        Schema([field]).encode({"x": arr}, 3)
+    # the same values without the null element (and with the null row) are written and read back
+    good = pa.array([[1, 2], [3, 4], None], arr.type.storage_type if isinstance(arr, pa.ExtensionArray)
+                    else arr.type)
+    out = round_trip(Schema([field]), {"x": good}, 3)["x"]
+    assert np.asarray(out[1]).tolist() == [3, 4]
+
+
+@pytest.mark.parametrize("value_type", [pa.list_(pa.float32(), 2), pa.list_(pa.float32())])
+def test_plain_parquet_with_a_null_element_is_refused_on_read(value_type: pa.DataType) -> None:
+    """Data written by another tool: the null element is not read as 0 (or NaN)."""
+    table = through_parquet(pa.table({"x": pa.array([[1.0, 2.0], None, [None, 4.0]], value_type)}))
+    shape: tuple[int | None, ...] = (2,) if pa.types.is_fixed_size_list(value_type) else (None,)
+    field = Field("x", "float32", shape, nullable=True,
+                  codec=TensorCodec(storage="list") if shape == (2,) else None)
+    with pytest.raises(SchemaMismatchError, match=r"field 'x' \(reading\): row 2 holds a null element"):
+        Schema([field]).decode(table)
+
+
 def test_fixed_tensors_decode_without_copying() -> None:
     field = Field("t", "float32", (4, 4))
     values = np.random.default_rng(0).random((5, 4, 4), dtype=np.float32)

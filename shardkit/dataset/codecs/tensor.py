@@ -84,6 +84,57 @@ def stack_rows(field: Field, rows: list[Any], where: str) -> tuple[np.ndarray, n
     return out, (mask if mask.any() else None)
 
 
+def first_null_element(arr: pa.Array) -> int | None:
+    """The first row of a list-like tensor column (fixed_shape_tensor, fixed_size_list, list, or the
+    ndarray codec's ``(data, shape)`` struct) that is not null itself but holds a null element; None
+    when there is none. Only the elements of valid rows count: Parquet gives the slots of a null row
+    null elements."""
+    storage = arr.storage if isinstance(arr, pa.ExtensionArray) else arr
+    if pa.types.is_struct(storage.type):
+        if storage.type.get_field_index("data") < 0:
+            return None
+        valid = np.asarray(storage.is_valid().to_numpy(zero_copy_only=False), dtype=bool)
+        storage = storage.field("data")
+    else:
+        valid = None
+    t = storage.type
+    if pa.types.is_fixed_size_list(t):
+        size = t.list_size
+        child = storage.values.slice(storage.offset * size, len(storage) * size)
+        if not child.null_count or not size:
+            return None
+        flags = np.asarray(child.is_null().to_numpy(zero_copy_only=False), dtype=bool)
+        bad = flags.reshape(len(storage), size).any(axis=1)
+    elif pa.types.is_list(t) or pa.types.is_large_list(t):
+        if not storage.values.null_count:
+            return None
+        offsets = np.asarray(storage.offsets.to_numpy())
+        flags = np.asarray(storage.values.is_null().to_numpy(zero_copy_only=False), dtype=np.int64)
+        seen = np.concatenate([[0], np.cumsum(flags)])
+        bad = seen[offsets[1:]] > seen[offsets[:-1]]
+    else:
+        return None
+    bad &= np.asarray(storage.is_valid().to_numpy(zero_copy_only=False), dtype=bool)
+    if valid is not None:
+        bad &= valid
+    return int(np.argmax(bad)) if bad.any() else None
+
+
+def check_no_null_elements(field: Field, arr: pa.Array, where: str) -> None:
+    """Raise `SchemaMismatchError` when a row of ``arr`` (not null itself) holds a null element: a
+    tensor has no place for one (a fixed-shape tensor would read it as 0, a variable one as NaN)."""
+    row = first_null_element(arr)
+    if row is None:
+        return
+    fix = ("fill them before writing (e.g. pyarrow.compute.fill_null on the list values; NaN keeps them "
+           "visible in a float tensor)" if where == "writing"
+           else "rewrite the data with them filled, or read the other fields with columns=[...]")
+    raise SchemaMismatchError(
+        f"field {field.name!r} ({where}): row {row} holds a null element, and a tensor cannot hold one "
+        f"(a whole row can be null, with nullable=True); {fix}"
+    )
+
+
 #: The layouts of a fixed-shape tensor in the Parquet files (see the module docstring).
 STORAGES = ("bytes", "list")
 
@@ -194,6 +245,7 @@ class TensorCodec(Codec):
         shape = field.dims
         if isinstance(values, pa.ChunkedArray | pa.Array):
             arr = combine(values)
+            check_no_null_elements(field, arr, "writing")
             if arr.type == target:
                 if not field.nullable and arr.null_count:
                     raise null_error(field, first_null(arr), "writing")
@@ -233,6 +285,7 @@ class TensorCodec(Codec):
         """Either layout (a dataset's files may predate its schema's storage) -> ``(rows, *shape)``."""
         arr = combine(column)
         shape = field.dims
+        check_no_null_elements(field, arr, "reading")
         return as_masked(fixed_values(arr, shape, field.dtype), mask_of(arr))
 
 
@@ -268,6 +321,8 @@ class NdarrayCodec(Codec):
         return pa.struct([("data", pa.list_(item)), ("shape", pa.list_(pa.int32(), len(field.shape)))])
 
     def encode(self, field: Field, values: Any) -> pa.Array:
+        if isinstance(values, pa.ChunkedArray | pa.Array):
+            check_no_null_elements(field, combine(values), "writing")
         rows = rows_of(values)
         ndim = len(field.shape)
         mask = np.fromiter((_is_null(v) for v in rows), dtype=bool, count=len(rows))
@@ -303,6 +358,7 @@ class NdarrayCodec(Codec):
 
     def decode(self, field: Field, column: ArrowColumn) -> np.ndarray:
         arr = combine(column)
+        check_no_null_elements(field, arr, "reading")
         nulls = mask_of(arr)
         data = arr.field("data") if pa.types.is_struct(arr.type) else arr
         if pa.types.is_struct(arr.type):
