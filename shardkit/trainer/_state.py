@@ -86,15 +86,19 @@ def check_rng(rng: Any) -> dict[str, Any]:
 
 def encode_state(step: int, *, reader: Mapping[str, Any] | None, rng: Mapping[str, Any] | None,
                  extra: Mapping[str, Any] | None, where: str,
-                 rng_ranks: Sequence[Mapping[str, Any]] | None = None) -> bytes:
+                 rng_ranks: Sequence[Mapping[str, Any]] | None = None,
+                 reader_shards: Sequence[Mapping[str, Any] | None] | None = None) -> bytes:
     """``state.json`` bytes; a reader state or ``extra`` that is not JSON fails here, before any write.
 
     Dict keys must be strings: JSON would turn ``3``, ``True`` and ``None`` into ``"3"``, ``"true"`` and
     ``"null"``, and the restored dict would miss the keys the script looks up. Tuples are saved as lists
     (and come back as lists). ``rng_ranks``: every rank's `capture_rng` in rank order (torch allreduce
-    jobs of several processes), beside ``rng`` (this process's).
+    jobs of several processes), beside ``rng`` (this process's). ``reader_shards``: every data shard's
+    own reader state in shard order, None for a shard that starts from the beginning (a torch
+    parameter-server job, whose workers do not step together), beside ``reader`` (the writer's).
     """
-    for name, value in (("reader.state_dict()", reader), ("extra", extra)):
+    shards = [(f"reader_shards[{i}]", value) for i, value in enumerate(reader_shards or ())]
+    for name, value in (("reader.state_dict()", reader), ("extra", extra), *shards):
         if value is not None and not isinstance(value, Mapping):
             raise CheckpointError(f"checkpoint {where}: {name} is {type(value).__name__}, not a dict of "
                                   "JSON values; pass a dict (numbers, strings, lists, dicts)")
@@ -115,6 +119,8 @@ def encode_state(step: int, *, reader: Mapping[str, Any] | None, rng: Mapping[st
                            "extra": dict(extra or {})}
     if rng_ranks is not None:
         doc["rng_ranks"] = [dict(r) for r in rng_ranks]
+    if reader_shards is not None:
+        doc["reader_shards"] = [None if r is None else dict(r) for r in reader_shards]
     return json.dumps(doc, separators=(",", ":")).encode()
 
 
@@ -145,6 +151,10 @@ def decode_state(data: bytes, step: int) -> dict[str, Any]:
         raise ValueError(f"it holds step {doc.get('step')!r}, its commit says step {step}")
     if doc.get("reader") is not None and not isinstance(doc["reader"], dict):
         raise ValueError("its reader state is not an object")
+    shards = doc.get("reader_shards")
+    if shards is not None and not (isinstance(shards, list) and shards
+                                   and all(r is None or isinstance(r, dict) for r in shards)):
+        raise ValueError("its reader_shards is not a list of reader states (objects or null)")
     if not isinstance(doc.get("extra"), dict):
         raise ValueError("its extra is not an object")
     if doc.get("rng") is not None:

@@ -51,13 +51,19 @@ class Stateful(Protocol):
 
 @dataclasses.dataclass(frozen=True)
 class Restored:
-    """What `CheckpointManager.restore` loaded: the step, where from, the reader state and the user extra."""
+    """What `CheckpointManager.restore` loaded: the step, where from, the reader state and the user extra.
+
+    ``reader_state``: the saved reader state of this process (with ``restore(reader_shard=...)``, its
+    shard's; None: its shard had read nothing, and the reader was not loaded). ``reader_shards`` (with
+    ``reader_shard`` and a reader): what every data shard's reader is given, in shard order.
+    """
 
     step: int
     url: str
     info: CheckpointInfo
     extra: Mapping[str, Any]
     reader_state: Mapping[str, Any] | None
+    reader_shards: tuple[Mapping[str, Any] | None, ...] | None = None
 
 
 @dataclasses.dataclass
@@ -132,7 +138,8 @@ class CheckpointManager:
     def save(self, step: int, *, model: torch.nn.Module | None = None,
              optimizer: torch.optim.Optimizer | None = None, reader: Stateful | None = None,
              tf_checkpoint: tf.train.Checkpoint | None = None, extra: Mapping[str, Any] | None = None,
-             writer: bool = True, rng_ranks: Sequence[Mapping[str, Any]] | None = None) -> str | None:
+             writer: bool = True, rng_ranks: Sequence[Mapping[str, Any]] | None = None,
+             reader_shards: Sequence[Mapping[str, Any] | None] | None = None) -> str | None:
         """Write step ``step`` and commit it; returns its URL (None when ``writer=False``).
 
         ``model`` may be wrapped in DDP, DataParallel or torch.compile (the module inside is saved).
@@ -145,6 +152,9 @@ class CheckpointManager:
         path, since such a checkpoint could never be restored. ``rng_ranks``: every rank's RNG states
         (`shardkit.trainer._state.capture_rng`) in rank order, which `restore` gives back rank by rank
         (``ctx.checkpoint`` gathers them in a torch allreduce job of several processes).
+        ``reader_shards``: every data shard's own reader state in shard order (None: that shard starts
+        from the beginning), which `restore` gives back shard by shard; ``ctx.checkpoint`` saves them in
+        a torch parameter-server job, whose workers read at their own pace (then ``reader`` is worker 0's).
 
         ``writer=False``: a non-chief worker of ``MultiWorkerMirroredStrategy``, whose
         ``tf_checkpoint.write`` must run (it takes part in collectives) but into a temporary folder that is
@@ -162,7 +172,8 @@ class CheckpointManager:
             return None
         where = self._store.url(step)
         state = encode_state(step, reader=reader.state_dict() if reader is not None else None,
-                             rng=capture_rng(), extra=extra, where=where, rng_ranks=rng_ranks)
+                             rng=capture_rng(), extra=extra, where=where, rng_ranks=rng_ranks,
+                             reader_shards=reader_shards)
         blobs = {}
         if model is not None:
             blobs[MODEL] = fw.torch_bytes(fw.unwrap(model).state_dict(), what="model",
@@ -191,7 +202,8 @@ class CheckpointManager:
     def restore(self, *, model: torch.nn.Module | None = None, optimizer: torch.optim.Optimizer | None = None,
                 reader: Stateful | None = None, tf_checkpoint: tf.train.Checkpoint | None = None,
                 rng: bool = True, required: bool = False, rank: int | None = None,
-                world_size: int | None = None) -> Restored | None:
+                world_size: int | None = None,
+                reader_shard: tuple[int, int] | None = None) -> Restored | None:
         """Load the newest checkpoint that verifies into the given objects; None when there is none.
 
         A newer folder that is uncommitted or does not verify (missing or bad ``COMMIT``, a missing,
@@ -212,7 +224,19 @@ class CheckpointManager:
         when there are none. A checkpoint that verifies but does not fit the objects (another model,
         a reader of another dataset, a file that was not saved) raises `CheckpointError`: an older one
         would not fit either.
+
+        ``reader_shard``: ``(shard, num_shards)``, this process's data shard. The reader gets that
+        shard's own saved state when the checkpoint holds every shard's (``save(reader_shards=...)``)
+        for as many shards; a shard saved as None (it had read nothing) is not loaded, so it starts from
+        the beginning. Saved for another number of shards, every reader gets the ``reader`` state (the
+        writer's: the reader re-shards it) with a `CheckpointWarning`, since a shard that was behind or
+        ahead of the writer's then repeats or skips as many batches. Without ``reader_shard``, or with no
+        shard states saved (allreduce: the ranks step together, so the writer's is every rank's), the
+        reader gets the ``reader`` state.
         """
+        if reader_shard is not None and not 0 <= reader_shard[0] < reader_shard[1]:
+            raise CheckpointError(f"restore(reader_shard={reader_shard!r}) from {self.url}: pass "
+                                  "(shard, num_shards) with 0 <= shard < num_shards")
         if (rank is None) != (world_size is None) or (rank is not None and not 0 <= rank < (world_size or 0)):
             raise CheckpointError(f"restore(rank={rank!r}, world_size={world_size!r}) from {self.url}: pass "
                                   "both or neither, with 0 <= rank < world_size")
@@ -238,12 +262,16 @@ class CheckpointManager:
             else:  # TensorFlow restores variables created later (Keras optimizer slots) from the file,
                 # lazily: the local copy of a remote checkpoint lives as long as the tf.train.Checkpoint
                 weakref.finalize(tf_checkpoint, shutil.rmtree, tmp, True)
-            _load.apply(loaded, model=model, optimizer=optimizer, reader=reader)
+            shards, mine = None, loaded.state.get("reader")
+            if reader is not None and reader_shard is not None:
+                shards = self._reader_shards(loaded.state, loaded.info.url, reader_shard[1])
+                mine = shards[reader_shard[0]]
+                loaded.state = {**loaded.state, "reader": mine}
+            _load.apply(loaded, model=model, optimizer=optimizer, reader=reader if mine is not None else None)
             if rng:
                 self._restore_rng(loaded.state, loaded.info.url, rank, world_size)
             self.schedule.record(step, time.monotonic())
-            state = loaded.state
-            return Restored(step, loaded.info.url, loaded.info, state["extra"], state.get("reader"))
+            return Restored(step, loaded.info.url, loaded.info, loaded.state["extra"], mine, shards)
         if required:
             if steps:
                 raise CorruptCheckpointError(f"none of the {len(steps)} checkpoints under {self.url} "
@@ -254,6 +282,21 @@ class CheckpointManager:
             warnings.warn(f"none of the {len(steps)} checkpoints under {self.url} verifies; starting from "
                           "scratch", CheckpointWarning, stacklevel=2)
         return None
+
+    def _reader_shards(self, state: Mapping[str, Any], url: str,
+                       num_shards: int) -> tuple[Mapping[str, Any] | None, ...]:
+        """The reader state each of ``num_shards`` data shards gets from ``state`` (see `restore`)."""
+        saved = state.get("reader_shards")
+        if saved is not None and len(saved) == num_shards:
+            return tuple(saved)
+        if saved is not None:
+            warnings.warn(f"checkpoint {url} holds the reader positions of {len(saved)} workers (data "
+                          f"shards); this job has {num_shards}, so every worker continues from worker 0's "
+                          "position, re-sharded: a worker that was behind or ahead of worker 0 at the save "
+                          "trains again, or skips, as many batches. Restart with "
+                          f"{len(saved)} workers for each to continue exactly where it was",
+                          CheckpointWarning, stacklevel=3)
+        return (state.get("reader"),) * num_shards
 
     def _restore_rng(self, state: Mapping[str, Any], url: str, rank: int | None,
                      world_size: int | None) -> None:

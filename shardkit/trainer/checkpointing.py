@@ -5,7 +5,8 @@ from __future__ import annotations
 import json
 import math
 import time
-from typing import TYPE_CHECKING, Any
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from shardkit.errors import ConfigError
 
@@ -18,6 +19,26 @@ __all__ = ["Checkpoints"]
 _OBJECTS = ("model", "optimizer", "reader", "tf_checkpoint")
 LATENESS = 0.02  # a time-based save in a job of several processes comes at most this x every_seconds late
 MAX_STEPS_BETWEEN = 1000  # steps between two exchanges of the chief's decision, at most
+
+
+@runtime_checkable
+class TracksReaders(Protocol):
+    """An "optimizer" that every worker updates at its own pace and that knows, for its state, where each
+    worker's reader was: `shardkit.trainer.torch_ps.ParameterServerClient`."""
+
+    def state_dict_with_readers(self) -> tuple[dict[str, Any], list[dict[str, Any] | None]]: ...
+
+    def load_reader_states(self, states: Sequence[Mapping[str, Any] | None]) -> None: ...
+
+
+class _Taken:
+    """A state taken already, saved as it is."""
+
+    def __init__(self, state: Mapping[str, Any]) -> None:
+        self.state = state
+
+    def state_dict(self) -> Mapping[str, Any]:
+        return self.state
 
 
 class Checkpoints:
@@ -41,6 +62,14 @@ class Checkpoints:
     only the chief's are saved (TensorFlow), the other processes keep the RNGs as the script seeded them
     after a restore, with a `CheckpointWarning`, as every process does after a change of the number of
     processes (see `restore`).
+
+    Reader positions: in a torch parameter-server job (``optimizer`` is a `TracksReaders`) each worker
+    reads at its own pace, so the chief saves every worker's reader state as of the saved ps state (the
+    ps take it together with the parameters: `torch_ps.ParameterServerClient.state_dict_with_readers`),
+    and `restore` gives each worker its own (``state.json``'s ``reader_shards``, by data shard). Restored
+    with another number of workers, every worker gets worker 0's, re-sharded, with a
+    `CheckpointWarning` (see `CheckpointManager.restore`). Elsewhere the chief's reader state is every
+    process's: allreduce ranks step together.
 
     ``every_seconds`` reads a clock, and processes read theirs at different moments, so in an
     allreduce job of several processes the chief's clock decides and the others learn its answer every
@@ -100,10 +129,18 @@ class Checkpoints:
         if self.manager is None:
             return 0
         rank, world = self._rng_place()
-        restored = self.manager.restore(**self.objects, rng=rng, rank=rank, world_size=world)
+        ctx = self._ctx
+        shard = None
+        if ctx.data_shard is not None and ctx.num_data_shards:
+            shard = (ctx.data_shard, ctx.num_data_shards)
+        restored = self.manager.restore(**self.objects, rng=rng, rank=rank, world_size=world,
+                                        reader_shard=shard)
         self.restored = restored
         if restored is None:
             return 0
+        tracker = self.objects.get("optimizer")
+        if isinstance(tracker, TracksReaders) and restored.reader_shards is not None:
+            tracker.load_reader_states(restored.reader_shards)  # for workers that save before they push
         self.extra = dict(restored.extra)
         self._ctx.step_count = restored.step
         return restored.step
@@ -267,5 +304,22 @@ class Checkpoints:
             self.extra.update(extra)
         step = self._ctx.step_count if step is None else step
         rng_ranks = self._gather_rng() if self._ctx.framework == "torch" and self._processes() > 1 else None
-        return self.manager.save(step, **self.objects, extra=self.extra, writer=self._ctx.is_chief,
-                                 rng_ranks=rng_ranks)
+        objects, reader_shards = self._with_reader_shards()
+        return self.manager.save(step, **objects, extra=self.extra, writer=self._ctx.is_chief,
+                                 rng_ranks=rng_ranks, reader_shards=reader_shards)
+
+    def _with_reader_shards(self) -> tuple[dict[str, Any], list[dict[str, Any] | None] | None]:
+        """The objects to save and every worker's reader state, taken with the ps state (chief of a torch
+        parameter-server job); elsewhere the objects as they are, and None."""
+        objects = dict(self.objects)
+        tracker = objects.get("optimizer")
+        if not self._ctx.is_chief or not isinstance(tracker, TracksReaders):
+            return objects, None
+        state, readers = tracker.state_dict_with_readers()
+        objects["optimizer"] = _Taken(state)
+        if "reader" not in objects:
+            return objects, None
+        mine = readers[self._ctx.data_shard or 0] if (self._ctx.data_shard or 0) < len(readers) else None
+        if mine is not None:  # the chief's own, as of the same state (a push of its own may be in flight)
+            objects["reader"] = _Taken(mine)
+        return objects, readers

@@ -29,21 +29,31 @@ Choices:
   synchronous for its own worker (push, then the weights after the update, one round trip per ps);
   `push` alone returns a future, for overlapping the next forward pass with the push.
 - Worker 0 owns the ps state: its first `pull`/`push`/`step` sends the model's parameters (or, after
-  `load_state_dict`, the checkpoint's) to the ps; other workers' pulls wait for that. `state_dict` on
-  worker 0 fetches parameters and optimizer state keyed by parameter name, so a checkpoint restores onto
-  any number of ps. Each ps's part is consistent; with several ps, pushes landing during the fetch
-  can make parts differ by an update.
+  `load_state_dict`, the checkpoint's) to the ps; other workers' pulls wait for that. `state_dict` (on
+  worker 0 only) takes parameters and optimizer state keyed by parameter name, so a checkpoint restores
+  onto any number of ps, as one consistent cut: each worker numbers its pushes and every ps applies a
+  worker's pushes in that order, so a ps holds exactly the first n of each worker's; worker 0 makes
+  every ps park new pushes, takes the most of each worker's that any ps has applied, and each ps
+  returns its part once it holds exactly those (`torch_ps_server.Shard`). Workers pause for that round
+  trip; a ps never blocks a thread on it (rpc ``async_execution``).
+- Reader positions: each push carries the worker's reader position (the state of the reader
+  ``ctx.checkpoint`` tracks, as JSON text: the ps get plain text, nothing of the worker's to unpickle)
+  after the batch it was computed on, and ps 0 keeps, per worker, the one of its last push applied. So
+  the cut also says where each worker's reader was for exactly the pushes it holds
+  (`ParameterServerClient.state_dict_with_readers`); ``ctx.checkpoint`` saves them in ``state.json``
+  and gives each worker its own on a restore (with the same number of workers: with another, every
+  worker continues from worker 0's, re-sharded by the reader, with a `CheckpointWarning`). A restarted
+  worker trains again no batch the restored ps state holds, and skips none. A worker that has pushed
+  nothing since the job started is saved as None (it starts its shard from the beginning); after a
+  restore worker 0 tells ps 0 every worker's restored position (`load_reader_states`), for those that
+  push nothing before the next save.
 - Checkpoints: worker 0 writes them (``ctx.checkpoint`` with ``optimizer=ps``: the file is
   ``optimizer.pt``, tensors only, loaded with ``weights_only``). The final one holds every worker's
   updates: each worker tells ps 0 when it has pushed its last gradient (`finish`, which ``ctx.finish``
   and `close` call), and worker 0's ``ctx.finish`` waits for all of them, heartbeating, before it saves.
   The wait is bounded by `FINAL_WAIT` (then the state so far is saved, with a `CheckpointWarning`), so
   a hung worker cannot hang the job; a dead one is restarted by the supervisor anyway. Worker 0 would
-  wait for the others in `close` in any case (``rpc.shutdown``), so the job ends no later. The reader
-  position saved is worker 0's; every worker resumes from it in its own shard. Workers of an
-  asynchronous job drift apart, so on a restart the other workers train again, or skip, as many batches
-  as they were behind or ahead of worker 0 at the checkpoint (a few at the same pace, more for a slower
-  worker): exact resume needs the lockstep of allreduce (per-worker positions are not saved yet).
+  wait for the others in `close` in any case (``rpc.shutdown``), so the job ends no later.
 - Trust: rpc pickles its messages (that is how ``torch.distributed.rpc`` works). The ps port must only
   be reachable by the job's own processes, as with every torch.distributed backend.
 - Shutdown: `close` (and a ps's `serve`) call the graceful ``rpc.shutdown()``, which returns only when
@@ -52,11 +62,13 @@ Choices:
 
 from __future__ import annotations
 
+import contextlib
+import json
 import os
 import threading
 import time
 import warnings
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from datetime import timedelta
 from typing import Any, Protocol
 
@@ -64,7 +76,7 @@ import torch
 from torch.distributed import rpc
 
 from shardkit.cluster import protocol
-from shardkit.errors import CheckpointWarning, ConfigError
+from shardkit.errors import CheckpointError, CheckpointWarning, ConfigError
 from shardkit.trainer import torch_ps_server as server
 
 __all__ = ["ParameterServerClient", "assign", "connect", "serve"]
@@ -77,10 +89,20 @@ FINAL_WAIT = RPC_TIMEOUT
 WAIT_SLICE = 1.0  # seconds per wait on ps 0 between two heartbeats
 
 
+class _Checkpoints(Protocol):
+    objects: dict[str, Any]
+
+    @property
+    def url(self) -> str | None: ...
+
+
 class _Context(Protocol):
     role: str
     role_index: int
     params: Mapping[str, Any]
+
+    @property
+    def checkpoint(self) -> _Checkpoints: ...
 
     def heartbeat(self, kind: str = ...) -> None: ...
 
@@ -160,16 +182,43 @@ def serve(ctx: _Context, *, heartbeat_interval: float = 1.0) -> None:
         thread.join()
 
 
+# The ps-side entry points that wait for other pushes: they return a future instead of holding a thread of
+# the rpc pool (a hold parks the pushes of every worker). Here rather than in torch_ps_server, whose
+# module imports without torch (config validation); the ps imported this module to serve.
+@rpc.functions.async_execution  # type: ignore[untyped-decorator]
+def _rpc_push(worker: int, seq: int, grads: dict[str, torch.Tensor],
+              position: str | None) -> torch.futures.Future[int]:
+    return server.SHARD.push(worker, seq, grads, position)
+
+
+@rpc.functions.async_execution  # type: ignore[untyped-decorator]
+def _rpc_push_pull(worker: int, seq: int, grads: dict[str, torch.Tensor],
+                   position: str | None) -> torch.futures.Future[dict[str, torch.Tensor]]:
+    def weights(done: torch.futures.Future[int]) -> dict[str, torch.Tensor]:
+        done.wait()  # raises the push's error
+        return server.SHARD.weights()
+
+    return server.SHARD.push(worker, seq, grads, position).then(weights)
+
+
+@rpc.functions.async_execution  # type: ignore[untyped-decorator]
+def _rpc_snapshot(target: dict[int, int]) -> torch.futures.Future[dict[str, Any]]:
+    return server.SHARD.snapshot(target)
+
+
 class ParameterServerClient:
     """A worker's handle on the parameter servers (create with `connect`)."""
 
     def __init__(self, model: torch.nn.Module, *, num_ps: int, worker: int,
                  optimizer: Mapping[str, Any], num_workers: int = 1,
-                 heartbeat: Callable[[], None] | None = None) -> None:
+                 heartbeat: Callable[[], None] | None = None,
+                 position: Callable[[], Mapping[str, Any] | None] | None = None) -> None:
         self.model = model
         self.worker = worker
         self.num_workers = num_workers
         self._heartbeat = heartbeat  # called while worker 0 waits in `finish`
+        self._position = position  # this worker's reader state now, sent with each push
+        self._seq = 0  # pushes sent: the ps apply each worker's in this order
         self._inflight: list[torch.futures.Future[list[Any]]] = []  # `push` futures not yet waited for
         self._finished = False
         self.optimizer = dict(optimizer)
@@ -225,36 +274,97 @@ class ParameterServerClient:
         futures = [rpc.rpc_async(ps, server._rpc_pull) for ps in self.ps_names]
         self._assign(torch.futures.wait_all(futures))
 
-    def push(self, grads: Mapping[str, torch.Tensor] | None = None) -> torch.futures.Future[list[Any]]:
-        """Send gradients (default: the model's ``.grad``) to the ps; returns a future of the updates."""
+    def _reader_state(self) -> str | None:
+        """This worker's reader position as JSON text (rpc pickles its messages: the ps get plain text)."""
+        state = self._position() if self._position is not None else None
+        if state is None:
+            return None
+        try:
+            return json.dumps(state, separators=(",", ":"))
+        except (TypeError, ValueError) as e:
+            raise CheckpointError(f"worker {self.worker}: the tracked reader's state_dict() is not JSON "
+                                  f"({e}); its position goes with every push, to be saved with the ps state: "
+                                  "track a reader whose state holds numbers, strings, lists and dicts only"
+                                  ) from e
+
+    def _send(self, entry: Callable[..., Any], grads: Mapping[str, torch.Tensor] | None
+              ) -> list[torch.futures.Future[Any]]:
+        """One push to every ps (numbered; the reader position goes to ps 0, which keeps them)."""
         self._ensure_initialized()
         parts = self._split(self._grads() if grads is None else grads)
-        futures = [rpc.rpc_async(ps, server._rpc_push, args=(part,))
-                   for ps, part in zip(self.ps_names, parts, strict=True)]
-        future = torch.futures.collect_all(futures)
+        self._seq += 1
+        position = self._reader_state()
+        return [rpc.rpc_async(ps, entry, args=(self.worker, self._seq, part, position if i == 0 else None))
+                for i, (ps, part) in enumerate(zip(self.ps_names, parts, strict=True))]
+
+    def push(self, grads: Mapping[str, torch.Tensor] | None = None) -> torch.futures.Future[list[Any]]:
+        """Send gradients (default: the model's ``.grad``) to the ps; returns a future of the updates.
+
+        The reader position sent with it is the tracked reader's now (``ctx.checkpoint``'s
+        ``reader``): push the gradients of a batch before reading the next one."""
+        future = torch.futures.collect_all(self._send(_rpc_push, grads))
         self._inflight = [f for f in self._inflight if not f.done()]
         self._inflight.append(future)
         return future
 
     def step(self) -> None:
         """Push the model's gradients and load the updated weights: one round trip per ps (blocks)."""
-        self._ensure_initialized()
-        parts = self._split(self._grads())
-        futures = [rpc.rpc_async(ps, server._rpc_push_pull, args=(parts[i],))
-                   for i, ps in enumerate(self.ps_names)]
-        self._assign(torch.futures.wait_all(futures))
+        self._assign(torch.futures.wait_all(self._send(_rpc_push_pull, None)))
 
     def state_dict(self) -> dict[str, Any]:
-        """The ps state (parameters, optimizer state by parameter name, spec, update count); worker 0."""
+        """The ps state (parameters, optimizer state by parameter name, spec, update count); worker 0.
+
+        Every ps part holds the same pushes (see `state_dict_with_readers`)."""
+        return self.state_dict_with_readers()[0]
+
+    def state_dict_with_readers(self) -> tuple[dict[str, Any], list[dict[str, Any] | None]]:
+        """The ps state and, by worker index, each worker's reader state after the last batch whose
+        gradient that state includes (None: none of its pushes since the job started); worker 0 only.
+
+        A consistent cut: every ps parks new pushes (``hold``), the most pushes of each worker any ps
+        has applied becomes the target, and each ps returns its state once it has applied exactly
+        those (pushes in flight to it arrive; later ones wait). Workers pause for one round trip.
+        ``ctx.checkpoint`` saves the positions in ``state.json`` (``reader_shards``).
+
+        Raises:
+            CheckpointError: on a worker other than 0 (two cuts at once would spoil each other).
+        """
+        if self.worker != 0:
+            raise CheckpointError(f"worker {self.worker} asked for the parameter-server state: worker 0 owns "
+                                  "it and takes it for the checkpoints (ctx.checkpoint saves on worker 0); "
+                                  "call state_dict() on worker 0 only")
         self._ensure_initialized()
-        parts = torch.futures.wait_all([rpc.rpc_async(ps, server._rpc_state) for ps in self.ps_names])
+        try:
+            applied = torch.futures.wait_all([rpc.rpc_async(ps, server._rpc_hold) for ps in self.ps_names])
+            target: dict[int, int] = {}
+            for counts in applied:
+                for worker, count in counts.items():
+                    target[worker] = max(target.get(worker, 0), count)
+            parts = torch.futures.wait_all([rpc.rpc_async(ps, _rpc_snapshot, args=(target,))
+                                            for ps in self.ps_names])
+        except BaseException:
+            with contextlib.suppress(Exception):  # the other workers' pushes go on; the error is the news
+                torch.futures.wait_all([rpc.rpc_async(ps, server._rpc_release) for ps in self.ps_names])
+            raise
         spec = parts[0]["spec"] if parts else self.optimizer  # the ps's: a restore may have changed it
         merged: dict[str, Any] = {"version": 1, "params": {}, "state": {}, "spec": spec,
                                   "updates": max((int(p["updates"]) for p in parts), default=0)}
         for part in parts:
             merged["params"].update(part["params"])
             merged["state"].update(part["state"])
-        return merged
+        positions = parts[0]["positions"] if parts else {}
+        readers = [json.loads(positions[w]) if positions.get(w) is not None else None
+                   for w in range(self.num_workers)]
+        return merged, readers
+
+    def load_reader_states(self, states: Sequence[Mapping[str, Any] | None]) -> None:
+        """Worker 0, after `load_state_dict`: tell ps 0 the reader position each worker restored (by
+        worker index), for the workers that push nothing before the next save; others: ignored."""
+        if self.worker != 0:
+            return
+        positions = {w: None if state is None else json.dumps(state, separators=(",", ":"))
+                     for w, state in enumerate(states)}
+        rpc.rpc_sync(self.ps_names[0], server._rpc_seed_positions, args=(positions,))
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Worker 0: put a `state_dict` back on the ps now; other workers: ignored (worker 0 owns it).
@@ -358,7 +468,13 @@ def connect(ctx: _Context, model: torch.nn.Module, *,
         raise ConfigError(f"worker {ctx.role_index} has {protocol.RANK}={rank} of {world}: a torch "
                           "parameter-server job needs roles.ps.count >= 1, ranked before the workers")
     _init_rpc(f"worker{ctx.role_index}", rank, world)
+
+    def position() -> Mapping[str, Any] | None:  # the reader ctx.checkpoint saves, if there is one
+        reader = ctx.checkpoint.objects.get("reader") if ctx.checkpoint.url is not None else None
+        return None if reader is None else reader.state_dict()  # type: ignore[no-any-return]
+
     client = ParameterServerClient(model, num_ps=num_ps, worker=ctx.role_index, optimizer=spec,
-                                   num_workers=world - num_ps, heartbeat=lambda: ctx.heartbeat("alive"))
+                                   num_workers=world - num_ps, heartbeat=lambda: ctx.heartbeat("alive"),
+                                   position=position)
     ctx.on_finish(client.finish)  # before the final save: see `ParameterServerClient.finish`
     return client
