@@ -57,6 +57,9 @@ def make_reader(
         columns: fields to read (default: all).
         filter: a ``pyarrow.compute`` expression or DNF tuples (``[("label", "<", 5)]``), pushed down
             to row-group statistics; matching rows are counted before reading so shards stay equal.
+            It may name the Hive partition keys of a partitioned folder (``year`` of ``year=2024/``),
+            typed as ``pyarrow.dataset``'s Hive partitioning types them; files whose folders rule the
+            filter out are not read.
         shuffle, seed: shuffle row groups per epoch, then rows within a window of ``shuffle_buffer``
             rows (default: about 32 MiB of decoded rows), reproducibly from ``seed`` and the epoch.
         num_epochs: epochs to iterate; None for forever.
@@ -69,8 +72,11 @@ def make_reader(
         prefetch: tasks (row-group slices) read ahead; default ``2 * workers``.
         workers: reading/decoding threads; default ``min(4, cpus)``, at least 2.
         on_error: ``"raise"`` on a corrupt row group (naming file and row group), or ``"skip"`` it,
-            count it in ``reader.stats`` and warn at the end of the epoch; the shard then reads as many
-            of its own rows again in their place, so that it still yields ``len(reader)`` batches.
+            count it in ``reader.stats`` and warn at the end of the epoch. Each lost row's place in its
+            batch is taken by a readable sample (the first at or after half an epoch further in the
+            epoch's order), so a shard still yields ``len(reader)`` batches, every rank's state is the
+            same, and a resumed reader yields what the uninterrupted one would have. A row group is
+            then read whole before its rows are used (so it is lost whole or not at all).
         storage_options: passed to fsspec (credentials, endpoint).
 
     Raises:
@@ -107,6 +113,16 @@ def make_reader(
         if not columns:
             raise ReaderError(f"columns=[] selects nothing; pass some of the fields {names}, or None for all")
         unknown = [c for c in columns if c not in names]
+        keys = [c for c in unknown if c in dataset.partition_keys]
+        if keys:
+            raise ReaderError(
+                f"columns={list(columns)!r}: {keys!r} of {dataset.url!r} are Hive partition keys, in its "
+                "folder names (key=value/), not columns of its files, and shardkit does not read them "
+                f"into batches (its fields are {names}). Filter on them (filter=[({keys[0]!r}, '=', ...)]) "
+                "and leave them out of columns=, or rewrite the data with the keys as columns: "
+                f"shardkit.write_dataset(pyarrow.dataset.dataset({dataset.url!r}, partitioning='hive')"
+                ".to_table(), url)"
+            )
         if unknown:
             raise ReaderError(f"unknown column(s) {unknown!r} for {dataset.url!r}; its fields are {names}")
         twice = sorted({c for c in columns if list(columns).count(c) > 1})

@@ -21,13 +21,18 @@ stage ``i``" (a shorter piece: all of it, if that is less) describes the global 
 is the list of stages ``[(num_shards, c), ...]``; replaying it removes exactly the consumed pieces
 from ``remaining``, and the next stage splits the rest among any number of shards: nothing repeats,
 nothing is skipped.
+
+Lost rows. With ``on_error="skip"``, a row that cannot be read keeps its place in the order; the reader
+puts a readable sample there, the first at or after half an epoch further in ``pi`` (`first_readable`
+finds it from what is known to be unreadable, `EpochOrder.locate` says where a sample is), so which row
+takes its place depends on the data and ``pi`` only, and a resume (with any number of shards) agrees.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import itertools
-from collections.abc import Sequence
+from collections.abc import Collection, Mapping, Sequence
 from functools import cached_property
 from typing import Literal
 
@@ -79,6 +84,25 @@ class EpochOrder:
             return np.arange(size)
         return np.random.default_rng([self.seed, self.epoch, w, 1]).permutation(size)
 
+    def stream_positions(self, pi: np.ndarray) -> np.ndarray:
+        """The stream positions of the ``pi`` indices ``pi``."""
+        pi = np.asarray(pi, dtype=np.int64)
+        if not self.shuffle:
+            return pi
+        size = self.window_size()
+        windows = pi // size
+        out = np.empty_like(pi)
+        for w in np.unique(windows).tolist():
+            mine = windows == w
+            out[mine] = w * size + self.window_permutation(w)[pi[mine] - w * size]
+        return out
+
+    def locate(self, pi: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """The row group (index) and the row in it of each of the ``pi`` indices ``pi``."""
+        stream = self.stream_positions(pi)
+        i = np.searchsorted(self.stream_offsets, stream, side="right") - 1
+        return self.group_order[i], stream - self.stream_offsets[i]
+
     def segments(self, start: int, stop: int, order: np.ndarray | None = None,
                  offsets: np.ndarray | None = None) -> list[tuple[int, int, int]]:
         """Stream positions ``[start, stop)`` as ``(row_group, row_start, row_stop)`` pieces."""
@@ -94,6 +118,65 @@ class EpochOrder:
             start = max(start, hi)
             i += 1
         return out
+
+
+#: ``pi`` indices looked at together when an unshuffled order is searched for readable rows
+PROBE_ROWS = 1 << 16
+
+
+def first_readable(order: EpochOrder, start: np.ndarray, bad_groups: Collection[int],
+                   bad_rows: Mapping[int, Collection[int]]) -> np.ndarray | None:
+    """For each ``pi`` index of ``start``, the first one at or after it (cyclically) whose row is not
+    known to be unreadable: not in a row group of ``bad_groups``, not one of ``bad_rows[row group]``.
+    None when every row of the epoch is known to be unreadable.
+
+    Example:
+        >>> order = EpochOrder(np.array([3, 3, 3]), seed=0, epoch=0, shuffle=False, window=3)
+        >>> first_readable(order, np.array([4, 7]), bad_groups={1}, bad_rows={2: {1}})
+        array([6, 8])
+
+    The search goes a block of ``pi`` at a time (a shuffle window, or `PROBE_ROWS` unshuffled): a long
+    run of unreadable rows costs a few vectorized steps, not one per row.
+    """
+    start = np.asarray(start, dtype=np.int64)
+    n = order.num_samples
+    if (not bad_groups and not bad_rows) or not len(start):
+        return start
+    block = order.window_size() if order.shuffle else PROBE_ROWS
+    blocks = -(-n // block)
+    groups = np.fromiter(bad_groups, dtype=np.int64, count=len(bad_groups))
+    nearest: dict[int, np.ndarray] = {}  # block -> for each of its offsets, the first readable one on
+
+    def first_ok(b: int) -> np.ndarray:
+        if b not in nearest:
+            g, r = order.locate(np.arange(b * block, min(n, (b + 1) * block)))
+            bad = np.isin(g, groups)
+            for group, rows in bad_rows.items():
+                mine = g == group
+                if mine.any():
+                    bad[mine] |= np.isin(r[mine], np.fromiter(rows, dtype=np.int64, count=len(rows)))
+            index = np.where(bad, len(bad), np.arange(len(bad)))
+            nearest[b] = np.minimum.accumulate(index[::-1])[::-1]
+        return nearest[b]
+
+    out = start.copy()
+    at = start.copy()
+    pending = np.arange(len(start))
+    for _ in range(blocks + 1):  # a full turn: back in its first block, from that block's start
+        b_of = at[pending] // block
+        missed = []
+        for b in np.unique(b_of).tolist():
+            mine = pending[b_of == b]
+            ok = first_ok(b)
+            hit = ok[at[mine] - b * block]
+            found = hit < len(ok)
+            out[mine[found]] = b * block + hit[found]
+            at[mine[~found]] = (b + 1) * block if (b + 1) * block < n else 0
+            missed.append(mine[~found])
+        pending = np.concatenate(missed)
+        if not len(pending):
+            return out
+    return None
 
 
 def total(ranges: Sequence[tuple[int, int]]) -> int:
@@ -115,28 +198,52 @@ def take(ranges: Sequence[tuple[int, int]], start: int, stop: int) -> Ranges:
     return out
 
 
-def _split(remaining: Ranges, num_shards: int, remainder: Remainder, batch: int, drop_last: bool
-           ) -> list[Ranges]:
-    """Cut ``remaining`` into ``num_shards`` contiguous pieces per the remainder policy."""
-    n = total(remaining)
+def _split(remaining: Ranges, num_shards: int, remainder: Remainder, batch: int, drop_last: bool, *,
+           n: int) -> tuple[list[Ranges], Ranges]:
+    """Cut ``remaining`` into ``num_shards`` contiguous pieces per the remainder policy; also returns the
+    stage's samples: ``remaining`` and its padding, in order (the pieces are a prefix of them).
+
+    ``pad`` repeats the first samples of ``remaining`` as *virtual* indices: sample ``v`` again is
+    ``v + layer * n`` with a ``layer`` above every index in ``remaining`` (`_real` maps them back). So
+    the padding a stage did not consume stays in the next stage's ``remaining`` as samples of its own,
+    and a resume in the same number of shards splits exactly the rest of each piece (re-padding from
+    the resumed stage's first samples instead gave its last shard other repeats than the job without
+    the resume).
+    """
+    total_rows = total(remaining)
     if remainder == "uneven":
-        sizes = [n // num_shards + (1 if k < n % num_shards else 0) for k in range(num_shards)]
+        sizes = [total_rows // num_shards + (1 if k < total_rows % num_shards else 0)
+                 for k in range(num_shards)]
         if drop_last:  # each shard's last partial batch goes; the pieces stay contiguous
             sizes = [size // batch * batch for size in sizes]
     else:
-        per = n // num_shards if remainder == "drop" else -(-n // num_shards)
+        per = total_rows // num_shards if remainder == "drop" else -(-total_rows // num_shards)
         if drop_last:
             per = per // batch * batch
         sizes = [per] * num_shards
-    extended = remaining
+    extended = list(remaining)
     need = sum(sizes)
     while total(extended) < need:  # pad: repeat from the start of the stage
-        extended = extended + take(remaining, 0, need - total(extended))
+        layer = max(b - 1 for _, b in extended) // n + 1
+        extended += [(a + layer * n, b + layer * n) for a, b in take(remaining, 0, need - total(extended))]
     pieces, pos = [], 0
     for size in sizes:
         pieces.append(take(extended, pos, pos + size))
         pos += size
-    return pieces
+    return pieces, extended
+
+
+def _real(ranges: Ranges, n: int) -> Ranges:
+    """``ranges`` with virtual (padding) indices mapped back to the samples they repeat (see `_split`)."""
+    out: Ranges = []
+    for a, b in ranges:
+        lo = a
+        while lo < b:
+            layer = lo // n
+            stop = min(b, (layer + 1) * n)
+            out.append((lo - layer * n, stop - layer * n))
+            lo = stop
+    return out
 
 
 def _subtract(remaining: Ranges, consumed: Ranges) -> Ranges:
@@ -191,7 +298,7 @@ def shard_ranges(
     for past_shards, consumed in history:
         if past_shards <= 0 or consumed < 0:
             raise ReaderError(f"resume history entry {(past_shards, consumed)} is invalid")
-        pieces = _split(remaining, past_shards, remainder, batch_size, drop_last)
+        pieces, stage = _split(remaining, past_shards, remainder, batch_size, drop_last, n=num_samples)
         # A shorter piece (remainder="uneven") is read whole when the longest one reaches ``consumed``.
         gone = [r for piece in pieces for r in take(piece, 0, consumed)]
         if consumed > max(total(piece) for piece in pieces):
@@ -199,8 +306,9 @@ def shard_ranges(
                 f"resume state says each of {past_shards} shards consumed {consumed} samples, more than "
                 f"the stage holds; the state belongs to another dataset or reader configuration"
             )
-        remaining = _subtract(remaining, _merge(gone))
-    return _split(remaining, num_shards, remainder, batch_size, drop_last)[shard]
+        remaining = _subtract(stage, _merge(gone))  # padding not consumed stays (see `_split`)
+    pieces, _ = _split(remaining, num_shards, remainder, batch_size, drop_last, n=num_samples)
+    return _real(pieces[shard], num_samples)
 
 
 def validate_shard(shard: int, num_shards: int) -> None:

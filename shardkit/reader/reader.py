@@ -13,19 +13,21 @@ gathered from its tasks' rows instead.
 Position. The reader counts, for the current stage of the epoch (see the plan's docstring), the
 samples of its piece that its yielded batches cover (``consumed``) and the batches it yielded
 (``steps``). Iterating again after a ``break`` continues from that position (a reader has one live
-iteration: starting a new one, `load_state_dict` or `close` ends the previous one). Rows of a skipped
-corrupt row group count as covered, so a resume does not read them again.
+iteration: starting a new one, `load_state_dict` or `close` ends the previous one).
 
-Skipped rows (``on_error="skip"``). A shard still yields ``len(reader)`` batches, so that ranks keep
-stepping together (one rank with fewer steps would hang an allreduce): at the end of the epoch its
-place is taken by as many rows of the shard read again from the start of its piece (repeats, as
-``remainder="pad"`` repeats a few). A reader resumed past a skip does not know of it and yields the
-rest of its piece only.
+Lost rows (``on_error="skip"``). A row of a corrupt row group (or a row that cannot be decoded) is
+lost; its place in the batch is taken by a readable sample: the first one at or after half an epoch
+further in the epoch's order ``pi`` (cyclically; see `Reader._substitutes`). So every batch holds the
+positions it holds on intact data, a shard yields ``len(reader)`` batches (ranks keep stepping
+together: one rank with fewer steps would hang an allreduce), every rank's `state_dict` is the same
+position, and a reader resumed anywhere yields what the uninterrupted one yields from there: which row
+takes a lost row's place depends on the data and the epoch's order only, never on what a reader read
+before. The repeats are counted in ``stats["repeated_rows"]``.
 """
 
 from __future__ import annotations
 
-import contextlib
+import functools
 import hashlib
 import os
 import sys
@@ -41,12 +43,13 @@ from shardkit.dataset.index import SLICE_ROWS, Dataset
 from shardkit.dataset.schema import Schema
 from shardkit.errors import CorruptDatasetError, ReaderError
 from shardkit.reader import batching
-from shardkit.reader.filter import Filter, select_rows, to_expression
+from shardkit.reader.filter import Filter, Partitions, select_rows, to_expression
 from shardkit.reader.plan import (
     EpochOrder,
     Remainder,
     Task,
     Window,
+    first_readable,
     shard_ranges,
     shard_windows,
     split_tasks,
@@ -85,10 +88,11 @@ class Reader:
         self.rows_per_group = dataset.rows_per_group
         self.stats: dict[str, int] = {"pruned_row_groups": 0, "skipped_row_groups": 0, "repeated_rows": 0}
         if filter is not None:
-            expr = to_expression(filter, dataset.arrow_schema)
+            partitions = Partitions.of(dataset)
+            expr = to_expression(filter, dataset.arrow_schema, partitions)
             self.filter_text = str(expr)
             self.rows_per_group, selection, self.stats["pruned_row_groups"], unreadable = select_rows(
-                dataset, expr, on_error)
+                dataset, expr, on_error, partitions)
             if unreadable:  # on_error="skip": they hold no sample of this reader
                 self.stats["skipped_row_groups"] += len(unreadable)
                 warnings.warn(f"skipped {len(unreadable)} corrupt row group(s) while counting the rows that "
@@ -115,6 +119,7 @@ class Reader:
         self._consumed = 0  # piece positions of the current stage covered by yielded batches
         self._steps = 0  # batches yielded in the current stage
         self._generation = 0  # bumped to end the live iteration (new iteration, load_state_dict, close)
+        self._repeated_before = 0  # stats["repeated_rows"] when the epoch (or its resume) began
         if len(self) == 0:  # an epoch without a batch: num_epochs=None would spin without yielding
             samples = total(shard_ranges(self.num_samples, shard=shard, num_shards=num_shards,
                                          remainder=remainder))
@@ -190,28 +195,23 @@ class Reader:
 
         results = self._prefetched(reads())
         position = start
-        missing = 0  # rows of skipped (corrupt) row groups this pass did not yield
         try:
             for window in windows:
                 parts = [next(results) for _ in window.tasks]
                 emit, sizes, scatter = prepared.popleft()
-                placed = None if scatter is None else scatter.placed(parts)
-                if placed is not None:
-                    parts, emit = [[placed]], None  # the workers put the rows in emission order
-                emitted = 0
-                for chunk in _chunks(parts, emit, sizes, position, batcher.need):
-                    emitted += batching.num_rows(chunk)
+                placed = None if scatter is None else scatter.placed(
+                    [p.chunks if p is not None and p.whole else None for p in parts])
+                if placed is not None:  # the workers put the rows in emission order
+                    chunks = _chunks([Part([placed])], None, [window.num_rows], position, batcher.need)
+                else:
+                    lost_at = functools.partial(self._in_place_of, order, ranges, position)
+                    chunks = _chunks(parts, emit, sizes, position, batcher.need, lost_at=lost_at)
+                for chunk in chunks:
                     for batch in batcher.add(chunk):
                         yield self._step(batch)
                         if generation != self._generation:
                             return
-                missing += window.num_rows - emitted
                 position += window.num_rows
-            for chunk in self._refill(windows, order, missing, position - 1) if missing else ():
-                for batch in batcher.add(chunk):
-                    yield self._step(batch)
-                    if generation != self._generation:
-                        return
             for batch in batcher.flush():
                 yield self._step(batch)
                 if generation != self._generation:
@@ -221,48 +221,70 @@ class Reader:
         if generation == self._generation:
             self._finish_epoch()
 
-    def _refill(self, windows: Sequence[Window], order: EpochOrder, missing: int, last: int
-                ) -> Iterator[Columns]:
-        """``missing`` rows of this shard's piece read again from its start, in its order (cycling when it
-        has fewer), in place of rows of skipped row groups, all at piece position ``last`` (its end: a
-        resume reads on from there). Raises `CorruptDatasetError` when no row of the piece can be read."""
-        got = 0
-        while got < missing:
-            before = got
-            with contextlib.closing(self._reread(windows, order)) as chunks:
-                for chunk in chunks:
-                    n = min(batching.num_rows(chunk), missing - got)
-                    got += n
-                    self.stats["repeated_rows"] += n
-                    yield {**{k: v[:n] for k, v in chunk.items()}, _POSITION: np.full(n, last)}
-                    if got == missing:
-                        return
-            if got == before:
+    def _in_place_of(self, order: EpochOrder, ranges: Sequence[tuple[int, int]], position: int,
+                 emitted: np.ndarray) -> Columns:
+        """Rows in place of the lost rows ``emitted`` (indices in a window's emission order, which starts
+        at piece position ``position`` of ``ranges``)."""
+        return self._substitutes(order, _pi_at(ranges, position + emitted))
+
+    def _substitutes(self, order: EpochOrder, lost: np.ndarray) -> Columns:
+        """Readable rows in place of the samples ``lost`` (indices of ``pi``) that could not be read.
+
+        The place of sample ``x`` is taken by the first readable sample at or after ``x + N // 2`` in
+        ``pi`` (cyclically, ``N`` samples in the epoch): half an epoch away, so a long run of lost rows
+        takes as many distinct rows where those can be read (not the same few again and again), and
+        the choice depends only on the epoch's order and on which rows can be read: a resumed reader,
+        or another number of shards, makes the same choice. Rows already known to be unreadable are
+        passed over unread; the others are read (again), and when found unreadable, passed over too.
+
+        Raises `CorruptDatasetError` when no sample of the epoch can be read.
+        """
+        n = order.num_samples
+        candidates = (np.asarray(lost, dtype=np.int64) + n // 2) % n
+        source = self._source
+        found: dict[int, tuple[Columns, int]] = {}  # pi index -> (decoded rows, row among them)
+        while True:
+            readable = first_readable(order, candidates, *source.known_bad())
+            if readable is None:
                 raise CorruptDatasetError(
-                    f"shard {self.shard} of {self.num_shards} could read none of its rows in epoch "
-                    f"{self.epoch}: every row group it reads was skipped as corrupt (on_error='skip'); "
-                    f"first: {next(iter(self._source.skipped.values()), '?')}. Rewrite the dataset"
+                    f"shard {self.shard} of {self.num_shards}, epoch {self.epoch}: no sample of "
+                    f"{self.dataset.url!r}{' matching the filter' if self.filter_text else ''} can be read "
+                    f"in the place of the {len(lost)} lost: every one is in a row group (or is a row) "
+                    f"skipped as corrupt (on_error='skip'); first: {next(iter(source.skipped.values()), '?')}"
+                    ". Rewrite the dataset"
                 )
-
-    def _reread(self, windows: Sequence[Window], order: EpochOrder) -> Generator[Columns, None, None]:
-        """The rows of ``windows`` this shard emits, read again, in emission order (skipped ones left out)."""
-        prepared: deque[tuple[np.ndarray | None, list[int]]] = deque()
-
-        def reads() -> Iterator[tuple[Task, np.ndarray | None, bool, _Slot]]:
-            for w in windows:
-                emit, rows, sizes = _needed_rows(w, order)
-                prepared.append((emit, sizes))
-                for t, r in zip(w.tasks, rows, strict=True):
-                    yield t, r, True, None
-
-        results = self._prefetched(reads())
-        try:
-            for w in windows:
-                parts = [next(results) for _ in w.tasks]
-                emit, sizes = prepared.popleft()
-                yield from _chunks(parts, emit, sizes, 0, lambda: self.batch_size)
-        finally:
-            results.close()
+            candidates = readable
+            todo = np.unique(candidates[[int(c) not in found for c in candidates]])
+            if not len(todo):
+                break
+            groups, rows = order.locate(todo)
+            reads = []
+            for g in np.unique(groups).tolist():
+                mine = groups == g
+                needed = rows[mine]
+                sort = np.argsort(needed, kind="stable")  # a read takes its rows in ascending order
+                lo = int(needed[sort[0]])
+                task = Task(g, lo, int(needed[sort[-1]]) + 1)
+                reads.append((todo[mine][sort], needed[sort] - lo,
+                              self._executor().submit(source.read, task, needed[sort] - lo)))
+            for pis, rel, future in reads:
+                part = future.result()
+                if part is None:
+                    continue  # the row group is now a known bad one: the next round passes it over
+                decoded = batching.concat(part.chunks) if part.chunks else {}
+                kept = np.ones(len(rel), dtype=bool)  # rows that decoded (the others: known bad now)
+                kept[part.lost] = False
+                at = np.cumsum(kept) - 1
+                for k, x in enumerate(pis.tolist()):
+                    if kept[k]:
+                        found[x] = (decoded, int(at[k]))
+        rows_of = [found[int(c)] for c in candidates]
+        chunks = list({id(d): d for d, _ in rows_of}.values())
+        index = {id(d): i for i, d in enumerate(chunks)}
+        owner = np.array([index[id(d)] for d, _ in rows_of], dtype=np.int64)
+        local = np.array([r for _, r in rows_of], dtype=np.int64)
+        self.stats["repeated_rows"] += len(lost)
+        return batching.gather(chunks, owner, local)
 
     def _step(self, batch: Columns) -> Columns:
         """Account for a batch about to be yielded: from now on `state_dict` counts it as consumed."""
@@ -275,10 +297,12 @@ class Reader:
         if skipped:
             self.stats["skipped_row_groups"] += len(skipped)
             warnings.warn(f"epoch {self.epoch}: skipped {len(skipped)} corrupt row group(s) "
-                          f"(on_error='skip'; rows of the shard are read again in their place, so it "
+                          f"(on_error='skip'; readable rows took the places of the "
+                          f"{self.stats['repeated_rows'] - self._repeated_before} rows lost, so the shard "
                           f"still yields len(reader) batches); first: {next(iter(skipped.values()))}",
                           stacklevel=3)
             skipped.clear()
+        self._repeated_before = self.stats["repeated_rows"]
         self.epoch += 1
         self._history, self._consumed, self._steps = [], 0, 0
 
@@ -312,8 +336,11 @@ class Reader:
     def _read(self, task: Task, rows: np.ndarray | None, to_end: bool, slot: _Slot) -> Part | None:
         """One task, in a worker thread: decoded, and placed in its window when the window scatters."""
         part = self._source.read(task, rows, whole=self.shuffle and slot is None, to_end=to_end)
-        if part is not None and slot is not None:
-            slot[0].place(part, slot[1])
+        if slot is not None:
+            if part is not None and part.whole:
+                slot[0].place(part.chunks, slot[1])
+            else:  # rows lost: the window is gathered, with rows in their place
+                slot[0].ok = False
         return part
 
     # ---- state -------------------------------------------------------------------------------
@@ -365,6 +392,7 @@ class Reader:
             raise ReaderError(f"the reader state is malformed ({e!r}): {state!r:.200}") from e
         self._ranges(history)  # validates the history against this sample space
         self.epoch, self._history, self._consumed, self._steps = epoch, history, 0, 0
+        self._repeated_before = self.stats["repeated_rows"]
         self._generation += 1
 
     # ---- lifecycle ---------------------------------------------------------------------------
@@ -427,45 +455,68 @@ def _scatter_plan(emit: np.ndarray | None, sizes: list[int], recycler: batching.
     return batching.Scatter(total_rows, recycler), dests
 
 
-def _chunks(parts: list[Part | None], emit: np.ndarray | None, sizes: list[int], position: int,
-            need: Callable[[], int]) -> Iterator[Columns]:
+def _chunks(parts: Sequence[Part | None], emit: np.ndarray | None, sizes: list[int], position: int,
+            need: Callable[[], int], *, lost_at: Callable[[np.ndarray], Columns] | None = None
+            ) -> Iterator[Columns]:
     """A window's rows in emission order, as chunks for the batcher, each with its piece positions.
 
-    ``parts`` are the decoded tasks (None: skipped as corrupt), ``sizes`` the rows each decoded, and
-    ``emit`` indexes their concatenation (None: all rows, in order). In order, the decoded chunks go
-    out as they are (views, no copy); otherwise each chunk is gathered from the parts, ``need()`` rows
-    at a time so that it completes the batcher's next batch without a further copy. The position
-    column holds, per row, ``position`` plus its index in the window's emission order (rows of a
-    skipped part are left out, but still count as covered).
+    ``parts`` are the decoded tasks (None: the row group is corrupt and skipped), ``sizes`` the rows each
+    decodes, and ``emit`` indexes their concatenation (None: all rows, in order). In order, the decoded
+    chunks go out as they are (views, no copy); otherwise each chunk is gathered from the parts,
+    ``need()`` rows at a time so that it completes the batcher's next batch without a further copy.
+    Lost rows (of skipped parts, or that a part could not decode) keep their places: ``lost_at(j)``
+    gives the rows that take them, for their indices ``j`` in the emission order. The position column
+    holds, per row, ``position`` plus its index in the window's emission order.
     """
-    chunks = [c for p in parts if p is not None for c in p]
-    if not chunks:
-        return
-    if emit is None and all(p is not None for p in parts):
-        offset = position
-        for chunk in chunks:
-            n = batching.num_rows(chunk)
-            yield {**chunk, _POSITION: np.arange(offset, offset + n)}
-            offset += n
-        return
-    counts = np.asarray(sizes, dtype=np.int64)
-    order = np.arange(int(counts.sum())) if emit is None else emit
-    covered = np.arange(len(order))
-    ok = np.array([p is not None for p in parts], dtype=bool)
-    if not ok.all():  # drop the rows of skipped parts; renumber the rest within the present ones
-        owner = np.searchsorted(np.cumsum(counts), order, side="right")
-        keep = ok[owner]
-        gone_before = np.cumsum(np.where(ok, 0, counts)) - np.where(ok, 0, counts)
-        covered, order = covered[keep], order[keep] - gone_before[owner[keep]]
+    if all(p is not None and p.whole for p in parts):
+        chunks = [c for p in parts if p is not None for c in p.chunks]
+        if emit is None:
+            offset = position
+            for chunk in chunks:
+                n = batching.num_rows(chunk)
+                yield {**chunk, _POSITION: np.arange(offset, offset + n)}
+                offset += n
+            return
+        order = emit
+    else:
+        counts = np.asarray(sizes, dtype=np.int64)
+        bounds = np.concatenate([[0], np.cumsum(counts)])
+        ok = np.ones(int(bounds[-1]), dtype=bool)
+        for i, p in enumerate(parts):
+            if p is None:
+                ok[bounds[i] : bounds[i + 1]] = False
+            else:
+                ok[bounds[i] + p.lost] = False
+        order = np.arange(len(ok)) if emit is None else emit
+        lost = np.flatnonzero(~ok[order])  # none, when this shard emits none of the lost rows
+        chunks = [c for p in parts if p is not None for c in p.chunks]
+        readable = sum(batching.num_rows(c) for c in chunks)
+        order = (np.cumsum(ok) - 1)[order]  # index among the readable rows; then the lost ones'
+        if len(lost):
+            if lost_at is None:
+                raise ValueError("rows were lost and nothing gives rows in their place")
+            chunks.append(lost_at(lost))
+            order[lost] = readable + np.arange(len(lost))
     lengths = np.array([batching.num_rows(c) for c in chunks], dtype=np.int64)
-    bounds = np.cumsum(lengths)
-    owner = np.searchsorted(bounds, order, side="right")
-    local = order - (bounds - lengths)[owner]
+    ends = np.cumsum(lengths)
+    owner = np.searchsorted(ends, order, side="right")
+    local = order - (ends - lengths)[owner]
     pos = 0
     while pos < len(order):
         cut = slice(pos, pos + need())
-        yield {**batching.gather(chunks, owner[cut], local[cut]), _POSITION: position + covered[cut]}
+        yield {**batching.gather(chunks, owner[cut], local[cut]),
+               _POSITION: position + np.arange(cut.start, min(cut.stop, len(order)))}
         pos = cut.stop
+
+
+def _pi_at(ranges: Sequence[tuple[int, int]], positions: np.ndarray) -> np.ndarray:
+    """The ``pi`` indices at ``positions`` of the concatenation of ``ranges`` (a shard's piece)."""
+    lengths = np.array([b - a for a, b in ranges], dtype=np.int64)
+    ends = np.cumsum(lengths)
+    k = np.searchsorted(ends, positions, side="right")
+    starts = np.array([a for a, _ in ranges], dtype=np.int64)
+    pi: np.ndarray = starts[k] + positions - (ends - lengths)[k]
+    return pi
 
 
 def _job_world(shard: int | None, num_shards: int | None) -> tuple[int, int]:

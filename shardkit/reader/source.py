@@ -18,10 +18,18 @@ listing of the dataset, made at the reader's first read through the cache (one r
 files, not one per file); locally, and where the store refuses the listing, each file is looked at
 once (a ``stat``, or one request) before its first read. A file whose filesystem gives no version
 at all is read without the cache: an entry could not be told from a stale one. No cache, no listing.
+
+Corrupt data (``on_error="skip"``). What is lost must not depend on how the reader happened to cut its
+tasks (a resumed reader cuts them elsewhere), so with ``on_error="skip"`` a row group is read to its end
+before any of its rows is used: a row group that cannot be read is lost whole, in every task and every
+pass. A row that cannot be decoded (a corrupt image) is lost alone: the task's other rows are decoded
+one by one. Either way the facts are kept (`RowGroupSource.bad_groups`, `RowGroupSource.bad_rows`) for
+the reader to find readable rows in the place of lost ones without reading them again.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 from collections import OrderedDict
 from collections.abc import Callable, Iterator, Sequence
@@ -39,7 +47,21 @@ if TYPE_CHECKING:
     from shardkit.reader.cache import RowGroupCache
 
 Columns = dict[str, np.ndarray]
-Part = list[Columns]  # one task's decoded rows, as chunks in row order
+
+
+@dataclasses.dataclass(frozen=True)
+class Part:
+    """One task's decoded rows: ``chunks`` of its readable rows in order, and ``lost``, the indices (among
+    the rows the task decodes) of rows that could not be decoded and were skipped (``on_error="skip"``)."""
+
+    chunks: list[Columns]
+    lost: np.ndarray = dataclasses.field(default_factory=lambda: np.zeros(0, dtype=np.int64))
+
+    @property
+    def whole(self) -> bool:
+        """Whether every row of the task is here."""
+        return not len(self.lost)
+
 RECENT_READS = 2  # row-group tables kept for the next task (bounded memory: two row groups)
 
 
@@ -61,11 +83,20 @@ class RowGroupSource:
         self.cache = cache
         self.on_error = on_error
         self.skipped: dict[int, str] = {}  # corrupt row groups skipped (index -> error), until cleared
+        # facts, kept for good (on_error="skip"): row groups that cannot be read, and per row group the
+        # rows (of the plan: a filter's selected rows) that cannot be decoded
+        self.bad_groups: set[int] = set()
+        self.bad_rows: dict[int, set[int]] = {}
         self.remote_reads = 0
         self._lock = threading.Lock()
         self._recent: OrderedDict[int, _Shared] = OrderedDict()
         self._versions: dict[str, str | None] | None = None  # file -> version, when a cache is in use
         self._versions_lock = threading.Lock()
+
+    def known_bad(self) -> tuple[frozenset[int], dict[int, frozenset[int]]]:
+        """A snapshot of `bad_groups` and `bad_rows` (worker threads add to them meanwhile)."""
+        with self._lock:
+            return frozenset(self.bad_groups), {g: frozenset(r) for g, r in self.bad_rows.items()}
 
     def _stream(self, row_group: int, on_done: Callable[[pa.Table], None] | None = None) -> _Stream:
         with self._lock:
@@ -124,7 +155,8 @@ class RowGroupSource:
         ``whole=True`` concatenates the chunks into one (here, in the worker thread): what a shuffle
         window gathers from, at a fraction of the cost of gathering from many small chunks.
         ``to_end=False`` (with a cache): read the row group only as far as this task needs; a later
-        task of the row group reads it to its end, and the whole row group is then cached.
+        task of the row group reads it to its end, and the whole row group is then cached. With
+        ``on_error="skip"`` every task reads its row group to its end (see the module docstring).
         """
         try:
             selected = self.selection.get(task.row_group)
@@ -134,24 +166,61 @@ class RowGroupSource:
                 index = (rows + task.start) if index is None else index[rows]
             # read as far as the last row needed (none needed: no further than read already)
             end = task.stop if index is None else int(index.max(initial=-1)) + 1
-            table = self._arrow(task.row_group, end if self.cache is None or not to_end else None)
+            partial = self.on_error == "raise" and (self.cache is None or not to_end)
+            table = self._arrow(task.row_group, end if partial else None)
             if index is None:
                 batches = table.slice(task.start, task.stop - task.start).to_batches()
             else:
                 batches = _take(table, index)
-            chunks = [self.dataset.decode(batch) for batch in batches if batch.num_rows]
-            return [batching.concat(chunks)] if whole and len(chunks) > 1 else chunks
+            chunks, lost = self._decode([b for b in batches if b.num_rows], task, rows)
+            return Part([batching.concat(chunks)] if whole and len(chunks) > 1 else chunks, lost)
         except CorruptDatasetError as e:
-            rg = self.dataset.row_groups[task.row_group]
-            where = f"row group {rg.index} of {self.dataset.location.join(rg.file)!r}"
-            error = e if where in str(e) else CorruptDatasetError(f"{where}: {e}")
+            error = self._located(task, e)
             if self.on_error == "raise":
                 if error is e:
                     raise
                 raise error from e
             with self._lock:
                 self.skipped.setdefault(task.row_group, str(error))
+                self.bad_groups.add(task.row_group)
             return None
+
+    def _located(self, task: Task, e: CorruptDatasetError) -> CorruptDatasetError:
+        """``e``, or a copy of it that names the row group and its file."""
+        rg = self.dataset.row_groups[task.row_group]
+        where = f"row group {rg.index} of {self.dataset.location.join(rg.file)!r}"
+        return e if where in str(e) else CorruptDatasetError(f"{where}: {e}")
+
+    def _decode(self, batches: Sequence[pa.RecordBatch], task: Task, rows: np.ndarray | None
+                ) -> tuple[list[Columns], np.ndarray]:
+        """The batches decoded, and the indices (among their rows) of rows that cannot be decoded.
+
+        A batch that fails to decode raises, or with ``on_error="skip"`` is decoded again row by row,
+        leaving out (and remembering) the rows that fail."""
+        chunks: list[Columns] = []
+        lost: list[int] = []
+        offset = 0
+        for batch in batches:
+            try:
+                chunks.append(self.dataset.decode(batch))
+            except CorruptDatasetError as e:
+                if self.on_error == "raise":
+                    raise
+                bad = []
+                for i in range(batch.num_rows):
+                    try:
+                        chunks.append(self.dataset.decode(batch.slice(i, 1)))
+                    except CorruptDatasetError:
+                        bad.append(i)
+                if not bad:  # fails only as a whole: nothing tells its rows apart, so it is lost whole
+                    raise
+                plan_rows = task.start + (np.asarray(bad) if rows is None else rows[np.asarray(bad)])
+                with self._lock:
+                    self.skipped.setdefault(task.row_group, str(self._located(task, e)))
+                    self.bad_rows.setdefault(task.row_group, set()).update(plan_rows.tolist())
+                lost.extend(offset + i for i in bad)
+            offset += batch.num_rows
+        return chunks, np.asarray(lost, dtype=np.int64)
 
 
 def _take(table: pa.Table, index: np.ndarray) -> list[pa.RecordBatch]:

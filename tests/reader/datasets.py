@@ -141,3 +141,28 @@ def read_shard_ids(url: str, shard: int | None, num_shards: int | None, batch_si
         batches = list(reader)
         assert len(batches) == len(reader)
     return [int(i) for i in ids_of(batches)], len(batches)
+
+
+def substitutes(pi_ids: Sequence[int] | np.ndarray, lost: Iterable[int]) -> dict[int, int]:
+    """The id that takes each lost id's place with ``on_error="skip"``: ``pi_ids`` are an epoch's ids in
+    its order (an intact reader's, one shard), ``lost`` the ids that cannot be read. The rule, computed
+    independently of the reader: the first readable id at or after half an epoch further (cyclically)."""
+    ids = np.asarray(pi_ids)
+    n = len(ids)
+    bad = np.isin(ids, list(lost))
+    out = {}
+    for x in np.flatnonzero(bad).tolist():
+        j = (x + n // 2) % n
+        for _ in range(n):
+            if not bad[j]:
+                break
+            j = (j + 1) % n
+        else:
+            raise AssertionError("no readable id")
+        out[int(ids[x])] = int(ids[j])
+    return out
+
+
+def with_substitutes(ids: Iterable[int], table: dict[int, int]) -> list[int]:
+    """``ids`` with each lost one replaced by its substitute (see `substitutes`)."""
+    return [table.get(int(i), int(i)) for i in ids]

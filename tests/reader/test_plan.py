@@ -4,14 +4,24 @@ from __future__ import annotations
 
 import time
 from collections import Counter
+from typing import Any
 
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from shardkit.errors import ReaderError
-from shardkit.reader.plan import EpochOrder, Window, shard_ranges, shard_windows, take, total
+from shardkit.reader.plan import (
+    EpochOrder,
+    Remainder,
+    Window,
+    first_readable,
+    shard_ranges,
+    shard_windows,
+    take,
+    total,
+)
 
 REMAINDERS = ("drop", "pad", "uneven")
 SETTINGS = settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -196,6 +206,44 @@ def test_other_seed_or_epoch_gives_another_order(rows: list[int], seed: int, win
     assert (base != np.arange(n)).mean() > 0.5
 
 
+# ---- lost rows: where a sample is, and the first readable one from a place on -----------------------
+@SETTINGS
+@given(rows=layouts, seed=st.integers(0, 2**32 - 1), shuffle=st.booleans(), window=st.integers(1, 300),
+       data=st.data())
+def test_first_readable_is_the_first_known_readable_sample_on(rows: list[int], seed: int, shuffle: bool,
+                                                              window: int, data: st.DataObject) -> None:
+    order = EpochOrder(as_layout(rows), seed, 3, shuffle, window)
+    n = order.num_samples
+    groups, at = order.locate(np.arange(n))
+    offsets = np.concatenate([[0], np.cumsum(rows)])
+    assert np.array_equal(offsets[groups] + at, sample_ids_of_pi(order, np.arange(n)))
+    bad_groups = set(data.draw(st.lists(st.integers(0, len(rows) - 1), max_size=len(rows))))
+    bad_rows: dict[int, set[int]] = {}
+    for g in data.draw(st.lists(st.integers(0, len(rows) - 1), max_size=4)):
+        if rows[g]:
+            bad_rows.setdefault(g, set()).update(data.draw(st.lists(st.integers(0, rows[g] - 1), max_size=5)))
+    bad = np.array([g in bad_groups or r in bad_rows.get(g, ()) for g, r in zip(groups, at, strict=True)])
+    start = np.array(data.draw(st.lists(st.integers(0, n - 1), max_size=20)), dtype=np.int64)
+    got = first_readable(order, start, bad_groups, bad_rows)
+    if bad.all() and len(start) and (bad_groups or bad_rows):
+        assert got is None
+        return
+    assert got is not None
+    for x, y in zip(start.tolist(), got.tolist(), strict=True):
+        want = next(j % n for j in range(x, x + n) if not bad[j % n])
+        assert y == want, (x, y, want)
+
+
+def test_first_readable_over_a_long_unshuffled_run_is_quick() -> None:
+    """10M samples, the first 9M of them in bad row groups: a few block steps, not a step per row."""
+    order = EpochOrder(np.full(1000, 10_000, dtype=np.int64), 0, 0, False, 1)
+    start = np.array([0, 5_000_000, 8_999_999, 9_500_000], dtype=np.int64)
+    got = first_readable(order, start, set(range(900)), {})
+    assert got is not None
+    assert got.tolist() == [9_000_000, 9_000_000, 9_000_000, 9_500_000]
+    assert first_readable(order, start, set(range(1000)), {}) is None
+
+
 # ---- resume ---------------------------------------------------------------------------------------
 @st.composite
 def resumes(draw: st.DrawFn) -> dict[str, object]:
@@ -250,6 +298,35 @@ def test_exactly_once_across_resumes_with_other_shard_counts(case: dict[str, obj
             assert missing < k, f"{missing} samples lost (only < {k} may be dropped)"
         else:
             assert missing < k * b + sum(s * b for s, _ in history)
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(n=st.integers(1, 300), k=st.integers(1, 12), remainder=st.sampled_from(REMAINDERS),
+       b=st.integers(1, 16), drop_last=st.booleans(),
+       steps=st.lists(st.integers(0, 30), min_size=1, max_size=3))
+@example(n=3, k=2, remainder="pad", b=1, drop_last=False, steps=[1])
+@example(n=31, k=4, remainder="pad", b=3, drop_last=False, steps=[1, 1])
+def test_a_resume_in_the_same_shard_count_continues_every_piece(n: int, k: int, remainder: Remainder, b: int,
+                                                                drop_last: bool, steps: list[int]) -> None:
+    """Stopped after some steps (once or more) and resumed with as many shards: each shard reads the
+    rest of the piece it read uninterrupted, and nothing else. With ``pad`` this failed: the resumed
+    stage padded anew from its own first samples, so the last shard repeated other samples than the
+    uninterrupted job (3 samples, 2 shards, 1 step: it read [1] where the job reads [0])."""
+    if k > n:
+        k = n
+    kw: dict[str, Any] = {"num_shards": k, "remainder": remainder, "batch_size": b, "drop_last": drop_last}
+    fresh = [indices(shard_ranges(n, shard=s, **kw)) for s in range(k)]
+    longest = max(len(f) for f in fresh)
+    history: list[tuple[int, int]] = []
+    done = 0
+    for step in steps:
+        left = longest - done
+        c = min(step * b, left)
+        history.append((k, c))
+        done += c
+        for s in range(k):
+            rest = indices(shard_ranges(n, shard=s, history=history, **kw))
+            assert rest.tolist() == fresh[s][done:].tolist()
 
 
 def test_resume_example_from_the_docstring() -> None:

@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 import shardkit
 from shardkit.errors import CorruptDatasetError, DatasetNotFoundError, ReaderError
 from shardkit.reader.plan import Remainder
-from tests.reader.datasets import ids_of, write_ids, write_layout
+from tests.reader.datasets import ids_of, substitutes, with_substitutes, write_ids, write_layout
 
 
 @pytest.fixture(scope="module")
@@ -206,19 +206,31 @@ def test_corrupt_row_group_skipped(corrupt_ds: tuple[str, str, int, int]) -> Non
             assert reader.stats["skipped_row_groups"] == epoch + 1  # once per epoch it was met
 
 
-def test_skipped_rows_are_not_read_again_on_resume(corrupt_ds: tuple[str, str, int, int]) -> None:
-    url, _, rows, _ = corrupt_ds
-    reader = shardkit.make_reader(url, batch_size=10, shuffle=False, on_error="skip")
+def test_a_reader_resumed_past_a_skip_yields_what_the_uninterrupted_one_yields(
+        corrupt_ds: tuple[str, str, int, int]) -> None:
+    """Resumed two batches past the corrupt row group (rows 184..206): the rest is the uninterrupted
+    reader's rest, batch for batch (the old reader, unaware of the skip, yielded 16 rows fewer)."""
+    url, _, _, _ = corrupt_ds
+    kw: dict[str, Any] = {"batch_size": 10, "shuffle": False, "on_error": "skip"}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)  # "skipped 1 corrupt row group"
+        with shardkit.make_reader(url, **kw) as reader:
+            whole = [b["id"].tolist() for b in reader]
+    reader = shardkit.make_reader(url, **kw)
     it = iter(reader)
-    got = [next(it)["id"] for _ in range(20)]  # past the corrupt row group (rows 184..206)
+    for _ in range(20):
+        next(it)
     state = reader.state_dict()
-    resumed = shardkit.make_reader(url, batch_size=10, shuffle=False, on_error="skip")
+    assert state["history"] == [[1, 200]]  # positions, as on intact data
+    resumed = shardkit.make_reader(url, **kw)
     resumed.load_state_dict(state)
     reader.close()
     assert list(it) == []  # the closed reader's iteration ends (before the end of the epoch: no warning)
-    rest = ids_of(resumed)  # starts past the corrupt row group: nothing skipped, nothing repeated
-    ids = np.concatenate([*got, rest])
-    assert len(ids) == len(set(ids.tolist())) == 500 - rows
+    with pytest.warns(UserWarning, match="skipped 1 corrupt row group"):
+        rest = [b["id"].tolist() for b in resumed]
+    assert rest == whole[20:]
+    assert len(whole) == 50
+    assert resumed.stats["repeated_rows"] == 7  # the lost rows 200..206 it met itself
 
 
 @pytest.fixture(scope="module")
@@ -243,12 +255,15 @@ def skip_pair(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, str, set[i
 def test_skipping_a_corrupt_row_group_keeps_every_shard_in_step(
         skip_pair: tuple[str, str, set[int]], num_shards: int, shuffle: bool, remainder: Remainder,
         batch_size: int, drop_last: bool, seed: int, shuffle_buffer: int) -> None:
-    """Every shard yields the batches (and sizes) it yields on the intact data: the rows it can read, in
-    the same order, then as many of its own rows again (from its start) as it lost."""
+    """Every shard yields the batches (and sizes) it yields on the intact data, each lost row replaced in
+    place by the first readable sample at or after half an epoch further in the epoch's order."""
     intact, broken, lost = skip_pair
     kw: dict[str, Any] = {"num_shards": num_shards, "shuffle": shuffle, "remainder": remainder,
                           "batch_size": batch_size, "drop_last": drop_last, "seed": seed,
                           "shuffle_buffer": shuffle_buffer}
+    order = {k: kw[k] for k in ("shuffle", "seed", "shuffle_buffer")}
+    with shardkit.make_reader(intact, **order) as reader:
+        table = substitutes(ids_of(reader), lost)
     for shard in range(num_shards):
         with shardkit.make_reader(intact, shard=shard, **kw) as reader:
             want = list(reader)
@@ -259,11 +274,9 @@ def test_skipping_a_corrupt_row_group_keeps_every_shard_in_step(
                 got = list(reader)
                 repeated = reader.stats["repeated_rows"]
         assert [len(b["id"]) for b in got] == [len(b["id"]) for b in want]
-        wanted, ids = ids_of(want), ids_of(got)
-        readable = wanted[~np.isin(wanted, list(lost))]
-        missing = len(wanted) - len(readable)
-        assert repeated == missing
-        assert ids.tolist() == [*readable.tolist(), *np.resize(readable, missing).tolist()]
+        wanted = ids_of(want)
+        assert repeated == int(np.isin(wanted, list(lost)).sum())
+        assert ids_of(got).tolist() == with_substitutes(wanted, table)
 
 
 def test_a_filter_skips_a_row_group_it_cannot_read(skip_pair: tuple[str, str, set[int]]) -> None:
@@ -282,15 +295,30 @@ def test_a_filter_skips_a_row_group_it_cannot_read(skip_pair: tuple[str, str, se
     assert reader.stats["repeated_rows"] == 0
 
 
-def test_a_shard_that_can_read_none_of_its_rows_raises(tmp_path: Path) -> None:
+def test_a_shard_that_can_read_none_of_its_rows_still_steps(tmp_path: Path) -> None:
+    """A shard whose rows are all lost yields its batches of readable samples of the epoch (there are
+    some); only when no sample at all can be read does the reader raise, naming the row group."""
     url = write_layout(tmp_path / "ds", [300, 300, 300], files=1)
     ds = shardkit.open_dataset(url)
     for rg in ds.row_groups[1:]:
         corrupt_column_chunk(url, rg.file, rg.index)
     with shardkit.make_reader(url, shard=0, num_shards=3, shuffle=False, on_error="skip") as reader:
         assert ids_of(reader).tolist() == list(range(300))
-    reader = shardkit.make_reader(url, shard=1, num_shards=3, shuffle=False, on_error="skip")
-    with reader, pytest.raises(CorruptDatasetError, match=r"shard 1 of 3 could read none of its rows.*row"):
+    with shardkit.make_reader(url, shard=1, num_shards=3, shuffle=False, on_error="skip",
+                              batch_size=64) as reader:
+        with pytest.warns(UserWarning, match="skipped 2 corrupt row group"):
+            ids = ids_of(reader)
+        assert reader.stats["repeated_rows"] == 300
+    # positions 300..599 are lost; 750..899 and 0.. half an epoch on: 750..899 lost too, so row 0 on
+    assert ids.tolist() == [0] * 150 + list(range(150))
+    broken = write_layout(tmp_path / "all", [300, 300, 300], files=1)
+    with open(os.path.join(broken, "part-00000.parquet"), "r+b") as f:  # every page header
+        for k in range(3):
+            chunk = pq.read_metadata(f.name).row_group(k).column(0)
+            f.seek(chunk.dictionary_page_offset or chunk.data_page_offset)
+            f.write(b"\xff" * 32)
+    reader = shardkit.make_reader(broken, shard=1, num_shards=3, shuffle=False, on_error="skip")
+    with reader, pytest.raises(CorruptDatasetError, match=r"shard 1 of 3.*no sample.*can be read.*row group"):
         list(reader)
 
 
@@ -324,7 +352,9 @@ def test_truncated_file_raises_naming_file_and_row_group(tmp_path: Path) -> None
         lost = sum(ds.row_groups[k].num_rows for k, _ in cut)
         readable = len(set(ids.tolist()))
         assert readable == 500 - lost
-        assert ids[readable:].tolist() == ids[:lost].tolist()  # the lost rows' place: the first rows again
-        assert len(ids) == 500
+        gone = {int(i) for k, _ in cut for i in range(int(ds.rows_per_group[:k].sum()),
+                                                        int(ds.rows_per_group[: k + 1].sum()))}
+        # the lost rows' places: readable rows half an epoch on
+        assert ids.tolist() == with_substitutes(range(500), substitutes(range(500), gone))
         assert reader.stats["repeated_rows"] == lost
         assert reader.stats["skipped_row_groups"] == len(cut)

@@ -201,6 +201,24 @@ def test_any_ranks_state_describes_the_job(tmp_path: Path, remainder: str) -> No
                 assert max(seen[0].values()) == 1
 
 
+@pytest.mark.parametrize("shuffle", [False, True])
+def test_a_padded_epoch_resumes_as_it_would_have_gone_on(tmp_path: Path, shuffle: bool) -> None:
+    """remainder="pad": 31 samples, 4 shards of 8 (one repeat). Resumed with 4 shards after any step,
+    each shard reads what it reads uninterrupted (the last shard read other repeats before: the
+    resumed stage padded anew from its own first samples)."""
+    url = write_layout(tmp_path / "ds", [5, 9, 2, 7, 8])
+    kw: dict[str, Any] = {"batch_size": 3, "remainder": "pad", "shuffle": shuffle, "shuffle_buffer": 7,
+                          "seed": 4}
+    readers = open_readers(url, 4, None, **kw)
+    whole = [[b["id"].tolist() for b in r] for r in readers]
+    for steps in range(1, 3):
+        readers = open_readers(url, 4, None, **kw)
+        step_together(readers, steps, [Counter(), Counter()])
+        state = roundtrip(readers[0].state_dict())
+        resumed = open_readers(url, 4, state, **kw)
+        assert [[b["id"].tolist() for b in r] for r in resumed] == [w[steps:] for w in whole], steps
+
+
 # ---- states that do not fit ------------------------------------------------------------------------
 def test_state_of_another_dataset_seed_or_filter_is_refused(ids_ds: str, tmp_path: Path) -> None:
     def state_of(url: str, **kw: Any) -> dict[str, Any]:
