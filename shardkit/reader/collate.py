@@ -252,13 +252,14 @@ class Passes:
         self._resume_from: int | None = None  # the start epoch of the pass the next one resumes (`resumed`)
         self.start: int | None = None  # the epoch the current pass started at (None: no pass yet)
 
-    def resumed(self, started: int = 0) -> None:
+    def resumed(self, started: int | None = 0) -> None:
         """The reader was just restored from a checkpoint taken in a pass that started at epoch
         ``started``: the next pass reads only what is left of that one, up to epoch ``started +
         num_epochs`` (by default the epochs left of ``num_epochs`` counted from epoch 0, as a `Reader`
         counts them), so a job restarted from its last checkpoint does not train ``num_epochs`` more
         epochs, and a checkpoint taken after the pass's last batch resumes with nothing left. Later
-        passes are relative again."""
+        passes are relative again. ``started=None`` undoes a ``resumed`` not yet used: the next pass
+        is a new one."""
         with self._lock:
             self._resume_from = started
 

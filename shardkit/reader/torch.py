@@ -175,6 +175,10 @@ class Loader:
         self._passes = Passes(reader)
         self._seen: dict[str, Any] | None = None  # the position the user has seen, while the reader is ahead
         self._generation = 0
+        # the pass the position belongs to: {"pass": its start epoch, "pass_done": whether it ended}; a
+        # loaded one stands until the next pass starts (see `state_dict`)
+        self._loaded_pass: dict[str, Any] | None = None
+        self._pass_done = False
 
     @property
     def schema(self) -> Any:
@@ -199,8 +203,21 @@ class Loader:
         return batch
 
     def _direct(self) -> Iterator[Batch]:
+        self._generation += 1
+        generation = self._generation
         for batch in self._passes():
+            self._started(generation)
             yield self._place(self._convert(batch))
+        self._ended(generation)
+
+    def _started(self, generation: int) -> None:
+        if generation == self._generation:
+            self._loaded_pass, self._pass_done = None, False
+
+    def _ended(self, generation: int) -> None:
+        """The pass of ``generation`` ran to its end (not stopped, nor taken over by a newer one)."""
+        if generation == self._generation:
+            self._loaded_pass, self._pass_done = None, True
 
     def _staged(self, stager: Any) -> Iterator[Batch]:
         """Batch k is handed out only after batch k+1 is read and its copy issued: the reader is one batch
@@ -217,6 +234,8 @@ class Loader:
                 if pending is not None:
                     self._seen = pending[1]
                     yield stager.hand(pending[0])
+                else:
+                    self._started(generation)
                 pending = staged
             # the passes end when this pass is over, or when a newer pass or a load_state_dict took the
             # reader: then the batch read ahead is not this pass's to hand out, nor its position to keep
@@ -224,6 +243,7 @@ class Loader:
                 self._seen = pending[1]
                 yield stager.hand(pending[0])
             pending = None
+            self._ended(generation)
         finally:
             if generation == self._generation:
                 if pending is not None:
@@ -236,16 +256,36 @@ class Loader:
             self.reader.load_state_dict(seen)
 
     def state_dict(self) -> dict[str, Any]:
-        """The reader's state after the last batch handed out (see `Reader.state_dict`)."""
-        return dict(self._seen) if self._seen is not None else self.reader.state_dict()
+        """The reader's state after the last batch handed out (see `Reader.state_dict`), with the pass
+        it belongs to: ``"pass"``, the epoch that pass started at, and ``"pass_done"``, whether it had
+        ended (see `load_state_dict`). A `Reader` takes it too (it ignores those two keys)."""
+        state = dict(self._seen) if self._seen is not None else self.reader.state_dict()
+        if self._loaded_pass is not None:
+            state.update(self._loaded_pass)
+        elif self._passes.start is not None:
+            state.update({"pass": self._passes.start, "pass_done": self._pass_done})
+        return state
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        """Continue from ``state`` (see `Reader.load_state_dict`); a pass in progress ends."""
+        """Continue from ``state`` (see `Reader.load_state_dict`); a pass in progress ends.
+
+        The next pass is the rest of the pass the state was saved in: what is left of its ``num_epochs``
+        epochs (nothing, when it was saved at that pass's last batch). A state saved after its pass had
+        ended (after the ``for batch in loader`` loop) starts a new pass: ``num_epochs`` more epochs,
+        as `torchdata`'s ``StatefulDataLoader`` starts the next epoch. A plain reader state (no
+        ``"pass"``) counts epochs from 0, as a `Reader` does: the epochs left of ``num_epochs``.
+        """
+        started = state.get("pass") if isinstance(state, Mapping) else None
+        if not isinstance(started, int) or isinstance(started, bool) or started < 0:
+            started = None
+        done = bool(state.get("pass_done")) if started is not None else False
         self._generation += 1
         self._passes.stop()
         self._seen = None
         self.reader.load_state_dict(state)
-        self._passes.resumed()
+        self._passes.resumed(None if done else 0 if started is None else started)
+        self._pass_done = False
+        self._loaded_pass = None if started is None else {"pass": started, "pass_done": done}
 
     def close(self) -> None:
         self._generation += 1

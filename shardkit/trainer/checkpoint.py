@@ -338,8 +338,16 @@ class CheckpointManager:
             return None
 
     def _prune(self, step: int) -> None:
-        older = [s for s in self._store.steps() if s < step]
-        complete = [s for s in older if self._info(s) is not None] + [step]
+        """Delete the uncommitted folders and the committed checkpoints past ``keep`` older than ``step``
+        (committed). A store that fails to answer here deletes nothing and warns: training goes on."""
+        try:
+            older = [s for s in self._store.steps() if s < step]
+            complete = [s for s in older if self._info(s) is not None] + [step]
+        except (OSError, CheckpointError) as e:
+            warnings.warn(f"checkpoint {self._store.url(step)} is committed, but the older ones under "
+                          f"{self.url} could not be listed to delete those past keep={self.keep} ({e}); they "
+                          "are kept, and the next save tries again", CheckpointWarning, stacklevel=3)
+            return
         doomed = sorted(set(older) - set(complete)) + (complete[: -self.keep] if self.keep else [])
         for s in doomed:
             try:

@@ -310,12 +310,17 @@ class Checkpoints:
 
     def _with_reader_shards(self) -> tuple[dict[str, Any], list[dict[str, Any] | None] | None]:
         """The objects to save and every worker's reader state, taken with the ps state (chief of a torch
-        parameter-server job); elsewhere the objects as they are, and None."""
+        parameter-server job); elsewhere the objects as they are, and None. Reader states are saved
+        as inside their pass (`_in_pass`)."""
         objects = dict(self.objects)
+        reader = objects.get("reader")
+        if reader is not None:
+            objects["reader"] = _Taken(_in_pass(reader.state_dict()))
         tracker = objects.get("optimizer")
         if not self._ctx.is_chief or not isinstance(tracker, TracksReaders):
             return objects, None
         state, readers = tracker.state_dict_with_readers()
+        readers = [None if r is None else _in_pass(r) for r in readers]
         objects["optimizer"] = _Taken(state)
         if "reader" not in objects:
             return objects, None
@@ -323,3 +328,14 @@ class Checkpoints:
         if mine is not None:  # the chief's own, as of the same state (a push of its own may be in flight)
             objects["reader"] = _Taken(mine)
         return objects, readers
+
+
+def _in_pass(state: Mapping[str, Any]) -> dict[str, Any]:
+    """A loader's state (``shardkit.torch.make_loader``) as saved inside its pass, never after it ended.
+
+    Such a state says whether its pass had ended (``pass_done``): one that had resumes with a new pass
+    (``num_epochs`` more epochs, for a loop over epochs that saves after each). A job's checkpoint is
+    resumed by the same script from the top, whose ``for batch in loader`` is the rest of the job: it
+    must read what is left of ``num_epochs`` and, from the final checkpoint (``ctx.finish``, after the
+    loop), nothing; so the trainer saves every state as inside its pass."""
+    return {**state, "pass_done": False} if state.get("pass_done") else dict(state)

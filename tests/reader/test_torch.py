@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import itertools
+import json
 import os
 import pickle
 import signal
@@ -367,6 +368,45 @@ def test_a_restored_loader_reads_only_the_epochs_left(ids_ds: str, stop_epoch: i
                                       np.concatenate([np.zeros(0, np.int64), *whole[done:]]))
         again = [b["id"].numpy() for b in resumed]  # a later pass is relative again: 3 more epochs
         assert len(again) == 3 * steps
+
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(passes=st.integers(1, 3), num_epochs=st.sampled_from([1, 2]), cut=st.integers(0, 10_000),
+       after_pass=st.booleans(), lookahead=st.booleans())
+def test_an_epoch_loop_resumed_from_any_batch_reads_what_the_uninterrupted_loop_reads(
+        ids_ds: str, passes: int, num_epochs: int, cut: int, after_pass: bool, lookahead: bool) -> None:
+    """``for p in range(passes): for batch in loader``, saved at any batch (inside the inner loop) or
+    after any pass (outside it), then a new loader continues the outer loop where it was: the batches
+    equal the uninterrupted loop's, in order. A regression: a state saved in the second pass resumed
+    with nothing (the rest of that epoch was lost), and one saved after a pass read nothing next."""
+    kw = {"batch_size": 64, "seed": 7, "columns": ["id"], "num_epochs": num_epochs}
+    with _loader(ids_ds, False, **kw) as loader:
+        whole = [[b["id"].numpy().copy() for b in loader] for _ in range(passes)]
+    flat = [b for p in whole for b in p]
+    if after_pass:  # saved between passes: after pass `at`, the loop goes on with pass at + 1
+        at = cut % passes
+        done, first_pass = sum(len(p) for p in whole[: at + 1]), at + 1
+        with _loader(ids_ds, lookahead, **kw) as loader:
+            for _ in range(at + 1):
+                for _ in loader:
+                    pass
+            state = loader.state_dict()
+    else:  # saved after batch `done` of the loop, in pass `first_pass`, which then goes on
+        done = 1 + cut % len(flat)
+        first_pass = next(p for p in range(passes) if sum(len(q) for q in whole[: p + 1]) >= done)
+        with _loader(ids_ds, lookahead, **kw) as loader:
+            it = (b for _ in range(passes) for b in loader)
+            for _ in range(done):
+                next(it)
+            state = loader.state_dict()
+    state = json.loads(json.dumps(state))  # as a checkpoint keeps it
+    with _loader(ids_ds, lookahead, **kw) as resumed:
+        resumed.load_state_dict(state)
+        assert resumed.state_dict() == state  # saved again before reading: the same position
+        rest = [b["id"].numpy().copy() for _ in range(first_pass, passes) for b in resumed]
+    assert len(rest) == len(flat) - done
+    for got, want in zip(rest, flat[done:], strict=True):
+        np.testing.assert_array_equal(got, want)
+
 
 # ---- DataLoader workers ------------------------------------------------------------------------------
 

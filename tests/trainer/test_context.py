@@ -186,6 +186,31 @@ def test_in_a_job_heartbeats_and_checkpoints(tmp_path: Path, monkeypatch: pytest
     again.finish(save=False)
 
 
+@pytest.mark.parametrize("num_epochs", [1, 2])
+def test_a_job_restarted_from_its_final_checkpoint_reads_nothing_more(
+        tmp_path: Path, dataset: str, monkeypatch: pytest.MonkeyPatch, num_epochs: int) -> None:
+    """The final checkpoint (``ctx.finish``, after ``for batch in loader`` ended) resumes the rest of the
+    job, which is nothing: a loader state saved after its pass ended would start a new pass (what an
+    epoch loop of its own wants), so the trainer saves it as inside the pass."""
+    pytest.importorskip("torch")
+    with HeartbeatReceiver() as receiver:
+        _in_job(monkeypatch, tmp_path, receiver.addr, checkpoint={"every_steps": 1000},
+                data={"url": dataset, "batch_size": 4, "seed": 3, "num_epochs": num_epochs})
+        ctx = init()
+        loader = ctx.torch_loader(columns=["id"])
+        assert ctx.checkpoint.restore(reader=loader) == 0
+        with ctx:
+            ids = [int(i) for batch in loader for i in batch["id"] for _ in [ctx.step()]]
+        assert len(ids) == 20 * num_epochs  # shard 0 of 2, every epoch
+        again = init()
+        loader = again.torch_loader(columns=["id"])
+        assert again.checkpoint.restore(reader=loader) == again.step_count > 0
+        with again:
+            assert list(loader) == []  # the job is over: nothing more to train
+        resumed_state = loader.state_dict()
+    assert resumed_state["epoch"] == num_epochs
+
+
 def test_only_the_chief_writes_and_failures_send_no_done(tmp_path: Path,
                                                          monkeypatch: pytest.MonkeyPatch) -> None:
     with HeartbeatReceiver() as receiver:

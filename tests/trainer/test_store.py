@@ -284,6 +284,20 @@ def test_server_down_while_pruning_keeps_the_committed_save(s3_server: S3Server,
     assert committed(url, s3_server.storage_options) == [1, 2]
 
 
+def test_server_down_before_the_prune_lists_keeps_the_committed_save(
+        s3_server: S3Server, s3_bucket: str, link: Link, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The store dies between the commit and the listing of older checkpoints: the save still returns
+    its URL (a regression: it raised though committed), nothing is deleted, and a warning says so."""
+    url, via_link = f"s3://{s3_bucket}/job", s3_options(link.url, **FAST)
+    ckpt = CheckpointManager(url, keep=1, storage_options=via_link)
+    ckpt.save(1, model=linear(1.0))
+    down_before(monkeypatch, link, "steps")  # the bucket was checked by the first save: this is the prune
+    with pytest.warns(CheckpointWarning, match=r"step-000000002 is committed, but the older ones .* could "
+                                               "not be listed .*kept"):
+        assert ckpt.save(2, model=linear(2.0)) == f"{url}/step-000000002"
+    assert committed(url, s3_server.storage_options) == [1, 2]
+
+
 # ---------------------------------------------------------------------------------------- missing bucket
 
 
