@@ -11,8 +11,9 @@ Three kinds of folders open:
 
 Hive-partitioned folders (Spark's ``partitionBy``, pandas' ``partition_cols``:
 ``year=2020/part-0.parquet``) open with the columns their files hold; the partition columns, which
-live only in the folder names, are not read (yet). Opening one warns once, with a
-`PartitionColumnsWarning` that names those keys and the fix: rewrite the data with
+live only in the folder names, are not columns of the batches, though a reader's ``filter`` may name
+them (`shardkit.reader.filter.Partitions`). Opening one warns once, with a `PartitionColumnsWarning`
+that names those keys and the fix: rewrite the data with
 ``shardkit.write_dataset(pyarrow.dataset.dataset(path, partitioning="hive").to_table(), url)``,
 which stores them as columns.
 """
@@ -325,8 +326,8 @@ def _warn_partitions(ds: Dataset) -> None:
     warnings.warn(
         PartitionColumnsWarning(
             f"{ds.url!r} is partitioned Hive-style (e.g. {example!r}): shardkit reads the files but not "
-            f"the partition column(s) {keys} in their folder names, so these are not in the dataset and a "
-            "filter on them fails. To keep them, rewrite the data as a shardkit dataset: "
+            f"the partition column(s) {keys} in their folder names as columns of the batches (a reader's "
+            "filter may name them). To keep them, rewrite the data as a shardkit dataset: "
             f"shardkit.write_dataset(pyarrow.dataset.dataset({ds.url!r}, partitioning='hive').to_table(), "
             "new_url)"
         ),

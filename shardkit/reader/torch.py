@@ -328,13 +328,13 @@ def make_loader(reader_or_url: Reader | str | Any, *, device: str | torch.device
     on batch k. The tensors are then safe on the current stream (it waits for their copy; they carry
     ``record_stream``). Strings, bytes and variable shapes follow the `Collate` policy.
 
-    After ``load_state_dict`` (a restart from a checkpoint) the next pass reads only the epochs left
-    of ``num_epochs``; otherwise a pass (``for batch in loader``) yields ``num_epochs`` epochs from
-    where the reader is (one, by default), and the next pass goes on from there: ``for epoch in
-    range(3): for batch in loader:`` reads three epochs, each shuffled anew. ``state_dict()`` /
-    ``load_state_dict()`` are the reader's, counting the batches handed out (not those read ahead):
-    saved with a checkpoint, they resume at the next batch, with the same or a different number of
-    shards.
+    A pass (``for batch in loader``) yields ``num_epochs`` epochs from where the reader is (one, by
+    default), and the next pass goes on from there: ``for epoch in range(3): for batch in loader:``
+    reads three epochs, each shuffled anew. ``state_dict()`` / ``load_state_dict()`` are the reader's,
+    counting the batches handed out (not those read ahead), plus the pass they are in: saved with a
+    checkpoint, they resume at the next batch, with the same or a different number of shards; the
+    next pass after ``load_state_dict`` is the rest of the saved pass, or a new one when the state was
+    saved after its pass ended (see `Loader.load_state_dict`).
 
     Args:
         reader_or_url: a `Reader`, or a dataset URL and ``make_reader_kwargs`` for `make_reader`.
