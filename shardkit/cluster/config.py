@@ -506,10 +506,10 @@ def _role_problems(config: JobConfig) -> Iterator[Problem]:
 
 def _params_problems(config: JobConfig) -> Iterator[Problem]:
     """``params`` keys that shardkit itself reads: a torch parameter-server job's ``params.optimizer``,
-    checked here as its workers would check it (`torch_ps_server.optimizer_problem`, which needs no
+    checked here as its workers would check it (`ps_optimizer.optimizer_problem`, which needs no
     torch), so a bad one fails validation instead of every attempt of the job."""
     if (config.framework, config.strategy) == ("torch", "parameter_server") and "optimizer" in config.params:
-        from shardkit.trainer.torch_ps_server import optimizer_problem
+        from shardkit.trainer.ps_optimizer import optimizer_problem
 
         problem = optimizer_problem(config.params["optimizer"])
         if problem is not None:

@@ -78,6 +78,7 @@ from torch.distributed import rpc
 from shardkit.cluster import protocol
 from shardkit.errors import CheckpointError, CheckpointWarning, ConfigError
 from shardkit.trainer import torch_ps_server as server
+from shardkit.trainer.ps_optimizer import validate_optimizer
 
 __all__ = ["ParameterServerClient", "assign", "connect", "serve"]
 
@@ -378,7 +379,7 @@ class ParameterServerClient:
             raise ConfigError("load_state_dict got something that is not a torch_ps state_dict "
                               "(version 1 with params): restore with the same strategy that saved it")
         self._pending = {"params": state["params"], "state": state.get("state", {}),
-                         "spec": server.validate_optimizer(state.get("spec", self.optimizer), "state.spec"),
+                         "spec": validate_optimizer(state.get("spec", self.optimizer), "state.spec"),
                          "updates": int(state.get("updates", 0))}
         self._initialized = False
         self._ensure_initialized()
@@ -459,9 +460,9 @@ def connect(ctx: _Context, model: torch.nn.Module, *,
     if ctx.role != "worker":
         raise ConfigError(f"torch_ps.connect is for worker roles, not {ctx.role!r} (ps roles run serve)")
     if optimizer is not None:
-        spec = server.validate_optimizer(optimizer, "connect(optimizer=...)")
+        spec = validate_optimizer(optimizer, "connect(optimizer=...)")
     else:
-        spec = server.validate_optimizer(ctx.params.get("optimizer", DEFAULT_OPTIMIZER), "params.optimizer")
+        spec = validate_optimizer(ctx.params.get("optimizer", DEFAULT_OPTIMIZER), "params.optimizer")
     rank, world = _world()
     num_ps = rank - ctx.role_index
     if num_ps < 1 or num_ps >= world:

@@ -28,7 +28,7 @@ from shardkit.cluster import run_job
 from shardkit.cluster.config import load_config
 from shardkit.cluster.report import JobResult
 from shardkit.errors import ConfigError
-from shardkit.trainer import torch_ps, torch_ps_server
+from shardkit.trainer import ps_optimizer, torch_ps, torch_ps_server
 from tests.trainer.scripts import proctree
 
 REPO = Path(__file__).resolve().parents[2]
@@ -274,7 +274,7 @@ def test_every_parameter_lives_on_exactly_one_ps_and_loads_stay_balanced(sizes: 
 ])
 def test_bad_optimizer_specs_fail_on_the_worker_naming_the_key(spec: dict[str, Any], fragment: str) -> None:
     with pytest.raises(ConfigError) as info:
-        torch_ps_server.validate_optimizer(spec, "params.optimizer")
+        ps_optimizer.validate_optimizer(spec, "params.optimizer")
     assert fragment in str(info.value)
 
 
@@ -283,7 +283,7 @@ def test_a_shard_applies_its_optimizer_and_its_state_reloads_elsewhere() -> None
     loaded into a fresh shard continues identically: what a checkpoint round trip relies on."""
     torch.manual_seed(0)
     params = {"a": torch.randn(3, 4), "b": torch.randn(4)}
-    spec = torch_ps_server.validate_optimizer({"name": "adam", "lr": 0.01, "betas": [0.8, 0.9]}, "spec")
+    spec = ps_optimizer.validate_optimizer({"name": "adam", "lr": 0.01, "betas": [0.8, 0.9]}, "spec")
     shard = torch_ps_server.Shard()
     shard.load(params, spec, state=None)
     reference = {k: v.clone().requires_grad_(True) for k, v in params.items()}
