@@ -7,7 +7,9 @@ metadata key ``shardkit.schema``; it is data only, so opening a dataset never ru
 from __future__ import annotations
 
 import dataclasses
+import datetime
 import json
+import re
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
@@ -15,6 +17,8 @@ import numpy as np
 import pyarrow as pa
 
 from shardkit.dataset.codecs import Codec, ImageCodec, NdarrayCodec, ScalarCodec, TensorCodec, codec_from_json
+from shardkit.dataset.codecs.base import is_bytes_type, is_text_type
+from shardkit.dataset.codecs.scalar import zoned_times_fix
 from shardkit.errors import SchemaError, SchemaMismatchError
 
 SCHEMA_KEY = b"shardkit.schema"
@@ -27,11 +31,41 @@ DTypeLike = Any
 Shape = tuple[int | None, ...]
 
 
+#: A zone-aware datetime dtype as text: pandas' ``datetime64[ns, UTC]``, Arrow's ``timestamp[us, tz=UTC]``.
+_ZONED_TEXT = re.compile(r"\s*(?:datetime64|timestamp)\[(\w+),\s*(?:tz=)?([^\]]+)\]\s*")
+
+
+def _zoned(value: Any) -> tuple[str, str] | None:
+    """(unit, zone) of a time-zone-aware datetime dtype (pandas dtype, Arrow type or text), else None."""
+    if isinstance(value, str):
+        match = _ZONED_TEXT.fullmatch(value)
+        return (match[1], match[2].strip()) if match else None
+    arrow = getattr(value, "pyarrow_dtype", value)  # a pandas.ArrowDtype holds an Arrow type
+    if isinstance(arrow, pa.TimestampType):
+        return (str(arrow.unit), str(arrow.tz)) if arrow.tz is not None else None
+    tz, unit = getattr(value, "tz", None), getattr(value, "unit", None)
+    if tz is not None and isinstance(unit, str):  # pandas.DatetimeTZDtype
+        return unit, str(tz)
+    return None
+
+
+def _zoned_error(name: str, unit: str, tz: str, what: str, *, objects: bool = False) -> SchemaError:
+    return SchemaError(
+        f"field {name!r}: times in the time zone {tz!r} ({what}) cannot be stored: shardkit stores "
+        f"datetime64 without a zone (a batch is numpy, whose datetimes have none); "
+        f"{zoned_times_fix(name, unit, objects=objects)}, and declare Field({name!r}, 'datetime64[{unit}]') "
+        "if you declare a schema"
+    )
+
+
 def _dtype(value: DTypeLike, name: str) -> np.dtype[Any]:
     if value in ("str", str, np.str_):
         return np.dtype(np.str_)
     if value in ("bytes", bytes, np.bytes_):
         return np.dtype(np.bytes_)
+    zoned = _zoned(value)
+    if zoned is not None:
+        raise _zoned_error(name, *zoned, what=f"dtype {value}")
     try:
         dtype = np.dtype(value)
     except TypeError as e:
@@ -64,7 +98,11 @@ class Field:
 
     Args:
         name: column name.
-        dtype: numpy dtype of the values (``'str'`` and ``'bytes'`` for text and blobs).
+        dtype: numpy dtype of the values (``'str'`` and ``'bytes'`` for text and blobs). Times are
+            ``datetime64`` in the units Arrow stores (s, ms, us, ns, and D for dates) or ``timedelta64``
+            (s, ms, us, ns), without a time zone: a zone-aware dtype (``datetime64[ns, Europe/Berlin]``)
+            is a `SchemaError` naming the conversion to UTC, never converted silently, because a batch
+            is numpy and could keep only one of the instant and the local wall time.
         shape: per-row shape; ``()`` for scalars, ``None`` marks a variable dimension.
         codec: a `Codec` or a codec name; by default ``scalar`` for (), ``tensor`` for a fixed shape
             and ``ndarray`` for a shape with ``None``.
@@ -269,6 +307,9 @@ def _v1_tensor_storage(entry: Any) -> Any:
 
 def infer_field(name: str, values: Any) -> Field:
     """Infer a field from a column of data (numpy, pandas or Arrow); images are never guessed."""
+    zoned = _zoned(getattr(values, "dtype", None))
+    if zoned is not None:  # say the pandas dtype the user has, not the Arrow type it would become
+        raise _zoned_error(name, *zoned, what=f"dtype {values.dtype}")
     if hasattr(values, "to_numpy") and not isinstance(getattr(values, "dtype", None), np.dtype | None):
         # pandas extension dtypes (Int64, boolean, string, ...): numpy would turn <NA> into float NaN
         # and infer float64 for an integer column; Arrow keeps the type and makes <NA> a null.
@@ -285,6 +326,10 @@ def infer_field(name: str, values: Any) -> Field:
     if not present:
         raise SchemaError(f"column {name!r} holds only nulls; declare its Field in a schema")
     first = present[0]
+    if isinstance(first, datetime.datetime) and first.tzinfo is not None:
+        # an object column of zone-aware times: pandas makes one of times in more than one zone
+        kind = type(first).__name__
+        raise _zoned_error(name, "us", str(first.tzinfo), what=f"{kind} objects", objects=True)
     if isinstance(first, str):
         return Field(name, "str", (), nullable=nullable)
     if isinstance(first, bytes):
@@ -325,26 +370,52 @@ def _as_array(values: Any) -> np.ndarray:
 
 
 def field_from_arrow(af: pa.Field) -> Field:
-    """Map an Arrow field of a plain Parquet file to a shardkit field."""
+    """Map an Arrow field (of a plain Parquet file, or of data to write) to a shardkit field.
+
+    Every layout of text (string, large_string, string_view) is ``str``, of blobs (binary,
+    large_binary, binary_view, fixed_size_binary) ``bytes``; date32 and date64 are dates,
+    ``datetime64[D]``; timestamps and durations keep their unit. A timestamp with a time zone is a
+    `SchemaError` naming the conversion to UTC (see `Field`); so is any type the codecs cannot write
+    and read back unchanged (decimals, times of day, structs, maps, lists of non-numbers).
+    """
     t = af.type
     if isinstance(t, pa.FixedShapeTensorType):
         return Field(af.name, t.value_type.to_pandas_dtype(), tuple(t.shape), nullable=af.nullable)
-    if pa.types.is_string(t) or pa.types.is_large_string(t):
+    if is_text_type(t):  # any layout, dictionary-encoded too
         return Field(af.name, "str", (), nullable=af.nullable)
-    if pa.types.is_binary(t) or pa.types.is_large_binary(t):
+    if is_bytes_type(t):
         return Field(af.name, "bytes", (), nullable=af.nullable)
+    if pa.types.is_date(t):  # both count days (date64 in milliseconds): numpy's dates
+        return Field(af.name, "datetime64[D]", (), nullable=af.nullable)
+    if pa.types.is_timestamp(t) and t.tz is not None:
+        raise _zoned_error(af.name, t.unit, t.tz, what=f"Arrow type {t}")
     if pa.types.is_fixed_size_list(t) and _is_number(t.value_type):
         return Field(af.name, t.value_type.to_pandas_dtype(), (t.list_size,), nullable=af.nullable)
     if (pa.types.is_list(t) or pa.types.is_large_list(t)) and _is_number(t.value_type):
         return Field(af.name, t.value_type.to_pandas_dtype(), (None,), nullable=af.nullable)
     if pa.types.is_dictionary(t):
         return field_from_arrow(pa.field(af.name, t.value_type, af.nullable))
-    if _is_number(t) or pa.types.is_timestamp(t):
+    if _is_number(t) or pa.types.is_timestamp(t) or pa.types.is_duration(t):
         return Field(af.name, t.to_pandas_dtype(), (), nullable=af.nullable)
+    if pa.types.is_null(t):
+        raise SchemaError(
+            f"column {af.name!r} holds only nulls (Arrow type null), which says nothing of its dtype; "
+            f"declare its Field in a schema, e.g. Field({af.name!r}, 'float32', nullable=True)"
+        )
+    fix = _cast_hint(t) or "rewrite the column as numbers, strings, bytes or lists of numbers"
     raise SchemaError(
-        f"column {af.name!r} has the Arrow type {t}, which shardkit does not map to a field; "
-        "select other columns, or rewrite the column as numbers, strings, bytes or lists of numbers"
+        f"column {af.name!r} has the Arrow type {t}, which shardkit does not map to a field; {fix}, or "
+        "select other columns"
     )
+
+
+def _cast_hint(t: pa.DataType) -> str | None:
+    """The cast that makes a column of the Arrow type ``t`` storable, where there is an obvious one."""
+    if pa.types.is_decimal(t):
+        return "cast it with pyarrow.compute.cast(column, pyarrow.float64()) (rounds) or to pyarrow.string()"
+    if pa.types.is_time(t):
+        return f"cast it to {t.unit} since midnight with pyarrow.compute.cast(column, pyarrow.int64())"
+    return None
 
 
 def _is_number(t: pa.DataType) -> bool:

@@ -69,7 +69,12 @@ _Slot = tuple[batching.Scatter, np.ndarray] | None
 
 
 class Reader:
-    """Batches of one shard of a dataset. Create with `make_reader`; see its docstring."""
+    """Batches of one shard of a dataset. Create with `make_reader`; see its docstring.
+
+    Nothing to read is a `ReaderError` when the reader is made, never an epoch without batches: a
+    dataset of 0 rows (written from empty data: almost surely a bug upstream, and Petastorm fails on it
+    too), a filter that matches none of the rows, and more shards than samples each have their message.
+    """
 
     def __init__(self, dataset: Dataset, *, columns: Sequence[str], shard: int, num_shards: int,
                  batch_size: int, shuffle: bool, seed: int, num_epochs: int | None, remainder: Remainder,
@@ -99,16 +104,25 @@ class Reader:
                               f"match the filter (on_error='skip'); first: {next(iter(unreadable.values()))}",
                               stacklevel=3)
         self.num_samples = int(self.rows_per_group.sum())
-        if self.num_samples == 0:
+        if dataset.num_rows == 0:  # a bug upstream, not a dataset to train on (Petastorm fails on it too)
             raise ReaderError(
-                f"{dataset.url!r} has no samples to read"
-                f"{f' matching the filter {self.filter_text}' if filter is not None else ''}; "
-                "check the filter (or the data)"
+                f"{dataset.url!r} has 0 rows: the dataset itself is empty (whatever the filter), so there is "
+                "nothing to read; check what produced the data it was written from and write it again with "
+                "rows (write_dataset(..., mode='overwrite')), or read another URL"
+            )
+        if self.num_samples == 0:  # only a filter (or rows lost to on_error='skip') leaves none
+            skipped = self.stats["skipped_row_groups"]
+            checked = (f"the rows of its readable row groups ({skipped} corrupt one(s) were skipped, "
+                       "on_error='skip')" if skipped else f"its {dataset.num_rows} rows")
+            raise ReaderError(
+                f"{dataset.url!r} has no samples matching the filter {self.filter_text}: none of {checked} "
+                "match; check the filter's columns, values and types against the data, or read without it"
             )
         if self.num_samples < num_shards:
             raise ReaderError(
                 f"num_shards={num_shards} is more than the {self.num_samples} samples of {dataset.url!r}"
-                f"{' matching the filter' if filter is not None else ''}; use fewer shards or more data"
+                f"{f' matching the filter {self.filter_text}' if filter is not None else ''}, and every "
+                "shard needs one; use fewer shards or more data"
             )
         self._source = RowGroupSource(dataset, columns, selection=selection, cache=cache, on_error=on_error)
         # arrays for about four windows: one being assembled, one consumed, those the consumer still holds

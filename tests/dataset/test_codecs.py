@@ -8,6 +8,7 @@ from typing import Any
 import hypothesis.extra.numpy as hnp
 import hypothesis.strategies as st
 import numpy as np
+import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
@@ -674,3 +675,63 @@ def test_png_fast_path_mixed_with_nulls_and_other_images(monkeypatch: pytest.Mon
     blobs[7] = _pillow_png(np.zeros((8, 9, 3), np.uint8))  # a fast-path candidate of the wrong size
     with pytest.raises(SchemaMismatchError, match=r"'im'.*row 7.*\(8, 9, 3\)"):
         field.codec.decode(field, pa.array(blobs, pa.binary()))
+
+
+@pytest.mark.parametrize(
+    ("dtype", "stored", "conversion"),
+    [
+        ("datetime64[h]", "s, ms, us, ns, and D for dates", "datetime64[s]"),
+        ("datetime64[m]", "s, ms, us, ns, and D for dates", "datetime64[s]"),
+        ("datetime64[W]", "s, ms, us, ns, and D for dates", "datetime64[D]"),
+        ("datetime64[M]", "s, ms, us, ns, and D for dates", "datetime64[D]"),
+        ("datetime64[Y]", "s, ms, us, ns, and D for dates", "datetime64[D]"),
+        ("datetime64[ps]", "s, ms, us, ns, and D for dates", "datetime64[ns]"),
+        ("timedelta64[D]", "timedelta64 is stored in the units s, ms, us, ns.", "timedelta64[s]"),
+        ("timedelta64[h]", "timedelta64 is stored in the units s, ms, us, ns.", "timedelta64[s]"),
+        ("timedelta64[fs]", "timedelta64 is stored in the units s, ms, us, ns.", "timedelta64[ns]"),
+    ],
+)
+def test_a_time_unit_arrow_cannot_store_names_the_stored_units_and_the_conversion(
+        dtype: str, stored: str, conversion: str) -> None:
+    with pytest.raises(SchemaError) as info:
+        Field("t", dtype)
+    message = str(info.value)
+    for needle in ["field 't'", dtype, stored, f"Field('t', {conversion!r})", f".astype({conversion!r})"]:
+        assert needle in message, (needle, message)
+    # the conversion named is storable and, for units coarser than its own, keeps every value
+    values = np.array([0, 1, -7, 20_000], dtype=dtype)
+    out = round_trip(Schema([Field("t", conversion)]), {"t": values.astype(conversion)}, 4)["t"]
+    if np.datetime_data(np.dtype(dtype))[0] not in ("ps", "fs"):
+        assert (out == values).all()
+
+
+@pytest.mark.parametrize(
+    ("dtype", "needles"),
+    [
+        ("timedelta64[M]", ["no fixed length", "Field('t', 'int64')", ".astype('int64')"]),
+        ("datetime64", ["has no unit", "'datetime64[us]'"]),
+        ("timedelta64", ["has no unit", "'timedelta64[us]'"]),
+    ],
+)
+def test_time_units_without_a_conversion_name_the_alternative(dtype: str, needles: list[str]) -> None:
+    with pytest.raises(SchemaError) as info:
+        Field("t", dtype)
+    for needle in needles:
+        assert needle in str(info.value), (needle, str(info.value))
+
+
+def test_inferring_a_time_unit_arrow_cannot_store_names_the_conversion() -> None:
+    with pytest.raises(SchemaError, match=r"'t'.*datetime64\[h\].*astype\('datetime64\[s\]'\)"):
+        shardkit.dataset.schema.infer_field("t", np.array(["2020-01-01T05"], "datetime64[h]"))
+
+
+@pytest.mark.parametrize("zone", ["UTC", "Europe/Berlin"])
+def test_zoned_times_for_a_datetime64_field_name_the_conversion_to_utc(zone: str) -> None:
+    times = pd.Series(pd.date_range("2021-03-28", periods=3, freq="h", tz=zone))
+    schema = Schema([Field("t", "datetime64[us]")])
+    for data in (times, pa.array(times), list(times)):
+        with pytest.raises(SchemaMismatchError) as info:
+            schema.encode({"t": data}, 3)
+        for needle in ["field 't'", "datetime64[us]", f"time zone {zone!r}", "tz_convert('UTC')",
+                       "pyarrow.compute.cast(column, pyarrow.timestamp('us'))"]:
+            assert needle in str(info.value), (needle, str(info.value))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import datetime
 import json
 import os
 import warnings
@@ -678,3 +679,21 @@ def test_partition_keys_lists_the_unread_keys(tmp_path: Path) -> None:
         ds = shardkit.open_dataset(str(_hive(tmp_path / "hive")))
     assert ds.partition_keys == ["year", "month"]
     assert shardkit.write_dataset(pd.DataFrame({"id": [1]}), str(tmp_path / "flat")).partition_keys == []
+
+
+def test_plain_folder_with_dates_and_durations_opens(plain_parquet_folder: Any) -> None:
+    """pandas writes Python dates as date32 and timedeltas as durations: both map to fields (as Spark's
+    dates do) and read back as the values written."""
+    dates = [datetime.date(2020, 2, 29), None, datetime.date(1969, 12, 31), datetime.date(1, 1, 1)]
+    waits = pd.to_timedelta([1.5, None, -2, 0], unit="s")
+    url = plain_parquet_folder([pd.DataFrame({"day": dates, "wait": waits})], row_group_size=2)
+    with pytest.warns(shardkit.SummaryMissingWarning):
+        ds = shardkit.open_dataset(url)
+    assert [(f.name, f.dtype_name, f.nullable) for f in ds.schema] == [
+        ("day", "datetime64[D]", True), ("wait", str(waits.dtype), True)]
+    with pytest.warns(shardkit.SummaryMissingWarning), shardkit.make_reader(url, shuffle=False) as reader:
+        (batch,) = list(reader)
+    assert batch["day"].tolist() == dates  # a masked array lists its nulls as None
+    present = ~np.asarray(waits.isna())
+    assert (batch["wait"].mask == ~present).all()
+    assert (batch["wait"].data[present] == waits.to_numpy()[present]).all()

@@ -10,6 +10,7 @@ import hypothesis.strategies as st
 import numpy as np
 import pandas as pd
 import pyarrow as pa
+import pyarrow.compute as pc
 import pytest
 from hypothesis import given, settings
 
@@ -276,3 +277,86 @@ def test_field_from_arrow(arrow_type: pa.DataType, expected: tuple[str, tuple[An
 def test_field_from_arrow_refuses_what_it_cannot_map(arrow_type: pa.DataType) -> None:
     with pytest.raises(SchemaError, match=r"'c' has the Arrow type .*select other columns"):
         field_from_arrow(pa.field("c", arrow_type))
+
+
+# --- times with a time zone, Arrow types inference maps ---------------------------------------------
+
+BERLIN = pd.Series(pd.date_range("2021-03-28 00:30", periods=4, freq="h", tz="Europe/Berlin"))
+
+
+@pytest.mark.parametrize(
+    ("make", "zone", "unit", "pandas_fix"),
+    [
+        (lambda: infer_field("x", BERLIN), "Europe/Berlin", "us",
+         "df['x'].dt.tz_convert('UTC').dt.tz_localize(None)"),
+        (lambda: infer_field("x", pa.array(BERLIN)), "Europe/Berlin", "us", ".dt.tz_convert('UTC')"),
+        (lambda: field_from_arrow(pa.field("x", pa.timestamp("ms", tz="Asia/Tokyo"))), "Asia/Tokyo", "ms",
+         ".dt.tz_convert('UTC')"),
+        (lambda: Field("x", BERLIN.dtype), "Europe/Berlin", "us", ".dt.tz_convert('UTC')"),
+        (lambda: Field("x", "datetime64[ns, UTC]"), "UTC", "ns", ".dt.tz_convert('UTC')"),
+        (lambda: Field("x", pd.ArrowDtype(pa.timestamp("s", tz="+01:00"))), "+01:00", "s", ".dt.tz_convert"),
+        # pandas keeps times in several zones as an object column of Timestamps
+        (lambda: infer_field("x", pd.Series([pd.Timestamp("2020-01-01", tz="UTC"),
+                                             pd.Timestamp("2020-01-01", tz="Europe/Berlin")])),
+         "UTC", "us", "pandas.to_datetime(df['x'], utc=True).dt.tz_localize(None)"),
+    ],
+    ids=["pandas", "arrow", "arrow-field", "pandas-dtype", "dtype-text", "arrow-dtype", "object-column"],
+)
+def test_times_with_a_time_zone_are_refused_naming_the_conversion_to_utc(
+        make: Any, zone: str, unit: str, pandas_fix: str) -> None:
+    """Refused, not converted: a batch is numpy, whose datetime64 has no zone (see `Field`)."""
+    with pytest.raises(SchemaError) as info:
+        make()
+    message = str(info.value)
+    for needle in ["field 'x'", f"time zone {zone!r}", "without a zone", pandas_fix,
+                   f"pyarrow.compute.cast(column, pyarrow.timestamp({unit!r}))", f"'datetime64[{unit}]'"]:
+        assert needle in message, (needle, message)
+
+
+def test_the_named_conversion_of_zoned_times_keeps_every_instant() -> None:
+    df = pd.DataFrame({"x": BERLIN})  # across the switch to summer time
+    df["x"] = df["x"].dt.tz_convert("UTC").dt.tz_localize(None)
+    via_arrow = pc.cast(pa.array(BERLIN), pa.timestamp("us"))
+    for data in (df["x"], via_arrow):
+        field = infer_field("x", data)
+        assert field.dtype_name == "datetime64[us]"
+        got = Schema([field]).decode(pa.table({"x": Schema([field]).encode({"x": data}, 4).column(0)}))["x"]
+        assert (pd.Series(got).dt.tz_localize("UTC") == BERLIN).all()
+
+
+@pytest.mark.parametrize(
+    ("arrow_type", "dtype_name"),
+    [
+        (pa.string_view(), "str"),
+        (pa.large_string(), "str"),
+        (pa.binary_view(), "bytes"),
+        (pa.large_binary(), "bytes"),
+        (pa.binary(3), "bytes"),
+        (pa.dictionary(pa.int8(), pa.string_view()), "str"),
+        (pa.date32(), "datetime64[D]"),
+        (pa.date64(), "datetime64[D]"),
+        (pa.duration("s"), "timedelta64[s]"),
+        (pa.duration("ns"), "timedelta64[ns]"),
+    ],
+)
+def test_field_from_arrow_maps_every_type_the_codecs_round_trip(arrow_type: pa.DataType,
+                                                                dtype_name: str) -> None:
+    f = field_from_arrow(pa.field("c", arrow_type))
+    assert (f.dtype_name, f.shape, f.nullable, f.codec) == (dtype_name, (), True, ScalarCodec())
+
+
+@pytest.mark.parametrize(
+    ("arrow_type", "needles"),
+    [
+        (pa.null(), ["'c'", "only nulls", "Field('c', 'float32', nullable=True)"]),
+        (pa.decimal128(10, 2), ["'c'", "decimal128(10, 2)", "cast(column, pyarrow.float64())", "string()"]),
+        (pa.time64("us"), ["'c'", "time64[us]", "us since midnight", "pyarrow.int64()"]),
+        (pa.timestamp("us", tz="UTC"), ["'c'", "time zone 'UTC'", "pyarrow.timestamp('us')"]),
+    ],
+)
+def test_field_from_arrow_names_the_fix_for_types_it_cannot_map(arrow_type: pa.DataType,
+                                                                needles: list[str]) -> None:
+    with pytest.raises(SchemaError) as info:
+        field_from_arrow(pa.field("c", arrow_type))
+    for needle in needles:
+        assert needle in str(info.value), (needle, str(info.value))

@@ -47,9 +47,10 @@ def ids_ds(tmp_path_factory: pytest.TempPathFactory) -> str:
         ({"shard": 0, "num_shards": 201}, ["num_shards=201", "200 samples", "fewer shards"]),
         ({"shard": 1, "num_shards": 4, "batch_size": 51, "drop_last": True},
          ["shard 1 of 4", "50 samples", "batch_size=51", "drop_last=True"]),
-        ({"shard": 0, "num_shards": 3, "filter": pc.field("id") < 0}, ["no samples", "filter", "(id < 0)"]),
+        ({"shard": 0, "num_shards": 3, "filter": pc.field("id") < 0},
+         ["no samples matching the filter (id < 0)", "none of its 200 rows match", "check the filter"]),
         ({"shard": 0, "num_shards": 21, "filter": pc.field("id") < 20},
-         ["num_shards=21", "20 samples", "matching the filter"]),
+         ["num_shards=21", "20 samples", "matching the filter (id < 20)", "fewer shards"]),
         ({"columns": ["id", "nope"]}, ["unknown column", "'nope'", "'label'"]),
         ({"columns": "id"}, ["columns='id'", "list"]),
         ({"columns": []}, ["columns=[]"]),
@@ -70,6 +71,27 @@ def test_bad_arguments(ids_ds: str, kwargs: dict[str, Any], words: list[str]) ->
     assert isinstance(info.value, ValueError)
     for word in words:
         assert word in str(info.value), (word, str(info.value))
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [{}, {"filter": pc.field("id") < 5}, {"shard": 1, "num_shards": 4}, {"columns": ["label"]}],
+)
+def test_an_empty_dataset_says_it_has_0_rows(tmp_path: Path, kwargs: dict[str, Any]) -> None:
+    """Writing 0 rows succeeds; reading them is a `ReaderError` (as in Petastorm: training on nothing is a
+    bug upstream) that says the dataset is empty, whatever the filter or the shards, and not that a
+    filter matched nothing or that there are more shards than samples."""
+    url = str(tmp_path / "empty")
+    schema = shardkit.Schema([shardkit.Field("id", "int64"), shardkit.Field("label", "str")])
+    written = shardkit.write_dataset({"id": np.zeros(0, np.int64), "label": []}, url, schema=schema)
+    assert written.num_rows == 0
+    with pytest.raises(ReaderError) as info:
+        shardkit.make_reader(url, **kwargs)
+    message = str(info.value)
+    for needle in [repr(url), "has 0 rows", "dataset itself is empty", "write it again with rows"]:
+        assert needle in message, (needle, message)
+    for wrong in ["matching", "num_shards", "samples"]:
+        assert wrong not in message, (wrong, message)
 
 
 def test_numpy_integers_are_ints(ids_ds: str) -> None:

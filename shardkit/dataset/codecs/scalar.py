@@ -95,10 +95,57 @@ def arrow_scalar_type(field: Field) -> pa.DataType:
     try:
         return pa.from_numpy_dtype(field.dtype)
     except (pa.ArrowNotImplementedError, TypeError) as e:
+        if kind in "mM":
+            raise SchemaError(_time_unit_problem(field)) from e
         raise SchemaError(
             f"field {field.name!r}: dtype {field.dtype} has no Arrow equivalent; use a number, bool, "
             "datetime64, str or bytes dtype"
         ) from e
+
+
+#: The units of numpy times that Arrow (and so Parquet) stores: datetime64[D] as date32, the others as
+#: timestamps and durations. Others (years, weeks, hours, picoseconds, ...) have no Arrow type.
+TIME_UNITS = {"M": ("s", "ms", "us", "ns", "D"), "m": ("s", "ms", "us", "ns")}
+#: The stored unit to convert each other unit to, and what the conversion costs.
+_TIME_TARGETS = {
+    "M": {"Y": ("D", "exact"), "M": ("D", "exact"), "W": ("D", "exact"), "h": ("s", "exact"),
+          "m": ("s", "exact")},
+    "m": {"W": ("s", "exact"), "D": ("s", "exact"), "h": ("s", "exact"), "m": ("s", "exact")},
+}
+_FINER_THAN_NS = ("ns", "it drops what is finer than a nanosecond")
+
+
+def _time_unit_problem(field: Field) -> str:
+    """Why a datetime64/timedelta64 field's unit cannot be stored, and the dtype to convert to."""
+    kind = field.dtype.kind
+    base = "datetime64" if kind == "M" else "timedelta64"
+    unit = np.datetime_data(field.dtype)[0]
+    accepted = (f"{base} is stored in the units s, ms, us, ns" + (", and D for dates" if kind == "M" else ""))
+    if unit == "generic":
+        return f"field {field.name!r}: dtype {field.dtype} has no unit; {accepted}: declare e.g. '{base}[us]'"
+    problem = f"field {field.name!r}: dtype {field.dtype} has a unit that Arrow and Parquet cannot store"
+    if kind == "m" and unit in ("Y", "M"):  # no fixed length: numpy cannot convert them to seconds
+        return (f"{problem} (a month or a year has no fixed length in seconds); {accepted}. Store the count "
+                f"instead: Field({field.name!r}, 'int64') and values.astype('int64')")
+    target, cost = _TIME_TARGETS[kind].get(unit, _FINER_THAN_NS)
+    dtype = f"{base}[{target}]"
+    return (f"{problem}; {accepted}. Declare Field({field.name!r}, {dtype!r}) and convert the values with "
+            f"values.astype({dtype!r}) ({cost})")
+
+
+def zoned_times_fix(name: str, unit: str, *, objects: bool = False) -> str:
+    """How to make times that carry a time zone storable: the same instants as UTC wall times.
+
+    shardkit refuses such times rather than converting them itself: a batch is numpy, whose datetime64
+    has no zone, so it could keep only one of the instant and the local wall time, silently. ``objects``:
+    the times are Python objects (a pandas object column, e.g. of times in several zones).
+    """
+    pandas = (f"pandas.to_datetime(df[{name!r}], utc=True).dt.tz_localize(None)" if objects
+              else f"df[{name!r}].dt.tz_convert('UTC').dt.tz_localize(None)")
+    return (f"convert them to UTC and drop the zone before writing: with pandas {pandas}, with Arrow "
+            f"pyarrow.compute.cast(column, pyarrow.timestamp({unit!r})) (both keep each instant, as UTC wall "
+            "time, as shardkit does for Spark timestamps; .dt.tz_localize(None) alone keeps local wall time "
+            "instead)")
 
 
 def scalar_stored_problem(field: Field, stored: pa.DataType) -> str | None:
@@ -205,6 +252,12 @@ class ScalarCodec(Codec):
             return src
         if src.type == pa.null():
             return pa.nulls(len(src), target)
+        if pa.types.is_timestamp(src.type) and src.type.tz is not None and field.dtype.kind == "M":
+            raise SchemaMismatchError(
+                f"field {field.name!r} (writing) is declared {field.dtype_name} but its times carry the time "
+                f"zone {src.type.tz!r} ({src.type}), and a datetime64 has none; "
+                f"{zoned_times_fix(field.name, src.type.unit)}"
+            )
         try:
             src_dtype = np.dtype(src.type.to_pandas_dtype())
         except (NotImplementedError, TypeError):  # no numpy dtype (a pandas one, e.g. with a time zone)
