@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import sys
 from collections.abc import Sequence
 from typing import Any, Literal
 
@@ -12,7 +13,7 @@ from shardkit.dataset.index import Dataset, open_dataset
 from shardkit.errors import ReaderError
 from shardkit.reader.filter import Filter
 from shardkit.reader.plan import Remainder, validate_shard
-from shardkit.reader.reader import WINDOW_BYTES, Reader, _job_world, _positive
+from shardkit.reader.reader import WINDOW_BYTES, Reader
 
 
 def make_reader(
@@ -152,3 +153,46 @@ def make_reader(
 def _plain(value: Any) -> Any:
     """A numpy integer as the Python int it is; anything else as it is (checked later)."""
     return int(value) if isinstance(value, np.integer) else value
+
+
+def _job_world(shard: int | None, num_shards: int | None) -> tuple[int, int]:
+    """Fill in shard/num_shards from the job this process runs in (WORLD_SIZE/RANK or torch.distributed)."""
+    if num_shards is not None:
+        if shard is None:
+            raise ReaderError(f"num_shards={num_shards} was given without shard=; pass this worker's rank")
+        return shard, num_shards
+    world, rank = os.environ.get("WORLD_SIZE"), os.environ.get("RANK")
+    dist = _torch_dist()
+    if dist is not None:
+        world, rank = str(dist.get_world_size()), str(dist.get_rank())
+    if world is None:
+        if shard is None or shard == 0:
+            return 0, 1
+        raise ReaderError(
+            f"shard={shard} was given without num_shards, and this process is not in a job (no WORLD_SIZE, "
+            "no initialized torch.distributed); pass num_shards=<number of workers>"
+        )
+    if shard is None and rank is None:
+        raise ReaderError(
+            f"WORLD_SIZE={world} is set but RANK is not, so this worker's shard is unknown; pass "
+            "shard=<rank> (every worker reading shard 0 would read the same samples)"
+        )
+    try:
+        return (shard if shard is not None else int(str(rank))), int(world)
+    except ValueError as e:
+        raise ReaderError(
+            f"the job's WORLD_SIZE={world!r} / RANK={rank!r} are not ints; pass shard= and num_shards="
+        ) from e
+
+
+def _torch_dist() -> Any:
+    if "torch.distributed" not in sys.modules:
+        return None
+    dist = sys.modules["torch.distributed"]
+    return dist if dist.is_available() and dist.is_initialized() else None
+
+
+def _positive(name: str, value: Any, minimum: int = 1) -> int:
+    if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
+        raise ReaderError(f"{name}={value!r} must be an int >= {minimum}")
+    return value

@@ -17,7 +17,7 @@ iteration: starting a new one, `load_state_dict` or `close` ends the previous on
 
 Lost rows (``on_error="skip"``). A row of a corrupt row group (or a row that cannot be decoded) is
 lost; its place in the batch is taken by a readable sample: the first one at or after half an epoch
-further in the epoch's order ``pi`` (cyclically; see `Reader._substitutes`). So every batch holds the
+further in the epoch's order ``pi`` (cyclically; see `shardkit.reader.lost`). So every batch holds the
 positions it holds on intact data, a shard yields ``len(reader)`` batches (ranks keep stepping
 together: one rank with fewer steps would hang an allreduce), every rank's `state_dict` is the same
 position, and a reader resumed anywhere yields what the uninterrupted one yields from there: which row
@@ -29,11 +29,9 @@ from __future__ import annotations
 
 import functools
 import hashlib
-import os
-import sys
 import warnings
 from collections import deque
-from collections.abc import Callable, Generator, Iterator, Mapping, Sequence
+from collections.abc import Generator, Iterator, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, Literal
 
@@ -41,15 +39,16 @@ import numpy as np
 
 from shardkit.dataset.index import SLICE_ROWS, Dataset
 from shardkit.dataset.schema import Schema
-from shardkit.errors import CorruptDatasetError, ReaderError
+from shardkit.errors import ReaderError
 from shardkit.reader import batching
+from shardkit.reader.assemble import POSITION, needed_rows, pi_at, scatter_plan
+from shardkit.reader.assemble import chunks as assemble_chunks
 from shardkit.reader.filter import Filter, Partitions, select_rows, to_expression
+from shardkit.reader.lost import substitutes
 from shardkit.reader.plan import (
     EpochOrder,
     Remainder,
     Task,
-    Window,
-    first_readable,
     shard_ranges,
     shard_windows,
     split_tasks,
@@ -63,7 +62,6 @@ WINDOW_BYTES = 32 << 20  # default shuffle window: about this many decoded bytes
 #: Most decoded bytes of rows one task reads: a row group is read and decoded in tasks of about this
 #: size, so its first rows are decoded (and can be emitted) while its later slices are still read.
 TASK_BYTES = 8 << 20
-_POSITION = "\x00shardkit.position"  # rides along in chunks: the piece position of each row
 #: Where a worker places a task's decoded rows: its window's `batching.Scatter` and the rows there.
 _Slot = tuple[batching.Scatter, np.ndarray] | None
 
@@ -201,8 +199,8 @@ class Reader:
 
         def reads() -> Iterator[tuple[Task, np.ndarray | None, bool, _Slot]]:
             for w in windows:  # prepared just ahead of the reads, popped when the window is assembled
-                emit, rows, sizes = _needed_rows(w, order)
-                plan = _scatter_plan(emit, sizes, self._recycler)
+                emit, rows, sizes = needed_rows(w, order)
+                plan = scatter_plan(emit, sizes, self._recycler)
                 prepared.append((emit, sizes, None if plan is None else plan[0]))
                 for i, (t, r) in enumerate(zip(w.tasks, rows, strict=True)):
                     yield t, r, t not in short, None if plan is None else (plan[0], plan[1][i])
@@ -216,10 +214,11 @@ class Reader:
                 placed = None if scatter is None else scatter.placed(
                     [p.chunks if p is not None and p.whole else None for p in parts])
                 if placed is not None:  # the workers put the rows in emission order
-                    chunks = _chunks([Part([placed])], None, [window.num_rows], position, batcher.need)
+                    chunks = assemble_chunks([Part([placed])], None, [window.num_rows], position,
+                                             batcher.need)
                 else:
                     lost_at = functools.partial(self._in_place_of, order, ranges, position)
-                    chunks = _chunks(parts, emit, sizes, position, batcher.need, lost_at=lost_at)
+                    chunks = assemble_chunks(parts, emit, sizes, position, batcher.need, lost_at=lost_at)
                 for chunk in chunks:
                     for batch in batcher.add(chunk):
                         yield self._step(batch)
@@ -236,73 +235,20 @@ class Reader:
             self._finish_epoch()
 
     def _in_place_of(self, order: EpochOrder, ranges: Sequence[tuple[int, int]], position: int,
-                 emitted: np.ndarray) -> Columns:
+                     emitted: np.ndarray) -> Columns:
         """Rows in place of the lost rows ``emitted`` (indices in a window's emission order, which starts
-        at piece position ``position`` of ``ranges``)."""
-        return self._substitutes(order, _pi_at(ranges, position + emitted))
+        at piece position ``position`` of ``ranges``): see `shardkit.reader.lost`."""
+        where = (f"shard {self.shard} of {self.num_shards}, epoch {self.epoch}: no sample of "
+                 f"{self.dataset.url!r}{' matching the filter' if self.filter_text else ''}")
+        rows = substitutes(order, pi_at(ranges, position + emitted), self._source, self._executor().submit,
+                           where)
+        self.stats["repeated_rows"] += len(emitted)
+        return rows
 
-    def _substitutes(self, order: EpochOrder, lost: np.ndarray) -> Columns:
-        """Readable rows in place of the samples ``lost`` (indices of ``pi``) that could not be read.
-
-        The place of sample ``x`` is taken by the first readable sample at or after ``x + N // 2`` in
-        ``pi`` (cyclically, ``N`` samples in the epoch): half an epoch away, so a long run of lost rows
-        takes as many distinct rows where those can be read (not the same few again and again), and
-        the choice depends only on the epoch's order and on which rows can be read: a resumed reader,
-        or another number of shards, makes the same choice. Rows already known to be unreadable are
-        passed over unread; the others are read (again), and when found unreadable, passed over too.
-
-        Raises `CorruptDatasetError` when no sample of the epoch can be read.
-        """
-        n = order.num_samples
-        candidates = (np.asarray(lost, dtype=np.int64) + n // 2) % n
-        source = self._source
-        found: dict[int, tuple[Columns, int]] = {}  # pi index -> (decoded rows, row among them)
-        while True:
-            readable = first_readable(order, candidates, *source.known_bad())
-            if readable is None:
-                raise CorruptDatasetError(
-                    f"shard {self.shard} of {self.num_shards}, epoch {self.epoch}: no sample of "
-                    f"{self.dataset.url!r}{' matching the filter' if self.filter_text else ''} can be read "
-                    f"in the place of the {len(lost)} lost: every one is in a row group (or is a row) "
-                    f"skipped as corrupt (on_error='skip'); first: {next(iter(source.skipped.values()), '?')}"
-                    ". Rewrite the dataset"
-                )
-            candidates = readable
-            todo = np.unique(candidates[[int(c) not in found for c in candidates]])
-            if not len(todo):
-                break
-            groups, rows = order.locate(todo)
-            reads = []
-            for g in np.unique(groups).tolist():
-                mine = groups == g
-                needed = rows[mine]
-                sort = np.argsort(needed, kind="stable")  # a read takes its rows in ascending order
-                lo = int(needed[sort[0]])
-                task = Task(g, lo, int(needed[sort[-1]]) + 1)
-                reads.append((todo[mine][sort], needed[sort] - lo,
-                              self._executor().submit(source.read, task, needed[sort] - lo)))
-            for pis, rel, future in reads:
-                part = future.result()
-                if part is None:
-                    continue  # the row group is now a known bad one: the next round passes it over
-                decoded = batching.concat(part.chunks) if part.chunks else {}
-                kept = np.ones(len(rel), dtype=bool)  # rows that decoded (the others: known bad now)
-                kept[part.lost] = False
-                at = np.cumsum(kept) - 1
-                for k, x in enumerate(pis.tolist()):
-                    if kept[k]:
-                        found[x] = (decoded, int(at[k]))
-        rows_of = [found[int(c)] for c in candidates]
-        chunks = list({id(d): d for d, _ in rows_of}.values())
-        index = {id(d): i for i, d in enumerate(chunks)}
-        owner = np.array([index[id(d)] for d, _ in rows_of], dtype=np.int64)
-        local = np.array([r for _, r in rows_of], dtype=np.int64)
-        self.stats["repeated_rows"] += len(lost)
-        return batching.gather(chunks, owner, local)
 
     def _step(self, batch: Columns) -> Columns:
         """Account for a batch about to be yielded: from now on `state_dict` counts it as consumed."""
-        self._consumed = int(batch.pop(_POSITION)[-1]) + 1
+        self._consumed = int(batch.pop(POSITION)[-1]) + 1
         self._steps += 1
         return batch
 
@@ -427,150 +373,3 @@ class Reader:
     def __repr__(self) -> str:
         return (f"Reader({self.dataset.url!r}, shard={self.shard}/{self.num_shards}, epoch={self.epoch}, "
                 f"batch_size={self.batch_size}, samples={self.num_samples})")
-
-
-def _needed_rows(window: Window, order: EpochOrder
-                 ) -> tuple[np.ndarray | None, list[np.ndarray | None], list[int]]:
-    """Which rows of each task this shard emits, so only those are decoded.
-
-    Returns the emission order as indices into the concatenated decoded rows (None: all, in order),
-    per task the rows to decode (None: all of them), and per task how many rows it decodes. A shard
-    that needs only part of a shuffle window (at its ends, or when the window spans the whole dataset)
-    decodes only its part.
-    """
-    emit = window.emit(order)
-    sizes = [t.stop - t.start for t in window.tasks]
-    if emit is None or len(emit) == sum(sizes):
-        return emit, [None] * len(window.tasks), sizes
-    needed = np.unique(emit)
-    bounds = np.concatenate([[0], np.cumsum(sizes)])
-    cuts = np.searchsorted(needed, bounds)
-    picked = [needed[cuts[i] : cuts[i + 1]] - bounds[i] for i in range(len(sizes))]
-    rows: list[np.ndarray | None] = list(picked)
-    return np.searchsorted(needed, emit), rows, [len(r) for r in picked]
-
-
-def _scatter_plan(emit: np.ndarray | None, sizes: list[int], recycler: batching.Recycler
-                  ) -> tuple[batching.Scatter, list[np.ndarray]] | None:
-    """How a window's tasks are placed in emission order (`batching.Scatter`), if they can be.
-
-    ``emit`` indexes the concatenation of the tasks' decoded rows; when it is a permutation of them
-    (no row emitted twice, as padding does), task ``i``'s rows go to the window rows ``dests[i]``.
-    """
-    total_rows = sum(sizes)
-    if emit is None or len(emit) != total_rows or not total_rows:
-        return None
-    inverse = np.full(total_rows, -1, dtype=np.int64)
-    inverse[emit] = np.arange(total_rows)
-    if (inverse < 0).any():  # a row emitted twice, another not at all
-        return None
-    bounds = np.cumsum([0, *sizes])
-    dests = [inverse[bounds[i] : bounds[i + 1]] for i in range(len(sizes))]
-    return batching.Scatter(total_rows, recycler), dests
-
-
-def _chunks(parts: Sequence[Part | None], emit: np.ndarray | None, sizes: list[int], position: int,
-            need: Callable[[], int], *, lost_at: Callable[[np.ndarray], Columns] | None = None
-            ) -> Iterator[Columns]:
-    """A window's rows in emission order, as chunks for the batcher, each with its piece positions.
-
-    ``parts`` are the decoded tasks (None: the row group is corrupt and skipped), ``sizes`` the rows each
-    decodes, and ``emit`` indexes their concatenation (None: all rows, in order). In order, the decoded
-    chunks go out as they are (views, no copy); otherwise each chunk is gathered from the parts,
-    ``need()`` rows at a time so that it completes the batcher's next batch without a further copy.
-    Lost rows (of skipped parts, or that a part could not decode) keep their places: ``lost_at(j)``
-    gives the rows that take them, for their indices ``j`` in the emission order. The position column
-    holds, per row, ``position`` plus its index in the window's emission order.
-    """
-    if all(p is not None and p.whole for p in parts):
-        chunks = [c for p in parts if p is not None for c in p.chunks]
-        if emit is None:
-            offset = position
-            for chunk in chunks:
-                n = batching.num_rows(chunk)
-                yield {**chunk, _POSITION: np.arange(offset, offset + n)}
-                offset += n
-            return
-        order = emit
-    else:
-        counts = np.asarray(sizes, dtype=np.int64)
-        bounds = np.concatenate([[0], np.cumsum(counts)])
-        ok = np.ones(int(bounds[-1]), dtype=bool)
-        for i, p in enumerate(parts):
-            if p is None:
-                ok[bounds[i] : bounds[i + 1]] = False
-            else:
-                ok[bounds[i] + p.lost] = False
-        order = np.arange(len(ok)) if emit is None else emit
-        lost = np.flatnonzero(~ok[order])  # none, when this shard emits none of the lost rows
-        chunks = [c for p in parts if p is not None for c in p.chunks]
-        readable = sum(batching.num_rows(c) for c in chunks)
-        order = (np.cumsum(ok) - 1)[order]  # index among the readable rows; then the lost ones'
-        if len(lost):
-            if lost_at is None:
-                raise ValueError("rows were lost and nothing gives rows in their place")
-            chunks.append(lost_at(lost))
-            order[lost] = readable + np.arange(len(lost))
-    lengths = np.array([batching.num_rows(c) for c in chunks], dtype=np.int64)
-    ends = np.cumsum(lengths)
-    owner = np.searchsorted(ends, order, side="right")
-    local = order - (ends - lengths)[owner]
-    pos = 0
-    while pos < len(order):
-        cut = slice(pos, pos + need())
-        yield {**batching.gather(chunks, owner[cut], local[cut]),
-               _POSITION: position + np.arange(cut.start, min(cut.stop, len(order)))}
-        pos = cut.stop
-
-
-def _pi_at(ranges: Sequence[tuple[int, int]], positions: np.ndarray) -> np.ndarray:
-    """The ``pi`` indices at ``positions`` of the concatenation of ``ranges`` (a shard's piece)."""
-    lengths = np.array([b - a for a, b in ranges], dtype=np.int64)
-    ends = np.cumsum(lengths)
-    k = np.searchsorted(ends, positions, side="right")
-    starts = np.array([a for a, _ in ranges], dtype=np.int64)
-    pi: np.ndarray = starts[k] + positions - (ends - lengths)[k]
-    return pi
-
-
-def _job_world(shard: int | None, num_shards: int | None) -> tuple[int, int]:
-    """Fill in shard/num_shards from the job this process runs in (WORLD_SIZE/RANK or torch.distributed)."""
-    if num_shards is not None:
-        if shard is None:
-            raise ReaderError(f"num_shards={num_shards} was given without shard=; pass this worker's rank")
-        return shard, num_shards
-    world, rank = os.environ.get("WORLD_SIZE"), os.environ.get("RANK")
-    dist = _torch_dist()
-    if dist is not None:
-        world, rank = str(dist.get_world_size()), str(dist.get_rank())
-    if world is None:
-        if shard is None or shard == 0:
-            return 0, 1
-        raise ReaderError(
-            f"shard={shard} was given without num_shards, and this process is not in a job (no WORLD_SIZE, "
-            "no initialized torch.distributed); pass num_shards=<number of workers>"
-        )
-    if shard is None and rank is None:
-        raise ReaderError(
-            f"WORLD_SIZE={world} is set but RANK is not, so this worker's shard is unknown; pass "
-            "shard=<rank> (every worker reading shard 0 would read the same samples)"
-        )
-    try:
-        return (shard if shard is not None else int(str(rank))), int(world)
-    except ValueError as e:
-        raise ReaderError(
-            f"the job's WORLD_SIZE={world!r} / RANK={rank!r} are not ints; pass shard= and num_shards="
-        ) from e
-
-
-def _torch_dist() -> Any:
-    if "torch.distributed" not in sys.modules:
-        return None
-    dist = sys.modules["torch.distributed"]
-    return dist if dist.is_available() and dist.is_initialized() else None
-
-
-def _positive(name: str, value: Any, minimum: int = 1) -> int:
-    if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
-        raise ReaderError(f"{name}={value!r} must be an int >= {minimum}")
-    return value

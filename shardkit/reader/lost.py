@@ -1,0 +1,75 @@
+"""Rows in the place of lost ones (``on_error="skip"``): which readable sample takes a lost sample's
+place, chosen from the epoch's order and the known bad rows only, so that every reader (resumed, or of
+another number of shards) makes the same choice."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from concurrent.futures import Future
+
+import numpy as np
+
+from shardkit.errors import CorruptDatasetError
+from shardkit.reader import batching
+from shardkit.reader.plan import EpochOrder, Task, first_readable
+from shardkit.reader.source import Columns, Part, RowGroupSource
+
+
+def substitutes(order: EpochOrder, lost: np.ndarray, source: RowGroupSource,
+                submit: Callable[..., Future[Part | None]], where: str) -> Columns:
+    """Readable rows in place of the samples ``lost`` (indices of ``pi``) that could not be read.
+
+    The place of sample ``x`` is taken by the first readable sample at or after ``x + N // 2`` in
+    ``pi`` (cyclically, ``N`` samples in the epoch): half an epoch away, so a long run of lost rows
+    takes as many distinct rows where those can be read (not the same few again and again), and
+    the choice depends only on the epoch's order and on which rows can be read: a resumed reader,
+    or another number of shards, makes the same choice. Rows already known to be unreadable are
+    passed over unread; the others are read (again), and when found unreadable, passed over too.
+
+    ``submit`` runs a read in the reader's thread pool; ``where`` begins the error message (the shard,
+    the epoch and the dataset: "... no sample of <url>").
+
+    Raises `CorruptDatasetError` when no sample of the epoch can be read.
+    """
+    n = order.num_samples
+    candidates = (np.asarray(lost, dtype=np.int64) + n // 2) % n
+    found: dict[int, tuple[Columns, int]] = {}  # pi index -> (decoded rows, row among them)
+    while True:
+        readable = first_readable(order, candidates, *source.known_bad())
+        if readable is None:
+            raise CorruptDatasetError(
+                f"{where} can be read in the place of the {len(lost)} lost: every one is in a row group (or "
+                f"is a row) skipped as corrupt (on_error='skip'); first: "
+                f"{next(iter(source.skipped.values()), '?')}. Rewrite the dataset"
+            )
+        candidates = readable
+        todo = np.unique(candidates[[int(c) not in found for c in candidates]])
+        if not len(todo):
+            break
+        groups, rows = order.locate(todo)
+        reads = []
+        for g in np.unique(groups).tolist():
+            mine = groups == g
+            needed = rows[mine]
+            sort = np.argsort(needed, kind="stable")  # a read takes its rows in ascending order
+            lo = int(needed[sort[0]])
+            task = Task(g, lo, int(needed[sort[-1]]) + 1)
+            reads.append((todo[mine][sort], needed[sort] - lo,
+                          submit(source.read, task, needed[sort] - lo)))
+        for pis, rel, future in reads:
+            part = future.result()
+            if part is None:
+                continue  # the row group is now a known bad one: the next round passes it over
+            decoded = batching.concat(part.chunks) if part.chunks else {}
+            kept = np.ones(len(rel), dtype=bool)  # rows that decoded (the others: known bad now)
+            kept[part.lost] = False
+            at = np.cumsum(kept) - 1
+            for k, x in enumerate(pis.tolist()):
+                if kept[k]:
+                    found[x] = (decoded, int(at[k]))
+    rows_of = [found[int(c)] for c in candidates]
+    chunks = list({id(d): d for d, _ in rows_of}.values())
+    index = {id(d): i for i, d in enumerate(chunks)}
+    owner = np.array([index[id(d)] for d, _ in rows_of], dtype=np.int64)
+    local = np.array([r for _, r in rows_of], dtype=np.int64)
+    return batching.gather(chunks, owner, local)
