@@ -224,7 +224,8 @@ class RowGroupSource:
 
 
 def _take(table: pa.Table, index: np.ndarray) -> list[pa.RecordBatch]:
-    """The rows ``index`` of ``table``, batch by batch (ascending: a filter's selection, `_needed_rows`).
+    """The rows ``index`` of ``table``, batch by batch (ascending: a filter's selection,
+    `assemble.needed_rows`).
 
     ``Table.take`` first concatenates each column's chunks, all the rows read so far of the row group,
     into fresh memory (a shuffled DataLoader worker spent 7% of its CPU there); here each record
