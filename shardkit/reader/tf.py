@@ -129,6 +129,12 @@ def make_dataset(reader_or_url: Reader | Any, *, label: str | None = None,
     tf.data reads ahead of the model, so the reader's ``state_dict()`` during an epoch is ahead of
     training; between epochs it is exact.
 
+    Under a ``tf.distribute`` strategy that distributes a dataset (``model.fit`` or
+    ``experimental_distribute_dataset`` under ``MultiWorkerMirroredStrategy``), a dataset of one shard
+    of several (``shard=rank, num_shards=world``, or ``ctx.tf_dataset()``) is not sharded again
+    (``AutoShardPolicy.OFF``); one of the whole dataset is sharded by batch (``DATA``). `dataset_fn`
+    shards by the strategy's ``InputContext`` instead.
+
     Args:
         reader_or_url: a `Reader`, or a dataset URL and ``make_reader_kwargs`` for `make_reader`.
         label: a field to yield apart, as ``(features, label)`` pairs for ``model.fit``.
@@ -150,7 +156,7 @@ def make_dataset(reader_or_url: Reader | Any, *, label: str | None = None,
     else:
         if "columns" not in make_reader_kwargs and features is not None:
             wanted = [features] if isinstance(features, str) else list(features)
-            fields = [_field_of(n) for n in [*wanted, *([label] if label else [])]]
+            fields = [_field_of(n) for n in [*wanted, *([label] if label is not None else [])]]
             make_reader_kwargs["columns"] = list(dict.fromkeys(fields))
         reader = make_reader(reader_or_url, **make_reader_kwargs)
     plans = plan_fields(reader.schema, policy, "tf")
@@ -174,7 +180,20 @@ def make_dataset(reader_or_url: Reader | Any, *, label: str | None = None,
         ds = ds.apply(tf.data.experimental.assert_cardinality(tf.data.INFINITE_CARDINALITY))
     elif not reader.state_dict()["history"]:  # every pass is whole epochs: Keras knows its steps
         ds = ds.apply(tf.data.experimental.assert_cardinality(reader.num_epochs * len(reader)))
-    return ds.prefetch(prefetch) if prefetch else ds
+    ds = ds.prefetch(prefetch) if prefetch else ds
+    return ds.with_options(_shard_options(reader.num_shards))
+
+
+def _shard_options(num_shards: int) -> tf.data.Options:
+    """How a ``tf.distribute`` strategy may shard the dataset further (``experimental_distribute_dataset``,
+    ``model.fit`` under ``MultiWorkerMirroredStrategy``): not at all when the reader reads one shard of
+    several (it was sharded already: TensorFlow's default, AUTO, tried to shard it again by file and
+    failed on its first batch), by batch (``DATA``) when it reads the whole dataset (each worker then
+    keeps every n-th batch of it)."""
+    policy = tf.data.experimental.AutoShardPolicy
+    options = tf.data.Options()
+    options.experimental_distribute.auto_shard_policy = policy.OFF if num_shards > 1 else policy.DATA
+    return options
 
 
 def _field_of(key: str) -> str:
@@ -191,7 +210,7 @@ def _splitter(spec: dict[str, Any], label: str | None, features: str | Sequence[
     if label is None and features is None:
         return lambda d: d
     names = [features] if isinstance(features, str) else list(features or [])
-    unknown = [n for n in [*names, *([label] if label else [])] if n not in spec]
+    unknown = [n for n in [*names, *([label] if label is not None else [])] if n not in spec]
     if unknown:
         raise AdapterError(f"make_dataset: {unknown} are not fields of the batches; they hold {sorted(spec)}")
     if label is None:
