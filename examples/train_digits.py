@@ -9,6 +9,11 @@ exactly: the learning rate is a function of the step (warmup, then cosine), and 
 augment each batch come from a generator seeded by (seed, rank, step), so a run restarted from a
 checkpoint goes on as the interrupted one would have. After training, rank 0 evaluates on the test
 split (the last 297 digits) and prints the accuracy.
+
+Rank 0's ``TRAIN_STATS`` line times the steps after the first one (which builds DDP's buckets), and
+counts the samples of those steps only. Every rank trains as many: the steps are collective, and each
+rank's shard holds as many samples (the reader's default ``remainder="drop"``). The job summary
+counts every rank's samples from their heartbeats.
 """
 
 from __future__ import annotations
@@ -79,7 +84,7 @@ def main() -> None:
     print(f"rank {ctx.rank}/{ctx.world_size} attempt {ctx.attempt}: "
           + (f"resuming at step {start}" if start else f"starting, {total_steps} steps"), flush=True)
     loss_fn = nn.CrossEntropyLoss()
-    first, first_unix, samples, loss = 0.0, None, 0, torch.tensor(0.0)
+    first, first_unix, samples, loss = 0.0, None, 0, torch.tensor(0.0)  # samples: of the timed steps
     with ctx:
         for batch in loader:
             step = ctx.step_count  # steps done so far: this batch is step + 1
@@ -92,13 +97,15 @@ def main() -> None:
             loss.backward()
             optimizer.step()
             ctx.step({"loss": loss.detach()}, samples=len(batch["label"]))
-            samples += len(batch["label"])
-            if not first:
+            if first:
+                samples += len(batch["label"])
+            else:  # the clock starts when the first step ends: its samples are not timed
                 first, first_unix = time.perf_counter(), time.time()
         if ctx.rank == 0:
             seconds = time.perf_counter() - first if first else 0.0
             accuracy = evaluate(ctx, model.module)
             stats = {"steps": ctx.step_count, "world": ctx.world_size, "seconds": seconds,
+                     "samples": samples * ctx.world_size,
                      "samples_per_s": samples * ctx.world_size / seconds if seconds else 0.0,
                      "first_step_unix": first_unix, "test_accuracy": accuracy}
             ctx.metrics = {"loss": float(loss.detach()), "test_accuracy": accuracy}

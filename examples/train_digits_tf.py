@@ -77,6 +77,8 @@ def main() -> None:
             samples += len(batch["label"])
             ctx.step({"loss": loss}, samples=len(batch["label"]))
         if ctx.is_chief:
+            # Every worker trained as many samples: each step is collective, and every shard holds as
+            # many samples (the reader's default remainder="drop"); the steps end together.
             seconds = time.perf_counter() - began
             accuracy = evaluate(ctx, model)
             ctx.metrics = {"loss": float(loss), "test_accuracy": accuracy}

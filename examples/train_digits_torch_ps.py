@@ -7,6 +7,10 @@ The ps processes never reach the training code: `shardkit.trainer.init()` serves
 weights, computes gradients on its shard of the data and pushes them; the ps applies them as they
 arrive (asynchronous SGD). Worker 0 checkpoints the ps state (parameters and Adam moments) and, at the
 end, evaluates on the test split.
+
+Worker 0's ``TRAIN_STATS`` line gives its own samples and samples/s: the workers run at their own pace,
+so it knows neither what the others trained nor when they end. The job's figures, over every worker,
+are in the job summary (the last lines of ``shardkit train``, and ``<logdir>/summary.json``).
 """
 
 from __future__ import annotations
@@ -67,10 +71,11 @@ def main() -> None:
             seconds = time.perf_counter() - began
             accuracy = evaluate(ctx, model)
             ctx.metrics = {"loss": loss.item(), "test_accuracy": accuracy}
-            # Every worker reads as many batches, so the job's rate is about this worker's times their count.
+            # This worker's own figures (see the module docstring): the others may still be training.
             print("TRAIN_STATS " + json.dumps({"steps": ctx.step_count, "test_accuracy": accuracy,
-                                               "samples_per_s": samples * ctx.num_data_shards / seconds}),
-                  flush=True)
+                                               "worker": ctx.role_index, "worker_samples": samples,
+                                               "worker_seconds": seconds,
+                                               "worker_samples_per_s": samples / seconds}), flush=True)
             print(f"test accuracy: {accuracy:.4f} ({ctx.step_count} steps)", flush=True)
 
 

@@ -250,3 +250,30 @@ def test_digits_example_reaches_95_percent(tmp_path: Path) -> None:
     assert stats["test_accuracy"] >= 0.95
     assert "test accuracy:" in proc.stdout
     assert "job digits succeeded" in proc.stdout
+    summary = json.loads((tmp_path / "job" / "summary.json").read_text())
+    # The script's rate is over the steps after the first (their clock starts as the first one ends): it
+    # counts their samples only, not the first step's 2 x 32 as well.
+    assert stats["samples_per_s"] * stats["seconds"] == pytest.approx(summary["samples"] - 2 * 32)
+    assert stats["samples"] == summary["samples"] - 2 * 32
+    assert (summary["samples"], summary["samples_exact"]) == (20 * 1500, True)  # every epoch of both shards
+
+
+@pytest.mark.timeout(240)
+@pytest.mark.slow
+def test_torch_ps_example_reports_only_worker_0s_own_figures(tmp_path: Path, digits: str) -> None:
+    """The workers of a parameter-server job run at their own pace: worker 0 knows its samples and its
+    time, not the others' (it printed its samples x the number of workers / its own time, taken before
+    the others were done, as the job's samples/s). The job's figures are the summary's, over every worker."""
+    proc = subprocess.run(
+        [sys.executable, "-m", "shardkit.cli", "train", str(REPO / "examples" / "digits_torch_ps.yaml"),
+         "--set", f"data.url={digits}", "--set", "data.num_epochs=3", "--set", f"logdir={tmp_path / 'job'}"],
+        capture_output=True, text=True, timeout=230, start_new_session=True, check=False,
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    log = (tmp_path / "job" / "logs" / "attempt-0" / "worker-0.log").read_text()
+    stats = json.loads(re.search(r"TRAIN_STATS (\{.*\})", log).group(1))  # type: ignore[union-attr]
+    assert "samples_per_s" not in stats  # no claim about the job's rate
+    assert (stats["worker"], stats["worker_samples"]) == (0, 3 * 750)  # 3 epochs of its 750 digits
+    assert stats["worker_samples_per_s"] == pytest.approx(stats["worker_samples"] / stats["worker_seconds"])
+    summary = json.loads((tmp_path / "job" / "summary.json").read_text())
+    assert (summary["samples"], summary["samples_exact"]) == (2 * 3 * 750, True)  # both workers, exactly

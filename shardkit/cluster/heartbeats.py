@@ -1,16 +1,19 @@
-"""The supervisor's end of heartbeats: a UDP socket on loopback that collects datagrams without blocking."""
+"""The supervisor's end of heartbeats: a UDP socket on loopback that collects datagrams without blocking,
+and what they tell about each process and about the samples a job trained (`SampleLedger`)."""
 
 from __future__ import annotations
 
 import select
 import socket
+from dataclasses import dataclass, field
 from typing import Protocol
 
 from shardkit.cluster import protocol
 
-__all__ = ["HeartbeatReceiver", "Watched", "apply_beat"]
+__all__ = ["HeartbeatReceiver", "SampleLedger", "Watched", "apply_beat"]
 
 PROGRESS_KINDS = frozenset({"step", "checkpoint", "done"})
+_RECENT = 64  # per process: the counts of its last heartbeats, kept for a checkpoint reported after them
 
 
 class Watched(Protocol):
@@ -28,18 +31,104 @@ def apply_beat(w: Watched, beat: protocol.Heartbeat, now: float) -> bool:
 
     "start" does not count as a heartbeat for the silence timeout: the startup window lasts until the
     first step or "alive" beat, so a process stuck in its imports or rendezvous is caught by
-    ``startup_timeout``.
+    ``startup_timeout``. Every other beat carries the process's step and the samples it trained in this
+    attempt up to that step (an "alive" beat too, and the last "step" beat a failing process sends
+    on its way out of ``with ctx``), so each one updates them; "start" is sent before the restore.
     """
     if beat.kind != "start":
         w.last_beat = now
+        w.step, w.samples = beat.step, beat.samples
     if beat.kind == "done":
         w.done_at = now
     progress = beat.kind in PROGRESS_KINDS
-    if progress:
-        w.step, w.samples = beat.step, beat.samples
     if beat.metrics:
         w.metrics = dict(beat.metrics)
     return progress
+
+
+@dataclass
+class _Counts:
+    """One process's samples trained in this attempt, at some of its steps."""
+
+    recent: dict[int, int] = field(default_factory=dict)  # step -> samples of its last `_RECENT` heartbeats
+    pinned: dict[int, int] = field(default_factory=dict)  # step -> samples at a checkpoint step not settled
+
+    def at(self, step: int) -> int:
+        """Samples trained up to ``step``: its heartbeat of that step, else its last one before it."""
+        if step in self.pinned:
+            return self.pinned[step]
+        if step in self.recent:
+            return self.recent[step]
+        before = [(s, n) for s, n in (*self.pinned.items(), *self.recent.items()) if s <= step]
+        return max(before)[1] if before else 0
+
+
+class SampleLedger:
+    """How many of the samples a job run trained are in each checkpoint, so a restart knows what it lost.
+
+    Example:
+        >>> ledger = SampleLedger()
+        >>> ledger.beat("worker-0", step=5, samples=20); ledger.checkpoint(5)
+        >>> ledger.restart(trained=24, resumed_from=5)        # (4, 20): 4 samples to train again
+        (4, 20)
+
+    A heartbeat carries the samples its process trained in the current attempt up to its step. Before a
+    checkpoint is saved, every process of an allreduce job heartbeats that step (``ctx.step``), so the
+    samples in checkpoint step S are those in the checkpoint the attempt resumed from plus each process's
+    count at S. When a restart resumes from S, the samples the failed attempt trained beyond it are lost:
+    not in the model, trained again. Counts are of this run (a checkpoint of an earlier run counts 0).
+
+    Exact where the processes step together (allreduce; the chief of a TensorFlow parameter-server job
+    trains every step), given each process's count of the attempt. In a torch parameter-server job each
+    worker runs at its own pace, and a checkpoint holds each worker's pushes up to the moment worker 0
+    saves: the ledger counts a worker at its own heartbeat of the checkpoint's step (or its last one
+    before), which is off by as many samples as the worker was ahead of or behind worker 0 then.
+    """
+
+    def __init__(self) -> None:
+        self.in_checkpoint: dict[int, int] = {}  # checkpoint step -> samples of this run in it
+        self.resumed = 0  # samples of this run in the checkpoint the current attempt resumed from
+        self._pending: list[int] = []  # this attempt's checkpoint steps, not settled yet
+        self._counts: dict[str, _Counts] = {}
+
+    def beat(self, name: str, step: int, samples: int) -> None:
+        """Process ``name`` (``worker-1``) had trained ``samples`` in this attempt at ``step``."""
+        counts = self._counts.setdefault(name, _Counts())
+        if step in self._pending:
+            counts.pinned[step] = samples
+            return
+        counts.recent[step] = samples
+        if len(counts.recent) > _RECENT:
+            del counts.recent[next(iter(counts.recent))]
+
+    def checkpoint(self, step: int) -> None:
+        """The chief reported checkpoint ``step`` (saved: committed)."""
+        # A process heartbeats step S before it takes part in any later step, and the chief saves a
+        # later checkpoint only after such a step: every count at an earlier checkpoint has arrived.
+        for earlier in [s for s in self._pending if s < step]:
+            self._settle(earlier)
+        if step not in self._pending:
+            self._pending.append(step)
+        for counts in self._counts.values():
+            if step in counts.recent:
+                counts.pinned[step] = counts.recent[step]
+
+    def _settle(self, step: int) -> None:
+        self.in_checkpoint[step] = self.resumed + sum(c.at(step) for c in self._counts.values())
+        self._pending.remove(step)
+        for counts in self._counts.values():
+            counts.pinned.pop(step, None)
+
+    def restart(self, trained: int, resumed_from: int | None) -> tuple[int, int]:
+        """End the current attempt, which trained ``trained`` samples, and begin one that resumes from
+        checkpoint step ``resumed_from`` (None: from scratch). Returns the samples the ended attempt lost
+        (trained again by the new one) and the samples of this run in that checkpoint."""
+        for step in list(self._pending):
+            self._settle(step)
+        end = self.resumed + trained
+        self.resumed = self.in_checkpoint.get(resumed_from, 0) if resumed_from is not None else 0
+        self._counts.clear()
+        return max(0, end - self.resumed), self.resumed
 
 
 class HeartbeatReceiver:

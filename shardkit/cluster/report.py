@@ -78,13 +78,38 @@ class AttemptRecord:
     last_step_s: float | None = None  # ... at the lead's last step heartbeat
     resumed_from: int | None = None  # the newest complete checkpoint's step when the attempt started
     steps: int = 0  # the last step the lead role reported
-    samples: int = 0
+    samples: int = 0  # trained by every process of this attempt (see `JobResult.samples`)
     outcome: str = "running"
+    samples_resumed: int = 0  # samples of this run in the checkpoint it resumed from (`SampleLedger`)
+    samples_lost: int = 0  # samples it trained past the checkpoint the next attempt resumed from
+    # processes whose count may stop at their last heartbeat, as "worker-1 (killed by SIGKILL)"
+    unreported: list[str] = dataclasses.field(default_factory=list)
 
 
 @dataclasses.dataclass
 class JobResult:
-    """How a job ended: returned by `shardkit.cluster.run_job` (failed: carried by its `JobError`)."""
+    """How a job ended: returned by `shardkit.cluster.run_job` (failed: carried by its `JobError`).
+
+    Samples are what the scripts pass to ``ctx.step(samples=)``, counted from their heartbeats:
+
+    - ``samples``: trained, by every process in every attempt; what a failed attempt trained after the
+      checkpoint the restart resumed from is trained again, and counted again.
+    - ``samples_lost``: those trained again (lost to restarts), ``samples_kept`` the others: the
+      samples in the final model (the last attempt's, and those of this run in the checkpoint it
+      resumed from; see `shardkit.cluster.heartbeats.SampleLedger` for where that is exact).
+    - ``samples_unreported``: the processes whose count may stop at their last heartbeat. Heartbeats go
+      out at most every ``heartbeat_interval``; a process that ends by itself reports its count on the
+      way out (``done``, or a last ``step`` beat as an exception leaves ``with ctx``), but one killed by
+      a signal (SIGKILL, the OOM killer, or stopped by the supervisor after another process failed)
+      may not have, and what it trained after its last heartbeat is then missing: ``samples`` and
+      ``samples_lost`` are lower bounds (``samples_exact`` False). The exit tells only how a process
+      ended: one that sent its count and then hung (tearing down a broken torch process group) until it
+      was stopped is listed too, and one that left without ``with ctx`` (``os._exit``) is not.
+      ``samples_kept`` stays exact while the last attempt's processes all reported.
+
+    ``samples_lost`` and ``samples_unreported`` are None where they were not measured (the summary of a
+    torchrun node).
+    """
 
     name: str
     status: Status
@@ -99,6 +124,8 @@ class JobResult:
     train_s: float  # summed over attempts: from the lead's first step heartbeat to its last
     metrics: dict[str, float]
     notes: list[str] = dataclasses.field(default_factory=list)
+    samples_lost: int | None = None
+    samples_unreported: list[str] | None = None
 
     @property
     def ok(self) -> bool:
@@ -106,8 +133,18 @@ class JobResult:
 
     @property
     def samples_per_s(self) -> float:
-        """Samples of every process per second of training (see ``train_s``)."""
+        """Samples trained by every process (``samples``) per second of training (see ``train_s``)."""
         return self.samples / self.train_s if self.train_s > 0 else 0.0
+
+    @property
+    def samples_kept(self) -> int | None:
+        """The samples in the final model: ``samples`` less ``samples_lost`` (None where not measured)."""
+        return None if self.samples_lost is None else self.samples - self.samples_lost
+
+    @property
+    def samples_exact(self) -> bool | None:
+        """Whether every process reported its count at its end (None where not measured)."""
+        return None if self.samples_unreported is None else not self.samples_unreported
 
     @property
     def first_step_s(self) -> float | None:
@@ -122,6 +159,8 @@ class JobResult:
         data = dataclasses.asdict(self)
         data["logdir"] = os.fspath(self.logdir)
         data["samples_per_s"] = self.samples_per_s
+        data["samples_kept"] = self.samples_kept
+        data["samples_exact"] = self.samples_exact
         data["first_step_s"] = self.first_step_s
         data["version"] = 1
         return data
@@ -142,10 +181,21 @@ class JobResult:
         why = "; ".join(f"attempt {f.attempt}: {f.name} {f.reason}" for f in self.failures)
         last_ckpt = max((c.step for c in self.checkpoints), default=None)
         metrics = ", ".join(f"{k} {v:.4g}" for k, v in sorted(self.metrics.items()))
+        at_least = "at least " if self.samples_exact is False else ""
         lines = [
             f"job {self.name} {self.status} in {self.wall_s:.1f} s: {self.steps} steps, "
-            f"{self.samples:,} samples, {self.samples_per_s:,.0f} samples/s",
+            f"{at_least}{self.samples:,} samples trained, {self.samples_per_s:,.0f} samples/s",
             f"  restarts: {self.restarts}" + (f" ({why})" if why else ""),
+        ]
+        if self.samples_lost is not None and self.restarts:
+            lines.append(f"  samples: {self.samples - self.samples_lost:,} in the final model; "
+                         f"{at_least}{self.samples_lost:,} trained again after restarts (trained after the "
+                         "checkpoint the next attempt resumed from)")
+        if self.samples_unreported:
+            lines.append("  samples may be missing: what these processes trained after their last heartbeat "
+                         "(ended by a signal, they may not have reported it): "
+                         + "; ".join(self.samples_unreported))
+        lines += [
             f"  checkpoints: {len(self.checkpoints)} written"
             + (f", newest step {last_ckpt}" if last_ckpt is not None else ""),
         ]

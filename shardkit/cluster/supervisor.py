@@ -18,7 +18,7 @@ from typing import TextIO
 from shardkit.cluster import protocol
 from shardkit.cluster.config import JobConfig
 from shardkit.cluster.engines import Engine, ProcessGroup, RoleProcess, get_engine
-from shardkit.cluster.heartbeats import HeartbeatReceiver, apply_beat
+from shardkit.cluster.heartbeats import HeartbeatReceiver, SampleLedger, apply_beat
 from shardkit.cluster.preflight import LogdirLock, check_local_data, prepare_logdir
 from shardkit.cluster.progress import Progress
 from shardkit.cluster.report import (
@@ -98,6 +98,8 @@ class Supervisor:
         self._notes: list[str] = []
         self._metrics: dict[str, float] = {}
         self._console_lost = False
+        self._ledger = SampleLedger()
+        self._current: tuple[AttemptRecord, dict[str, _Watch]] | None = None  # the attempt being watched
 
     # -- output ------------------------------------------------------------------------------------
     def _say(self, text: str) -> None:
@@ -164,6 +166,7 @@ class Supervisor:
                 raise
             finally:
                 self._stop()
+                self._close_attempt(receiver)
                 self.progress.close()
                 result = self._result(status)
                 result.write()
@@ -190,6 +193,7 @@ class Supervisor:
 
     def _attempt(self, attempt: int, receiver: HeartbeatReceiver) -> Failure | None:
         record = AttemptRecord(attempt, self._elapsed(), resumed_from=self._latest_checkpoint())
+        self._count_restart(record)
         self._attempts.append(record)
         spec = build_spec(self.config, attempt=attempt, job_dir=self.logdir,
                           heartbeat_addr=receiver.addr)
@@ -207,14 +211,45 @@ class Supervisor:
             record.outcome = f"could not start: {e}"
             raise JobError(f"job {self.config.name}: could not start its processes ({e}). Fix: check "
                            f"`python` ({self.config.python}) and the entrypoint in the config") from e
-        failure = self._watch(self._group, receiver, record)
+        watches = {p.name: _Watch(p, p.role in self.drivers) for p in self._group.processes}
+        self._current = (record, watches)
+        failure = self._watch(self._group, watches, receiver, record)
         if failure is not None:
             self._say(f"[shardkit] attempt {attempt} failed: {failure.name} {failure.reason} (last reported "
                       f"step {failure.step}); stopping the other processes")
         self._stop()
+        self._close_attempt(receiver)
         record.ended_s = self._elapsed()
         record.outcome = "succeeded" if failure is None else f"{failure.name} {failure.reason}"
         return failure
+
+    def _count_restart(self, record: AttemptRecord) -> None:
+        """The samples of this run in the checkpoint ``record`` resumes from, and those the previous
+        attempt trained past it: lost, trained again (`SampleLedger`)."""
+        previous = self._attempts[-1] if self._attempts else None
+        resumed = record.resumed_from
+        if resumed is None and previous is not None:  # the checkpoints could not be listed from here
+            resumed = max((c.step for c in self._checkpoints), default=None)
+        lost, record.samples_resumed = self._ledger.restart(previous.samples if previous else 0, resumed)
+        if previous is not None:
+            previous.samples_lost = lost
+
+    def _close_attempt(self, receiver: HeartbeatReceiver) -> None:
+        """Once the attempt's processes are gone: read the heartbeats they sent before they ended (the
+        last count of a process that failed while another's failure was being handled), total the
+        samples, and name the processes whose count stops at their last heartbeat."""
+        current, self._current = self._current, None
+        if current is None:
+            return
+        record, watches = current
+        lead = watches.get(self.lead)
+        for beat in receiver.receive(0.0):
+            w = watches.get(f"{beat.role}-{beat.index}")
+            if beat.attempt == record.attempt and w is not None:
+                self._on_beat(beat, w, w is lead, record, time.monotonic(), late=True)
+        record.samples = sum(w.samples for w in watches.values())
+        record.unreported = [f"{w.proc.name} ({why})" for w in watches.values()
+                             if (why := _unreported(w)) is not None]
 
     def _stop(self) -> None:
         group, self._group = self._group, None
@@ -234,10 +269,9 @@ class Supervisor:
         return None if info is None else info.step
 
     # -- watching one attempt ------------------------------------------------------------------------
-    def _watch(self, group: ProcessGroup, receiver: HeartbeatReceiver,
+    def _watch(self, group: ProcessGroup, watches: dict[str, _Watch], receiver: HeartbeatReceiver,
                record: AttemptRecord) -> Failure | None:
         attempt = record.attempt
-        watches = {p.name: _Watch(p, p.role in self.drivers) for p in group.processes}
         lead = watches.get(self.lead)
         base_samples = sum(a.samples for a in self._attempts[:-1])
         while True:
@@ -274,12 +308,19 @@ class Supervisor:
             self.progress.tick(record.steps, base_samples + record.samples, self._metrics)
 
     def _on_beat(self, beat: protocol.Heartbeat, w: _Watch, is_lead: bool, record: AttemptRecord,
-                 now: float) -> None:
+                 now: float, *, late: bool = False) -> None:
+        """Record ``beat``; ``late``: read after the attempt's processes were stopped, so it counts
+        (samples, checkpoints, the lead's step and metrics) but does not time the attempt."""
         progress = apply_beat(w, beat, now)
+        if beat.kind != "start":
+            self._ledger.beat(w.proc.name, beat.step, beat.samples)
         if beat.kind == "checkpoint":
             self._checkpoints.append(CheckpointRecord(record.attempt, beat.step, beat.checkpoint))
+            self._ledger.checkpoint(beat.step)
             self.progress.checkpoint(beat.step, beat.checkpoint)
-        if is_lead and progress:
+        if is_lead and progress and late:
+            record.steps, self._metrics = beat.step, dict(w.metrics)
+        elif is_lead and progress:
             if record.first_step_s is None:
                 record.first_step_s = self._elapsed()
                 self.progress.first_step(record.attempt, record.first_step_s - record.started_s)
@@ -325,7 +366,22 @@ class Supervisor:
             samples=sum(a.samples for a in self._attempts), wall_s=end,
             train_s=train_s, metrics=dict(self._metrics),
             notes=list(self._notes),
+            samples_lost=sum(a.samples_lost for a in self._attempts),
+            samples_unreported=[f"attempt {a.attempt}: {u}" for a in self._attempts for u in a.unreported],
         )
+
+
+def _unreported(w: _Watch) -> str | None:
+    """Why the samples ``w`` reported may be fewer than it trained, or None when they are its count at
+    its end: it reported done, or exited by itself (leaving ``with ctx``, a failing script reports its
+    count; see `shardkit.trainer.TrainContext.__exit__`), or never reported a sample (it trained none:
+    the first ``ctx.step`` always heartbeats)."""
+    if w.done_at is not None or w.samples == 0:
+        return None
+    code = w.proc.returncode
+    if code is not None and code >= 0:
+        return None
+    return exit_reason(code) if code is not None else "no exit status"
 
 
 #: The signals that stop a job cleanly: Ctrl-C, a polite kill, the terminal or SSH session closed.

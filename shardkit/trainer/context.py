@@ -175,15 +175,24 @@ class TrainContext:
         """End training: run the `on_finish` callbacks, save a last checkpoint of the current step (unless
         ``save=False``, or it was just saved and no callback says the objects changed since, or nothing
         is tracked), send the final ``done`` heartbeat, close the readers made by `reader` and end the
-        torch process group `init` started. Called by ``with ctx:`` on success."""
+        torch process group `init` started. Called by ``with ctx:`` on success.
+
+        If a callback or the save raises, the process is failing: as `__exit__` on an exception, it sends
+        the count it trained, and the exception goes on (no ``done``)."""
         if self._finished:
             return
         self._finished = True
-        changed = [hook() for hook in self._finish_hooks]  # a list: every callback runs
-        if save and self.checkpoint.pending(self.step_count, again=any(changed)):
-            url = self.checkpoint.save(self.step_count)
-            if url is not None:
-                self._beat("checkpoint", checkpoint=url)
+        try:
+            changed = [hook() for hook in self._finish_hooks]  # a list: every callback runs
+            if save and self.checkpoint.pending(self.step_count, again=any(changed)):
+                url = self.checkpoint.save(self.step_count)
+                if url is not None:
+                    self._beat("checkpoint", checkpoint=url)
+        except BaseException:
+            restored = self.checkpoint.restored
+            if self.step_count > (restored.step if restored is not None else 0):
+                self._beat("step")  # the count trained (see __exit__)
+            raise
         self._beat("done")
         self._close()
 
@@ -206,8 +215,14 @@ class TrainContext:
                  tb: TracebackType | None) -> Literal[False]:
         if exc_type is None:
             self.finish()
-        else:  # the process is failing: no final checkpoint, no "done"; the supervisor sees the exit
+        elif not self._finished:  # the process is failing: no final checkpoint, no "done"
             self._finished = True
+            # Step heartbeats are rate-limited: the supervisor may not have heard of the last steps. If it
+            # trained a step in this attempt, this one tells it the steps and samples trained (a process
+            # killed by a signal cannot send it).
+            restored = self.checkpoint.restored
+            if self.step_count > (restored.step if restored is not None else 0):
+                self._beat("step")
             self._close()
         return False
 

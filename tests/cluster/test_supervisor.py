@@ -29,6 +29,7 @@ from tests.trainer.scripts import proctree
 REPO = Path(__file__).resolve().parents[2]
 SCRIPT = REPO / "tests" / "trainer" / "scripts" / "behave.py"
 ROLE = REPO / "tests" / "cluster" / "scripts" / "role.py"  # what a role can do to its supervisor
+COUNT = REPO / "tests" / "cluster" / "scripts" / "count.py"  # trains known samples, raises or is killed
 pytestmark = [pytest.mark.distributed]
 
 
@@ -111,6 +112,72 @@ def test_killed_worker_restarts_from_checkpoint(tmp_path: Path) -> None:
         assert [(r["attempt"], r["start"], r["counter"]) for r in starts(job, name)] == [(0, 0, 0), (1, 5, 5)]
     assert result.attempts[1].resumed_from == 5
     assert "attempt 1 (from checkpoint step 5)" in console
+
+
+def count_job(folder: Path, *, workers: int, fault: dict[str, Any], framework: str = "tensorflow",
+              **params: Any) -> tuple[JobResult, str]:
+    """A job of ``scripts/count.py`` (worker i trains 4 + i samples a step, 20 steps, a checkpoint every
+    5), heartbeating every 5 s: after its first step, a process heartbeats only at the checkpoints."""
+    config = {
+        "name": "count", "entrypoint": str(COUNT), "framework": framework, "strategy": "allreduce",
+        "roles": {"worker": {"count": workers}}, "checkpoint": {"every_steps": 5, "keep": 5},
+        "fault_tolerance": {"max_restarts": 1, "heartbeat_interval": 5.0, "heartbeat_timeout": 30.0,
+                            "startup_timeout": 60.0},
+        "logdir": str(folder / "job"), "params": {"steps": 20, "batch": 4, "fault": fault, **params},
+        "env": {"OMP_NUM_THREADS": "1"},
+    }
+    path = folder / "job.yaml"
+    path.write_text(yaml.safe_dump(config))
+    console = io.StringIO()
+    result = run_job(load_config(path), console=console)
+    return result, console.getvalue()
+
+
+@pytest.mark.timeout(60)
+def test_samples_of_a_worker_that_raised_are_counted_up_to_its_last_step(tmp_path: Path) -> None:
+    """Heartbeats are rate-limited: the last one before the crash said step 5 (20 samples), but the worker
+    trained 6 steps (24 samples) before it raised at step 7. Its last words (`with ctx` on the way out)
+    give the exact count; the step after the checkpoint (4 samples) is trained again by the restart."""
+    result, console = count_job(tmp_path, workers=1, fault={"index": 0, "step": 7, "how": "raise"})
+    assert result.ok, console
+    assert result.restarts == 1
+    assert result.attempts[1].resumed_from == 5
+    assert [a.samples for a in result.attempts] == [6 * 4, 15 * 4]
+    assert result.samples == 84  # was 80: the 4 samples of step 6 were missing
+    assert (result.samples_lost, result.samples_kept) == (4, 80)  # 20 steps of 4: the final model's
+    assert [a.samples_lost for a in result.attempts] == [4, 0]
+    assert result.samples_unreported == []
+    assert result.samples_exact
+    summary = json.loads((tmp_path / "job" / "summary.json").read_text())
+    assert (summary["samples"], summary["samples_lost"], summary["samples_kept"]) == (84, 4, 80)
+    assert summary["samples_exact"] is True
+    assert "20 steps, 84 samples trained" in console
+    assert "80 in the final model; 4 trained again after restarts" in console
+
+
+@pytest.mark.timeout(90)
+def test_a_sigkilled_worker_is_named_and_the_samples_in_the_model_stay_exact(tmp_path: Path) -> None:
+    """Two torch workers step together (an all_reduce a step). Worker 1 is SIGKILLed at step 8: it
+    cannot report the 2 steps it trained after its heartbeat at the checkpoint of step 5, and the summary
+    says so. Worker 0, whose all_reduce fails, reports its 7 steps as it leaves `with ctx` (then it may
+    hang tearing down the broken gloo group until it is stopped: listed as well). The samples in the
+    final model are exact: the checkpoint's (both workers' heartbeats at step 5) and the restart's."""
+    pytest.importorskip("torch")
+    result, console = count_job(tmp_path, workers=2, framework="torch", allreduce=True,
+                                fault={"index": 1, "step": 8, "how": "kill"})
+    assert result.ok, console
+    assert result.restarts == 1
+    assert result.attempts[1].resumed_from == 5
+    assert result.attempts[1].samples_resumed == 5 * 4 + 5 * 5
+    assert result.attempts[1].samples == 15 * 4 + 15 * 5
+    assert result.samples_kept == 20 * 4 + 20 * 5  # exact, whatever the killed worker could not report
+    assert "attempt 0: worker-1 (killed by SIGKILL)" in (result.samples_unreported or [])
+    assert not result.samples_exact
+    assert result.samples == result.samples_kept + (result.samples_lost or 0)
+    # Worker 0's last count, unless the supervisor stopped it before its all_reduce failed.
+    assert result.attempts[0].samples in (7 * 4 + 5 * 5, 5 * 4 + 5 * 5)  # worker 1's stops at step 5
+    assert f"at least {result.samples:,} samples trained" in console
+    assert "attempt 0: worker-1 (killed by SIGKILL)" in console
 
 
 @pytest.mark.timeout(60)

@@ -186,6 +186,42 @@ def test_in_a_job_heartbeats_and_checkpoints(tmp_path: Path, monkeypatch: pytest
     again.finish(save=False)
 
 
+@pytest.mark.parametrize("where", ["loop", "final save", "before a step"])
+def test_a_failing_process_reports_the_steps_and_samples_it_trained(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, where: str) -> None:
+    """Step heartbeats are rate-limited (here to one a minute): the last one said step 1. On its way out
+    of ``with ctx``, whether the loop or ``finish``'s save raised, the process sends the count it
+    trained, so the supervisor does not under-count a crashed attempt; and no "done". A process that
+    fails before its first step sends nothing (it would look like a first step)."""
+    with HeartbeatReceiver() as receiver:
+        _in_job(monkeypatch, tmp_path, receiver.addr, checkpoint={"every_steps": 100},
+                fault_tolerance={"heartbeat_interval": 60.0, "heartbeat_timeout": 120.0})
+        ctx = init()
+        counter = Counter()
+        ctx.checkpoint.restore(reader=counter)
+        if where == "final save":
+            def refuse(step: int | None = None) -> str | None:
+                raise OSError("disk full")
+
+            monkeypatch.setattr(ctx.checkpoint, "save", refuse)
+
+        def train() -> None:
+            with ctx:
+                if where == "before a step":
+                    raise RuntimeError("the model does not fit")
+                for _ in range(7):
+                    ctx.step({"loss": 0.5}, samples=3)
+                if where == "loop":
+                    raise RuntimeError("a worker fails after 7 steps")
+
+        with pytest.raises((RuntimeError, OSError)):
+            train()
+        ctx._beacon.close()  # a failed finish leaves it open, as before: the process is ending
+        beats = [b for b in receiver.receive(1.0) if b.kind != "start"]  # all sent already
+    expected = [] if where == "before a step" else [("step", 1, 3), ("step", 7, 21)]
+    assert [(b.kind, b.step, b.samples) for b in beats] == expected
+
+
 @pytest.mark.parametrize("num_epochs", [1, 2])
 def test_a_job_restarted_from_its_final_checkpoint_reads_nothing_more(
         tmp_path: Path, dataset: str, monkeypatch: pytest.MonkeyPatch, num_epochs: int) -> None:
@@ -228,7 +264,8 @@ def test_only_the_chief_writes_and_failures_send_no_done(tmp_path: Path,
         with pytest.raises(RuntimeError, match="boom"):
             fail()
         beats = _beats(receiver, "done", timeout=1.0)
-    assert [b.kind for b in beats] == ["start", "step", "step"]  # no checkpoint beat, no done
+    # no checkpoint beat, no done; the last step beat is the count it trained, sent on its way out
+    assert [(b.kind, b.step) for b in beats] == [("start", 0), ("step", 1), ("step", 2), ("step", 2)]
     assert not (tmp_path / "job" / "checkpoints").exists()
 
 

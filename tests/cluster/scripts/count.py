@@ -1,0 +1,56 @@
+"""A role for the tests of the samples a job's summary counts: it trains ``batch + index`` samples a step.
+
+params: steps, batch, sleep (seconds per step), allreduce (a torch ``all_reduce`` each step, so the
+workers step together as in DDP: a job with ``framework: torch``), fault: {index, step, how, attempts}
+where how is ``raise`` (a RuntimeError inside ``with ctx``) or ``kill`` (SIGKILL to its own pid), before
+the step's work. Checkpoints a step counter (JSON, through ``ctx.checkpoint``).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+
+import shardkit.trainer
+
+
+class Counter:
+    def __init__(self) -> None:
+        self.value = 0
+
+    def state_dict(self) -> dict[str, int]:
+        return {"value": self.value}
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        self.value = state["value"]
+
+
+def main() -> None:
+    ctx = shardkit.trainer.init()
+    params = ctx.params
+    counter = Counter()
+    start = ctx.checkpoint.restore(reader=counter)
+    fault = params.get("fault") or {}
+    mine = fault.get("index") == ctx.role_index and ctx.attempt in fault.get("attempts", [0])
+    batch = int(params.get("batch", 4)) + ctx.role_index
+    print(f"{ctx.role}-{ctx.role_index} attempt {ctx.attempt} starts at step {start}", flush=True)
+    with ctx:
+        for step in range(start + 1, int(params.get("steps", 20)) + 1):
+            if mine and step == fault.get("step"):
+                print(f"fault {fault['how']} at step {step}", flush=True)
+                if fault["how"] == "kill":
+                    os.kill(os.getpid(), signal.SIGKILL)
+                raise RuntimeError(f"fault at step {step}")
+            if params.get("allreduce"):
+                import torch
+                import torch.distributed as dist
+
+                dist.all_reduce(torch.ones(1))
+            time.sleep(float(params.get("sleep", 0.01)))
+            counter.value += 1
+            ctx.step({"loss": 1.0 / step}, samples=batch)
+
+
+if __name__ == "__main__":
+    main()
