@@ -110,8 +110,11 @@ def _load(args: argparse.Namespace) -> JobConfig:
 
 def _validate(args: argparse.Namespace) -> int:
     from shardkit.cluster.config import describe
+    from shardkit.cluster.engines import check_engine
 
-    print(describe(_load(args)))
+    config = _load(args)
+    check_engine(config)  # what `train` refuses before starting anything, the data and logdir aside
+    print(describe(config))
     return 0
 
 
@@ -164,7 +167,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="engine torchrun: this node's rank (node 0 hosts the rendezvous); "
                         "default engine.node_rank, else 0")
     p.set_defaults(func=_train)
-    p = sub.add_parser("validate", help="check a job config and print what it would start")
+    p = sub.add_parser("validate", help="check a job config and its engine as train does before it starts "
+                                        "anything (not the data, not the logdir); print what it would start")
     _add_config(p)
     p.set_defaults(func=_validate)
     p = sub.add_parser("render", help="write the manifests that submit a job to Kubernetes or YARN")

@@ -231,6 +231,48 @@ def test_validate_and_train_exit_2_on_a_bad_config(tmp_path: Path, capsys: pytes
     assert not (tmp_path / "job").exists()
 
 
+# Configs `train` refuses before starting anything, for their engine: `validate` must refuse them too.
+ENGINE_REFUSALS = {
+    "torchrun-runs-torch-allreduce-only": ["engine=torchrun"],
+    "ray-unknown-option": ["engine={name: ray, bogus: 1}"],
+    "local-negative-grace": ["engine={name: local, grace: -3}"],
+    "torchrun-unknown-option": ['engine={name: torchrun, nnodez: "2"}'],
+    "kubernetes-is-rendered": ["engine={name: kubernetes}"],
+    "spark-unknown-option": ['engine={name: spark, mastr: "local[2]"}'],
+    "torchrun-node-rank-past-nnodes": ["engine={name: torchrun, nnodes: 2, node_rank: 2}"],
+}
+
+
+@pytest.mark.parametrize("overrides", ENGINE_REFUSALS.values(), ids=ENGINE_REFUSALS.keys())
+def test_validate_refuses_what_train_refuses_for_the_engine(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], overrides: list[str]) -> None:
+    """A TensorFlow parameter-server job (as /tmp/hunt-tf's digits_tf_ps.yaml) on engines that refuse it
+    or with options they do not take: both commands exit 2 with the same message, and nothing is made."""
+    roles = {"worker": {"count": 2}, "ps": {"count": 1}}
+    path = _job_yaml(tmp_path, strategy="parameter_server", roles=roles)
+    errors = {}
+    for command in ("validate", "train"):
+        assert main([command, str(path), *(arg for o in overrides for arg in ("--set", o))]) == 2, command
+        out, err = capsys.readouterr()
+        assert out == ""
+        assert err.startswith(f"shardkit {command}: error: "), err
+        errors[command] = err.removeprefix(f"shardkit {command}: error: ")
+    assert errors["validate"] == errors["train"]
+    assert "Fix:" in errors["validate"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["job.yaml"]  # no logdir, nothing else
+
+
+@pytest.mark.parametrize("example", sorted((REPO / "examples").glob("*.yaml")), ids=lambda p: p.stem)
+def test_every_example_config_validates(example: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    existed = sorted((REPO / "runs").glob("*"))  # the examples' logdirs are runs/<name>
+    assert main(["validate", str(example)]) == 0
+    out, err = capsys.readouterr()
+    assert err == ""
+    assert out.startswith("job digits")
+    assert "  engine: local" in out
+    assert sorted((REPO / "runs").glob("*")) == existed  # validate makes no logdir
+
+
 def test_train_exits_2_when_the_logdir_cannot_be_created(tmp_path: Path,
                                                        capsys: pytest.CaptureFixture[str]) -> None:
     (tmp_path / "afile").write_text("x")

@@ -230,7 +230,8 @@ class FaultTolerance(_Model):
 
 class EngineConfig(_Model):
     """Where the processes run. YAML ``engine: local`` or ``engine: {name: ray, address: auto}``: every
-    key but ``name`` lands in ``options``, which each engine validates when it starts."""
+    key but ``name`` lands in ``options``, which the engine checks when it is built (``run_job``, and
+    ``shardkit validate`` through `shardkit.cluster.engines.check_engine`), or the renderer."""
 
     name: EngineName = "local"
     options: dict[str, Any] = Field(default_factory=dict)

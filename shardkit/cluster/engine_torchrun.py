@@ -26,8 +26,8 @@ if TYPE_CHECKING:
     from shardkit.cluster.report import JobResult
     from shardkit.cluster.spec import ClusterSpec
 
-__all__ = ["RDZV_CONF", "TorchrunEngine", "TorchrunOptions", "check_job", "main", "parse_options", "run_node",
-           "worker_log"]
+__all__ = ["RDZV_CONF", "TorchrunEngine", "TorchrunOptions", "check_job", "check_node", "main",
+           "parse_options", "run_node", "worker_log"]
 
 DEFAULT_ENDPOINT = "127.0.0.1:29400"
 #: c10d rendezvous settings ``engine.rdzv_conf`` may hold (torch's names; seconds unless said).
@@ -195,6 +195,30 @@ def check_job(config: JobConfig) -> None:
             f"{', '.join(sorted(config.roles))}. Fix: use engine: local for it")
 
 
+def check_node(config: JobConfig, *, node_rank: int | None = None) -> TorchrunOptions:
+    """What `run_node` checks before it starts anything (``shardkit validate`` runs it too, through
+    `shardkit.cluster.engines.check_engine`): the engine options, with ``node_rank`` in place of
+    ``engine.node_rank`` when given, a job the elastic agent can run (`check_job`), torch installed.
+
+    Example:
+        >>> check_node(load_config("job.yaml"), node_rank=1).max_nodes
+        2
+
+    Raises:
+        ConfigError: a bad engine option or node rank (`parse_options`), or a job that is not torch
+            allreduce with workers only.
+        MissingDependencyError: torch is not installed.
+    """
+    options = dict(config.engine.options)
+    if node_rank is not None:
+        options["node_rank"] = node_rank
+    opts = parse_options(options, source=config.source)
+    check_job(config)
+    if importlib.util.find_spec("torch") is None:  # cheap: run_node imports the agent when it starts
+        raise MissingDependencyError("torch", "torch", _PURPOSE)
+    return opts
+
+
 class TorchrunEngine:
     """``engine: torchrun``: each node runs `run_node` (``shardkit train job.yaml --node-rank K``).
 
@@ -259,11 +283,7 @@ def run_node(config: JobConfig, *, node_rank: int | None = None, echo: bool = Tr
         KeyboardInterrupt: SIGINT, SIGTERM or SIGHUP, at any point (in the rendezvous too): the workers
             were stopped (``signum`` attribute), the summary says ``interrupted``.
     """
-    options = dict(config.engine.options)
-    if node_rank is not None:
-        options["node_rank"] = node_rank
-    opts = parse_options(options, source=config.source)
-    check_job(config)
+    opts = check_node(config, node_rank=node_rank)
     require("torch.distributed.elastic", extra="torch", purpose=_PURPOSE)
     from shardkit.cluster.torchrun_agent import launch
 

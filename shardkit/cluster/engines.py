@@ -10,12 +10,15 @@ from __future__ import annotations
 import importlib
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from shardkit.cluster.spec import ClusterSpec
 from shardkit.errors import ConfigError
 
-__all__ = ["ENGINES", "Engine", "ProcessGroup", "RoleProcess", "get_engine"]
+if TYPE_CHECKING:
+    from shardkit.cluster.config import JobConfig
+
+__all__ = ["ENGINES", "Engine", "ProcessGroup", "RoleProcess", "check_engine", "get_engine"]
 
 #: name -> "module:class" of the engine, or None for engines that are rendered (`shardkit render`), not run.
 ENGINES: dict[str, str | None] = {
@@ -79,7 +82,11 @@ class ProcessGroup(Protocol):
 
 
 class Engine(Protocol):
-    """Starts the processes of a `ClusterSpec`."""
+    """Starts the processes of a `ClusterSpec`.
+
+    Building one starts nothing and connects nowhere: the constructor checks the options and that the
+    engine's package is installed, and `start` does the rest (`check_engine` relies on this).
+    """
 
     name: str
 
@@ -110,3 +117,35 @@ def get_engine(name: str, options: Mapping[str, Any] | None = None) -> Engine:
     module, _, cls = target.partition(":")
     engine: Engine = getattr(importlib.import_module(module), cls)(dict(options or {}))
     return engine
+
+
+def check_engine(config: JobConfig, *, node_rank: int | None = None) -> None:
+    """Refuse now what `shardkit.cluster.run_job` would refuse about the config's engine before it
+    starts anything; what ``shardkit validate`` checks besides the config itself.
+
+    Example:
+        >>> check_engine(load_config("job.yaml", ["engine=torchrun"]))   # a TensorFlow job
+        ConfigError: ... engine.name = 'torchrun' runs torch allreduce jobs with workers only; ...
+
+    Checked with the very calls `run_job` makes, so the two cannot disagree: the engine is built as
+    the supervisor builds it (`get_engine`: a known engine, one shardkit runs rather than renders, its
+    options, its package installed) and closed again, or for ``engine: torchrun`` the node's checks
+    (`shardkit.cluster.engine_torchrun.check_node`: options, with ``node_rank`` as ``--node-rank``,
+    and a job torch's elastic agent can run). Nothing is started, connected, read or written: the data
+    and the logdir are `run_job`'s to check (they may exist only where the job runs), and so are
+    secrets' values.
+
+    Raises:
+        ConfigError: an unknown or rendered-only engine (kubernetes, yarn: use ``shardkit render``), an
+            engine option the engine does not take or a bad value, or a job the engine cannot run.
+        MissingDependencyError: the engine's package (torch, ray, pyspark) is not installed.
+    """
+    if config.engine.name == "torchrun":  # as run_job: one node's agent, not an engine the supervisor builds
+        from shardkit.cluster.engine_torchrun import check_node
+
+        check_node(config, node_rank=node_rank)
+        return
+    engine = get_engine(config.engine.name, config.engine.options)
+    close = getattr(engine, "close", None)
+    if callable(close):
+        close()

@@ -13,10 +13,10 @@ from typing import Any, TypeVar
 import yaml
 from pydantic import BaseModel, ValidationError
 
-from shardkit.cluster.config import _NO_VALUE, JobConfig, _did_you_mean
+from shardkit.cluster.config import _NO_VALUE, JobConfig, Problem, _did_you_mean
 from shardkit.errors import ConfigError
 
-__all__ = ["RENDERERS", "render"]
+__all__ = ["DNS_LABEL_MAX", "RENDERERS", "fitting_label", "k8s_name", "render"]
 
 #: engine name -> "module:function" of its renderer, imported on use.
 RENDERERS: dict[str, str] = {
@@ -24,6 +24,8 @@ RENDERERS: dict[str, str] = {
     "yarn": "shardkit.cluster.render_yarn:render_yarn",
 }
 _DNS_1035 = re.compile(r"[a-z]([-a-z0-9]{0,61}[a-z0-9])?\Z")
+#: The longest DNS label (RFC 1123/1035): Kubernetes object names such as a Service's, and namespaces.
+DNS_LABEL_MAX = 63
 _SCHEME = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://")
 _Options = TypeVar("_Options", bound=BaseModel)
 
@@ -94,10 +96,15 @@ def engine_options(config: JobConfig, model: type[_Options], engine: str) -> _Op
     try:
         return model.model_validate(dict(config.engine.options))
     except ValidationError as e:
-        items = []
+        items: list[tuple[tuple[str | int, ...], Any, str, str]] = []
         for err in e.errors(include_url=False):
             key = str(err["loc"][0]) if err["loc"] else ""
             allowed = ", ".join(model.model_fields)
+            cause = (err.get("ctx") or {}).get("error")
+            if isinstance(cause, Problem):  # a validator's own problem and fix
+                items.extend((("engine", key, *path), value, problem, fix)
+                             for path, value, problem, fix in cause.items)
+                continue
             if err["type"] == "extra_forbidden":
                 problem = f"not an option of the {engine} renderer"
                 fix = _did_you_mean(key, list(model.model_fields))
@@ -111,14 +118,40 @@ def engine_options(config: JobConfig, model: type[_Options], engine: str) -> _Op
         raise config_error(config.source, items) from None
 
 
-def k8s_name(config: JobConfig) -> str:
-    """The job's name as Kubernetes and YARN objects take it (a DNS-1035 label: lower case, ``-``)."""
+def k8s_name(config: JobConfig, *, suffixes: Sequence[str] = ()) -> str:
+    """The job's name as Kubernetes and YARN objects take it (a DNS-1035 label: lower case, ``-``).
+
+    ``suffixes`` are appended to it to name other objects, each of which must be a DNS-1035 label as
+    well: the Kubeflow operator names every replica's pod and Service ``<job>-<replica type>-<index>``
+    (``digits-master-0``), so the name is refused when the longest of those exceeds 63 characters. The
+    fix in the message is always a name that passes both checks.
+    """
     name = config.name.lower().replace("_", "-").replace(".", "-")
+    where = f"in {config.source or 'the job config'}"
+    longest = max(suffixes, key=len, default="")
+    room, full = DNS_LABEL_MAX - len(longest), name + longest
     if not _DNS_1035.match(name):
-        raise ConfigError(f"name={config.name!r} (in {config.source or 'the job config'}): it becomes the "
-                          f"cluster object name {name!r}, which must start with a letter and end with a "
-                          f"letter or digit (a DNS-1035 label). Fix: rename the job (--set name=job-{name})")
+        raise ConfigError(f"name={config.name!r} ({where}): it becomes the cluster object name {name!r}, "
+                          "which must start with a letter and end with a letter or digit (a DNS-1035 label). "
+                          f"Fix: rename the job (--set name={fitting_label(name, room)})")
+    if len(full) > DNS_LABEL_MAX:
+        raise ConfigError(f"name={config.name!r} ({where}): the cluster names objects after it, and the "
+                          f"longest, {full!r}, has {len(full)} characters, more than the {DNS_LABEL_MAX} of "
+                          "a DNS-1035 label (the Kubeflow operator names each replica's pod and Service "
+                          f"<job>-<replica type>-<index>). Fix: a job name of at most {room} characters, "
+                          f"e.g. --set name={fitting_label(name, room)}")
     return name
+
+
+def fitting_label(name: str, size: int, *, letter_first: bool = True) -> str:
+    """``name`` made a DNS label of at most ``size`` characters, for a message's fix: lower case, ``-``
+    for anything else, no ``-`` at either end, a letter first (``job-`` put before a digit) unless not
+    ``letter_first``; ``job`` if nothing is left."""
+    label = re.sub(r"[^a-z0-9-]", "-", name.lower()).strip("-")
+    if letter_first and label and not label[0].isalpha():
+        label = f"job-{label}"
+    label = label[:size].rstrip("-")
+    return label or "job"[:size]
 
 
 def container_config(config: JobConfig, *, engine: str, entrypoint: str, python: str, logdir: str

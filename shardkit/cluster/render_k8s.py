@@ -4,15 +4,18 @@ from __future__ import annotations
 
 import json
 import posixpath
+import re
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from shardkit.cluster.config import JobConfig, Resources
+from shardkit.cluster.config import JobConfig, Problem, Resources
 from shardkit.cluster.render import (
+    DNS_LABEL_MAX,
     container_config,
     dump,
     engine_options,
+    fitting_label,
     k8s_name,
     local_paths,
     rendered_from,
@@ -20,7 +23,7 @@ from shardkit.cluster.render import (
 )
 from shardkit.cluster.spec import layout
 
-__all__ = ["CONFIG_MOUNT", "KubernetesOptions", "render_kubernetes"]
+__all__ = ["CONFIG_MOUNT", "KubernetesOptions", "render_kubernetes", "replica_counts"]
 
 CONFIG_MOUNT = "/etc/shardkit"  # where the ConfigMap's job.json is mounted in every pod
 _TF_REPLICAS = {"chief": "Chief", "worker": "Worker", "ps": "PS", "evaluator": "Evaluator"}
@@ -28,6 +31,7 @@ _TF_REPLICAS = {"chief": "Chief", "worker": "Worker", "ps": "PS", "evaluator": "
 # takes the rendezvous port from the container port of this name (pkg/apis/kubeflow.org/v1).
 _CONTAINER = {"torch": ("pytorch", "pytorchjob-port", 23456),
               "tensorflow": ("tensorflow", "tfjob-port", 2222)}
+_DNS_1123 = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?\Z")
 
 
 class KubernetesOptions(BaseModel):
@@ -43,6 +47,16 @@ class KubernetesOptions(BaseModel):
     python: str = Field(default="python", min_length=1, description="the interpreter in the image")
     workdir: str = Field(default="/workspace", pattern=r"^/", description="where the config's folder is")
     restart_policy: Literal["OnFailure", "ExitCode"] = "OnFailure"
+
+    @field_validator("namespace")
+    @classmethod
+    def _namespace(cls, value: str | None) -> str | None:
+        if value is not None and not _DNS_1123.match(value):
+            fitting = fitting_label(value, DNS_LABEL_MAX, letter_first=False)
+            raise Problem((), value, f"not a Kubernetes namespace name: at most {DNS_LABEL_MAX} lower-case "
+                          "letters, digits and '-', starting and ending with a letter or digit (a DNS-1123 "
+                          "label)", f"--set engine.namespace={fitting}")
+        return value
 
 
 def render_kubernetes(config: JobConfig) -> dict[str, str]:
@@ -64,7 +78,8 @@ def render_kubernetes(config: JobConfig) -> dict[str, str]:
     parameter servers when the job is done.
     """
     opts = engine_options(config, KubernetesOptions, "kubernetes")
-    name = k8s_name(config)
+    counts = replica_counts(config)
+    name = k8s_name(config, suffixes=[f"-{rtype.lower()}-{count - 1}" for rtype, count in counts.items()])
     container, port_name, port = _CONTAINER[config.framework]
     if config.entrypoint_kind == "script":
         entrypoint = posixpath.join(opts.workdir, script_relative(config))
@@ -98,19 +113,18 @@ def render_kubernetes(config: JobConfig) -> dict[str, str]:
     notes = local_paths(config)
     if config.framework == "torch":
         kind, key = "PyTorchJob", "pytorchReplicaSpecs"
-        slots = layout(config)
-        ranked = sorted((s for s in slots if s.rank is not None), key=lambda s: s.rank or 0)
+        ranked = _ranked(config)
         resources = {role: spec.resources for role, spec in config.roles.items()}
-        replicas = {"Master": replica(1, resources[ranked[0].role])}  # type: ignore[index]
-        rest = {s.role for s in ranked[1:]}
+        replicas = {"Master": replica(counts["Master"], resources[ranked[0]])}  # type: ignore[index]
+        rest = set(ranked[1:])
         if rest:
-            replicas["Worker"] = replica(len(ranked) - 1, _largest([resources[r] for r in rest]))  # type: ignore[index]
+            replicas["Worker"] = replica(counts["Worker"], _largest([resources[r] for r in rest]))  # type: ignore[index]
         if len(rest) > 1:
             notes.append("ps 1.. share the Worker replicas with the workers (PyTorchJob has Master and "
                          "Worker only): those pods get the larger of the ps and worker resources")
     else:
         kind, key = "TFJob", "tfReplicaSpecs"
-        replicas = {_TF_REPLICAS[role]: replica(spec.count, spec.resources)
+        replicas = {_TF_REPLICAS[role]: replica(counts[_TF_REPLICAS[role]], spec.resources)
                     for role, spec in config.roles.items()}
     run_policy = {"backoffLimit": config.fault_tolerance.max_restarts, "cleanPodPolicy": "Running"}
     job = {"apiVersion": "kubeflow.org/v1", "kind": kind,
@@ -130,6 +144,21 @@ def render_kubernetes(config: JobConfig) -> dict[str, str]:
     config_header = [f"The config of {kind} {name} (no secret values), mounted at {CONFIG_MOUNT}/job.json."]
     return {f"{name}-config.yaml": dump([config_map], config_header),
             f"{name}-{kind.lower()}.yaml": dump([job], header)}
+
+
+def replica_counts(config: JobConfig) -> dict[str, int]:
+    """The Kubeflow replica types of the job and their replica counts, ``{"Master": 1, "Worker": 3}``; the
+    operator names replica ``i`` of type ``T`` (its pod and its Service) ``<job>-<t lower-cased>-<i>``."""
+    if config.framework == "torch":
+        ranked = _ranked(config)
+        return {"Master": 1, **({"Worker": len(ranked) - 1} if len(ranked) > 1 else {})}
+    return {_TF_REPLICAS[role]: spec.count for role, spec in config.roles.items()}
+
+
+def _ranked(config: JobConfig) -> list[str]:
+    """The role of each torch rank, rank 0 first."""
+    ranked = sorted((s for s in layout(config) if s.rank is not None), key=lambda s: s.rank or 0)
+    return [s.role for s in ranked]
 
 
 def _resources(res: Resources) -> dict[str, dict[str, Any]]:

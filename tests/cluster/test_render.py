@@ -371,6 +371,98 @@ def test_names_and_paths_a_cluster_cannot_take(tmp_path: Path, secret_env: None)
         render(load_config(path, [f"engine.image={IMAGE}"]), engine="kubernetes", out_dir=path)
 
 
+def _replica_names(job: dict[str, Any]) -> list[str]:
+    """The pod and Service names the Kubeflow operator gives the replicas (GenGeneralName in
+    kubeflow/training-operator pkg/core: ``<job>-<replica type lower-cased>-<index>``)."""
+    specs = job["spec"]["pytorchReplicaSpecs" if job["kind"] == "PyTorchJob" else "tfReplicaSpecs"]
+    return [f"{job['metadata']['name']}-{rtype.lower()}-{i}" for rtype, spec in specs.items()
+            for i in range(spec["replicas"])]
+
+
+def _suggested_name(error: ConfigError) -> str:
+    match = re.search(r"--set name=([^\s)]+)", str(error))
+    assert match is not None, str(error)
+    return match.group(1)
+
+
+@pytest.mark.parametrize(("framework", "strategy", "workers", "longest"),
+                         [("torch", "allreduce", 3, "-master-0"), ("torch", "allreduce", 12, "-worker-10"),
+                          ("tensorflow", "parameter_server", 3, "-evaluator-0")])
+def test_a_name_too_long_for_the_replicas_names(framework: str, strategy: str, workers: int, longest: str,
+                                                 tmp_path: Path, schemas: Schemas, secret_env: None) -> None:
+    """A job name fits when its longest replica name is a DNS label (<= 63); the fix names one that fits."""
+    path = job_yaml(tmp_path, framework, strategy)
+    room = 63 - len(longest)
+    kind = "pytorchjob" if framework == "torch" else "tfjob"
+    options = [f"engine.image={IMAGE}", f"roles.worker.count={workers}"]
+    for name in ("a" * 63, "a" * (room + 1)):
+        with pytest.raises(ConfigError) as info:
+            render(load_config(path, [f"name={name}", *options]), engine="kubernetes")
+        message = str(info.value)
+        for words in (f"'{name}{longest}', has {len(name) + len(longest)} characters", "more than the 63",
+                      f"Fix: a job name of at most {room} characters", f"--set name={'a' * room}"):
+            assert words in message, (words, message)
+    fits = "a" * room
+    files = render(load_config(path, [f"name={fits}", *options]), engine="kubernetes")
+    job = yaml.safe_load(files[f"{fits}-{kind}.yaml"])
+    check_kubernetes(schemas, files)
+    assert max(len(n) for n in _replica_names(job)) == 63
+    # YARN documents no such limit (Skein takes any application name): a 63-character name renders there
+    assert f"{'a' * 63}-skein.yaml" in render(load_config(path, [f"name={'a' * 63}"]), engine="yarn")
+
+
+@settings(max_examples=60, deadline=None)
+@given(name=st.from_regex(r"[A-Za-z0-9][A-Za-z0-9._-]{0,62}", fullmatch=True),
+       framework=st.sampled_from(["torch", "tensorflow"]), workers=st.integers(1, 120))
+def test_every_replica_name_fits_or_the_fix_does(script_dir: Path, name: str, framework: str,
+                                                  workers: int) -> None:
+    """For any job name the config takes: either every replica's pod/Service name is a DNS-1035 label,
+    or rendering fails with a fix (``--set name=...``) that the config takes and that renders."""
+    base = {"name": name, "entrypoint": "train.py", "framework": framework,
+            "roles": {"worker": {"count": workers}}, "engine": {"name": "kubernetes", "image": IMAGE}}
+    path = script_dir / "names.yaml"
+    path.write_text(yaml.safe_dump(base))
+    try:
+        files = render(load_config(path))
+    except ConfigError as e:
+        fixed = _suggested_name(e)
+        files = render(load_config(path, [f"name={json.dumps(fixed)}"]))  # the config takes it, and it fits
+    (job_file,) = [f for f in files if not f.endswith("-config.yaml")]
+    for replica in _replica_names(yaml.safe_load(files[job_file])):
+        assert DNS_1035.match(replica), replica
+        assert len(replica) <= 63, replica
+
+
+@pytest.mark.parametrize("name", ["job_", "9lives", "a.b_", "x--", "0", "9" * 63, "a" * 62 + "_"])
+def test_the_suggested_name_is_valid(name: str, tmp_path: Path, secret_env: None) -> None:
+    path = job_yaml(tmp_path, "torch", "allreduce")
+    with pytest.raises(ConfigError, match="must start with a letter and end with a letter or digit") as info:
+        render(load_config(path, [f"name={json.dumps(name)}", f"engine.image={IMAGE}"]), engine="kubernetes")
+    fixed = _suggested_name(info.value)  # fits the replica names as well: rendering it succeeds
+    assert DNS_1035.match(fixed), fixed
+    assert f"{fixed}-pytorchjob.yaml" in render(load_config(path, [f"name={fixed}", f"engine.image={IMAGE}"]),
+                                                engine="kubernetes")
+
+
+def test_the_namespace_is_a_dns_label(tmp_path: Path, schemas: Schemas, secret_env: None) -> None:
+    path = job_yaml(tmp_path, "torch", "allreduce")
+    def config(namespace: str) -> JobConfig:
+        return load_config(path, [f"engine.image={IMAGE}", f"engine.namespace={namespace}"])
+
+    for good in ("ml", "team-1", "0abc", "n" * 63):
+        docs = check_kubernetes(schemas, render(config(good), engine="kubernetes"))
+        assert {d["metadata"]["namespace"] for d in docs} == {good}
+    for bad, fix in (("My_NS", "my-ns"), ("-ml", "ml"), ("ml.prod", "ml-prod"), ("n" * 64, "n" * 63),
+                     ("'_'", "job")):
+        with pytest.raises(ConfigError) as info:
+            render(config(bad), engine="kubernetes")
+        message = str(info.value)
+        assert "engine.namespace = " in message, message
+        assert "not a Kubernetes namespace name" in message, message
+        assert f"Fix: --set engine.namespace={fix}." in message, message
+        render(config(fix), engine="kubernetes")
+
+
 # -- inside the containers: render_entry -----------------------------------------------------------
 
 
