@@ -33,10 +33,13 @@ def apply_beat(w: Watched, beat: protocol.Heartbeat, now: float) -> bool:
     first step or "alive" beat, so a process stuck in its imports or rendezvous is caught by
     ``startup_timeout``. Every other beat carries the process's step and the samples it trained in this
     attempt up to that step (an "alive" beat too, and the last "step" beat a failing process sends
-    on its way out of ``with ctx``), so each one updates them; "start" is sent before the restore.
+    on its way out of ``with ctx``), so each one updates them; "start" is sent before the restore. The
+    "alive" beat that says which checkpoint the process restored (``checkpoint`` set) comes before the
+    first step too, so it does not end the startup window either.
     """
     if beat.kind != "start":
-        w.last_beat = now
+        if not (beat.kind == "alive" and beat.checkpoint is not None):  # a restore's report (see below)
+            w.last_beat = now
         w.step, w.samples = beat.step, beat.samples
     if beat.kind == "done":
         w.done_at = now
@@ -88,6 +91,7 @@ class SampleLedger:
     def __init__(self) -> None:
         self.in_checkpoint: dict[int, int] = {}  # checkpoint step -> samples of this run in it
         self.resumed = 0  # samples of this run in the checkpoint the current attempt resumed from
+        self._ended = 0  # samples of this run when the current attempt began (`restart`)
         self._pending: list[int] = []  # this attempt's checkpoint steps, not settled yet
         self._counts: dict[str, _Counts] = {}
 
@@ -125,10 +129,16 @@ class SampleLedger:
         (trained again by the new one) and the samples of this run in that checkpoint."""
         for step in list(self._pending):
             self._settle(step)
-        end = self.resumed + trained
-        self.resumed = self.in_checkpoint.get(resumed_from, 0) if resumed_from is not None else 0
+        self._ended = self.resumed + trained
         self._counts.clear()
-        return max(0, end - self.resumed), self.resumed
+        return self.resumed_instead(resumed_from)
+
+    def resumed_instead(self, resumed_from: int | None) -> tuple[int, int]:
+        """The current attempt resumed from checkpoint step ``resumed_from`` after all (its chief said so:
+        the newest checkpoint did not verify, say), not from the one `restart` was given; the same
+        returns as `restart`. Called before the attempt saves a checkpoint."""
+        self.resumed = self.in_checkpoint.get(resumed_from, 0) if resumed_from is not None else 0
+        return max(0, self._ended - self.resumed), self.resumed
 
 
 class HeartbeatReceiver:

@@ -90,7 +90,9 @@ class Heartbeat:
     "metrics", "checkpoint"}``. Receivers ignore unknown extra keys (so a later minor addition does not
     break an older supervisor) but drop a datagram with another ``v``, a missing or mistyped field.
     Non-finite metric values (a NaN loss) are sent as JSON ``NaN``/``Infinity``, which Python's json
-    reads back, so the supervisor can see a diverging run.
+    reads back, so the supervisor can see a diverging run. ``checkpoint``: on a "checkpoint" beat, the
+    checkpoint saved at ``step``; on an "alive" beat, the one the process restored (``step`` is its
+    step; ``""``: it restored none), sent once, after ``ctx.checkpoint.restore``.
     """
 
     role: str

@@ -312,6 +312,8 @@ class Supervisor:
         """Record ``beat``; ``late``: read after the attempt's processes were stopped, so it counts
         (samples, checkpoints, the lead's step and metrics) but does not time the attempt."""
         progress = apply_beat(w, beat, now)
+        if is_lead and beat.kind == "alive" and beat.checkpoint is not None and not late:
+            self._restored(w.proc.name, beat.step if beat.checkpoint else None, record)
         if beat.kind != "start":
             self._ledger.beat(w.proc.name, beat.step, beat.samples)
         if beat.kind == "checkpoint":
@@ -328,6 +330,26 @@ class Supervisor:
             self._metrics = dict(w.metrics)
             samples = sum(a.samples for a in self._attempts[:-1]) + record.samples
             self.progress.scalars(beat.step, samples, w.metrics)
+
+    def _restored(self, name: str, step: int | None, record: AttemptRecord) -> None:
+        """The lead process says which checkpoint it restored (None: none). The attempt was announced with
+        the newest one that looked complete from here (`_latest_checkpoint` checks sizes, not contents):
+        where the lead restored another (the newest did not verify), the record and the sample
+        accounting follow the lead, and the console says so."""
+        if step == record.resumed_from:
+            return
+        before = record.resumed_from
+        record.resumed_from = step
+        lost, record.samples_resumed = self._ledger.resumed_instead(step)
+        previous = self._attempts[-2] if len(self._attempts) > 1 else None
+        if previous is not None:
+            previous.samples_lost = lost
+        what = f"checkpoint step {step}" if step is not None else "no checkpoint (it starts from step 0)"
+        if before is None:  # the checkpoints could not be listed from here
+            self._say(f"[shardkit] {name} restored {what}")
+        else:
+            self._say(f"[shardkit] {name} restored {what}, not step {before}: that one did not verify "
+                      f"(see {name}'s log)")
 
     def _silence(self, attempt: int, w: _Watch, now: float) -> Failure | None:
         ft = self.ft

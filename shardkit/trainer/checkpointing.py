@@ -137,12 +137,14 @@ class Checkpoints:
                                         reader_shard=shard)
         self.restored = restored
         if restored is None:
+            self._ctx._beat("alive", checkpoint="", paced=False)  # for the supervisor: none restored
             return 0
         tracker = self.objects.get("optimizer")
         if isinstance(tracker, TracksReaders) and restored.reader_shards is not None:
             tracker.load_reader_states(restored.reader_shards)  # for workers that save before they push
         self.extra = dict(restored.extra)
         self._ctx.step_count = restored.step
+        self._ctx._beat("alive", checkpoint=restored.url, paced=False)  # which one, for the supervisor
         return restored.step
 
     def due(self, step: int) -> bool:

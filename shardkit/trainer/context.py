@@ -157,8 +157,10 @@ class TrainContext:
         """Tell the supervisor this process is alive (call it during long work between steps)."""
         self._beat(kind if kind in p.HEARTBEAT_KINDS else "alive")  # type: ignore[arg-type]
 
-    def _beat(self, kind: p.HeartbeatKind, checkpoint: str | None = None) -> None:
-        if kind != "start":  # "start" does not end the startup window: the first step beat must go out
+    def _beat(self, kind: p.HeartbeatKind, checkpoint: str | None = None, *, paced: bool = True) -> None:
+        """Send a heartbeat; ``paced=False``: one that does not count for the rate limit of step beats
+        (the restore's: the first step beat must still go out, it times the first step)."""
+        if kind != "start" and paced:  # "start" does not end the startup window either
             self._last_beat = time.monotonic()
         self._beacon.send(kind, step=self.step_count, samples=self.samples, metrics=self.metrics,
                           checkpoint=checkpoint)

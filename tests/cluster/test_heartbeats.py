@@ -35,6 +35,18 @@ def test_every_beat_but_start_carries_the_count() -> None:
     assert (w.step, w.samples, w.last_beat) == (9, 36, 2.0)
 
 
+def test_the_restores_report_does_not_end_the_startup_window() -> None:
+    """The "alive" beat that names the checkpoint restored comes before the first step: the process is
+    still starting (``startup_timeout``, not ``heartbeat_timeout``), but its step is the restored one."""
+    w = Watched()
+    report = Heartbeat(role="worker", index=0, attempt=1, pid=os.getpid(), kind="alive", step=5,
+                       checkpoint="/ckpt/step-000000005")
+    assert not apply_beat(w, report, 1.0)
+    assert (w.step, w.samples, w.last_beat) == (5, 0, None)
+    assert apply_beat(w, beat("step", 6, 4), 2.0)
+    assert w.last_beat == 2.0
+
+
 def test_a_restart_loses_what_was_trained_after_the_checkpoint_it_resumes() -> None:
     ledger = SampleLedger()
     assert ledger.restart(0, None) == (0, 0)  # attempt 0, from scratch

@@ -155,6 +155,21 @@ def test_samples_of_a_worker_that_raised_are_counted_up_to_its_last_step(tmp_pat
     assert "80 in the final model; 4 trained again after restarts" in console
 
 
+@pytest.mark.timeout(60)
+def test_the_attempt_records_the_checkpoint_the_lead_restored_not_a_newer_damaged_one(tmp_path: Path) -> None:
+    """The newest checkpoint (step 10) keeps its sizes but not its contents: the workers skip it and
+    restore step 5. The attempt, the console and the sample accounting follow them (a regression: they
+    named step 10, which only its sizes made look complete)."""
+    result, console = count_job(tmp_path, workers=1, fault={"index": 0, "step": 12, "how": "corrupt"})
+    assert result.ok, console
+    assert result.attempts[1].resumed_from == 5
+    assert "worker-0 restored checkpoint step 5, not step 10: that one did not verify" in console
+    assert [a.samples for a in result.attempts] == [11 * 4, 15 * 4]
+    assert (result.samples_lost, result.samples_kept) == (6 * 4, 20 * 4)  # steps 6-11 trained again
+    summary = json.loads((tmp_path / "job" / "summary.json").read_text())
+    assert summary["attempts"][1]["resumed_from"] == 5
+
+
 @pytest.mark.timeout(90)
 def test_a_sigkilled_worker_is_named_and_the_samples_in_the_model_stay_exact(tmp_path: Path) -> None:
     """Two torch workers step together (an all_reduce a step). Worker 1 is SIGKILLed at step 8: it

@@ -168,15 +168,17 @@ def test_in_a_job_heartbeats_and_checkpoints(tmp_path: Path, monkeypatch: pytest
         ctx.finish()
         beats = _beats(receiver, "done")
     kinds = [(b.kind, b.step) for b in beats]
-    # heartbeats: start; the first step (then rate-limited to 30 s); around the save of step 4: a step
-    # beat first (a save may be slow), then the checkpoint; at finish the last step's save, then done
-    assert kinds == [("start", 0), ("step", 1), ("step", 4), ("checkpoint", 4), ("checkpoint", 6),
-                     ("done", 6)]
+    # heartbeats: start; after the restore, which checkpoint it restored (none); the first step (then
+    # rate-limited to 30 s); around the save of step 4: a step beat first (a save may be slow), then the
+    # checkpoint; at finish the last step's save, then done
+    assert kinds == [("start", 0), ("alive", 0), ("step", 1), ("step", 4), ("checkpoint", 4),
+                     ("checkpoint", 6), ("done", 6)]
+    assert beats[1].checkpoint == ""  # restored none
     assert all((b.role, b.index, b.attempt, b.pid) == ("worker", 0, 2, os.getpid()) for b in beats)
     assert beats[-1].samples == 18
     assert beats[-1].metrics == {"loss": 0.25, "acc": 0.5}
-    assert beats[3].checkpoint is not None
-    assert beats[3].checkpoint.endswith("step-000000004")
+    assert beats[4].checkpoint is not None
+    assert beats[4].checkpoint.endswith("step-000000004")
     again = init()
     restored = Counter()
     assert again.checkpoint.restore(reader=restored) == 6
@@ -218,7 +220,8 @@ def test_a_failing_process_reports_the_steps_and_samples_it_trained(
             train()
         ctx._beacon.close()  # a failed finish leaves it open, as before: the process is ending
         beats = [b for b in receiver.receive(1.0) if b.kind != "start"]  # all sent already
-    expected = [] if where == "before a step" else [("step", 1, 3), ("step", 7, 21)]
+    # after the restore: which checkpoint it restored (none), then the steps
+    expected = [("alive", 0, 0)] + ([] if where == "before a step" else [("step", 1, 3), ("step", 7, 21)])
     assert [(b.kind, b.step, b.samples) for b in beats] == expected
 
 
@@ -265,7 +268,8 @@ def test_only_the_chief_writes_and_failures_send_no_done(tmp_path: Path,
             fail()
         beats = _beats(receiver, "done", timeout=1.0)
     # no checkpoint beat, no done; the last step beat is the count it trained, sent on its way out
-    assert [(b.kind, b.step) for b in beats] == [("start", 0), ("step", 1), ("step", 2), ("step", 2)]
+    assert [(b.kind, b.step) for b in beats] == [("start", 0), ("alive", 0), ("step", 1), ("step", 2),
+                                                 ("step", 2)]
     assert not (tmp_path / "job" / "checkpoints").exists()
 
 

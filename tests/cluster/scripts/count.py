@@ -2,7 +2,8 @@
 
 params: steps, batch, sleep (seconds per step), allreduce (a torch ``all_reduce`` each step, so the
 workers step together as in DDP: a job with ``framework: torch``), fault: {index, step, how, attempts}
-where how is ``raise`` (a RuntimeError inside ``with ctx``) or ``kill`` (SIGKILL to its own pid), before
+where how is ``raise`` (a RuntimeError inside ``with ctx``), ``kill`` (SIGKILL to its own pid), or
+``corrupt`` (flip a byte of the newest checkpoint's state.json, keeping its size, then raise), before
 the step's work. Checkpoints a step counter (JSON, through ``ctx.checkpoint``).
 """
 
@@ -11,6 +12,7 @@ from __future__ import annotations
 import os
 import signal
 import time
+from pathlib import Path
 
 import shardkit.trainer
 
@@ -41,6 +43,12 @@ def main() -> None:
                 print(f"fault {fault['how']} at step {step}", flush=True)
                 if fault["how"] == "kill":
                     os.kill(os.getpid(), signal.SIGKILL)
+                if fault["how"] == "corrupt":
+                    newest = ctx.checkpoint.manager.list()[-1]
+                    path = Path(newest.url) / "state.json"
+                    data = bytearray(path.read_bytes())
+                    data[-2] ^= 0x01  # same size: only the sha256 tells
+                    path.write_bytes(bytes(data))
                 raise RuntimeError(f"fault at step {step}")
             if params.get("allreduce"):
                 import torch
