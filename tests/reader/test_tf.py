@@ -274,6 +274,8 @@ def test_fields_and_options_tf_cannot_take(tmp_path: Path, ids_ds: str) -> None:
     np.testing.assert_array_equal(batch["when"].numpy(), np.arange(20))
     with pytest.raises(AdapterError, match="nope"):
         stf.make_dataset(ids_ds, label="nope")
+    with shardkit.make_reader(ids_ds) as reader, pytest.raises(AdapterError, match=r"\[''\] are not fields"):
+        stf.make_dataset(reader, label="")  # a regression: a raw KeyError: ''
     with shardkit.make_reader(ids_ds) as reader, pytest.raises(AdapterError, match="batch_size"):
         stf.make_dataset(reader, batch_size=3)
 
