@@ -21,6 +21,7 @@
         └── MissingFilesystemError                              a URL's filesystem package is not installed
 
     CheckpointWarning                 (a UserWarning)           a broken newer checkpoint was skipped
+    CacheWarning                      (a UserWarning)           the default row-group cache cannot be used
     PartitionColumnsWarning           (a UserWarning)           Hive partition columns (key=value) not read
 
 Each message names the bad value, where it came from (URL, file, row group, field) and what to do.
@@ -126,6 +127,11 @@ class CorruptCheckpointError(CheckpointError):
 
 class CheckpointWarning(UserWarning):
     """Warned when a broken or incomplete newer checkpoint is skipped for an older complete one."""
+
+
+class CacheWarning(UserWarning):
+    """Warned when the default row-group cache (``cache="auto"``) cannot be used (its folder cannot be
+    created): the reader reads the remote data without it."""
 
 
 class PartitionColumnsWarning(UserWarning):

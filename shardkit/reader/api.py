@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import os
 import sys
+import warnings
 from collections.abc import Sequence
 from typing import Any, Literal
 
 import numpy as np
 
 from shardkit.dataset.index import Dataset, open_dataset
-from shardkit.errors import ReaderError
+from shardkit.errors import CacheWarning, ReaderError
 from shardkit.reader.filter import Filter
 from shardkit.reader.plan import Remainder, validate_shard
 from shardkit.reader.reader import WINDOW_BYTES, Reader
@@ -68,8 +69,9 @@ def make_reader(
             ``num_shards`` per epoch are left out), ``"pad"`` (repeat a few), ``"uneven"`` (first
             shards get one more; ranks may then run different numbers of steps: can hang allreduce).
         drop_last: also drop each shard's last partial batch.
-        cache: ``"auto"`` (row groups of remote datasets are cached on local disk), None, a folder,
-            or a ``shardkit.reader.cache.CacheConfig``.
+        cache: ``"auto"`` (row groups of remote datasets are cached on local disk; where its folder
+            cannot be created, a `CacheWarning` and no cache), None, a folder, or a
+            ``shardkit.reader.cache.CacheConfig`` (whose folder must be writable: `ReaderError`).
         prefetch: tasks (row-group slices) read ahead; default ``2 * workers``.
         workers: reading/decoding threads; default ``min(4, cpus)``, at least 2.
         on_error: ``"raise"`` on a corrupt row group (naming file and row group), or ``"skip"`` it,
@@ -141,7 +143,14 @@ def make_reader(
         from shardkit.reader.cache import CacheConfig, RowGroupCache
 
         config = CacheConfig.resolve(cache, remote=not dataset.location.is_local)
-        row_cache = None if config is None else RowGroupCache(config)
+        try:
+            row_cache = None if config is None else RowGroupCache(config)
+        except ReaderError as e:
+            if cache != "auto":  # a cache asked for by name: its folder must work
+                raise
+            # the default cache is an optimization: a home folder that is not writable must not stop a job
+            warnings.warn(CacheWarning(f"{e}; reading {dataset.url!r} without the default row-group cache"),
+                          stacklevel=2)
     return Reader(dataset, columns=list(columns), shard=shard, num_shards=num_shards, batch_size=batch_size,
                   shuffle=bool(shuffle), seed=seed, num_epochs=num_epochs, remainder=remainder,
                   drop_last=bool(drop_last), shuffle_buffer=shuffle_buffer, filter=filter,

@@ -8,8 +8,12 @@ previous format (``SKC1``, crc32) is a miss: fetched again and replaced, without
 - Reading maps the file (`pyarrow.memory_map`): the table's buffers point into the page cache and a
   cached epoch copies nothing. Verifying the checksum reads every byte once (xxh3: ~30 GB/s here, 5x
   zlib's crc32, which made checking a restarted job's cache cost more than reading it); it is done once
-  per process per entry version, remembered as (path, inode, size, mtime_ns), and an entry this
-  process wrote counts as verified. Entries are only ever replaced by rename, never changed in place.
+  per process per entry version, remembered as (path, inode, size, mtime_ns, ctime_ns), and an entry
+  this process wrote counts as verified. Entries are only ever replaced by rename, never changed in
+  place by shardkit; a change in place by anything else (a bad disk, a tool that writes into the file
+  and puts its mtime back) changes the ctime, which no one can set back, so the entry is verified
+  again. Another process's hit (its atime update) changes the ctime too: this process then verifies
+  that entry once more.
 - A corrupt entry (bad trailer, checksum or IPC) is deleted, counted in ``stats["corrupt"]`` (and as
   a miss) and fetched again; it is never returned.
 - A write puts the table, as one record batch (cached reads cut their batches as views of it), in a
@@ -59,8 +63,13 @@ _TMP = ".tmp-"
 _STALE_TMP_S = 3600  # a temporary file this old belongs to a killed process
 _log = logging.getLogger(__name__)
 
-# path -> (inode, size, mtime_ns) of the entry version this process has checked (see module docstring)
-_verified: dict[str, tuple[int, int, int]] = {}
+# path -> (inode, size, mtime_ns, ctime_ns) of the entry version this process has checked (see the module
+# docstring)
+_verified: dict[str, tuple[int, int, int, int]] = {}
+
+
+def _identity(st: os.stat_result) -> tuple[int, int, int, int]:
+    return st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns
 
 
 @dataclasses.dataclass(frozen=True)
@@ -209,9 +218,8 @@ class RowGroupCache:
             return None
         with mapped:  # closing the file keeps the mapping alive for the buffers that point into it
             st = os.fstat(mapped.fileno())
-            identity = (st.st_ino, st.st_size, st.st_mtime_ns)
             try:
-                table = _decode(mapped.read_buffer(st.st_size), verify=_verified.get(path) != identity)
+                table = _decode(mapped.read_buffer(st.st_size), verify=_verified.get(path) != _identity(st))
             except (_Corrupt, _OldFormat) as e:
                 if isinstance(e, _Corrupt):
                     _log.warning("cache entry %s is corrupt (%s); deleted, fetching the row group again",
@@ -221,9 +229,9 @@ class RowGroupCache:
                     if os.stat(path).st_ino == st.st_ino:  # not a fresh entry another process just wrote
                         os.remove(path)
                 return None
-            _verified[path] = identity
             with contextlib.suppress(OSError):  # another user's entry: recency is best effort
                 os.utime(mapped.fileno(), ns=(time.time_ns(), st.st_mtime_ns))
+            _verified[path] = _identity(os.fstat(mapped.fileno()))  # after the utime, which sets the ctime
         return table
 
     def _store(self, path: str, table: pa.Table) -> None:
@@ -249,12 +257,14 @@ class RowGroupCache:
                 os.utime(f.fileno(), ns=(time.time_ns(), os.fstat(f.fileno()).st_mtime_ns))
                 st = os.fstat(f.fileno())
             os.replace(tmp, path)
+            moved = os.stat(path)  # the rename may set the ctime
         except OSError as e:
             with contextlib.suppress(OSError):
                 os.remove(tmp)
             _log.warning("cannot write the cache entry %s (%s); continuing without caching it", path, e)
             return
-        _verified[path] = (st.st_ino, st.st_size, st.st_mtime_ns)
+        if moved.st_ino == st.st_ino:  # not replaced by another process meanwhile
+            _verified[path] = _identity(moved)
         self._evict(keep=path)
 
     def _evict(self, keep: str) -> None:

@@ -254,6 +254,35 @@ def test_entry_is_verified_once_per_process(tmp_path: Path, new_process: Callabl
     os.utime(path, ns=(mtime + 10**9, mtime + 10**9))
     assert cache.get_or_fetch("k", Fetcher(table)).equals(table)
     assert cache.stats["corrupt"] == 1
+    # ...and so is one changed in place with its size, atime and mtime put back (bit rot, a stray tool):
+    # only the ctime, which no one can set back, tells (a regression: this process returned it as is)
+    assert cache.get_or_fetch("k", Fetcher(table)).equals(table)  # the refetched entry, checked
+    before = os.stat(path)
+    _flip(path)
+    os.utime(path, ns=(before.st_atime_ns, before.st_mtime_ns))
+    assert os.stat(path).st_size == before.st_size
+    assert cache.get_or_fetch("k", Fetcher(table)).equals(table)
+    assert cache.stats["corrupt"] == 2
+
+
+def test_an_entry_this_process_wrote_or_checked_is_not_checked_again(tmp_path: Path,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """The ctime in the identity must not cost a cached epoch its speed: the rename of a new entry and
+    the atime of every hit set it, and neither makes this process verify the entry again."""
+    table = _table(6)
+    cache = RowGroupCache(CacheConfig(str(tmp_path), GiB))
+    calls = []
+    digest = cache_mod._digest
+
+    def counting(data: Any) -> int:
+        calls.append(1)
+        return digest(data)
+
+    cache.get_or_fetch("k", lambda: table)  # written here: its checksum computed once, from the file
+    monkeypatch.setattr(cache_mod, "_digest", counting)
+    for _ in range(3):
+        assert cache.get_or_fetch("k", Fetcher(table)).equals(table)
+    assert calls == []
 
 
 def test_fetch_error_propagates_and_caches_nothing(tmp_path: Path) -> None:

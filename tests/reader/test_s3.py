@@ -10,6 +10,7 @@ import pandas as pd
 import pytest
 
 import shardkit
+from shardkit.errors import CacheWarning, ReaderError
 from shardkit.reader.cache import CacheConfig
 
 if TYPE_CHECKING:
@@ -82,6 +83,24 @@ def test_auto_cache_is_used_for_remote_data(s3_server: S3Server, s3_bucket: str,
         ids = np.concatenate([b["id"] for b in reader])
     np.testing.assert_array_equal(ids, np.arange(256))
     assert len(list((tmp_path / "auto").glob("*.arrow"))) == 2
+
+
+def test_an_auto_cache_folder_that_cannot_be_made_warns_and_reads_uncached(
+        s3_server: S3Server, s3_bucket: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The default cache is an optimization: a cache folder that cannot be created (a home that is not
+    writable; here, under a file) warns and reads without it (a regression: make_reader refused to
+    start). A cache asked for by name still fails, naming the folder."""
+    url, opts = f"s3://{s3_bucket}/ds", s3_server.storage_options
+    shardkit.write_dataset(_frame(256), url, storage_options=opts, row_group_size=128)
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a folder")
+    monkeypatch.setenv("SHARDKIT_CACHE_DIR", str(blocker / "cache"))
+    with pytest.warns(CacheWarning, match=r"cannot be created.*without the default row-group cache"), \
+            shardkit.make_reader(url, shard=0, num_shards=1, shuffle=False, storage_options=opts) as reader:
+        ids = np.concatenate([b["id"] for b in reader])
+    np.testing.assert_array_equal(ids, np.arange(256))
+    with pytest.raises(ReaderError, match="cannot be created"):
+        shardkit.make_reader(url, storage_options=opts, cache=str(blocker / "cache"))
 
 
 def test_opening_a_summarized_dataset_reads_only_the_summary(s3_server: S3Server, s3_bucket: str) -> None:
