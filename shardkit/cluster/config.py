@@ -64,6 +64,12 @@ _SECTIONS = frozenset({"checkpoint", "fault_tolerance", "engine", "params", "env
 MAX_PROCESSES = 10_000
 # Keys of make_reader that the trainer sets itself (from the job and the process's shard).
 _READER_OWNED = frozenset({"url", "shard", "num_shards", "batch_size", "seed", "shuffle", "num_epochs"})
+# storage_options keys that hold credentials (s3fs, gcsfs, adlfs, fsspec's http/ftp/sftp/smb): a config
+# value lands in job.json, the processes' logs and rendered specs in plain text; secrets: does not
+_CREDENTIAL_KEYS = frozenset({"key", "secret", "token", "password", "session_token", "account_key",
+                              "sas_token", "client_secret", "connection_string", "aws_access_key_id",
+                              "aws_secret_access_key", "aws_session_token", "credentials"})
+_NOT_SECRET_TOKENS = frozenset({"anon", "google_default", "cloud", "browser", "cache"})  # gcsfs's modes
 
 
 class Problem(ValueError):
@@ -188,8 +194,26 @@ class DataConfig(_Model):
             elif key not in allowed:
                 problems.append(Problem((key,), option, f"make_reader has no argument {key!r}",
                                         _did_you_mean(key, allowed)))
+            elif key == "storage_options" and isinstance(option, Mapping):
+                problems.extend(_credential_problems(option))
         _raise_all(problems)
         return value
+
+
+def _credential_problems(options: Mapping[str, Any]) -> Iterator[Problem]:
+    """Credentials written in ``data.options.storage_options``: refused (their values are not shown), since
+    the config is copied in plain text into job.json, the role processes' logs and rendered specs."""
+    for name, value in options.items():
+        if str(name).lower() not in _CREDENTIAL_KEYS or value is None:
+            continue
+        if str(name).lower() == "token" and isinstance(value, str) and value in _NOT_SECRET_TOKENS:
+            continue
+        yield Problem(("storage_options", str(name)), _NO_VALUE,
+                      "a credential in the config is copied in plain text into job.json, the processes' "
+                      "logs and rendered Kubernetes/YARN specs (its value is not shown here)",
+                      "remove it, and give it as a secret the filesystem reads from the environment, e.g. "
+                      "secrets: {AWS_SECRET_ACCESS_KEY: {env: MY_SECRET}} (and AWS_ACCESS_KEY_ID) for s3fs, "
+                      "or point to a credentials file")
 
 
 class CheckpointConfig(_Model):

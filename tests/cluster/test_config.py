@@ -287,6 +287,25 @@ def test_bad_value_names_key_value_and_fix(job_dir: Path, changes: dict[str, Any
         assert word in line, (word, line)
 
 
+def test_credentials_in_storage_options_are_refused_without_showing_them(job_dir: Path) -> None:
+    """They would be copied in plain text into job.json, the logs and rendered specs; secrets: are not.
+    Storage options that are not credentials (an endpoint, gcsfs's token modes) are fine."""
+    options = {"endpoint_url": "http://127.0.0.1:9000", "key": "AKIAEXAMPLE", "secret": "s3cr3t-value"}
+    err = fails(job_dir, base(data={"url": "s3://b/ds", "options": {"storage_options": options}}))
+    for key in ("key", "secret"):
+        line = problem_line(err, f"data.options.storage_options.{key}")
+        assert "plain text" in line and "secrets: {AWS_SECRET_ACCESS_KEY" in line, line
+    assert "s3cr3t-value" not in str(err) and "AKIAEXAMPLE" not in str(err)
+    assert "endpoint_url" not in str(err)
+    fine = {"endpoint_url": "http://127.0.0.1:9000", "anon": True}
+    (job_dir / "ok.yaml").write_text(yaml.safe_dump(base(data={"url": "s3://b/ds", "options": {
+        "storage_options": fine}})))
+    assert load_config(job_dir / "ok.yaml").data.options["storage_options"] == fine
+    (job_dir / "gcs.yaml").write_text(yaml.safe_dump(base(data={"url": "gs://b/ds", "options": {
+        "storage_options": {"token": "anon"}}})))
+    assert load_config(job_dir / "gcs.yaml").data.options["storage_options"] == {"token": "anon"}
+
+
 @pytest.mark.parametrize("key", ["name", "entrypoint", "framework", "roles"])
 def test_missing_required_key(job_dir: Path, key: str) -> None:
     config = base()
