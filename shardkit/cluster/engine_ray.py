@@ -6,8 +6,10 @@ import contextlib
 import logging
 import math
 import os
+import signal
 import threading
 import time
+from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -123,6 +125,26 @@ class RayGroup(MirrorGroup):
             self.close()
 
 
+@contextlib.contextmanager
+def _own_signal_handlers() -> Iterator[None]:
+    """Put back this process's handlers of the stop signals after ``ray.init``, which replaces SIGTERM's
+    with its own (``sys.exit(15)``; its core worker's prints "SIGTERM received" and aborts): the
+    supervisor's handler must stay, so that ``shardkit train`` stopped with SIGTERM stops its processes,
+    writes its summary ("interrupted") and exits 143, and Ray is shut down by the engine's `close`."""
+    from shardkit.cluster.supervisor import STOP_SIGNALS
+
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    saved = {sig: signal.getsignal(sig) for sig in STOP_SIGNALS}
+    try:
+        yield
+    finally:
+        for sig, handler in saved.items():
+            if handler is not None:  # None: set outside Python, nothing to put back
+                signal.signal(sig, handler)
+
+
 class RayEngine:
     """Starts each process of a job in a Ray actor: on an existing Ray cluster, or a local instance.
 
@@ -179,6 +201,11 @@ class RayEngine:
         ray = self.ray
         if ray.is_initialized():
             return
+        with _own_signal_handlers():
+            self._init(ray, spec, resources)
+        self._owned = True
+
+    def _init(self, ray: Any, spec: ClusterSpec, resources: dict[str, dict[str, float]]) -> None:
         quiet = {"log_to_driver": False, "logging_level": logging.WARNING}
         if self.address is not None:
             ray.init(address=self.address, **quiet)
@@ -197,7 +224,6 @@ class RayEngine:
                     os.environ.pop(_LOOPBACK_ENV, None)
                 else:
                     os.environ[_LOOPBACK_ENV] = saved
-        self._owned = True
 
     def start(self, spec: ClusterSpec, *, log_dir: Path) -> RayGroup:
         """Start an actor per process, wait until every one is placed, then start the processes."""

@@ -8,8 +8,10 @@ starts its own local Ray instance and the supervisor shuts it down at the end: `
 from __future__ import annotations
 
 import io
+import json
 import os
 import signal
+import subprocess
 import sys
 import threading
 import time
@@ -164,3 +166,32 @@ def test_a_killed_actor_is_restarted_and_the_job_finishes_from_its_checkpoint(tm
     assert result.steps == 144  # 6 epochs of 24 steps: finished
     worker0 = (job_dir / "logs" / "attempt-1" / "worker-0.log").read_text()
     assert f"rank 0/2 attempt 1: resuming at step {resumed}" in worker0
+
+
+@pytest.mark.slow
+@pytest.mark.distributed
+@pytest.mark.timeout(240)
+def test_sigterm_to_shardkit_train_on_ray_stops_the_job_as_interrupted(tmp_path: Path, digits: str) -> None:
+    """``ray.init`` replaces the SIGTERM handler with Ray's own (``sys.exit(15)``): a regression, SIGTERM to
+    ``shardkit train`` ended it with exit code 15 and summary ``failed``. The supervisor's handler is put
+    back: exit 143, ``interrupted``, and nothing of the job or of Ray left."""
+    config = digits_config(tmp_path, digits, "ray", epochs=40, every_steps=10)
+    job_dir = tmp_path / "job"
+    argv = [sys.executable, "-m", "shardkit.cli", "train", str(tmp_path / "job.yaml")]
+    trainer = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                               start_new_session=True)
+    try:
+        deadline = time.monotonic() + 150
+        while time.monotonic() < deadline and not any((job_dir / "checkpoints").glob("step-*/COMMIT")):
+            time.sleep(0.05)
+        assert any((job_dir / "checkpoints").glob("step-*/COMMIT")), "the job never checkpointed"
+        started = proctree.descendants(trainer.pid)
+        trainer.send_signal(signal.SIGTERM)
+        out, _ = trainer.communicate(timeout=90)
+    finally:
+        proctree.kill([trainer.pid])
+    assert trainer.returncode == 143, out[-3000:]
+    assert json.loads((job_dir / "summary.json").read_text())["status"] == "interrupted"
+    assert proctree.wait_gone(started, timeout=20) == set(), "processes of the job or of Ray outlived it"
+    assert config.engine.name == "ray"
+
