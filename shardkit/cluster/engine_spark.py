@@ -108,6 +108,27 @@ def _slots(master: str) -> int | None:
     return 1 if threads is None else (os.cpu_count() or 1) if threads == "*" else int(threads)
 
 
+def _check_slots(master: str, task_cpus: str, n: int) -> None:
+    """`ConfigError` when a local ``master`` runs fewer than ``n`` tasks at a time with ``spark.task.cpus``
+    = ``task_cpus`` (a cluster's slots are Spark's to check)."""
+    slots = _slots(master)
+    if slots is None:
+        return
+    try:
+        cpus = int(task_cpus)
+        if cpus < 1:
+            raise ValueError(task_cpus)
+    except ValueError as e:
+        raise ConfigError(f"engine.conf.spark.task.cpus={task_cpus!r}: not a number of cores >= 1. Fix: "
+                          "spark.task.cpus: 1") from e
+    if slots // cpus < n:
+        per = f" of {cpus} cores each (spark.task.cpus)" if cpus > 1 else ""
+        raise ConfigError(f"engine spark: master {master!r} runs {slots // cpus} task(s){per} at a time, "
+                          f"but the job has {n} processes, which a barrier stage starts together. Fix: "
+                          f"engine: {{name: spark, master: 'local[{n * cpus}]'}}"
+                          + (", or spark.task.cpus: 1" if cpus > 1 else "") + ", or fewer processes")
+
+
 class SparkEngine:
     """Runs each process of a job as one task of a Spark barrier stage.
 
@@ -192,15 +213,24 @@ class SparkEngine:
         self._own.sparkContext.setLogLevel("ERROR")
         return self._own
 
+    def check_processes(self, n: int) -> None:
+        """Refuse a job of ``n`` processes that a local master cannot start together (a barrier stage
+        waits for all its tasks: too few slots would wait forever). Before anything starts: the
+        supervisor's and ``shardkit validate``'s `shardkit.cluster.engines.check_engine` call it."""
+        from pyspark.sql import SparkSession
+
+        active = SparkSession.getActiveSession()  # used as it is by `start` (see `session`)
+        if active is not None and (self.master is None or self.master == active.sparkContext.master):
+            sc = active.sparkContext
+            _check_slots(str(sc.master), str(sc.getConf().get("spark.task.cpus", "1")), n)
+        else:
+            _check_slots(self.master or f"local[{n}]", self.conf.get("spark.task.cpus", "1"), n)
+
     def start(self, spec: ClusterSpec, *, log_dir: Path) -> SparkGroup:
         """Start the barrier stage (in a thread); it runs until every process has ended, or `stop`."""
         n = len(spec.processes)
         sc = self.session(n).sparkContext
-        slots = _slots(sc.master)
-        if slots is not None and slots < n:
-            raise ConfigError(f"engine spark: master {sc.master!r} runs {slots} task(s) at a time, but the "
-                              f"job has {n} processes, which a barrier stage starts together. Fix: "
-                              f"engine: {{name: spark, master: 'local[{n}]'}}, or fewer processes")
+        _check_slots(str(sc.master), str(sc.getConf().get("spark.task.cpus", "1")), n)  # the session's own
         log_dir.mkdir(parents=True, exist_ok=True)
         mirrors = [MirrorProcess(proc, log_dir / f"{proc.name}.log") for proc in spec.processes]
         host = sc.getConf().get("spark.driver.host") or "127.0.0.1"

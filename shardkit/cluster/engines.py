@@ -146,6 +146,11 @@ def check_engine(config: JobConfig, *, node_rank: int | None = None) -> None:
         check_node(config, node_rank=node_rank)
         return
     engine = get_engine(config.engine.name, config.engine.options)
-    close = getattr(engine, "close", None)
-    if callable(close):
-        close()
+    try:
+        check = getattr(engine, "check_processes", None)  # what the engine can tell from the job's size
+        if callable(check):
+            check(sum(role.count for role in config.roles.values()))
+    finally:
+        close = getattr(engine, "close", None)
+        if callable(close):
+            close()

@@ -29,6 +29,11 @@ REFUSED: dict[str, tuple[dict[str, Any] | str, str]] = {
     "ray-option": ({"name": "ray", "bogus": 1}, "no option 'bogus'"),
     "ray-value": ({"name": "ray", "num_cpus": -1}, "engine.num_cpus=-1"),
     "spark-option": ({"name": "spark", "mastr": "local[2]"}, "did you mean 'master'"),
+    # a barrier stage of 4 processes (chief, 2 workers, ps) a local master cannot start together: it waited
+    "spark-slots": ({"name": "spark", "master": "local[2]"}, "runs 2 task(s) at a time, but the job has 4"),
+    "spark-task-cpus": ({"name": "spark", "master": "local[4]", "conf": {"spark.task.cpus": 2}},
+                        "runs 2 task(s) of 2 cores each (spark.task.cpus)"),
+    "spark-local-0": ({"name": "spark", "master": "local[0]"}, "runs 0 task(s) at a time"),
     "kubernetes": ("kubernetes", "shardkit render"),
     "yarn": ("yarn", "shardkit render"),
 }
