@@ -12,12 +12,15 @@ import time
 from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from shardkit.cluster.mirror import MirrorGroup, MirrorProcess, Options, describe_error, job_settings
 from shardkit.cluster.remote import NodeRunner, Update, free_port, place
 from shardkit.cluster.spec import ClusterSpec, ProcessSpec
-from shardkit.errors import JobError, require
+from shardkit.errors import ConfigError, JobError, require
+
+if TYPE_CHECKING:
+    from shardkit.cluster.config import JobConfig
 
 __all__ = ["RayEngine", "RayGroup"]
 
@@ -190,6 +193,28 @@ class RayEngine:
         self.grace = opts.number("grace", 5.0) or 0.0
         self.ray: Any = require("ray", extra="ray", purpose="engine: ray (the job's processes as Ray actors)")
         self._owned = False
+
+    def check_job(self, config: JobConfig) -> None:
+        """Refuse a job the local instance sized by ``num_cpus``/``num_gpus`` can never place (its actors
+        would wait until ``startup_timeout``, then again each restart): the roles' requests, all at
+        once, must fit it. Before anything starts: the supervisor and ``shardkit validate`` call it. A
+        running cluster (``address``) is Ray's to judge: it may grow."""
+        if self.address is not None or self.ray.is_initialized():
+            return
+        asks = {name: role.resources for name, role in config.roles.items()}
+        counts = {name: role.count for name, role in config.roles.items()}
+        for option, have, key in (("num_cpus", self.num_cpus, "cpus"), ("num_gpus", self.num_gpus, "gpus")):
+            if have is None:
+                continue
+            need = sum(getattr(asks[r], key) * counts[r] for r in asks)
+            if need > have:
+                each = ", ".join(f"{counts[r]} {r} x {getattr(asks[r], key):g}" for r in asks)
+                raise ConfigError(
+                    f"engine.{option}={have:g}: the local Ray instance would have {have:g} {key.upper()}, "
+                    f"but the job's processes, which start together, ask for {need:g} ({each}). Fix: "
+                    f"engine.{option}: {math.ceil(need)} (or leave it out: the instance is sized from the "
+                    f"roles), or lower roles.<role>.resources.{key}"
+                )
 
     @property
     def runs_here(self) -> bool:

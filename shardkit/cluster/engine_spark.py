@@ -14,13 +14,16 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from shardkit.cluster.engine_spark_group import SparkGroup
 from shardkit.cluster.mirror import MirrorProcess, Options
 from shardkit.cluster.remote import NodeRunner, Update, free_port, place
 from shardkit.cluster.spec import ClusterSpec, ProcessSpec
 from shardkit.errors import ConfigError, require
+
+if TYPE_CHECKING:
+    from shardkit.cluster.config import JobConfig
 
 __all__ = ["SparkEngine"]
 
@@ -213,11 +216,13 @@ class SparkEngine:
         self._own.sparkContext.setLogLevel("ERROR")
         return self._own
 
-    def check_processes(self, n: int) -> None:
-        """Refuse a job of ``n`` processes that a local master cannot start together (a barrier stage
-        waits for all its tasks: too few slots would wait forever). Before anything starts: the
-        supervisor's and ``shardkit validate``'s `shardkit.cluster.engines.check_engine` call it."""
+    def check_job(self, config: JobConfig) -> None:
+        """Refuse a job whose processes a local master cannot start together (a barrier stage waits for
+        all its tasks: too few slots would wait forever). Before anything starts: the supervisor and
+        ``shardkit validate`` (`shardkit.cluster.engines.check_engine`) call it."""
         from pyspark.sql import SparkSession
+
+        n = sum(role.count for role in config.roles.values())
 
         active = SparkSession.getActiveSession()  # used as it is by `start` (see `session`)
         if active is not None and (self.master is None or self.master == active.sparkContext.master):

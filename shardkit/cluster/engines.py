@@ -147,9 +147,9 @@ def check_engine(config: JobConfig, *, node_rank: int | None = None) -> None:
         return
     engine = get_engine(config.engine.name, config.engine.options)
     try:
-        check = getattr(engine, "check_processes", None)  # what the engine can tell from the job's size
+        check = getattr(engine, "check_job", None)  # what the engine can tell from the config
         if callable(check):
-            check(sum(role.count for role in config.roles.values()))
+            check(config)
     finally:
         close = getattr(engine, "close", None)
         if callable(close):

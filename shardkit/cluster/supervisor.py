@@ -82,9 +82,9 @@ class Supervisor:
         self.config = config
         self._owns_engine = engine is None
         self.engine = engine if engine is not None else get_engine(config.engine.name, config.engine.options)
-        check = getattr(self.engine, "check_processes", None)  # as check_engine: before anything starts
+        check = getattr(self.engine, "check_job", None)  # as check_engine: before anything starts
         if callable(check):
-            check(sum(role.count for role in config.roles.values()))
+            check(config)
         self.console = console if console is not None else sys.stdout
         self.echo = echo
         self.ft = config.fault_tolerance

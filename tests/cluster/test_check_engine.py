@@ -34,6 +34,8 @@ REFUSED: dict[str, tuple[dict[str, Any] | str, str]] = {
     "spark-task-cpus": ({"name": "spark", "master": "local[4]", "conf": {"spark.task.cpus": 2}},
                         "runs 2 task(s) of 2 cores each (spark.task.cpus)"),
     "spark-local-0": ({"name": "spark", "master": "local[0]"}, "runs 0 task(s) at a time"),
+    # a local Ray instance too small for the actors, which start together: they waited for startup_timeout
+    "ray-too-small": ({"name": "ray", "num_cpus": 2}, "would have 2 CPUS, but the job's processes"),
     "kubernetes": ("kubernetes", "shardkit render"),
     "yarn": ("yarn", "shardkit render"),
 }
@@ -71,7 +73,7 @@ def test_a_node_rank_is_checked_as_train_checks_it(tmp_path: Path) -> None:
         check_engine(config, node_rank=2)
 
 
-@pytest.mark.parametrize("engine", ["local", {"name": "local", "grace": 1}, {"name": "ray", "num_cpus": 2},
+@pytest.mark.parametrize("engine", ["local", {"name": "local", "grace": 1}, {"name": "ray", "num_cpus": 4},
                                     {"name": "spark", "master": "local[4]"}],
                          ids=["local", "local-grace", "ray", "spark"])
 def test_check_engine_starts_and_reads_nothing(tmp_path: Path, engine: dict[str, Any] | str) -> None:
