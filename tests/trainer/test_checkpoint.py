@@ -33,6 +33,7 @@ from shardkit.trainer import _load
 from shardkit.trainer.checkpoint import CheckpointManager
 from tests.reader import conftest as s3_fixtures
 from tests.reader.conftest import S3Server
+from tests.trainer.helpers import Counter, linear, weight_of
 
 REPO = Path(__file__).resolve().parents[2]
 # the moto S3 server on loopback and a fresh bucket per test (tests/reader/conftest.py)
@@ -100,18 +101,6 @@ def ckpt_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
     fs, root = fsspec.core.url_to_fs(url)
     if fs.exists(root):
         fs.rm(root, recursive=True)
-
-
-def linear(value: float) -> nn.Module:
-    model = nn.Linear(3, 2)
-    with torch.no_grad():
-        for p in model.parameters():
-            p.fill_(value)
-    return model
-
-
-def weight_of(model: nn.Module) -> float:
-    return float(next(model.parameters()).detach().flatten()[0])
 
 
 # ------------------------------------------------------------------------------------- resume, bitwise
@@ -418,29 +407,16 @@ def test_restore_that_does_not_fit_changes_no_object(tmp_path: Path, dataset: st
         ckpt.restore(model=nn.ModuleDict({"a": nn.Linear(3, 2), "c": nn.Linear(2, 2)}))
 
 
-class _Counter:
-    """A `Stateful` reader stand-in: a JSON state of one number."""
-
-    def __init__(self, value: int) -> None:
-        self.value = value
-
-    def state_dict(self) -> dict[str, int]:
-        return {"value": self.value}
-
-    def load_state_dict(self, state: dict[str, int]) -> None:
-        self.value = state["value"]
-
-
 def test_reader_is_put_back_when_the_model_then_fails(tmp_path: Path) -> None:
     ckpt = CheckpointManager(tmp_path)
-    ckpt.save(4, model=_Vocab([0, 1, 2, 3, 4]), reader=_Counter(40))
-    reader = _Counter(7)
+    ckpt.save(4, model=_Vocab([0, 1, 2, 3, 4]), reader=Counter(40))
+    reader = Counter(7)
     model = _Vocab([0, 1, 2])  # same keys and shapes, but its set_extra_state refuses the saved state
     with pytest.raises(CheckpointError, match=r"model.pt of checkpoint .*does not fit this _Vocab \(a "
                                               r"vocabulary of 5 ids, this model has 3\)"):
         ckpt.restore(model=model, reader=reader)
     assert reader.value == 7
-    ok = _Counter(7)
+    ok = Counter(7)
     assert ckpt.restore(model=_Vocab([5, 6, 7, 8, 9]), reader=ok) is not None
     assert ok.value == 40
 

@@ -21,20 +21,10 @@ from shardkit.cluster.supervisor import HeartbeatReceiver
 from shardkit.errors import ConfigError
 from shardkit.trainer import TrainContext, init
 from shardkit.trainer.heartbeat import Beacon
+from tests.trainer.helpers import Counter
 
 REPO = Path(__file__).resolve().parents[2]
 _JOB_ENV = [*p.ALL_ENV, "SHARDKIT_CONFIG", "TORCHELASTIC_RESTART_COUNT"]
-
-
-class Counter:
-    def __init__(self) -> None:
-        self.value = 0
-
-    def state_dict(self) -> dict[str, int]:
-        return {"value": self.value}
-
-    def load_state_dict(self, state: dict[str, int]) -> None:
-        self.value = state["value"]
 
 
 @pytest.fixture(autouse=True)

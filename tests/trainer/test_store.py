@@ -26,32 +26,19 @@ from typing import Any
 
 import fsspec
 import pytest
-import torch
-from torch import nn
 
 from shardkit.errors import CheckpointError, CheckpointWarning, DatasetPermissionError
 from shardkit.trainer._store import Store
 from shardkit.trainer.checkpoint import CheckpointManager
 from tests.reader import conftest as s3_fixtures
 from tests.reader.conftest import S3Server
+from tests.trainer.helpers import linear, weight_of
 
 # the moto S3 server on loopback and a fresh bucket per test (tests/reader/conftest.py)
 s3_server, s3_bucket, no_internet = s3_fixtures.s3_server, s3_fixtures.s3_bucket, s3_fixtures.no_internet
 
 #: botocore's own retries off and short timeouts: a refused connection fails in well under a second
 FAST = {"retries": {"max_attempts": 1}, "connect_timeout": 2, "read_timeout": 10}
-
-
-def linear(value: float) -> nn.Module:
-    model = nn.Linear(3, 2)
-    with torch.no_grad():
-        for p in model.parameters():
-            p.fill_(value)
-    return model
-
-
-def weight_of(model: nn.Module) -> float:
-    return float(next(model.parameters()).detach().flatten()[0])
 
 
 def s3_options(endpoint_url: str, key: str | None = "x", secret: str | None = "x",

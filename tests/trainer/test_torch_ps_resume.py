@@ -27,6 +27,7 @@ from shardkit.cluster.config import load_config
 from shardkit.errors import CheckpointError, CheckpointWarning
 from shardkit.trainer import torch_ps, torch_ps_server
 from shardkit.trainer.checkpoint import CheckpointManager
+from tests.trainer.helpers import Counter
 from tests.trainer.scripts import proctree
 
 REPO = Path(__file__).resolve().parents[2]
@@ -213,36 +214,25 @@ def test_only_worker_0_takes_the_ps_state() -> None:
 # ---------------------------------------------------------------------- per-shard reader states saved
 
 
-class _Position:
-    def __init__(self, value: int = 0) -> None:
-        self.value = value
-
-    def state_dict(self) -> dict[str, int]:
-        return {"value": self.value}
-
-    def load_state_dict(self, state: dict[str, int]) -> None:
-        self.value = state["value"]
-
-
 def test_each_shard_gets_its_own_reader_state_and_another_count_gets_the_writers(tmp_path: Path) -> None:
     ckpt = CheckpointManager(tmp_path / "ckpt")
-    ckpt.save(7, reader=_Position(30), reader_shards=[{"value": 30}, {"value": 12}, None])
+    ckpt.save(7, reader=Counter(30), reader_shards=[{"value": 30}, {"value": 12}, None])
     saved = json.loads((tmp_path / "ckpt" / "step-000000007" / "state.json").read_text())
     assert saved["reader"] == {"value": 30}
     assert saved["reader_shards"] == [{"value": 30}, {"value": 12}, None]
     for shard, value in ((0, 30), (1, 12), (2, 0)):  # shard 2 had read nothing: it starts afresh
-        reader = _Position()
+        reader = Counter()
         restored = CheckpointManager(tmp_path / "ckpt").restore(reader=reader, reader_shard=(shard, 3))
         assert restored is not None
         assert reader.value == value
         assert restored.reader_shards == ({"value": 30}, {"value": 12}, None)
-    reader = _Position()
+    reader = Counter()
     with pytest.warns(CheckpointWarning, match="positions of 3 workers .* this job has 2, so every worker "
                                                 "continues from worker 0's position"):
         restored = CheckpointManager(tmp_path / "ckpt").restore(reader=reader, reader_shard=(1, 2))
     assert reader.value == 30
     assert restored is not None
     assert restored.reader_shards == ({"value": 30},) * 2
-    reader = _Position()
+    reader = Counter()
     CheckpointManager(tmp_path / "ckpt").restore(reader=reader)  # no shard: the writer's, as before
     assert reader.value == 30
