@@ -18,7 +18,7 @@ from shardkit.errors import ConfigError
 if TYPE_CHECKING:
     from shardkit.cluster.config import JobConfig
 
-__all__ = ["ENGINES", "Engine", "ProcessGroup", "RoleProcess", "check_engine", "get_engine"]
+__all__ = ["ENGINES", "Engine", "ProcessGroup", "RoleProcess", "check_engine", "check_job", "get_engine"]
 
 #: name -> "module:class" of the engine, or None for engines that are rendered (`shardkit render`), not run.
 ENGINES: dict[str, str | None] = {
@@ -119,6 +119,15 @@ def get_engine(name: str, options: Mapping[str, Any] | None = None) -> Engine:
     return engine
 
 
+def check_job(engine: Engine, config: JobConfig) -> None:
+    """What ``engine`` can tell from the config alone that it could never run (its ``check_job``, where
+    it has one: too few Spark slots, a local Ray instance too small): `ConfigError`, before anything
+    starts. `check_engine` and the supervisor call it."""
+    check = getattr(engine, "check_job", None)
+    if callable(check):
+        check(config)
+
+
 def check_engine(config: JobConfig, *, node_rank: int | None = None) -> None:
     """Refuse now what `shardkit.cluster.run_job` would refuse about the config's engine before it
     starts anything; what ``shardkit validate`` checks besides the config itself.
@@ -147,9 +156,7 @@ def check_engine(config: JobConfig, *, node_rank: int | None = None) -> None:
         return
     engine = get_engine(config.engine.name, config.engine.options)
     try:
-        check = getattr(engine, "check_job", None)  # what the engine can tell from the config
-        if callable(check):
-            check(config)
+        check_job(engine, config)
     finally:
         close = getattr(engine, "close", None)
         if callable(close):

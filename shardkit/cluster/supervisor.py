@@ -17,7 +17,7 @@ from typing import TextIO
 
 from shardkit.cluster import protocol
 from shardkit.cluster.config import JobConfig
-from shardkit.cluster.engines import Engine, ProcessGroup, RoleProcess, get_engine
+from shardkit.cluster.engines import Engine, ProcessGroup, RoleProcess, check_job, get_engine
 from shardkit.cluster.heartbeats import HeartbeatReceiver, SampleLedger, apply_beat
 from shardkit.cluster.preflight import LogdirLock, check_local_data, prepare_logdir
 from shardkit.cluster.progress import Progress
@@ -82,9 +82,7 @@ class Supervisor:
         self.config = config
         self._owns_engine = engine is None
         self.engine = engine if engine is not None else get_engine(config.engine.name, config.engine.options)
-        check = getattr(self.engine, "check_job", None)  # as check_engine: before anything starts
-        if callable(check):
-            check(config)
+        check_job(self.engine, config)  # as `shardkit validate`: before anything starts
         self.console = console if console is not None else sys.stdout
         self.echo = echo
         self.ft = config.fault_tolerance
