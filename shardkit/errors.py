@@ -6,6 +6,7 @@
     │   ├── NotADatasetError          (also ValueError)         a folder with no Parquet data in it
     │   ├── DatasetExistsError        (also FileExistsError)    mode="error" over an existing dataset
     │   ├── CorruptDatasetError       (also OSError)            a file or row group that cannot be read
+    │   │   └── ImageShapeError       (also SchemaMismatchError) an image that is not its field's size
     │   ├── DatasetPermissionError    (also PermissionError)    a file or folder this user may not read/write
     │   └── UnsafePickleError         (also ValueError)         a Petastorm schema pickle with foreign content
     ├── SchemaError                   (also ValueError)         a schema, field or codec invalid in itself
@@ -42,6 +43,7 @@ __all__ = [
     "DatasetExistsError",
     "DatasetNotFoundError",
     "DatasetPermissionError",
+    "ImageShapeError",
     "JobError",
     "MissingDependencyError",
     "MissingFilesystemError",
@@ -54,6 +56,7 @@ __all__ = [
     "ShardkitError",
     "UnsafePickleError",
     "UnsupportedURLError",
+    "one_line",
 ]
 
 
@@ -103,6 +106,15 @@ class SchemaError(ShardkitError, ValueError):
 
 class SchemaMismatchError(SchemaError):
     """Raised when data does not fit the declared schema (missing column, wrong dtype/shape, null)."""
+
+
+class ImageShapeError(CorruptDatasetError, SchemaMismatchError):
+    """Raised when a stored image is not the size of its fixed-shape field, whether its header says so
+    (checked before decoding: a few bytes can claim gigapixels) or its decoded pixels do.
+
+    A corruption (``on_error="skip"`` skips its row) and, as it was before headers were checked, a
+    `SchemaMismatchError`: ``except`` clauses written for either keep working.
+    """
 
 
 class ReaderError(ShardkitError, ValueError):
@@ -186,3 +198,15 @@ def require(module: str, *, extra: str, purpose: str) -> object:
         return importlib.import_module(module)
     except ImportError as e:
         raise MissingDependencyError(module.split(".", maxsplit=1)[0], extra, purpose) from e
+
+
+def one_line(text: object) -> str:
+    r"""``text`` (another library's error) fit to go inside a shardkit message: one line, whitespace runs
+    as one space, control characters escaped (Arrow's Thrift errors hold newlines and raw bytes).
+
+    Example:
+        >>> one_line("Couldn't deserialize thrift: \x0f\nDeserializing page header failed.")
+        "Couldn't deserialize thrift: \\x0f Deserializing page header failed."
+    """
+    words = " ".join(str(text).split())
+    return "".join(c if c.isprintable() else f"\\x{ord(c):02x}" for c in words)

@@ -144,6 +144,47 @@ def filesystem_error(url: str, e: BaseException) -> ShardkitError | None:
     return None
 
 
+def root_exists(loc: Location) -> bool:
+    """Whether ``loc``'s root exists; a store that cannot be reached raises `DatasetError` (credentials
+    and connections, as `storage_errors` says them, and those the filesystem's ``exists`` hides: see
+    `_unreachable`), so False means missing indeed.
+
+    Example:
+        >>> if not root_exists(loc):
+        ...     raise DatasetNotFoundError(f"no dataset at {loc.url!r}: ...")
+    """
+    with storage_errors(loc.url):  # the first request: where missing credentials show
+        if loc.fs.exists(loc.root):
+            return True
+    failed = _unreachable(loc)
+    if failed is not None:
+        raise failed
+    return False
+
+
+def _unreachable(loc: Location) -> DatasetError | None:
+    """Why ``loc``'s root looked missing, when the filesystem's ``exists`` hid a failed connection; None
+    when it is missing indeed (or the filesystem tells no more).
+
+    fsspec's HTTP ``exists`` answers False for a refused connection, an unknown host or a timeout, and
+    its ``info`` raises ``FileNotFoundError`` from the ``aiohttp`` error: "no dataset at ...: the path
+    does not exist" sent users looking for a typo in the path when the server was down. Asked only on
+    the way to that error (one more request).
+    """
+    try:
+        loc.fs.info(loc.root)
+    except FileNotFoundError as e:
+        cause = e.__cause__
+    except Exception:  # whatever else it raises, the caller's error stands
+        return None
+    else:
+        return None
+    if not isinstance(cause, OSError) or isinstance(cause, FileNotFoundError | PermissionError):
+        return None  # aiohttp's connection and timeout errors are OSErrors; a 404 is not
+    return DatasetError(f"cannot reach {loc.url!r} ({type(cause).__name__}: {cause}); check the host and "
+                        "port in the URL, that the server is running, and the network and proxy")
+
+
 def _package_of(protocol: str) -> str:
     from fsspec.registry import known_implementations
 

@@ -16,6 +16,7 @@ from shardkit.errors import (
     CorruptDatasetError,
     DatasetError,
     SchemaMismatchError,
+    one_line,
 )
 
 __all__ = ["PARQUET_SUFFIXES", "Footers", "RowGroup", "data_files", "read_footer", "read_footers", "summary",
@@ -120,8 +121,8 @@ def _footer_of(loc: Location, f: pa.NativeFile, path: str) -> pq.FileMetaData:
 def _not_a_footer(loc: Location, path: str, e: Exception) -> DatasetError:
     if is_denied(e):
         return permission_error(loc, path, e)
-    return CorruptDatasetError(f"{path!r} is not a readable Parquet footer ({e}); the file is truncated or "
-                               "corrupt. Remove it (or rewrite the dataset)")
+    return CorruptDatasetError(f"{path!r} is not a readable Parquet footer ({one_line(e)}); the "
+                               "file is truncated or corrupt. Remove it (or rewrite the dataset)")
 
 
 def read_footers(loc: Location, files: Sequence[str]) -> list[tuple[str, pq.FileMetaData]]:

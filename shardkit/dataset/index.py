@@ -34,7 +34,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from shardkit.dataset.access import is_denied, permission_error, storage_errors
+from shardkit.dataset.access import is_denied, permission_error, root_exists, storage_errors
 from shardkit.dataset.footers import (
     Footers,
     RowGroup,
@@ -53,6 +53,7 @@ from shardkit.errors import (
     NotADatasetError,
     PartitionColumnsWarning,
     SchemaError,
+    one_line,
 )
 
 PETASTORM_KEY = b"dataset-toolkit.unischema.v1"
@@ -185,8 +186,8 @@ class Dataset:
             if is_denied(e):
                 raise permission_error(self.location, self.location.join(rg.file), e) from e
             raise CorruptDatasetError(
-                f"{where} cannot be read ({e}); the file is truncated or corrupt: rewrite the dataset, "
-                "or read with on_error='skip'"
+                f"{where} cannot be read ({one_line(e)}); the file is truncated or corrupt: "
+                "rewrite the dataset, or read with on_error='skip'"
             ) from e
 
     def read_row_group(self, i: int, columns: Sequence[str] | None = None) -> pa.Table:
@@ -272,7 +273,7 @@ def open_location(loc: Location) -> Dataset:
     """
     md = _summary(loc)
     if md is None:
-        if not loc.fs.exists(loc.root):
+        if not root_exists(loc):
             raise DatasetNotFoundError(
                 f"no dataset at {loc.url!r}: the path does not exist. Check the URL (and credentials), or "
                 "write one first with shardkit.write_dataset(data, url)"
@@ -361,9 +362,9 @@ def _warn_partitions(ds: Dataset) -> None:
         PartitionColumnsWarning(
             f"{ds.url!r} is partitioned Hive-style (e.g. {example!r}): shardkit reads the files but not "
             f"the partition column(s) {keys} in their folder names as columns of the batches (a reader's "
-            "filter may name them). To keep them, rewrite the data as a shardkit dataset: "
-            f"shardkit.write_dataset(pyarrow.dataset.dataset({ds.url!r}, partitioning='hive').to_table(), "
-            "new_url)"
+            "filter may name them). To keep them, convert the data into a shardkit dataset, streamed, "
+            f"the partition keys as columns: `shardkit write {ds.url} NEW_URL`, or in Python "
+            f"shardkit.dataset.convert.convert({ds.url!r}, new_url)"
         ),
         stacklevel=4,  # open_dataset's caller
     )

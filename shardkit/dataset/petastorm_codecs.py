@@ -7,6 +7,12 @@
 ``np.load(allow_pickle=False)`` does) and decode a whole column at once: rows with identical ``.npy``
 headers (every row of a fixed-shape field) become one ``np.frombuffer`` view of the column's bytes.
 Writing with them is refused, naming the shardkit codec to write with instead.
+
+Nothing is expanded past what it can hold: a compressed array is inflated no further than an ``.npy``
+of the field's fixed shape takes, or, where the shape varies, than its ``.npy`` header (checked against
+the field first) says, and one byte more to tell a longer stream; a 16-bit PNG is decoded only once its
+``IHDR`` has the field's size, or at most `headers.max_image_pixels()` pixels where the size varies
+(`shardkit.dataset.codecs.headers`).
 """
 
 from __future__ import annotations
@@ -17,14 +23,16 @@ import functools
 import io
 import math
 import struct
+import sys
 import zipfile
 import zlib
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 import pyarrow as pa
 
-from shardkit.dataset.codecs import Codec, ScalarCodec, register
+from shardkit.dataset.codecs import Codec, ScalarCodec, headers, register
 from shardkit.dataset.codecs.base import ArrowColumn, as_masked, combine, is_text_type, mask_of, plain_type
 from shardkit.dataset.schema import Field
 from shardkit.errors import CorruptDatasetError, SchemaError, require
@@ -34,6 +42,7 @@ __all__ = ["PetastormCompressedNdarrayCodec", "PetastormNdarrayCodec", "Petastor
 
 _NPY_MAGIC = b"\x93NUMPY"
 _ZIP_LOCAL = struct.Struct("<4sHHHHHIIIHH")  # a zip local file header, 30 bytes
+_NPY_HEAD = 12 + 10_000  # magic 6, version 2, header length 4 (or 2), a header of numpy's longest
 
 
 @dataclasses.dataclass(frozen=True)
@@ -63,7 +72,8 @@ class PetastormCompressedNdarrayCodec(PetastormNdarrayCodec):
     def decode(self, field: Field, column: pa.Array | pa.ChunkedArray) -> np.ndarray:
         data, starts, ends, nulls = _binary_rows(field, column)
         buf = data.tobytes()
-        blobs = [b"" if nulls is not None and nulls[i] else _unzip(field, buf[s:e], i)
+        most = _most_npy_bytes(field)
+        blobs = [b"" if nulls is not None and nulls[i] else _unzip(field, buf[s:e], i, most)
                  for i, (s, e) in enumerate(zip(starts.tolist(), ends.tolist(), strict=True))]
         lengths = np.fromiter(map(len, blobs), dtype=np.int64, count=len(blobs))
         offsets = np.concatenate([[0], np.cumsum(lengths)])
@@ -128,8 +138,11 @@ class PetastormPng16Codec(Codec):
         rows = np.flatnonzero(~nulls) if nulls is not None else np.arange(len(starts))
         n = len(starts)
         out = np.zeros((n, *field.dims), np.uint16) if field.fixed_shape else np.empty(n, object)
+        limit = headers.max_image_pixels()
         for i in rows.tolist():
-            pixels = cv2.imdecode(data[int(starts[i]) : int(ends[i])], cv2.IMREAD_UNCHANGED)
+            blob = data[int(starts[i]) : int(ends[i])]
+            _check_png_header(field, i, headers.claim(blob), limit)
+            pixels = cv2.imdecode(blob, cv2.IMREAD_UNCHANGED)
             if pixels is None:
                 raise _corrupt(field, i, "it is not a PNG image OpenCV can decode")
             if pixels.ndim == 3 and pixels.shape[2] == 3:
@@ -156,6 +169,18 @@ def _read_only(codec: Codec, field: Field) -> SchemaError:
     )
 
 
+def _check_png_header(field: Field, row: int, found: headers.Claim | None, limit: int) -> None:
+    """Refuse what OpenCV should not decode: no PNG, another size than the field's, too many pixels."""
+    if found is None or found.format != "PNG":
+        raise _corrupt(field, row, "it is not a PNG image (no PNG signature and IHDR header)")
+    if any(d not in (None, s) for d, s in zip(field.shape, (found.height, found.width), strict=False)):
+        raise _corrupt(field, row, f"its PNG header claims an image of shape {found.shape(len(field.shape))} "
+                       f"(not decoded), but the schema declares {field.shape}")
+    problem = headers.over_limit(found, limit) if None in field.shape[:2] else None
+    if problem is not None:
+        raise _corrupt(field, row, problem)
+
+
 def _corrupt(field: Field, row: int, problem: str) -> CorruptDatasetError:
     return CorruptDatasetError(f"field {field.name!r}, row {row} of the batch: {problem}; the Petastorm data "
                                "is corrupt or was not written by Petastorm's codec. Rewrite the dataset")
@@ -180,26 +205,69 @@ def _binary_rows(field: Field, column: pa.Array | pa.ChunkedArray) -> _Rows:
     return data, offsets[:-1], offsets[1:], mask_of(arr)
 
 
-def _unzip(field: Field, blob: bytes, row: int) -> bytes:
-    """The ``arr.npy`` member of one ``np.savez_compressed`` archive (no pickle, CRC checked)."""
+def _most_npy_bytes(field: Field) -> int | None:
+    """The most bytes an ``.npy`` blob of the field takes (the longest header numpy writes, then the
+    array); None where the field's shape varies or its strings' lengths do."""
+    if not field.fixed_shape or field.dtype.kind in "US":
+        return None
+    return _NPY_HEAD + field.dtype.itemsize * math.prod(field.dims)
+
+
+def _unzip(field: Field, blob: bytes, row: int, most: int | None) -> bytes:
+    """The ``arr.npy`` member of one ``np.savez_compressed`` archive (no pickle, CRC checked), inflated
+    no further than ``most`` bytes (`_most_npy_bytes`), or, where that is None, than its header says."""
     if len(blob) > 30:
         magic, _, flags, method, _, _, crc, _, _, name_len, extra_len = _ZIP_LOCAL.unpack_from(blob)
         if (magic == b"PK\x03\x04" and method == zlib.DEFLATED and not flags & 0x9
                 and blob[30 : 30 + name_len] == b"arr.npy"):
             # the usual archive: one deflated member first; inflating it directly is ~5x faster than zipfile
             inflate = zlib.decompressobj(-zlib.MAX_WBITS)
+            stream = blob[30 + name_len + extra_len :]
             try:
-                out = inflate.decompress(blob[30 + name_len + extra_len :])
+                if most is not None:  # one call, as fast as inflating all of it
+                    out = inflate.decompress(stream, most + 1)
+                else:
+                    out = _read_npy(field, row, _reader(inflate, stream))
             except zlib.error as e:
                 raise _corrupt(field, row, f"its compressed array does not inflate ({e})") from e
+            if most is not None and len(out) > most:
+                raise _corrupt(field, row, f"its compressed array inflates to more than {most} bytes, the "
+                               f"most an .npy of the field's {field.dtype_name} {field.shape} takes")
             if not inflate.eof or zlib.crc32(out) != crc:
                 raise _corrupt(field, row, "its compressed array is truncated or fails its CRC check")
             return out
     try:
-        with zipfile.ZipFile(io.BytesIO(blob)) as archive:
-            return archive.read("arr.npy")
+        with zipfile.ZipFile(io.BytesIO(blob)) as archive, archive.open("arr.npy") as member:
+            return _read_npy(field, row, member.read)
+    except CorruptDatasetError:
+        raise
     except (zipfile.BadZipFile, KeyError, OSError, EOFError, zlib.error) as e:
         raise _corrupt(field, row, f"it is not an np.savez_compressed archive of an 'arr' array ({e})") from e
+
+
+def _reader(inflate: Any, stream: bytes) -> Callable[[int], bytes]:
+    """``read(n)``: up to ``n`` more bytes of ``stream`` inflated by the decompressor ``inflate``."""
+    tail = [stream]
+
+    def read(n: int) -> bytes:
+        out: bytes = inflate.decompress(tail[0], n)
+        tail[0] = inflate.unconsumed_tail
+        return out
+
+    return read
+
+
+def _read_npy(field: Field, row: int, read: Callable[[int], bytes]) -> bytes:
+    """An ``.npy`` blob from ``read(n)`` (up to n more bytes of it), read no further than its header, once
+    checked against the field, says it holds (and one byte more: a longer stream is corrupt)."""
+    head = read(_NPY_HEAD)
+    dtype, shape, _, body = _npy_parse(field, head, 0, len(head), row)
+    size = body + dtype.itemsize * math.prod(shape)
+    out = head + read(min(size + 1 - len(head), sys.maxsize)) if len(head) <= size else head
+    if len(out) > size:
+        raise _corrupt(field, row, f"its compressed array inflates to more than the {size} bytes its .npy "
+                       f"header declares ({dtype} {shape})")
+    return out
 
 
 @functools.lru_cache(maxsize=4096)
@@ -226,13 +294,23 @@ def _npy_header(text: bytes, utf8: bool) -> tuple[np.dtype[Any], tuple[int, ...]
 def _npy_layout(field: Field, buf: np.ndarray, start: int, end: int, row: int
                 ) -> tuple[np.dtype[Any], tuple[int, ...], bool, int]:
     """dtype, shape, Fortran order and payload length of the ``.npy`` blob ``buf[start:end]``."""
+    dtype, shape, fortran, body = _npy_parse(field, buf, start, end, row)
+    if end - body != dtype.itemsize * math.prod(shape):
+        raise _corrupt(field, row, f"its {end - body} data bytes do not hold a {dtype} array of {shape}")
+    return dtype, shape, fortran, end - body
+
+
+def _npy_parse(field: Field, buf: np.ndarray | bytes, start: int, end: int, row: int
+               ) -> tuple[np.dtype[Any], tuple[int, ...], bool, int]:
+    """dtype, shape and Fortran order of the ``.npy`` blob ``buf[start:end]`` (checked against the
+    field), and where its data begins: its header is all that is read."""
     major = int(buf[start + 6]) if end - start > 10 else 0
-    if major not in (1, 2, 3) or buf[start : start + 6].tobytes() != _NPY_MAGIC:
+    if major not in (1, 2, 3) or bytes(buf[start : start + 6]) != _NPY_MAGIC:
         raise _corrupt(field, row, "it is not .npy data (no \\x93NUMPY v1-v3 header)")
     size = 2 if major == 1 else 4
-    body = start + 8 + size + int.from_bytes(buf[start + 8 : start + 8 + size].tobytes(), "little")
+    body = start + 8 + size + int.from_bytes(bytes(buf[start + 8 : start + 8 + size]), "little")
     try:
-        dtype, shape, fortran = _npy_header(buf[start + 8 + size : body].tobytes(), major == 3)
+        dtype, shape, fortran = _npy_header(bytes(buf[start + 8 + size : body]), major == 3)
     except (ValueError, TypeError) as e:
         raise _corrupt(field, row, f".npy header refused: {e}") from e
     native = dtype.newbyteorder("=")
@@ -242,9 +320,7 @@ def _npy_layout(field: Field, buf: np.ndarray, start: int, end: int, row: int
     if not (same_dtype and same_shape):
         raise _corrupt(field, row, f"it holds a {dtype} array of shape {shape}, but the schema declares "
                        f"{field.dtype_name} {field.shape}")
-    if end - body != dtype.itemsize * math.prod(shape):
-        raise _corrupt(field, row, f"its {end - body} data bytes do not hold a {dtype} array of {shape}")
-    return dtype, shape, fortran, end - body
+    return dtype, shape, fortran, body
 
 
 def _decode_npy_rows(field: Field, data: np.ndarray, starts: np.ndarray, ends: np.ndarray,

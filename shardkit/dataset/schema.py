@@ -141,6 +141,8 @@ class Field:
         object.__setattr__(self, "dtype", _dtype(dtype, name))
         object.__setattr__(self, "shape", dims)
         object.__setattr__(self, "codec", codec_obj)
+        if not isinstance(nullable, bool | np.bool_):  # bool("no") is True: a typo would make it nullable
+            raise SchemaError(f"field {name!r}: nullable={nullable!r} must be True or False")
         object.__setattr__(self, "nullable", bool(nullable))
         codec_obj.check(self)
 

@@ -8,18 +8,19 @@ encoded bytes (and optionally rows), rolled into part files, and committed as de
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 import re
 import sys
 import uuid
 import warnings
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any, Literal
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from shardkit.dataset.access import storage_errors
+from shardkit.dataset.access import root_exists, storage_errors
 from shardkit.dataset.codecs import TensorCodec
 from shardkit.dataset.commit import collect_garbage, commit, overlap_error, summary_bytes, write_lock
 from shardkit.dataset.footers import data_files, read_footer, read_footers, summary_row_groups
@@ -74,6 +75,16 @@ def _small_int_leaves(schema: Schema) -> list[str]:
         elif f.codec.name == "ndarray":
             leaves.append(f"{f.name}.data.list.element")
     return leaves
+
+
+@dataclasses.dataclass(frozen=True)
+class EncodedTables:
+    """Data for `write_dataset` that is encoded already: tables of the schema's `Schema.arrow_schema` (what
+    `Schema.encode` returns), written as they are; ``schema=`` must be given. `shardkit.dataset.convert`
+    passes them, as it copies encoded images byte for byte, which no codec's ``encode`` of pixels does."""
+
+    tables: Iterable[pa.Table]
+    num_rows: int | None = None  # for the progress bar, when known
 
 
 class PartWriter:
@@ -222,6 +233,8 @@ def write_dataset(
             check_bucket(loc)
     with write_lock(loc):
         existing, schema = resolve_target(loc, mode, schema)
+        if schema is None and isinstance(data, EncodedTables):  # encoded columns tell no field's codec
+            raise SchemaError("EncodedTables need schema=..., the schema their tables were encoded for")
         replaced = data_files(loc) if mode == "overwrite" and root_existed else []
         if schema is None and (whole := whole_columns(data)) is not None:
             schema = infer_schema(whole)
@@ -231,14 +244,16 @@ def write_dataset(
         bar = _progress_bar(data, progress)
         try:
             offset = 0
-            for columns, n in iter_batches(data):
+            encoded = isinstance(data, EncodedTables)
+            batches = ((t, t.num_rows) for t in data.tables) if encoded else iter_batches(data)
+            for columns, n in batches:
                 if schema is None:
                     schema = infer_schema(columns)
                 if parts is None:
                     parts = PartWriter(loc, staging, schema, rg_bytes=rg_bytes, rg_rows=rg_rows,
                                        file_bytes=file_bytes, compression=compression)
                 try:
-                    table = schema.encode(columns, n)
+                    table = columns if encoded else schema.encode(columns, n)
                 except SchemaMismatchError as e:
                     if not offset:
                         raise
@@ -453,8 +468,8 @@ def _progress_bar(data: Any, progress: bool | None) -> Any:
 
 def _num_rows(data: Any) -> int | None:
     """The number of input rows when it is known up front (not for streams or lists of batches)."""
-    if isinstance(data, pa.Table | pa.RecordBatch):
-        return int(data.num_rows)
+    if isinstance(data, pa.Table | pa.RecordBatch | EncodedTables):
+        return data.num_rows
     whole = whole_columns(data)
     if whole is not None:
         return len(data) if hasattr(data, "columns") else len(next(iter(whole.values()), ()))
@@ -481,9 +496,7 @@ def write_summary(url: str | os.PathLike[str], *, storage_options: dict[str, Any
     To adopt such files on purpose, delete ``_metadata`` first.
     """
     loc = Location.of(url, storage_options)
-    with storage_errors(loc.url):  # the first request: where missing credentials show
-        root_exists = loc.fs.exists(loc.root)
-    if not root_exists:
+    if not root_exists(loc):
         raise DatasetNotFoundError(f"cannot index {loc.url!r}: the path does not exist. Check the URL")
     if loc.fs.isfile(loc.root):
         raise NotADatasetError(f"cannot index {loc.url!r}: it is a file; a dataset is a folder of Parquet "

@@ -735,3 +735,11 @@ def test_zoned_times_for_a_datetime64_field_name_the_conversion_to_utc(zone: str
         for needle in ["field 't'", "datetime64[us]", f"time zone {zone!r}", "tz_convert('UTC')",
                        "pyarrow.compute.cast(column, pyarrow.timestamp('us'))"]:
             assert needle in str(info.value), (needle, str(info.value))
+
+
+@pytest.mark.parametrize("values", [["1", "2", "3", "4"], ["a", "b", "c", "d"]])
+def test_a_fixed_size_list_of_strings_for_a_tensor_is_a_schema_mismatch(values: list[str]) -> None:
+    """It leaked pyarrow's ``ArrowInvalid: ... zero_copy_only was True`` (the fast path of numbers)."""
+    field = Field("x", "float32", (2,))
+    with pytest.raises(SchemaMismatchError, match=r"field 'x' \(writing\) is declared float32"):
+        field.codec.encode(field, pa.FixedSizeListArray.from_arrays(pa.array(values), 2))

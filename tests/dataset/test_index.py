@@ -21,6 +21,7 @@ import shardkit
 from shardkit.dataset.schema import SCHEMA_KEY
 from shardkit.errors import (
     CorruptDatasetError,
+    DatasetError,
     DatasetNotFoundError,
     NotADatasetError,
     SchemaError,
@@ -651,19 +652,23 @@ def test_a_hive_partitioned_folder_warns_once_naming_the_keys_not_read(tmp_path:
     assert partition[0].filename == __file__  # points at the caller's open_dataset
     message = str(partition[0].message)
     for words in ("['year', 'month']", "as columns of the batches", "filter may name them",
-                  "partitioning='hive'", "shardkit.write_dataset", repr(str(root))):
+                  f"`shardkit write {root} NEW_URL`", f"convert({str(root)!r}, new_url)"):
         assert words in message, (words, message)
 
 
 def test_the_fix_the_warning_gives_keeps_the_partition_columns(tmp_path: Path) -> None:
-    import pyarrow.dataset as pads
+    from shardkit.dataset.convert import convert
 
     root = _hive(tmp_path / "hive")
-    table = pads.dataset(str(root), partitioning="hive").to_table()
     with warnings.catch_warnings():
-        warnings.simplefilter("error")  # the rewritten dataset opens without any warning
-        ds = shardkit.write_dataset(table, str(tmp_path / "flat"))
+        warnings.simplefilter("error")  # converted without a warning, and the new dataset opens without one
+        convert(str(root), str(tmp_path / "flat"))
+        ds = shardkit.open_dataset(str(tmp_path / "flat"))
     assert sorted(ds.schema.names) == ["id", "month", "year"]
+    with shardkit.make_reader(ds, shuffle=False, batch_size=6) as reader:
+        (batch,) = list(reader)
+    rows = zip(batch["id"].tolist(), batch["year"].tolist(), batch["month"].tolist(), strict=True)
+    assert sorted(rows) == [(i, 2020 + i // 2, 1 + i % 2) for i in range(6)]
 
 
 def test_a_plain_folder_with_equals_signs_in_file_names_only_does_not_warn(tmp_path: Path) -> None:
@@ -756,3 +761,32 @@ def test_write_summary_of_a_file_says_it_is_a_file(tmp_path: Path) -> None:
     (tmp_path / "job.yaml").write_text("name: x\n")
     with pytest.raises(NotADatasetError, match="it is a file; a dataset is a folder"):
         shardkit.write_summary(str(tmp_path / "job.yaml"))
+
+
+def test_a_server_that_cannot_be_reached_is_not_called_a_missing_path(tmp_path: Path) -> None:
+    """fsspec's HTTP `exists` answers False for a refused connection: "the path does not exist" sent
+    users looking for a typo while the server was down. A real server's 404 is still "does not exist"."""
+    import functools
+    import http.server
+    import socket
+    import threading
+
+    with socket.socket() as s:  # a port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    url = f"http://127.0.0.1:{port}/train"
+    for call in (lambda: shardkit.open_dataset(url), lambda: shardkit.make_reader(url),
+                 lambda: shardkit.write_summary(url)):
+        with pytest.raises(DatasetError, match=rf"cannot reach '{url}' \(ClientConnectorError: .*check the "
+                                               "host and port") as info:
+            call()
+        assert not isinstance(info.value, DatasetNotFoundError)
+
+    handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(tmp_path))
+    with http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler) as server:
+        threading.Thread(target=server.serve_forever, daemon=True).start()
+        try:
+            with pytest.raises(DatasetNotFoundError, match="the path does not exist"):
+                shardkit.open_dataset(f"http://127.0.0.1:{server.server_address[1]}/missing")
+        finally:
+            server.shutdown()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import datetime
 import json
+import re
 from types import SimpleNamespace
 from typing import Any
 
@@ -367,3 +368,14 @@ def test_field_from_arrow_names_the_fix_for_types_it_cannot_map(arrow_type: pa.D
         field_from_arrow(pa.field("c", arrow_type))
     for needle in needles:
         assert needle in str(info.value), (needle, str(info.value))
+
+
+@pytest.mark.parametrize("nullable", ["no", "false", 1, 0, None, [True]])
+def test_nullable_must_be_a_boolean(nullable: Any) -> None:
+    """``bool("false")`` is True: a schema file's ``"nullable": "false"`` made the field nullable."""
+    message = f"field 'a': nullable={nullable!r} must be True or False"
+    with pytest.raises(SchemaError, match=re.escape(message)):
+        Field("a", "int8", nullable=nullable)
+    with pytest.raises(SchemaError, match="must be True or False"):
+        Field.from_json({"name": "a", "dtype": "int8", "nullable": nullable})
+    assert Field("a", "int8", nullable=np.bool_(True)).nullable is True

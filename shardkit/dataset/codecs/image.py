@@ -13,6 +13,10 @@ cost is mostly Pillow's Python-level parsing. PNG is lossless, so all three give
 OpenCV is used only for 8-bit grey, RGB and RGBA PNGs and only where its result has the expected
 layout, every other image (JPEG, whose decoders may differ by a rounding, palettes, 16 bits,
 transparency keys) goes through Pillow.
+
+Nothing is decoded before its header is checked (`shardkit.dataset.codecs.headers`): an image of a
+fixed-shape field must be the field's size, an image of varying size at most
+`headers.max_image_pixels()` pixels, so a few crafted bytes claiming gigapixels never reach a decoder.
 """
 
 from __future__ import annotations
@@ -28,7 +32,7 @@ from typing import TYPE_CHECKING, Any, Literal
 import numpy as np
 import pyarrow as pa
 
-from shardkit.dataset.codecs import png
+from shardkit.dataset.codecs import headers, png
 from shardkit.dataset.codecs.base import (
     ArrowColumn,
     Codec,
@@ -40,7 +44,7 @@ from shardkit.dataset.codecs.base import (
     null_error,
 )
 from shardkit.dataset.codecs.tensor import rows_of, stack_rows
-from shardkit.errors import CorruptDatasetError, SchemaError, SchemaMismatchError
+from shardkit.errors import CorruptDatasetError, ImageShapeError, SchemaError, SchemaMismatchError
 
 if TYPE_CHECKING:
     from shardkit.dataset.schema import Field
@@ -49,7 +53,6 @@ _MODES = {(2, 1): "L", (3, 1): "L", (3, 3): "RGB", (3, 4): "RGBA"}
 IMAGE_SLICE = 256  # images per thread-pool task when decoding a column
 USE_OPENCV = True  # decode PNG with OpenCV when it is installed (see the module docstring)
 USE_INFLATE = True  # decode the 8-bit PNGs `png.decode_pngs` takes with it (fixed-shape fields)
-_SIGNATURE = np.frombuffer(png.SIGNATURE, np.uint8)
 _PNG_CHANNELS = {t: c for c, t in png.COLOUR_TYPE.items()}  # colour type -> channels OpenCV returns
 _FROM_BGR: dict[int, Any] = {3: np.s_[::-1], 4: [2, 1, 0, 3]}  # channels -> last-axis index: BGR(A) to RGB(A)
 
@@ -77,33 +80,44 @@ def _opencv_decode() -> Callable[[np.ndarray, int], np.ndarray | None] | None:
     return decode
 
 
-def decode_image(data: bytes | np.ndarray, field: Field) -> np.ndarray:
-    """Decode one PNG/JPEG blob to a numpy array in the field's layout (HxW or HxWxC)."""
+def decode_image(data: bytes | np.ndarray, field: Field, row: int = 0, limit: int | None = None
+                 ) -> np.ndarray:
+    """Decode one PNG/JPEG blob, row ``row`` of its column, to a numpy array in the field's layout (HxW or
+    HxWxC), once its header passed `headers.check_image` (``limit``: `headers.max_image_pixels()`)."""
     blob = np.frombuffer(data, np.uint8) if isinstance(data, bytes) else data
-    pixels = _opencv_png(blob)
+    limit = headers.max_image_pixels() if limit is None else limit
+    found = headers.claim(blob)
+    if found is not None:
+        headers.check_image(field, row, found, limit)
+    pixels = _opencv_png(blob) if found is not None and found.format == "PNG" else None
     if pixels is None:
-        pixels = _pillow(blob.tobytes(), field)
+        pixels = _pillow(blob.tobytes(), field, row, limit)
     if len(field.shape) == 3 and pixels.ndim == 2:
         pixels = pixels[:, :, None]
     return pixels
 
 
 def _opencv_png(blob: np.ndarray) -> np.ndarray | None:
-    """The pixels of an 8-bit grey/RGB/RGBA PNG by OpenCV, or None (not such a PNG, no OpenCV)."""
-    if not USE_OPENCV or len(blob) < 33 or blob[:8].tobytes() != png.SIGNATURE or blob[24] != 8:
+    """The pixels of an 8-bit grey/RGB/RGBA PNG (by its header: `headers.claim`) by OpenCV, or None (not
+    such a PNG, no OpenCV)."""
+    if not USE_OPENCV or len(blob) < 33 or blob[24] != 8:
         return None
     channels = _PNG_CHANNELS.get(int(blob[25]))
     decode = _opencv_decode() if channels else None
     return None if decode is None or channels is None else decode(blob, channels)
 
 
-def _pillow(data: bytes, field: Field) -> np.ndarray:
+def _pillow(data: bytes, field: Field, row: int, limit: int) -> np.ndarray:
     from PIL import Image
 
     try:
-        with Image.open(io.BytesIO(data)) as im:
+        with Image.open(io.BytesIO(data)) as im:  # lazy: it reads the header only, whatever the format
+            found = headers.Claim(im.format or "image", im.height, im.width, len(im.getbands()))
+            headers.check_image(field, row, found, limit)
             im.load()
             return np.asarray(im)
+    except CorruptDatasetError:  # refused by its header
+        raise
     except Exception as e:  # Pillow raises many types for bad bytes
         raise CorruptDatasetError(
             f"field {field.name!r}: an image could not be decoded ({type(e).__name__}: {e}); "
@@ -217,6 +231,7 @@ def decode_images(field: Field, column: ArrowColumn) -> np.ndarray:
         out = np.zeros((n, *shape), np.uint8) if nulls is not None else np.empty((n, *shape), np.uint8)
 
     fast = _fast_png(field, shape) if fixed else None
+    limit = 0 if fixed else headers.max_image_pixels()  # a fixed shape is checked exactly instead
 
     def run(lo: int, hi: int) -> None:
         rows: Any = range(lo, hi)
@@ -225,9 +240,9 @@ def decode_images(field: Field, column: ArrowColumn) -> np.ndarray:
         for i in rows:
             if nulls is not None and nulls[i]:
                 continue
-            im = decode_image(data[offsets[i] : offsets[i + 1]], field)
+            im = decode_image(data[offsets[i] : offsets[i + 1]], field, i, limit)
             if fixed and im.shape != shape:
-                raise SchemaMismatchError(
+                raise ImageShapeError(
                     f"field {field.name!r}: row {i} decodes to an image of shape {im.shape}, "
                     f"but the schema declares {shape}"
                 )
@@ -257,8 +272,7 @@ def _fast_png(field: Field, shape: tuple[int, ...]) -> FastPng | None:
     if len(shape) not in (2, 3):
         return None
     channels = shape[2] if len(shape) == 3 else 1
-    colour = png.COLOUR_TYPE.get(channels)
-    if colour is None:
+    if channels not in png.COLOUR_TYPE:
         return None
     height, width = shape[0], shape[1]
     use_opencv = USE_OPENCV and _opencv_decode() is not None
@@ -271,9 +285,8 @@ def _fast_png(field: Field, shape: tuple[int, ...]) -> FastPng | None:
                out: np.ndarray) -> None:
         """OpenCV for the images not ``done`` that look like 8-bit PNGs of the field's colour type."""
         todo = ~done & (ends - starts >= 33)
-        at = np.where(todo, starts, 0)[:, None]
-        todo &= (data[at + np.arange(8)] == _SIGNATURE).all(axis=1)
-        todo &= (data[at[:, 0] + 24] == 8) & (data[at[:, 0] + 25] == colour)
+        head = data[np.where(todo, starts, 0)[:, None] + np.arange(26)]  # up to IHDR's colour type
+        todo &= png.ihdr_matches(head, (height, width, channels))
         picked = np.flatnonzero(todo)
         if not len(picked):
             return

@@ -170,6 +170,10 @@ def fixed_values(arr: pa.Array, shape: tuple[int, ...], dtype: np.dtype | None =
     return values.reshape((len(storage), *shape))
 
 
+def _numeric(t: pa.DataType) -> bool:
+    return bool(pa.types.is_integer(t) or pa.types.is_floating(t) or pa.types.is_boolean(t))
+
+
 @dataclasses.dataclass(frozen=True)
 class TensorCodec(Codec):
     """Fixed-shape tensor per row, as Arrow's canonical ``fixed_shape_tensor`` extension type.
@@ -252,7 +256,8 @@ class TensorCodec(Codec):
                 return arr
             same_tensor = isinstance(arr.type, pa.FixedShapeTensorType) and tuple(arr.type.shape) == shape
             # a flat fixed_size_list of the right size: what plain Parquet holds (pq.read_table output)
-            flat_list = pa.types.is_fixed_size_list(arr.type) and arr.type.list_size == math.prod(shape)
+            flat_list = (pa.types.is_fixed_size_list(arr.type) and arr.type.list_size == math.prod(shape)
+                         and _numeric(arr.type.value_type))  # else row by row: a cast names the row
             # the bytes layout as pq.read_table gives it
             stored = arr.type == self.storage_type(field) and pa.types.is_fixed_size_binary(arr.type)
             if same_tensor or flat_list or stored:

@@ -1,0 +1,291 @@
+"""`convert` (``shardkit write``): CSV, JSON-lines or Parquet files, or any dataset `open_dataset` opens
+(Petastorm's included), streamed into a shardkit dataset by `write_dataset`; encoded images are copied.
+"""
+
+from __future__ import annotations
+
+import io
+import itertools
+import json
+import math
+import os
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import fsspec
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from shardkit.dataset.codecs.base import combine, first_null, is_bytes_type, is_text_type, null_error
+from shardkit.dataset.codecs.tensor import check_no_null_elements
+from shardkit.dataset.convert_sources import FORMATS, TOO_LONG, Batches, Source, open_source
+from shardkit.dataset.index import Dataset, open_location
+from shardkit.dataset.location import SUMMARY, Location
+from shardkit.dataset.schema import Field, Schema, field_from_arrow
+from shardkit.dataset.writer import EncodedTables, Mode, write_dataset
+from shardkit.errors import NotADatasetError, SchemaError, SchemaMismatchError
+
+__all__ = ["FORMATS", "column", "convert", "load_schema"]
+
+_CHANNELS = {"L": 1, "RGB": 3, "RGBA": 4}  # Pillow's modes of the images `ImageCodec` decodes
+
+
+def convert(
+    source: str | os.PathLike[str],
+    dest: str | os.PathLike[str],
+    *,
+    schema: Schema | Sequence[Field] | str | os.PathLike[str] | None = None,
+    columns: Sequence[str] | None = None,
+    mode: Mode = "error",
+    row_group_size: int | str = "16MiB",
+    file_size: int | str = "128MiB",
+    compression: str = "auto",
+    progress: bool | None = None,
+    storage_options: dict[str, Any] | None = None,
+) -> Dataset:
+    """Write the data at ``source`` as a shardkit dataset at ``dest`` (atomically) and return it opened.
+
+    Example:
+        >>> convert("hdfs:///petastorm/train", "s3://bucket/train")       # a Petastorm dataset
+        >>> convert("logs.csv.gz", "/data/logs", columns=["id", "text"], mode="overwrite")
+        >>> convert("emb.parquet", "/data/emb", schema=[Field("vec", "float32", (128,))])
+
+    The source is read one row group or CSV/JSON block at a time, never whole: a ``.csv``, ``.json``,
+    ``.jsonl``, ``.ndjson`` (JSON lines; both also ``.gz``, ``.bz2``, ``.zst``) or Parquet file, a folder
+    of such files (Hive ``key=value`` folders become columns, ``__HIVE_DEFAULT_PARTITION__`` nulls; the
+    columns of all its files, null in a file that lacks one), or a shardkit or Petastorm dataset. A
+    Petastorm dataset's fields keep their names, dtypes, shapes and nullability;
+    ``CompressedImageCodec`` PNG/JPEG bytes are copied as they are into an `ImageCodec` of their format
+    (decoding and encoding a JPEG again would lose quality), scalar and list columns are copied, and
+    what shardkit reads but does not write (``NdarrayCodec`` and ``CompressedNdarrayCodec`` bytes, 16-bit
+    PNGs, text-as-bytes and decimals) is decoded and written with the tensor (fixed shape), ndarray
+    (variable) or scalar codec; Spark's partition folders become the Unischema's column again.
+
+    Undeclared columns are inferred as `write_dataset` infers Arrow data (images never), nullable where
+    the source holds a null: as its shardkit or Petastorm schema says, else as Parquet statistics count,
+    else as the first batch shows (a null further down a CSV fails the write, naming the field and the
+    fix: declare it). Empty CSV values are empty strings in text columns, nulls in others (pyarrow's).
+    A JSON file's keys are those of its first block (`BLOCK_BYTES`, as pyarrow reads it): one seen only
+    further down fails the write unless declared, or left out of ``columns``.
+
+    Args:
+        source, dest: a file or folder, and a folder (any fsspec URL; one ``storage_options`` for both).
+        schema: fields that declare what inference cannot know, each replacing the inferred field of its
+            name: a list column that is a fixed tensor (``Field("vec", "float32", (128,))``), a bytes
+            column of encoded images (``Field("img", "uint8", (64, 64, 3), codec=ImageCodec("png"))``:
+            their headers are checked, the bytes copied), a CSV column that must stay text. A `Schema`,
+            a list of fields or a JSON file of them (`load_schema`); on ``mode="append"`` the dataset's
+            fields are the default of every field.
+        columns: the source's columns to write, in this order (default: all; on ``mode="append"``, the
+            dataset's fields in its order).
+        mode, row_group_size, file_size, compression, progress: as for `write_dataset`.
+
+    Raises:
+        DatasetNotFoundError: nothing exists at ``source``.
+        NotADatasetError: ``source`` holds no data or is not in a format above; ``dest`` is, holds or
+            lies inside ``source``.
+        SchemaMismatchError: a declared field or a column does not fit the data (the message says where).
+        SchemaError, DatasetExistsError, ...: as `write_dataset`; a failed write leaves ``dest`` as it was.
+    """
+    declared = {f.name: f for f in load_schema(schema)} if schema is not None else {}
+    src_loc, dst_loc = Location.of(source, storage_options), Location.of(dest, storage_options)
+    _check_apart(src_loc, dst_loc)
+    appended = open_location(dst_loc).schema if mode == "append" and dst_loc.exists(SUMMARY) else None
+    checks = [("the schema declares", list(declared), "rename or drop those fields")]
+    if appended is not None:  # its fields, but those declared (which must then be the same)
+        declared = {**{f.name: f for f in appended}, **declared}
+        checks.append((f"the dataset appended to, {dst_loc.url!r}, has", appended.names,
+                       "append data of its fields"))
+    if columns is not None and (isinstance(columns, str) or not columns or len(set(columns)) < len(columns)):
+        raise SchemaError(f"columns={columns!r} must be a list that names each column to write once (or be "
+                          "left out: all of them)")
+    src = open_source(src_loc, declared)
+    names = list(columns) if columns is not None else src.names
+    for what, asked, fix in [("columns=", names, "name columns it has"), *checks]:
+        if absent := [n for n in asked if n not in src.names]:
+            raise SchemaMismatchError(f"{what} {absent}, but {src.url!r} has no such column(s) (its columns: "
+                                      f"{src.names}); {fix}")
+    if appended is not None:  # written in the dataset's order, whatever the source's
+        if extra := [n for n in names if n not in appended.names]:
+            raise SchemaMismatchError(f"{src.url!r} has the column(s) {extra}, which the dataset appended "
+                                      f"to, {dst_loc.url!r}, has not (its fields: {appended.names}); pick "
+                                      "its fields with columns= (shardkit write --columns), or write a new "
+                                      "dataset")
+        if left := [n for n in appended.names if n not in names]:
+            raise SchemaMismatchError(f"columns= leaves out {left}, fields of the dataset appended to, "
+                                      f"{dst_loc.url!r}; an append writes all of its fields {appended.names}")
+        names = appended.names
+    batches = _guarded(src, src.batches(None if columns is None else names))
+    first = next(batches, None)
+    target = Schema([declared.get(n) or _inferred(src, n, first) for n in names])
+    tables = _encoded(src, target, itertools.chain([first] if first else [], batches))
+    return write_dataset(EncodedTables(tables, src.num_rows), dest, schema=target, mode=mode,
+                         row_group_size=row_group_size, file_size=file_size, compression=compression,
+                         progress=progress, storage_options=storage_options)
+
+
+def load_schema(schema: Schema | Sequence[Field] | str | os.PathLike[str]) -> Schema:
+    """``schema`` as a `Schema`: a list of fields, or a JSON file (path or fsspec URL) of a list of field
+    entries or an object with ``"fields"``: what ``shardkit inspect --json`` prints, or a stored schema."""
+    if isinstance(schema, Schema) or not isinstance(schema, str | os.PathLike):
+        return Schema(list(schema))
+    path = os.fspath(schema)
+    try:
+        with fsspec.open(path, "rt") as f:
+            obj = json.load(f)
+    except (OSError, ValueError) as e:
+        raise SchemaError(f"cannot read the schema file {path!r} ({type(e).__name__}: {e}); give a JSON file "
+                          "of fields, e.g. what `shardkit inspect --json` prints") from e
+    entries = obj.get("fields") if isinstance(obj, dict) else obj
+    try:
+        if not isinstance(entries, list):
+            raise SchemaError('it holds no list of fields, nor an object with "fields" (as `shardkit inspect '
+                              '--json` prints)')
+        for entry in entries:  # (Field takes any truthy value: "false" would be True)
+            if isinstance(entry, dict) and not isinstance(entry.get("nullable", False), bool):
+                raise SchemaError(f"field {entry.get('name')!r}: nullable is {entry['nullable']!r}; write "
+                                  "true or false (JSON booleans)")
+        return Schema([Field.from_json(entry) for entry in entries])
+    except SchemaError as e:
+        raise SchemaError(f"the schema file {path!r}: {e}") from e
+
+
+def _check_apart(src: Location, dst: Location) -> None:
+    """Refuse a ``dest`` that is the source, holds it or lies in it: an overwrite would delete what is
+    read, or the new files would become part of the source."""
+    if type(src.fs) is not type(dst.fs):
+        return
+    a, b = (os.path.realpath(p) if src.is_local else p.rstrip("/") for p in (src.root, dst.root))
+    relation = "is" if a == b else "lies inside" if b.startswith(a.rstrip("/") + "/") else \
+        "holds" if a.startswith(b.rstrip("/") + "/") else None
+    if relation is not None:
+        raise NotADatasetError(f"cannot convert {src.url!r} into {dst.url!r}: the destination {relation} the "
+                               "source; write to a folder outside it (and move it afterwards if need be)")
+
+
+def _inferred(src: Source, name: str, first: tuple[pa.RecordBatch, str] | None) -> Field:
+    """The field written for the undeclared column ``name`` (see `convert` on nulls)."""
+    try:
+        field = src.known.get(name) or field_from_arrow(src.arrow[name])
+    except SchemaError as e:
+        empty = "" if first else " (it holds no rows to tell the type by)"
+        raise SchemaError(f"{src.url!r}{empty}: {e}; with shardkit write: --schema FILE, or --columns "
+                          "without it") from e
+    if name in src.infer_nulls:
+        if name in src.nulls:  # a file lacks the column, or a partition folder is the null one
+            nullable = True
+        elif src.null_counts is None:
+            nullable = bool(first and first[0].column(name).null_count)
+        else:
+            nullable = src.null_counts[name] > 0 if name in src.null_counts else field.nullable
+        field = Field(name, field.dtype, field.shape, field.codec, nullable)
+    return field if field.codec.writable else Field(name, field.dtype, field.shape, None, field.nullable)
+
+
+def _guarded(src: Source, batches: Batches) -> Batches:
+    """``batches``, with pyarrow's parse and conversion errors as `SchemaMismatchError` naming the rows."""
+    row = 0
+    while True:
+        try:
+            item = next(batches, None)
+        except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError) as e:
+            fix = "fix the data, or declare the column's type in schema= (shardkit write --schema)"
+            if "straddl" in str(e):  # pyarrow's "straddling object straddles two block boundaries"
+                fix = TOO_LONG
+            elif "unexpected field" in str(e):  # a JSON key that the first lines of its file lack
+                fix = ("a line has a key that the file's first lines (its first block) lack: declare the "
+                       "key's field in schema= (shardkit write --schema) to keep it, or name the columns to "
+                       "write in columns= (--columns): the others are left out")
+            raise SchemaMismatchError(f"{src.url!r}: cannot read it past source row {row} ({e}); {fix}"
+                                      ) from e
+        if item is None:
+            return
+        if item[0].num_rows:  # (an empty first batch would say nothing of nulls)
+            yield item
+        row += item[0].num_rows
+
+
+def _encoded(src: Source, target: Schema, batches: Batches) -> Iterator[pa.Table]:
+    """The source's batches encoded for ``target``; errors name the source, where, and the rows."""
+    arrow_schema, row, fields = target.arrow_schema(), 0, {f.name: src.field(f.name) for f in target}
+    for batch, where in batches:
+        try:
+            arrays = [column(fields[f.name], f, batch.column(f.name)) for f in target]
+        except SchemaError as e:
+            place = f"{where}, " if where else ""
+            raise type(e)(f"{src.url!r} ({place}source rows {row}-{row + batch.num_rows - 1}): {e}") from e
+        yield pa.Table.from_arrays(arrays, schema=arrow_schema)
+        row += batch.num_rows
+
+
+def column(src: Field | None, dst: Field, values: pa.Array | pa.ChunkedArray) -> pa.Array:
+    """A column stored as the field ``src`` (None: an Arrow type no field maps) encoded for ``dst``.
+
+    Encoded images (or bytes) in ``dst``'s image format are checked and copied; columns of shardkit's
+    plain codecs go to ``dst``'s codec as Arrow, as `write_dataset` gives them; anything else (Petastorm's
+    codecs, images into tensors or another format) is decoded by ``src``'s codec, encoded by ``dst``'s.
+    """
+    arr = combine(values)
+    kind = "arrow" if src is None else src.codec.name
+    same_format = src is not None and getattr(src.codec, "format", None) == getattr(dst.codec, "format", 0)
+    if dst.codec.name == "image" and (kind in ("arrow", "scalar") or (kind == "image" and same_format)):
+        return _copied_images(dst, arr)
+    same = src is not None and (src.dtype, src.shape) == (dst.dtype, dst.shape)
+    # a tensor's stored bytes fit its own codec only, its list layout a tensor's of either layout
+    listed = kind == "tensor" and dst.codec.name == "tensor" and (
+        (src is not None and src.codec == dst.codec) or not is_bytes_type(arr.type))
+    if src is not None and not (kind == "scalar" or (kind == "ndarray" and len(src.shape) == 1)
+                                or (same and (kind == "ndarray" or listed))):
+        return dst.codec.encode(dst, _rows(src.codec.decode(src, arr)))
+    if dst.codec.name == "tensor" and (pa.types.is_list(arr.type) or pa.types.is_large_list(arr.type)) and (
+            _is_number(arr.type.value_type)):  # (else the codec names what the lists hold)
+        size = math.prod(dst.dims)
+        if not arr.null_count and pc.all(pc.equal(pc.list_value_length(arr), size)).as_py() is not False:
+            arr = pa.FixedSizeListArray.from_arrays(arr.flatten(), size)  # else the codec names the row
+    elif dst.codec.name == "ndarray" and (len(dst.shape) == 1 or same) and arr.type == (
+            target := dst.codec.arrow_type(dst)):
+        if arr.null_count and not dst.nullable:
+            raise null_error(dst, first_null(arr), "writing")
+        check_no_null_elements(dst, arr, "writing")
+        return arr.cast(target)  # copied: the codec would rebuild it row by row
+    return dst.codec.encode(dst, arr)
+
+
+def _is_number(t: pa.DataType) -> bool:
+    return bool(pa.types.is_integer(t) or pa.types.is_floating(t) or pa.types.is_boolean(t))
+
+
+def _rows(values: np.ndarray) -> Any:
+    """Decoded values as ``encode`` takes them: a masked array's null rows as None (it drops masks)."""
+    if not isinstance(values, np.ma.MaskedArray):
+        return values
+    nulls = np.asarray(np.ma.getmaskarray(values).reshape(len(values), -1).all(axis=1))
+    return [None if null else row for null, row in zip(nulls, np.ma.getdata(values), strict=True)]
+
+
+def _copied_images(field: Field, arr: pa.Array) -> pa.Array:
+    """Encoded images as binary, their headers checked for the field's format, height, width, channels."""
+    from PIL import Image, UnidentifiedImageError
+
+    if not (is_bytes_type(arr.type) or is_text_type(arr.type) or pa.types.is_null(arr.type)):
+        raise SchemaMismatchError(f"field {field.name!r} is declared as images, but its column holds "
+                                  f"{arr.type}, not encoded images; declare it as what it holds")
+    arr = arr.cast(pa.binary())
+    if arr.null_count and not field.nullable:
+        raise null_error(field, first_null(arr), "writing")
+    fmt, shape = getattr(field.codec, "format", "").upper(), field.shape
+    channels = shape[2] if len(shape) == 3 else 1
+    for i, blob in enumerate(arr.to_pylist()):
+        try:
+            with Image.open(io.BytesIO(blob or b"")) as im:
+                got = f"a {im.format} image of {im.height}x{im.width} pixels, mode {im.mode}"
+                ok = im.format == fmt and _CHANNELS.get(im.mode) == channels and (
+                    shape[0] in (None, im.height) and shape[1] in (None, im.width))
+        except (UnidentifiedImageError, OSError, Image.DecompressionBombError) as e:
+            ok, got = blob is None, f"no PNG or JPEG image Pillow opens ({type(e).__name__})"
+        if not ok:
+            mode = next(m for m, c in _CHANNELS.items() if c == channels)
+            raise SchemaMismatchError(f"field {field.name!r}: row {i} is {got}, but the field holds {fmt} "
+                                      f"images of shape {shape} (mode {mode}); declare it as the images are")
+    return arr

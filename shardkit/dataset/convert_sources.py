@@ -1,0 +1,281 @@
+"""The sources `shardkit.dataset.convert` reads: CSV, JSON-lines or Parquet files (a file or a folder, Hive
+partitions included) through ``pyarrow.dataset``, or any dataset `open_dataset` opens, as a stream of
+Arrow batches of the stored columns with the fields the source knows for them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import posixpath
+import warnings
+from collections.abc import Callable, Iterator
+from urllib.parse import unquote
+
+import pyarrow as pa
+import pyarrow.csv as pcsv
+import pyarrow.dataset as pads
+import pyarrow.json as pj
+import pyarrow.parquet as pq
+
+from shardkit.dataset.access import root_exists
+from shardkit.dataset.codecs.scalar import arrow_scalar_type
+from shardkit.dataset.footers import PARQUET_SUFFIXES, read_footer
+from shardkit.dataset.index import PETASTORM_KEY, Dataset, SummaryMissingWarning, open_location
+from shardkit.dataset.location import COMMON, SUMMARY, Location
+from shardkit.dataset.schema import SCHEMA_KEY, Field, field_from_arrow, schema_from_arrow
+from shardkit.errors import (
+    ColumnsLeftOutWarning,
+    DatasetNotFoundError,
+    NotADatasetError,
+    PartitionColumnsWarning,
+    SchemaError,
+    SchemaMismatchError,
+)
+
+__all__ = ["BLOCK_BYTES", "FORMATS", "TOO_LONG", "Batches", "Source", "open_source"]
+
+#: File name endings -> the pyarrow.dataset format that reads them (CSV and JSON may be compressed too).
+FORMATS = {**dict.fromkeys(PARQUET_SUFFIXES, "parquet"), ".csv": "csv", ".json": "json", ".jsonl": "json",
+           ".ndjson": "json"}
+_COMPRESSED = (".gz", ".bz2", ".zst", ".lz4")
+_BATCH_ROWS = 4096  # rows per batch read from files (datasets: a slice of `Dataset.iter_row_group`)
+#: CSV and JSON bytes parsed at a time (pyarrow's default, 1 MiB, refuses a longer row: a JSON line with
+#: a base64 image); the first block of a file also tells its columns and their types.
+BLOCK_BYTES = 16 << 20
+TOO_LONG = (f"a row is longer than the {BLOCK_BYTES >> 20} MiB blocks shardkit parses (by far): split it, or "
+            "write the data as Parquet")
+Batches = Iterator[tuple[pa.RecordBatch, str]]  # a batch of stored columns, and where it was read
+
+
+
+@dataclasses.dataclass(frozen=True)
+class Source:
+    """What is converted: its columns, the field of each where the source has one (else its Arrow field,
+    to infer one from), and a stream of its batches of the given columns (None: all; a JSON key that the
+    first block of its file lacks then fails, where it is left out of named columns)."""
+
+    url: str
+    names: list[str]
+    known: dict[str, Field]  # a shardkit or Petastorm schema's fields, a partition key's
+    arrow: dict[str, pa.Field]
+    batches: Callable[[list[str] | None], Batches]
+    num_rows: int | None
+    infer_nulls: frozenset[str] = frozenset()  # columns whose nullability is inferred (see `convert`)
+    null_counts: dict[str, int] | None = None  # Parquet statistics' (a column they miss: its Arrow flag)
+    nulls: frozenset[str] = frozenset()  # columns that hold a null for sure (see `_columns`)
+
+    def field(self, name: str) -> Field | None:
+        """The field of the stored column ``name``; None for an Arrow type no field maps (but declared)."""
+        try:
+            return self.known.get(name) or field_from_arrow(self.arrow[name])
+        except SchemaError:
+            return None
+
+
+def open_source(loc: Location, declared: dict[str, Field]) -> Source:
+    """The source at ``loc``: a dataset `open_dataset` opens, or files of the `FORMATS`."""
+    if not root_exists(loc):
+        raise DatasetNotFoundError(f"cannot convert {loc.url!r}: the path does not exist; check the path or "
+                                   "URL")
+    if loc.fs.isfile(loc.root):
+        fmt = FORMATS.get(_suffix(loc.root))
+        if fmt is None:
+            raise NotADatasetError(f"cannot convert {loc.url!r}: its name does not say a format shardkit "
+                                   f"reads ({sorted(set(FORMATS))}, CSV and JSON also {list(_COMPRESSED)}); "
+                                   "rename it, or point at its folder if it is part of a dataset")
+        return _files_source(loc, [loc.root], fmt, declared)
+    root = loc.root.rstrip("/") + "/"
+    found = loc.fs.find(loc.root, detail=True)  # an empty CSV or JSON part file holds no rows: left out
+    formats = {p: fmt for p in sorted(found) if (fmt := FORMATS.get(_suffix(p)))
+               and not any(part.startswith(("_", ".")) for part in p[len(root):].split("/"))
+               and (fmt == "parquet" or found[p].get("size") != 0)}
+    kinds = set(formats.values())
+    if loc.exists(SUMMARY) or loc.exists(COMMON) or not kinds:  # or Parquet files of other names (Hive's)
+        with warnings.catch_warnings():  # read once, all columns: no summary needed, nothing left out
+            for warning in (SummaryMissingWarning, PartitionColumnsWarning, ColumnsLeftOutWarning):
+                warnings.simplefilter("ignore", warning)
+            try:
+                ds = open_location(loc)
+            except NotADatasetError as e:
+                raise NotADatasetError(f"cannot convert {loc.url!r}: the folder holds no data files; point "
+                                       f"at a dataset, or a file or folder of {sorted(set(FORMATS))} files"
+                                       ) from e
+        if ds.kind != "parquet":
+            return _dataset_source(ds)
+        formats, kinds = {loc.join(name): "parquet" for name in ds.files}, {"parquet"}
+    if len(kinds) > 1:
+        raise NotADatasetError(f"cannot convert {loc.url!r}: it holds {sorted(kinds)} files; convert one "
+                               "format at a time (move the others out)")
+    return _files_source(loc, list(formats), kinds.pop(), declared, folder=True)
+
+
+def _suffix(path: str) -> str:
+    name = posixpath.basename(path).lower()
+    for ending in _COMPRESSED:
+        name = name.removesuffix(ending)
+    return posixpath.splitext(name)[1]
+
+
+def _dataset_source(ds: Dataset) -> Source:
+    """A shardkit or Petastorm dataset, read as the reader reads it; Spark's partition folders of a
+    Petastorm dataset become the Unischema's fields again (their values are in the folders' names)."""
+    parts: dict[str, Field] = {}
+    if ds.partition_keys and ds.kind == "petastorm":
+        from shardkit.dataset.petastorm import petastorm_schema
+
+        blob = (read_footer(ds.location, COMMON).metadata or {})[PETASTORM_KEY]
+        unischema = {f.name: f for f in petastorm_schema(blob, where=ds.location.join(COMMON))}
+        parts = {key: unischema[key] for key in ds.partition_keys if key in unischema}
+    known = {**{f.name: f for f in ds.schema}, **parts}
+
+    def batches(names: list[str] | None) -> Batches:
+        names = list(known) if names is None else names
+        for i, rg in enumerate(ds.row_groups):
+            for stored in ds.iter_row_group(i, [n for n in names if n not in parts]):
+                keys = {k: pa.array([_partition_value(rg.file, k)] * stored.num_rows, pa.string()).cast(
+                    arrow_scalar_type(parts[k])) for k in names if k in parts}
+                batch = pa.RecordBatch.from_arrays([*stored.columns, *keys.values()],
+                                                   names=[*stored.schema.names, *keys])
+                yield batch.select(names), f"row group {rg.index} of {rg.file!r}"
+
+    return Source(ds.url, list(known), known, {}, batches, ds.num_rows)
+
+
+def _partition_value(file: str, key: str) -> str | None:
+    """The value of the partition ``key`` in the folders of ``file``; None in Hive's null folder."""
+    value = next((p.split("=", 1)[1] for p in file.split("/")[:-1] if p.split("=", 1)[0] == key), None)
+    return None if value in (None, "__HIVE_DEFAULT_PARTITION__") else unquote(value)
+
+
+def _files_source(loc: Location, paths: list[str], fmt: str, declared: dict[str, Field], *,
+                  folder: bool = False) -> Source:
+    """Files read by pyarrow.dataset, with the columns of all of them (`_columns`); CSV and JSON parse the
+    declared scalar fields as their type. JSON is read by ``pyarrow.json.open_json``, which fails on a key
+    its file's first block lacks (pyarrow.dataset would drop it)."""
+    root = loc.root.rstrip("/") + "/"
+    hive = {"partitioning": "hive", "partition_base_dir": loc.root} if folder else {}
+    # newlines_in_values: a quoted value's newline is no row's end (else a block that ends in one fails)
+    form = {"csv": pads.CsvFileFormat(pcsv.ParseOptions(newlines_in_values=True),
+                                      read_options=pcsv.ReadOptions(block_size=BLOCK_BYTES)),
+            "json": pads.JsonFileFormat(read_options=pj.ReadOptions(block_size=BLOCK_BYTES))}.get(fmt, fmt)
+    types = {n: t for n, f in declared.items()
+             if f.codec.name == "scalar" and _parses(fmt, t := arrow_scalar_type(f))}
+    try:
+        data = pads.dataset(paths, format=form, filesystem=loc.arrow_fs, **hive)
+        fragments = list(data.get_fragments())
+        schema, nulls = _columns(loc, data, fragments, types, fmt)
+        if schema != data.schema:
+            data = pads.dataset(paths, format=form, filesystem=loc.arrow_fs, schema=schema, **hive)
+            fragments = list(data.get_fragments())
+    except (pa.ArrowException, OSError) as e:
+        lines = " (JSON lines: an object per line, not a JSON array, which `jq -c '.[]'` rewrites)"
+        fix = TOO_LONG if "straddl" in str(e) else "check that it holds data, in the format its name says" + (
+            lines if fmt == "json" else "")
+        raise NotADatasetError(f"cannot convert {loc.url!r}: it cannot be read as {fmt} ({e}); {fix}") from e
+
+    # pre_buffer (pyarrow's default) keeps what it read of a file until the file is done: scanning the
+    # ADAPTERS data's one 719 MB file (44 row groups) from copied reads peaked at 1.3 GB with it, 0.55 GB
+    # without. (Local files are memory-mapped: their pages count in RSS as they are read, but are the
+    # page cache's, not the process's.)
+    scan = {"fragment_scan_options": pads.ParquetFragmentScanOptions(pre_buffer=False)} if fmt == "parquet" \
+        else {}
+
+    def batches(names: list[str] | None) -> Batches:
+        strict, names = names is None, data.schema.names if names is None else names
+        for fragment in fragments:
+            where = repr(fragment.path.removeprefix(root)) if folder else ""
+            if fmt == "json":
+                yield from ((b, where) for b in _json_batches(loc, data.schema, fragment, names, strict))
+                continue
+            for batch in fragment.to_batches(schema=data.schema, columns=names, batch_size=_BATCH_ROWS,
+                                             batch_readahead=1, fragment_readahead=1, **scan):
+                yield batch, where
+
+    own = SCHEMA_KEY in (data.schema.metadata or {})  # a part file of a shardkit dataset: its fields
+    known = {f.name: f for f in schema_from_arrow(data.schema)} if own else {}
+    arrow = {f.name: f for f in data.schema if f.name not in known}
+    parquet = fmt == "parquet"
+    counts = _null_counts([f.metadata for f in fragments], list(arrow)) if parquet else None
+    return Source(loc.url, data.schema.names, known, arrow, batches, data.count_rows() if parquet else None,
+                  frozenset(arrow), counts, frozenset(nulls))
+
+
+def _parses(fmt: str, t: pa.DataType) -> bool:
+    """Whether pyarrow's CSV or JSON reader parses values as ``t`` (else they are parsed as it infers, and
+    the field's codec converts them): neither parses float16, nor JSON durations."""
+    return fmt == "parquet" or not (pa.types.is_float16(t) or (fmt == "json" and pa.types.is_duration(t)))
+
+
+def _columns(loc: Location, data: pads.FileSystemDataset, fragments: list[pads.Fragment],
+             types: dict[str, pa.DataType], fmt: str) -> tuple[pa.Schema, set[str]]:
+    """The columns of all the files in order of appearance, then the partition keys, and those that hold
+    a null for sure: a column some file lacks, a key with a null folder. A column's type is the one its
+    files share or widen to (`_widened`), else the declared one (CSV, JSON: always); JSON
+    also gets the declared scalar fields none of its files' first lines has."""
+    keys = [pads.get_partition_keys(f.partition_expression) for f in fragments]
+    parts = [f for f in data.schema if any(f.name in part for part in keys)]
+    fields: dict[str, pa.DataType] = {}
+    common: set[str] | None = None
+    for fragment in fragments:
+        physical = fragment.physical_schema
+        common = set(physical.names) if common is None else common & set(physical.names)
+        for f in physical:
+            before = fields.get(f.name, f.type)
+            if f.name in types and (fmt != "parquet" or before != f.type):
+                fields[f.name] = types[f.name]
+            else:
+                try:
+                    fields[f.name] = _widened(before, f.type)
+                except pa.ArrowException as e:
+                    raise SchemaMismatchError(
+                        f"cannot convert {loc.url!r}: column {f.name!r} of {fragment.path!r} is {f.type}, "
+                        f"but {before} in the files before it; declare its type in schema= (shardkit "
+                        "write --schema), or convert these files apart") from e
+    if fmt == "json":
+        fields.update({n: t for n, t in types.items() if n not in fields and n not in data.schema.names})
+    nulls = (set(fields) - (common or set())) | {k for part in keys for k, v in part.items() if v is None}
+    schema = pa.schema([*(pa.field(n, t) for n, t in fields.items()),
+                        *(pa.field(f.name, types.get(f.name, f.type)) for f in parts)])
+    return schema.with_metadata(data.schema.metadata), nulls
+
+
+def _widened(a: pa.DataType, b: pa.DataType) -> pa.DataType:
+    """The type both ``a`` and ``b`` cast to: pyarrow's permissive promotion (int32 and int64: int64, string
+    and large_string: large_string), a dictionary as its values' type."""
+    if a == b:
+        return a
+    a, b = (t.value_type if pa.types.is_dictionary(t) else t for t in (a, b))
+    return a if a == b else pa.unify_schemas([pa.schema([("x", a)]), pa.schema([("x", b)])],
+                                             promote_options="permissive").field(0).type
+
+
+def _json_batches(loc: Location, schema: pa.Schema, fragment: pads.Fragment, names: list[str],
+                  strict: bool) -> Iterator[pa.RecordBatch]:
+    """A JSON-lines file's batches of ``names``, its partition keys' values added."""
+    keys = pads.get_partition_keys(fragment.partition_expression)
+    parsed = pa.schema([f for f in schema if f.name not in keys])
+    options = pj.ParseOptions(explicit_schema=parsed,
+                              unexpected_field_behavior="error" if strict else "ignore")
+    with loc.arrow_fs.open_input_stream(fragment.path, compression="detect") as stream:
+        for batch in pj.open_json(stream, pj.ReadOptions(block_size=BLOCK_BYTES), options):
+            n = batch.num_rows
+            cols = [batch.column(name) if name not in keys else
+                    pa.repeat(pa.scalar(keys[name], schema.field(name).type), n) for name in names]
+            yield pa.RecordBatch.from_arrays(cols, schema=pa.schema([schema.field(name) for name in names]))
+
+
+def _null_counts(footers: list[pq.FileMetaData], names: list[str]) -> dict[str, int]:
+    """Nulls of each column in every row group's statistics; left out where they do not tell: a chunk
+    without them, or a list's leaf that counts some (null rows, but also empty lists and null items)."""
+    counts = dict.fromkeys(names, 0)
+    unknown: set[str] = set()
+    for md in footers:
+        for chunk in (md.row_group(i).column(j) for i in range(md.num_row_groups)
+                      if md.row_group(i).num_rows for j in range(md.num_columns)):
+            stats, path = chunk.statistics, chunk.path_in_schema
+            top = path.split(".")[0]
+            if stats is None or not stats.has_null_count or (stats.null_count and "." in path):
+                unknown.add(top)
+            else:
+                counts[top] = counts.get(top, 0) + stats.null_count
+    return {name: n for name, n in counts.items() if name not in unknown}
