@@ -76,10 +76,10 @@ def make_reader(
         workers: reading/decoding threads; default ``min(4, cpus)``, at least 2.
         on_error: ``"raise"`` on a corrupt row group (naming file and row group), or ``"skip"`` it,
             count it in ``reader.stats`` and warn at the end of the epoch. Each lost row's place in its
-            batch is taken by a readable sample (the first at or after half an epoch further in the
-            epoch's order), so a shard still yields ``len(reader)`` batches, every rank's state is the
-            same, and a resumed reader yields what the uninterrupted one would have. A row group is
-            then read whole before its rows are used (so it is lost whole or not at all).
+            batch is taken by a readable sample (half an epoch further in the epoch's order, see
+            `shardkit.reader.lost.substitutes`), so a shard still yields ``len(reader)`` batches, every
+            rank's state is the same, and a resumed reader yields what the uninterrupted one would have.
+            A row group is then read whole before its rows are used (so it is lost whole or not at all).
         storage_options: passed to fsspec (credentials, endpoint).
 
     Raises:

@@ -23,9 +23,10 @@ from ``remaining``, and the next stage splits the rest among any number of shard
 nothing is skipped.
 
 Lost rows. With ``on_error="skip"``, a row that cannot be read keeps its place in the order; the reader
-puts a readable sample there, the first at or after half an epoch further in ``pi`` (`first_readable`
-finds it from what is known to be unreadable, `EpochOrder.locate` says where a sample is), so which row
-takes its place depends on the data and ``pi`` only, and a resume (with any number of shards) agrees.
+puts a readable sample there, half an epoch further in ``pi`` or at places hashed from its own
+(`shardkit.reader.lost.places`; `first_readable` tells what is known to be unreadable,
+`EpochOrder.locate` says where a sample is), so which row takes its place depends on the data and
+``pi`` only, and a resume (with any number of shards) agrees.
 """
 
 from __future__ import annotations

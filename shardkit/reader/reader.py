@@ -15,15 +15,14 @@ samples of its piece that its yielded batches cover (``consumed``) and the batch
 (``steps``). Iterating again after a ``break`` continues from that position (a reader has one live
 iteration: starting a new one, `load_state_dict` or `close` ends the previous one).
 
-Lost rows (``on_error="skip"``). A row of a corrupt row group (or a row that cannot be decoded) is
-lost; its place in the batch is taken by a readable sample: the first one at or after half an epoch
-further in the epoch's order ``pi`` (cyclically; see `shardkit.reader.lost`). So every batch holds the
-positions it holds on intact data, a shard yields ``len(reader)`` batches (ranks keep stepping
+Lost rows (``on_error="skip"``). A row of a corrupt row group (or a row that cannot be decoded) is lost;
+its place in the batch is taken by a readable sample: the one half an epoch further in the epoch's order
+``pi``, or one at places hashed from its own (see `shardkit.reader.lost.substitutes`). So every batch
+holds the positions it holds on intact data, a shard yields ``len(reader)`` batches (ranks keep stepping
 together: one rank with fewer steps would hang an allreduce), every rank's `state_dict` is the same
 position, and a reader resumed anywhere yields what the uninterrupted one yields from there: which row
 takes a lost row's place depends on the data and the epoch's order only, never on what a reader read
-before. The repeats are counted in ``stats["repeated_rows"]``.
-"""
+before. The repeats are counted in ``stats["repeated_rows"]``."""
 
 from __future__ import annotations
 
@@ -357,11 +356,14 @@ class Reader:
 
     # ---- lifecycle ---------------------------------------------------------------------------
     def close(self) -> None:
-        """Stop the worker threads (pending reads are cancelled) and free the kept window arrays."""
+        """Stop the worker threads (pending reads are cancelled), let go of the files being read (also
+        while something keeps the reader or its iterator alive: tf.data keeps every generator it ran),
+        and free the kept window arrays."""
         self._generation += 1
         if self._pool is not None:
             self._pool.shutdown(wait=True, cancel_futures=True)
             self._pool = None
+        self._source.close()
         self._recycler.clear()
 
     def __enter__(self) -> Reader:

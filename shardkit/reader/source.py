@@ -93,6 +93,15 @@ class RowGroupSource:
         self._versions: dict[str, str | None] | None = None  # file -> version, when a cache is in use
         self._versions_lock = threading.Lock()
 
+    def close(self) -> None:
+        """Let go of the row groups being read (their open files), as `Reader.close` does: a reader kept
+        alive after it is closed (tf.data keeps every generator it ran) no longer holds files open."""
+        with self._lock:
+            reads = list(self._recent.values())
+            self._recent.clear()
+        for read in reads:
+            read.close()
+
     def known_bad(self) -> tuple[frozenset[int], dict[int, frozenset[int]]]:
         """A snapshot of `bad_groups` and `bad_rows` (worker threads add to them meanwhile)."""
         with self._lock:
@@ -260,6 +269,13 @@ class _Stream:
         self._dataset = dataset
         self._columns = list(columns)
 
+    def close(self) -> None:
+        """Stop reading: the row group's file is let go of now, not when the stream is collected."""
+        it, self._it = self._it, None
+        close = getattr(it, "close", None)
+        if close is not None:
+            close()
+
     def upto(self, stop: int | None) -> pa.Table:
         """The rows read so far, after reading on until there are ``stop`` of them (None: all)."""
         while self._it is not None and (stop is None or self._rows < stop):
@@ -286,6 +302,12 @@ class _Shared:
         self._read: _Stream | pa.Table | None = None
         self._error: BaseException | None = None
         self._lock = threading.Lock()
+
+    def close(self) -> None:
+        with self._lock:  # after the task reading it, if any
+            read, self._read = self._read, None
+        if isinstance(read, _Stream):
+            read.close()
 
     def upto(self, stop: int | None) -> pa.Table:
         with self._lock:  # Parquet decoding releases the GIL: other row groups go on meanwhile

@@ -143,22 +143,34 @@ def read_shard_ids(url: str, shard: int | None, num_shards: int | None, batch_si
     return [int(i) for i in ids_of(batches)], len(batches)
 
 
+def _probe(x: int, j: int, n: int) -> int:
+    """splitmix64 of (x, j) mod n, in Python ints (the reader's `shardkit.reader.lost.probe`, in numpy)."""
+    mask = 2**64 - 1
+    z = (x * 0x9E3779B97F4A7C15 + j * 0xBF58476D1CE4E5B9) & mask
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & mask
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & mask
+    return (z ^ (z >> 31)) % n
+
+
 def substitutes(pi_ids: Sequence[int] | np.ndarray, lost: Iterable[int]) -> dict[int, int]:
     """The id that takes each lost id's place with ``on_error="skip"``: ``pi_ids`` are an epoch's ids in
     its order (an intact reader's, one shard), ``lost`` the ids that cannot be read. The rule, computed
-    independently of the reader: the first readable id at or after half an epoch further (cyclically)."""
+    independently of the reader: the id half an epoch further (cyclically) if readable, else the first
+    readable of 31 places hashed from the lost one's place, else the first readable after the last."""
     ids = np.asarray(pi_ids)
     n = len(ids)
     bad = np.isin(ids, list(lost))
+    if bad.all():
+        raise AssertionError("no readable id")
     out = {}
     for x in np.flatnonzero(bad).tolist():
         j = (x + n // 2) % n
-        for _ in range(n):
+        for k in range(1, 32):
             if not bad[j]:
                 break
+            j = _probe(x, k, n)
+        while bad[j]:
             j = (j + 1) % n
-        else:
-            raise AssertionError("no readable id")
         out[int(ids[x])] = int(ids[j])
     return out
 
