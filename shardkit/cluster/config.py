@@ -25,6 +25,7 @@ from pydantic import (
     model_validator,
 )
 
+from shardkit.cluster.config_paths import BASE_DIR, absolute, in_yaml_dir, location, plain_path
 from shardkit.cluster.config_values import NO_VALUE as _NO_VALUE
 from shardkit.cluster.config_values import Problem, plain_data_problems
 from shardkit.cluster.protocol import ALL_ENV
@@ -54,13 +55,10 @@ RoleName = Literal["worker", "ps", "chief", "evaluator"]
 EngineName = Literal["local", "torchrun", "ray", "spark", "kubernetes", "yarn"]
 ENGINES: tuple[str, ...] = get_args(EngineName)
 
-# Where relative paths resolve (the YAML file's folder) and which file errors name, while validating.
-_BASE_DIR: contextvars.ContextVar[Path | None] = contextvars.ContextVar("shardkit_config_base", default=None)
+# Which file errors name, while validating (where relative paths resolve: `config_paths.BASE_DIR`).
 _SOURCE: contextvars.ContextVar[Path | None] = contextvars.ContextVar("shardkit_config_source", default=None)
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
 _FUNCTION = re.compile(r"[A-Za-z_][\w]*(\.[A-Za-z_][\w]*)*:[A-Za-z_][\w]*\Z")
-# A URL (``s3://...``), or one of fsspec's chained URLs (``simplecache::s3://...``): kept as it is.
-_SCHEME = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*(://|::)")
 _MAX_MEMORY = 2**63  # bytes: no 64-bit count holds it (Ray, YARN and Kubernetes count in int64)
 _MEMORY = re.compile(r"\s*(\d+(?:\.\d*)?|\.\d+)\s*([kmgtp]?)(i?)(b?)\s*\Z", re.IGNORECASE)
 _SECTIONS = frozenset({"checkpoint", "fault_tolerance", "engine", "params", "env", "secrets", "python"})
@@ -78,29 +76,6 @@ _CREDENTIAL_KEYS = frozenset({"key", "secret", "token", "password", "session_tok
                               "sas_token", "client_secret", "connection_string", "aws_access_key_id",
                               "aws_secret_access_key", "aws_session_token", "credentials"})
 _NOT_SECRET_TOKENS = frozenset({"anon", "google_default", "cloud", "browser", "cache"})  # gcsfs's modes
-
-
-def _base_dir() -> Path:
-    return _BASE_DIR.get() or Path.cwd()
-
-
-def _absolute(value: str | Path) -> Path:
-    """A user path made absolute against the YAML's folder; symlinks are kept (a venv's python is one)."""
-    _no_nul(str(value))
-    path = Path(os.path.expanduser(value))
-    return Path(os.path.normpath(_base_dir() / path))
-
-
-def _no_nul(value: str) -> None:
-    """Refuse a NUL character (YAML's "\\0") in a path or URL: no OS call takes one, and the first that
-    met it (making the logdir, starting a process) failed with a bare ``ValueError: embedded null byte``."""
-    if "\0" in value:
-        raise Problem((), value, "it holds a NUL character, which no path, URL or environment variable can "
-                      "hold", "remove the \\0 from it")
-
-
-def _in_yaml_dir() -> str:
-    return f"relative paths are relative to the config file's folder {_base_dir()}"
 
 
 class _Model(BaseModel):
@@ -192,11 +167,7 @@ class DataConfig(_Model):
     def _resolve_url(cls, value: str) -> str:
         if not value.strip():
             raise Problem((), value, "the data URL is empty", "give the dataset's folder or URL")
-        if _SCHEME.match(value):
-            _no_nul(value)
-            _check_protocols(value)
-            return value
-        return str(_absolute(value))
+        return location(value)
 
     @field_validator("options")
     @classmethod
@@ -238,25 +209,6 @@ def _credential_problems(options: Mapping[str, Any]) -> Iterator[Problem]:
                       "or point to a credentials file")
 
 
-def _check_protocols(url: str) -> None:
-    """Refuse a URL whose protocol no fsspec filesystem serves (``foo://``, ``s4://``): the same refusal
-    every role's reader or checkpoint store would make (`shardkit.errors.UnsupportedURLError`), made before
-    anything starts, on any machine. A known protocol whose package is missing here is not refused: the
-    machines that run the job may have it."""
-    from fsspec.registry import get_filesystem_class  # lazily: fsspec is only needed for URLs
-
-    for link in url.split("::"):  # a chained URL: simplecache::s3://bucket/ds
-        protocol = link.split("://", 1)[0] if "://" in link else link
-        try:
-            get_filesystem_class(protocol)
-        except ValueError:
-            raise Problem((), url, f"no filesystem serves the protocol {protocol!r}",
-                          "check the URL for a typo: a local path, or an fsspec URL such as s3://, gs://, "
-                          "abfs://, hdfs://, https:// or memory://") from None
-        except ImportError:
-            pass  # known; its package may be installed where the job runs
-
-
 class CheckpointConfig(_Model):
     """``{dir, every_steps, every_seconds, keep}``; with neither ``every_*``, only the script's own
     `ctx.checkpoint.save()` calls write checkpoints. ``dir`` is any fsspec URL; it defaults to
@@ -275,11 +227,7 @@ class CheckpointConfig(_Model):
         if not value.strip():  # would be the config file's folder itself
             raise Problem((), value, "the checkpoint folder is empty",
                           "give a folder or URL, or null for <logdir>/checkpoints")
-        if _SCHEME.match(value):
-            _no_nul(value)
-            _check_protocols(value)
-            return value
-        return str(_absolute(value))
+        return location(value)
 
 
 class FaultTolerance(_Model):
@@ -347,7 +295,7 @@ class SecretRef(_Model):
         if isinstance(value, str) and not value.strip():  # would be the config file's folder
             raise Problem((), value, "the file name is empty",
                           "write {file: path/to/file} or {env: VARIABLE}")
-        return _absolute(value) if isinstance(value, str) else value
+        return absolute(value) if isinstance(value, str) else value
 
     @model_validator(mode="after")
     def _exactly_one(self) -> SecretRef:
@@ -395,6 +343,8 @@ class JobConfig(_Model):
     secrets: dict[str, SecretRef] = Field(default_factory=dict)
 
     _source: Path | None = PrivateAttr(default=None)
+    # where each key path was set (``line 5``, ``from --set engine.x``), for errors found after loading
+    _where: dict[tuple[str, ...], str] = PrivateAttr(default_factory=dict)
 
     def __init__(self, **data: Any) -> None:
         try:
@@ -417,7 +367,8 @@ class JobConfig(_Model):
         if checkpoint is None:
             checkpoint = {}
         logdir = data.get("logdir")
-        if isinstance(checkpoint, dict) and checkpoint.get("dir") is None and isinstance(logdir, str | Path):
+        if (isinstance(checkpoint, dict) and checkpoint.get("dir") is None and isinstance(logdir, str | Path)
+                and plain_path(str(logdir))):  # else logdir's problem is told once, not again as the dir's
             data["checkpoint"] = {**checkpoint, "dir": os.path.join(logdir, "checkpoints")}
         roles = data.get("roles")
         if (data.get("framework"), data.get("strategy")) == ("tensorflow", "parameter_server") and (
@@ -442,9 +393,9 @@ class JobConfig(_Model):
     def _entrypoint(cls, value: str) -> str:
         if _FUNCTION.match(value) and not value.endswith(".py"):
             return value
-        path = _absolute(value)
+        path = absolute(value)
         words = value.split()
-        if len(words) > 1 and not path.exists() and _absolute(words[0]).is_file():
+        if len(words) > 1 and not path.exists() and absolute(words[0]).is_file():
             raise Problem((), value, "an entrypoint is a script or a function, without command-line "
                           "arguments", f"write entrypoint: {words[0]} and put the values in params "
                           "(ctx.params in the script)")
@@ -453,7 +404,7 @@ class JobConfig(_Model):
                           "give the .py file the roles run, or package.module:function")
         if not path.is_file():
             raise Problem((), value, f"the script {path} does not exist",
-                          f"correct the path ({_in_yaml_dir()}) or use package.module:function")
+                          f"correct the path ({in_yaml_dir()}) or use package.module:function")
         if path.suffix.lower() != ".py":
             raise Problem((), value, f"{path} is not a Python script (.py)",
                           "give the .py file the roles run with python, or package.module:function")
@@ -465,7 +416,7 @@ class JobConfig(_Model):
         if isinstance(value, str) and not value.strip():
             # it would be the config file's folder, whose logs/ and tensorboard/ a run clears
             raise Problem((), value, "the logdir is empty", "give a folder, or null for runs/<name>")
-        return _absolute(value) if isinstance(value, str | Path) else value
+        return absolute(value) if isinstance(value, str | Path) else value
 
     @field_validator("params")
     @classmethod
@@ -480,7 +431,7 @@ class JobConfig(_Model):
             return Path(sys.executable)
         if not isinstance(value, str | Path):
             return value  # the strict Path check names the type
-        path = _absolute(value)
+        path = absolute(value)
         if not path.exists() and os.sep not in str(value) and shutil.which(str(value)):
             path = Path(shutil.which(str(value)) or value)  # a bare name such as python3.11: from PATH
         if path.is_dir():
@@ -489,7 +440,7 @@ class JobConfig(_Model):
         if not path.is_file() or not os.access(path, os.X_OK):
             raise Problem((), str(value), f"{path} is not an executable Python interpreter",
                           "give an interpreter (/opt/venv/bin/python), a virtual environment's folder, "
-                          f"or leave it out for {sys.executable}; {_in_yaml_dir()}")
+                          f"or leave it out for {sys.executable}; {in_yaml_dir()}")
         return path
 
     @field_validator("env", "secrets")
@@ -653,11 +604,11 @@ def _did_you_mean(key: str, allowed: Sequence[str]) -> str:
 
 @contextmanager
 def _validating(base_dir: Path | None, source: Path | None) -> Iterator[None]:
-    tokens = _BASE_DIR.set(base_dir), _SOURCE.set(source)
+    tokens = BASE_DIR.set(base_dir), _SOURCE.set(source)
     try:
         yield
     finally:
-        _BASE_DIR.reset(tokens[0])
+        BASE_DIR.reset(tokens[0])
         _SOURCE.reset(tokens[1])
 
 

@@ -3,13 +3,14 @@ with key paths, and `describe` (what ``shardkit validate`` prints)."""
 
 from __future__ import annotations
 
+import contextlib
 import contextvars
 import datetime
 import json
 import math
 import os
 import re
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any, Literal, get_args, get_origin
 
@@ -22,7 +23,7 @@ from shardkit.cluster.config_values import Problem
 from shardkit.cluster.protocol import ROLES
 from shardkit.errors import ConfigError
 
-__all__ = ["describe", "load_config", "translate"]
+__all__ = ["describe", "load_config", "located", "option_error", "translate"]
 
 
 # -- errors ----------------------------------------------------------------------------------------
@@ -220,9 +221,35 @@ def load_config(path: str | os.PathLike[str], overrides: Sequence[str] = ()) -> 
         _apply_override(raw, override, source, where)
     token = _WHERE.set(where)
     try:
-        return JobConfig.from_dict(raw, base_dir=source.parent, source=source)
+        config = JobConfig.from_dict(raw, base_dir=source.parent, source=source)
     finally:
         _WHERE.reset(token)
+    config._where = where
+    return config
+
+
+_LOCATED: contextvars.ContextVar[JobConfig | None] = contextvars.ContextVar("shardkit_located", default=None)
+
+
+@contextlib.contextmanager
+def located(config: JobConfig, **more: str) -> Iterator[None]:
+    """Problems found in ``config`` after it loaded (its engine options, checked when the engine is
+    built) name the config file and where each key was set, as loading's do; ``more`` adds places not
+    in the file (``node_rank="from --node-rank"`` for ``engine.node_rank``). See `option_error`."""
+    where = dict(config._where)
+    where.update({("engine", key): text for key, text in more.items()})
+    tokens = _WHERE.set(where), _LOCATED.set(config)
+    try:
+        yield
+    finally:
+        _WHERE.reset(tokens[0])
+        _LOCATED.reset(tokens[1])
+
+
+def option_error(items: Sequence[_Item]) -> ConfigError:
+    """`config_error` of the config being checked (`located`), else of none (options given in Python)."""
+    config = _LOCATED.get()
+    return config_error(config.source if config is not None else None, items)
 
 
 _GIVE_A_CONFIG = "Fix: give the path of a YAML job config (see examples/digits.yaml)"

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any, NoReturn, TextIO
 
 from shardkit.cluster import protocol as p
 from shardkit.cluster.config import MAX_PROCESSES
+from shardkit.cluster.config_load import located
 from shardkit.errors import ConfigError, JobError, MissingDependencyError, ShardkitError, require
 
 if TYPE_CHECKING:
@@ -212,7 +213,8 @@ def check_node(config: JobConfig, *, node_rank: int | None = None) -> TorchrunOp
     options = dict(config.engine.options)
     if node_rank is not None:
         options["node_rank"] = node_rank
-    opts = parse_options(options, source=config.source)
+    with located(config, **({"node_rank": "from --node-rank"} if node_rank is not None else {})):
+        opts = parse_options(options, source=config.source)
     check_job(config)
     if importlib.util.find_spec("torch") is None:  # cheap: run_node imports the agent when it starts
         raise MissingDependencyError("torch", "torch", _PURPOSE)

@@ -12,6 +12,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
+from shardkit.cluster.config_load import located
 from shardkit.cluster.spec import ClusterSpec
 from shardkit.errors import ConfigError
 
@@ -154,7 +155,8 @@ def check_engine(config: JobConfig, *, node_rank: int | None = None) -> None:
 
         check_node(config, node_rank=node_rank)
         return
-    engine = get_engine(config.engine.name, config.engine.options)
+    with located(config):
+        engine = get_engine(config.engine.name, config.engine.options)
     try:
         check_job(engine, config)
     finally:

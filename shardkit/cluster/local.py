@@ -16,7 +16,6 @@ from shardkit.cluster import protocol
 from shardkit.cluster.output import LineSplitter
 from shardkit.cluster.spec import ClusterSpec, ProcessSpec
 from shardkit.cluster.watcher import GroupWatcher
-from shardkit.errors import ConfigError
 
 __all__ = ["LocalEngine", "LocalGroup", "LocalProcess", "group_members"]
 
@@ -291,14 +290,17 @@ class LocalEngine:
     runs_here = True  # the roles run on this machine: the supervisor checks a local data.url and GPUs first
 
     def __init__(self, options: Mapping[str, Any] | None = None) -> None:
+        from shardkit.cluster.config_load import option_error  # it imports the config models
+
         options = dict(options or {})
         grace = options.pop("grace", DEFAULT_GRACE)
         if isinstance(grace, bool) or not isinstance(grace, int | float) or grace < 0:
-            raise ConfigError(f"engine.grace={grace!r}: seconds between SIGTERM and SIGKILL when stopping a "
-                              "process. Fix: a number >= 0, e.g. 5")
+            raise option_error([(("engine", "grace"), grace, "not a number >= 0 of seconds between SIGTERM "
+                                 "and SIGKILL when stopping a process", "e.g. grace: 5")])
         if options:
-            raise ConfigError(f"engine option(s) {', '.join(sorted(options))} are not options of the local "
-                              "engine. Fix: remove them (the local engine takes: grace)")
+            raise option_error([(("engine", str(key)), value, "not an option of the local engine",
+                                 "remove it (the local engine takes: grace)")
+                                for key, value in options.items()])
         self.grace = float(grace)
 
     def start(self, spec: ClusterSpec, *, log_dir: Path) -> LocalGroup:

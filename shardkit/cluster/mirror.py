@@ -165,11 +165,18 @@ class Options:
             if key not in self.allowed:
                 close = difflib.get_close_matches(str(key), self.allowed, n=1)
                 hint = f"did you mean {close[0]!r}? " if close else ""
-                raise ConfigError(f"engine.{key}={self.values[key]!r}: the {engine} engine has no option "
-                                  f"{key!r}. Fix: {hint}remove it, or use one of: {', '.join(self.allowed)}")
+                raise self._error(key, f"the {engine} engine has no option {key!r}",
+                                  f"{hint}remove it, or use one of: {', '.join(self.allowed)}")
+
+    def _error(self, key: str, what: str, fix: str) -> ConfigError:
+        """As the config's own problems read: the file, the key's line (or ``--set``), the value, the fix
+        (`shardkit.cluster.config_load.located`)."""
+        from shardkit.cluster.config_load import option_error  # it imports the engines' config models
+
+        return option_error([(("engine", key), self.values[key], what, fix)])
 
     def _bad(self, key: str, what: str, example: str) -> ConfigError:
-        return ConfigError(f"engine.{key}={self.values[key]!r}: {what}. Fix: {example}")
+        return self._error(key, what, example)
 
     def number(self, key: str, default: float | None, *, minimum: float = 0.0) -> float | None:
         value = self.values.get(key, default)

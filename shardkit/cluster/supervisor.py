@@ -17,6 +17,7 @@ from typing import TextIO
 
 from shardkit.cluster import procstate, protocol
 from shardkit.cluster.config import JobConfig
+from shardkit.cluster.config_load import located
 from shardkit.cluster.engines import Engine, ProcessGroup, RoleProcess, check_job, get_engine
 from shardkit.cluster.heartbeats import HeartbeatReceiver, Quiet, SampleLedger, apply_beat, suspects
 from shardkit.cluster.preflight import LogdirLock, check_here, prepare_logdir
@@ -82,7 +83,10 @@ class Supervisor:
                  engine: Engine | None = None, progress_interval: float = 5.0) -> None:
         self.config = config
         self._owns_engine = engine is None
-        self.engine = engine if engine is not None else get_engine(config.engine.name, config.engine.options)
+        if engine is None:
+            with located(config):
+                engine = get_engine(config.engine.name, config.engine.options)
+        self.engine = engine
         check_job(self.engine, config)  # as `shardkit validate`: before anything starts
         self.console = console if console is not None else sys.stdout
         self.echo = echo

@@ -98,7 +98,11 @@ class ShardkitAgent(LocalElasticAgent):
     def _monitor_workers(self, worker_group: WorkerGroup) -> RunResult:
         result: RunResult = super()._monitor_workers(worker_group)
         if result.state in (WorkerState.FAILED, WorkerState.UNHEALTHY):
-            self.monitor.workers_failed({rank: f.exitcode for rank, f in result.failures.items()})
+            if self.monitor.workers_failed({rank: f.exitcode for rank, f in result.failures.items()}):
+                # every worker had reported done (its work saved); those that failed were stopped
+                # lingering at exit: the group finished, as the supervisor counts it
+                return RunResult(state=WorkerState.SUCCEEDED,
+                                 return_values={w.global_rank: None for w in worker_group.workers})
         elif result.state == WorkerState.SUCCEEDED:
             self.monitor.workers_succeeded()
         return result
@@ -113,6 +117,7 @@ class _Worker:
     last_beat: float | None = None
     done_at: float | None = None
     failed: bool = False
+    lingered: bool = False  # reported done, then did not exit: stopped here and counted as finished
     step: int = 0
     samples: int = 0
     metrics: dict[str, float] = field(default_factory=dict)
@@ -142,8 +147,9 @@ class NodeMonitor:
     """This node's view of the job, fed by the agent (attempts, exits) and by a thread (heartbeats, logs).
 
     A worker silent longer than ``heartbeat_timeout`` after a heartbeat that shows life (``startup_timeout``
-    before it, or after it reported ``done``) is SIGKILLed with its process group: torch's agent, which
-    sees exits only, then restarts the group.
+    before it) is SIGKILLed with its process group: torch's agent, which sees exits only, then restarts
+    the group. A worker that reported ``done`` and lingers is counted as finished (`_linger`), as the
+    supervisor counts it.
     """
 
     def __init__(self, config: JobConfig, opts: TorchrunOptions, *, node_dir: Path,
@@ -199,18 +205,36 @@ class NodeMonitor:
                 if rank in self.workers:
                     self.workers[rank].pid = pid
 
-    def workers_failed(self, codes: Mapping[int, int]) -> None:
+    def workers_failed(self, codes: Mapping[int, int]) -> bool:
+        """Torch's agent saw workers exit with ``codes`` (by rank); whether the group finished after all.
+
+        It did when every one of them had reported done (its final checkpoint saved) and then was
+        stopped here as lingering (`_linger`), was killed by SIGABRT at exit (gloo's destructor, see
+        ENGINES.md; the supervisor counts it as finished too), or was stopped by torch's agent ending
+        the group after one of those (SIGTERM, SIGKILL). Then each gets a note, not a failure, and the
+        attempt succeeded; else the failures are recorded and torch's agent restarts the group.
+        """
         with self.lock:
+            attempt = self.attempts[-1].attempt if self.attempts else 0
+            done = {rank: w for rank, w in self.workers.items() if w.done_at is not None}
+            stops = (-signal.SIGABRT, -signal.SIGTERM, -signal.SIGKILL)
+            excused = {r: r in done and (done[r].lingered or c in stops) for r, c in codes.items()}
+            caused = any(r in done and (done[r].lingered or c == -signal.SIGABRT) for r, c in codes.items())
+            if codes and caused and all(excused.values()):
+                for rank, code in sorted(codes.items()):
+                    if not done[rank].lingered:
+                        self.notes.append(f"attempt {attempt}: worker-{rank} {exit_reason(code)} after it "
+                                          "reported done; counted as finished")
+                self._end_attempt("succeeded")
+                return True
             for rank, code in sorted(codes.items(), key=lambda item: item[1] >= 0):  # signals first
                 w = self.workers.get(rank)
                 if w is None or w.failed:
                     continue
                 w.failed = True
-                if w.done_at is not None and code == -signal.SIGABRT:
-                    self.notes.append(f"attempt {self.attempts[-1].attempt}: worker-{rank} "
-                                      f"{exit_reason(code)} after it reported done")
                 self._fail(w, exit_reason(code), code, None)
             self._end_attempt("failed")
+            return False
 
     def workers_succeeded(self) -> None:
         with self.lock:
@@ -277,11 +301,9 @@ class NodeMonitor:
         ft = self.ft
         quiet: list[Quiet[_Worker]] = []
         for w in self.workers.values():
-            if w.failed or w.pid is None:
+            if w.failed or w.pid is None or w.done_at is not None:  # done: `_linger`'s
                 continue
-            if w.done_at is not None:
-                limit, since, what = ft.startup_timeout, w.done_at, "did not exit {:.1f} s after it was done"
-            elif w.last_beat is None:
+            if w.last_beat is None:
                 limit, since, what = ft.startup_timeout, w.started, "no heartbeat {:.1f} s after its start"
             else:
                 limit, since, what = ft.heartbeat_timeout, w.last_beat, "silent for {:.1f} s"
@@ -308,6 +330,34 @@ class NodeMonitor:
         w.failed = True
         self._fail(w, reason + ": killed so the group restarts", None, silent)
 
+    def _linger(self, now: float) -> None:
+        """Stop the workers that reported done ``heartbeat_timeout`` seconds ago and have not exited,
+        once every worker of this node has reported done, and count them as finished (torch's agent,
+        which waits for every exit, would wait for ever; `workers_failed` then turns their exit into
+        the group's success). What keeps such a worker alive is the script's code after ``with ctx:``
+        (a ``destroy_process_group`` on a broken group, a wait) or an exit handler (the worker wrapper
+        ends with ``os._exit``, so threads that are not daemons do not). Its work is saved (``done``
+        follows the final checkpoint), so a restart would only resume at the end and linger again.
+        The summary's notes name it. While a worker of this node is still at work, done ones wait
+        (torch's agent ends a group at the first exit it counts as a failure, and would stop that
+        worker)."""
+        if (not self.workers or self.attempts[-1].ended_s is not None
+                or any(w.done_at is None or w.failed for w in self.workers.values())):
+            return
+        limit = self.ft.heartbeat_timeout
+        for w in self.workers.values():
+            if w.lingered or not w.pid or w.done_at is None or now - w.done_at <= limit:
+                continue
+            if procstate.os_state(w.pid) in (None, "Z"):  # exited: torch's agent will see it
+                continue
+            w.lingered = True
+            self.notes.append(f"attempt {self.attempts[-1].attempt}: worker-{w.rank} reported done but had "
+                              f"not exited {now - w.done_at:.1f} s later (heartbeat_timeout {limit:g} s): "
+                              "counted as finished and stopped; something keeps it from exiting after its "
+                              "work (code after `with ctx:`, an exit handler): see its log")
+            with contextlib.suppress(OSError):
+                os.killpg(w.pid, signal.SIGKILL)  # its own session (torch starts each so); never pid 0
+
     def _loop(self) -> None:
         while not self._stop.is_set():
             try:
@@ -328,6 +378,7 @@ class NodeMonitor:
                 self._on_beat(beat, now)
             self._echo()
             self._check_silence(now)
+            self._linger(now)
             if self.attempts:
                 self.progress.tick(self.attempts[-1].steps, self._samples(), self.metrics)
 

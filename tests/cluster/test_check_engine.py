@@ -24,10 +24,10 @@ REFUSED: dict[str, tuple[dict[str, Any] | str, str]] = {
     "torchrun-tensorflow": ("torchrun", "runs torch allreduce jobs with workers only"),
     "torchrun-option": ({"name": "torchrun", "nnodez": "2"}, "did you mean 'nnodes'"),
     "torchrun-node-rank": ({"name": "torchrun", "nnodes": "1:2", "node_rank": 2}, "at most 2 node(s)"),
-    "local-grace": ({"name": "local", "grace": -3}, "engine.grace=-3"),
-    "local-option": ({"name": "local", "workers": 2}, "not options of the local engine"),
+    "local-grace": ({"name": "local", "grace": -3}, "engine.grace = -3"),
+    "local-option": ({"name": "local", "workers": 2}, "not an option of the local engine"),
     "ray-option": ({"name": "ray", "bogus": 1}, "no option 'bogus'"),
-    "ray-value": ({"name": "ray", "num_cpus": -1}, "engine.num_cpus=-1"),
+    "ray-value": ({"name": "ray", "num_cpus": -1}, "engine.num_cpus = -1"),
     "spark-option": ({"name": "spark", "mastr": "local[2]"}, "did you mean 'master'"),
     # a barrier stage of 4 processes (chief, 2 workers, ps) a local master cannot start together: it waited
     "spark-slots": ({"name": "spark", "master": "local[2]"}, "runs 2 task(s) at a time, but the job has 4"),

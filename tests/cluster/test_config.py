@@ -602,6 +602,11 @@ HEAD = "name: digits\nentrypoint: train.py\nframework: torch\nroles: {worker: {c
         ({"data": {"url": "s3://bucket/d\0s"}}, "data.url", ["NUL character"]),
         ({"checkpoint": {"dir": "c\0k"}}, "checkpoint.dir", ["NUL character"]),
         ({"env": {"A": "x\0y"}}, "env.A", ["NUL character"]),
+        # environment variables are not expanded: `$SCRATCH/runs` made a folder named "$SCRATCH"
+        ({"logdir": "$SCRATCH/runs"}, "logdir", ["$SCRATCH", "do not expand variables",
+                                                  '--set <this key>="$SCRATCH/..."']),
+        ({"entrypoint": "${CODE}/train.py"}, "entrypoint", ["${CODE}", "do not expand"]),
+        ({"checkpoint": {"dir": "ck/$RUN"}}, "checkpoint.dir", ["$RUN"]),
         # a secret from a variable no environment can have would only ever be "not set"
         ({"secrets": {"S": {"env": "MY SECRET"}}}, "secrets.S.env", ["not an environment variable name"]),
         # more than any machine has, or beats no one can use: slips that passed
@@ -815,3 +820,11 @@ def test_a_problem_in_an_overridden_section_points_at_the_override_not_the_file(
     line = problem_line(fails(job_dir, base(), ("roles={worker: {count: 0}}",)), "roles.worker.count")
     assert "(from --set roles)" in line
     assert "line" not in line.partition(":")[0]
+
+
+def test_a_logdir_problem_is_told_once_not_again_for_the_checkpoint_dir_made_from_it(job_dir: Path) -> None:
+    for logdir in ("$SCRATCH/runs", "lo\0g"):
+        message = fails(job_dir, base(logdir=logdir))
+        assert "1 problem" in message, message
+        assert "checkpoint.dir" not in message, message
+    assert load_config(write(job_dir, base(logdir="runs/$5"))).logdir.name == "$5"  # not a variable name

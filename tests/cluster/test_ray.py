@@ -105,11 +105,11 @@ def kill_after_first_checkpoint(job_dir: Path, index: int, out: dict[str, Any],
 
 
 def test_options_and_missing_ray(monkeypatch: pytest.MonkeyPatch) -> None:
-    with pytest.raises(ConfigError, match=r"engine\.adress=.*did you mean 'address'"):
+    with pytest.raises(ConfigError, match=r"engine\.adress = .*did you mean 'address'"):
         get_engine("ray", {"adress": "auto"})
-    with pytest.raises(ConfigError, match=r"engine\.num_cpus=-1"):
+    with pytest.raises(ConfigError, match=r"engine\.num_cpus = -1"):
         get_engine("ray", {"num_cpus": -1})
-    with pytest.raises(ConfigError, match=r"engine\.runtime_env="):
+    with pytest.raises(ConfigError, match=r"engine\.runtime_env = "):
         get_engine("ray", {"runtime_env": ["pip"]})
     monkeypatch.setitem(sys.modules, "ray", None)  # as if it were not installed: `import ray` fails
     with pytest.raises(MissingDependencyError, match=r"pip install 'shardkit\[ray\]'"):

@@ -153,12 +153,12 @@ def test_mirror_hands_heartbeats_on_before_the_exit(tmp_path: Path) -> None:
 
 
 def test_options_name_the_key_and_the_closest_option() -> None:
-    with pytest.raises(ConfigError, match=r"engine\.gracee=1: the x engine has no option 'gracee'.*"
+    with pytest.raises(ConfigError, match=r"engine\.gracee = 1: the x engine has no option 'gracee'.*"
                                           r"did you mean 'grace'"):
         Options("x", {"gracee": 1}, ("grace", "master"))
     opts = Options("x", {"grace": 2, "master": "local[2]", "conf": {"a": 1}}, ("grace", "master", "conf"))
     assert (opts.number("grace", 5.0), opts.text("master", "m"), opts.mapping("conf", "{}")) == (
         2.0, "local[2]", {"a": 1})
     for bad in ({"grace": True}, {"grace": "5"}, {"grace": -1}):
-        with pytest.raises(ConfigError, match=r"engine\.grace="):
+        with pytest.raises(ConfigError, match=r"engine\.grace = "):
             Options("x", bad, ("grace",)).number("grace", 5.0)

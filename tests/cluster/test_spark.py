@@ -84,9 +84,9 @@ def run(config: Any) -> tuple[JobResult, str]:
 
 
 def test_options_and_missing_pyspark(monkeypatch: pytest.MonkeyPatch) -> None:
-    with pytest.raises(ConfigError, match=r"engine\.mastr=.*did you mean 'master'"):
+    with pytest.raises(ConfigError, match=r"engine\.mastr = .*did you mean 'master'"):
         get_engine("spark", {"mastr": "local[2]"})
-    with pytest.raises(ConfigError, match=r"engine\.conf="):
+    with pytest.raises(ConfigError, match=r"engine\.conf = "):
         get_engine("spark", {"conf": "spark.executor.memory=4g"})
     monkeypatch.setitem(sys.modules, "pyspark", None)
     with pytest.raises(MissingDependencyError, match=r"pip install 'shardkit\[spark\]'"):

@@ -65,13 +65,13 @@ def ids_dataset(tmp_path_factory: pytest.TempPathFactory) -> str:
 
 
 def write_config(folder: Path, *, data: dict[str, Any], entrypoint: Path, nnodes: str, params: dict[str, Any],
-                 checkpoint: dict[str, Any] | None = None) -> Path:
+                 checkpoint: dict[str, Any] | None = None, heartbeat_timeout: float = 30.0) -> Path:
     config = {
         "name": "trun", "entrypoint": str(entrypoint), "framework": "torch",
         "roles": {"worker": {"count": 1}}, "data": data,
         "checkpoint": checkpoint or {"every_steps": EVERY, "keep": 3},
-        "fault_tolerance": {"max_restarts": 2, "heartbeat_interval": 0.2, "heartbeat_timeout": 30.0,
-                            "startup_timeout": 90.0},
+        "fault_tolerance": {"max_restarts": 2, "heartbeat_interval": 0.2,
+                            "heartbeat_timeout": heartbeat_timeout, "startup_timeout": 90.0},
         "engine": {"name": "torchrun", "nnodes": nnodes, "rdzv_endpoint": f"127.0.0.1:{free_ports(1)[0]}",
                    "rdzv_id": folder.name, "rdzv_conf": FAST_RDZV, "grace": 2},
         "logdir": str(folder / "job"), "params": params, "env": {"OMP_NUM_THREADS": "1"},
@@ -81,10 +81,12 @@ def write_config(folder: Path, *, data: dict[str, Any], entrypoint: Path, nnodes
     return path
 
 
-def ids_config(folder: Path, data_url: str, nnodes: str) -> Path:
+def ids_config(folder: Path, data_url: str, nnodes: str, **params: Any) -> Path:
     data = {"url": data_url, "batch_size": BATCH, "seed": 3, "num_epochs": 1,
             "options": {"shuffle_buffer": 24, "workers": 1}}
-    return write_config(folder, data=data, entrypoint=IDS, nnodes=nnodes, params={"sleep": 0.15})
+    timeout = params.pop("heartbeat_timeout", 30.0)
+    return write_config(folder, data=data, entrypoint=IDS, nnodes=nnodes, params={"sleep": 0.15, **params},
+                        heartbeat_timeout=timeout)
 
 
 def start_nodes(config: Path, count: int = 2) -> list[subprocess.Popen[bytes]]:
@@ -238,6 +240,27 @@ def test_a_removed_node_leaves_the_other_to_finish_the_epoch_alone(tmp_path: Pat
     result = summary(job, 0)
     assert result["status"] == "succeeded"
     assert result["restarts"] >= 1
+
+
+@pytest.mark.distributed
+@pytest.mark.timeout(120)
+def test_a_worker_that_lingers_after_done_is_counted_as_finished(tmp_path: Path, ids_dataset: str) -> None:
+    """Rank 1 waits for ever after its work (``with ctx:``): its node stops it after
+    heartbeat_timeout and the job succeeds (it was killed as silent after startup_timeout, and torch's
+    agent restarted the group, which resumed at the end and lingered again, until the restarts ran out)."""
+    config = ids_config(tmp_path, ids_dataset, nnodes="2", linger_rank=1, sleep=0.0, heartbeat_timeout=2.0)
+    procs = start_nodes(config)
+    assert finish(procs) == [0, 0], output(config, 0) + output(config, 1)
+    job = tmp_path / "job"
+    ids, attempts = effective_ids(job)
+    assert ids == Counter(range(ROWS))
+    assert len(attempts) == 1
+    results = [summary(job, node) for node in (0, 1)]
+    for result in results:
+        assert (result["status"], result["restarts"], result["failures"]) == ("succeeded", 0, [])
+    (note,) = [n for r in results for n in r["notes"] if "reported done but had not exited" in n]
+    assert re.match(r"node \d: attempt 0: worker-1 ", note)
+    assert "counted as finished" in note
 
 
 @pytest.mark.distributed

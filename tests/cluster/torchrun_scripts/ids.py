@@ -3,13 +3,15 @@
 Each process appends to ``<job dir>/ids/attempt<a>-rank<r>.jsonl``: first ``{"start": step, "world",
 "pid", "env": {...}}`` (the step it resumed from and what `shardkit.trainer.init` saw), then per trained
 step ``{"step", "ids", "saved"}`` (``saved``: ``ctx.step`` wrote or took part in the checkpoint of that
-step). ``params.sleep`` seconds pass after each step, so that a test can act while the job runs.
+step). ``params.sleep`` seconds pass after each step, so that a test can act while the job runs;
+``params.linger_rank``: that rank waits for ever after its work (``with ctx:``), so it never exits.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import threading
 import time
 from pathlib import Path
 
@@ -46,6 +48,8 @@ def main() -> None:
             log.write(json.dumps({"step": step, "ids": batch["id"].tolist(), "saved": saved}) + "\n")
             log.flush()
             time.sleep(float(ctx.params.get("sleep", 0.0)))
+    if ctx.params.get("linger_rank") == ctx.rank:  # hangs after its work (the worker wrapper's
+        threading.Event().wait()  # os._exit(0) would end a thread that is not a daemon)
 
 
 if __name__ == "__main__":
