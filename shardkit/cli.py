@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
+import select
 import signal
 import sys
 import warnings
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
 from shardkit.dataset import (
@@ -18,7 +20,7 @@ from shardkit.dataset import (
     open_dataset,
     write_summary,
 )
-from shardkit.errors import JobError, ShardkitError
+from shardkit.errors import DatasetExistsError, JobError, ShardkitError
 
 if TYPE_CHECKING:
     from shardkit.cluster.config import JobConfig
@@ -79,26 +81,72 @@ def format_description(info: dict[str, Any]) -> str:
                         _table(files, ["file", "row groups", "rows", "bytes"])])
 
 
-def _inspect(args: argparse.Namespace) -> int:
+@contextlib.contextmanager
+def _warnings_after(show: type[Warning], *, hide: type[Warning] | None = None) -> Iterator[None]:
+    """Warnings of class ``show`` raised in the block, each printed once on stderr after it ends
+    (``warning: <message>``; not when it raises); ``hide``'s not at all."""
     with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always", SummaryMissingWarning)
-        ds = open_dataset(args.url)
+        if hide is not None:
+            warnings.simplefilter("ignore", hide)
+        warnings.simplefilter("always", show)
+        yield
     for w in caught:
         print(f"warning: {w.message}", file=sys.stderr)
+
+
+def _names(text: str | None) -> list[str] | None:
+    """``--columns a,b``: the names, blanks left out; None when not given."""
+    return None if text is None else [c.strip() for c in text.split(",") if c.strip()]
+
+
+def _inspect(args: argparse.Namespace) -> int:
+    with _warnings_after(SummaryMissingWarning):
+        ds = open_dataset(args.url)
     info = describe(ds)
     print(json.dumps(info, indent=2) if args.json else format_description(info))
     return 0
 
 
 def _index(args: argparse.Namespace) -> int:
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("ignore", SummaryMissingWarning)
-        warnings.simplefilter("always", UncommittedFilesWarning)
+    with _warnings_after(UncommittedFilesWarning, hide=SummaryMissingWarning):
         ds = write_summary(args.url)
-    for w in caught:
-        print(f"warning: {w.message}", file=sys.stderr)
     summary = f"{args.url.rstrip('/')}/_metadata"
     print(f"wrote {summary}: {len(ds.row_groups):,} row groups in {len(ds.files):,} files")
+    return 0
+
+
+def _write(args: argparse.Namespace) -> int:
+    import time
+
+    from shardkit.dataset.convert import convert
+
+    size = args.row_group_size
+    before = None  # the rows of the dataset appended to: rows/s counts the rows written
+    if args.mode == "append":
+        with warnings.catch_warnings(), contextlib.suppress(ShardkitError):
+            warnings.simplefilter("ignore")
+            before = open_dataset(args.dest).num_rows
+    start = time.perf_counter()
+    try:
+        with _warnings_after(UserWarning):
+            ds = convert(args.src, args.dest, schema=args.schema, columns=_names(args.columns),
+                         mode=args.mode, row_group_size=int(size) if size.isdigit() else size,
+                         file_size=args.file_size, compression=args.compression, progress=args.progress)
+    except DatasetExistsError as e:  # its fix names the Python argument
+        raise DatasetExistsError(f"{e} (here: --mode overwrite or --mode append)") from e
+    except KeyboardInterrupt as e:  # Ctrl-C: one line, as for errors (the write cleaned up after itself)
+        print(f"shardkit write: interrupted; nothing was committed to {args.dest} unless the write had "
+              "finished (see `shardkit inspect`): run it again", file=sys.stderr)
+        return 128 + int(getattr(e, "signum", signal.SIGINT))
+    seconds = time.perf_counter() - start
+    info = describe(ds)
+    written = info["rows"] - (before or 0)
+    rows, now = (f"{written:,} rows appended (now {info['rows']:,} rows", ")") if before is not None else (
+        f"{written:,} rows", "")
+    print(f"wrote {info['url']}: {rows} in {info['row_groups']:,} row groups, {len(info['files']):,} files, "
+          f"{_human(info['bytes'])} uncompressed{now}, in {seconds:.2f} s "
+          f"({written / max(seconds, 1e-9):,.0f} rows/s)\n")
+    print(format_description(info).split("\n\n")[1])  # the fields table
     return 0
 
 
@@ -148,14 +196,31 @@ def _render(args: argparse.Namespace) -> int:
     return 0
 
 
+def _bench(args: argparse.Namespace) -> int:
+    from shardkit.reader.throughput import measure
+
+    given = {name: getattr(args, name) for name in ("batch_size", "warmup_batches", "seed")}
+    try:
+        with _warnings_after(UserWarning):
+            result = measure(args.url, adapter=args.adapter, batches=args.batches, seconds=args.seconds,
+                             epochs=args.epochs, shard=args.shard, num_shards=args.num_shards,
+                             columns=_names(args.columns), shuffle=args.shuffle, workers=args.workers,
+                             prefetch=args.prefetch, cache=args.cache,
+                             **{k: v for k, v in given.items() if v is not None})
+    except KeyboardInterrupt:
+        return 130
+    print(json.dumps(result.to_json(), indent=2) if args.json else result.summary())
+    return 0
+
+
 def _add_config(p: argparse.ArgumentParser) -> None:
     p.add_argument("config", help="the job's YAML file")
     p.add_argument("--set", action="append", default=[], metavar="KEY.PATH=VALUE",
                    help="override a config value (YAML), e.g. --set roles.worker.count=4; repeatable")
 
 
-_DESCRIPTION = ("Parquet datasets for distributed training: inspect and index datasets; validate, train and "
-                "render training jobs described by one YAML file.")
+_DESCRIPTION = ("Parquet datasets for distributed training: inspect, index, write (convert) and bench "
+                "datasets; validate, train and render training jobs described by one YAML file.")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -171,6 +236,22 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("index", help="write the _metadata summary of a plain Parquet folder")
     p.add_argument("url")
     p.set_defaults(func=_index)
+    p = sub.add_parser("write", help="convert a CSV, JSON-lines or Parquet file or folder, or a Petastorm, "
+                                     "shardkit or plain Parquet dataset, into a shardkit dataset")
+    p.add_argument("src", help="a file or folder (any fsspec URL)")
+    p.add_argument("dest", help="the dataset's folder (any fsspec URL)")
+    p.add_argument("--mode", choices=["error", "overwrite", "append"], default="error",
+                   help="when DEST holds a dataset: fail (default), replace it, or add the rows to it")
+    p.add_argument("--schema", metavar="FILE.json", help="fields to declare (a JSON list of fields, or what "
+                                                         "`shardkit inspect --json` prints); others inferred")
+    p.add_argument("--columns", metavar="A,B", help="the columns to write, comma-separated (default: all)")
+    p.add_argument("--row-group-size", default="16MiB", metavar="SIZE",
+                   help="encoded bytes per row group (default 16MiB), or a number of rows (e.g. 10000)")
+    p.add_argument("--file-size", default="128MiB", metavar="SIZE", help="encoded bytes per file (128MiB)")
+    p.add_argument("--compression", default="auto", help="auto (default), snappy, zstd, lz4, none, ...")
+    p.add_argument("--no-progress", dest="progress", action="store_const", const=False, default=None,
+                   help="no progress bar (default: one on a terminal)")
+    p.set_defaults(func=_write)
     p = sub.add_parser("train", help="run a training job: start its processes, watch, restart, summarize")
     _add_config(p)
     p.add_argument("--quiet", action="store_true", help="show progress lines only, not the processes' output")
@@ -187,7 +268,50 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--engine", help="kubernetes or yarn (default: the config's engine.name)")
     p.add_argument("--out", metavar="DIR", help="write the files into DIR (default: print them)")
     p.set_defaults(func=_render, parser=p)
+    p = sub.add_parser("bench", help="measure how fast a dataset reads: rows/s, MB/s, CPU, peak memory",
+                       description="Read one shard as training would (after --warmup batches) and print "
+                                   "its throughput; stops after --batches, --seconds or --epochs, whichever "
+                                   "comes first (with none of them: one epoch).")
+    p.add_argument("url")
+    p.add_argument("--adapter", choices=["numpy", "torch", "tf"], default="numpy",
+                   help="the reader's numpy batches, shardkit.torch.make_loader or shardkit.tf.make_dataset")
+    p.add_argument("--batch-size", type=int, metavar="N", help="rows per batch (default 256)")
+    p.add_argument("--columns", metavar="A,B", help="fields to read, comma-separated (default: all)")
+    p.add_argument("--shard", type=int, metavar="K", help="the shard to read (with --num-shards)")
+    p.add_argument("--num-shards", type=int, metavar="N", help="shards the dataset is split into")
+    p.add_argument("--workers", type=int, metavar="N", help="reading/decoding threads")
+    p.add_argument("--prefetch", type=int, metavar="N", help="row-group slices read ahead")
+    p.add_argument("--no-shuffle", dest="shuffle", action="store_false", help="read in order")
+    p.add_argument("--seed", type=int, metavar="N", help="the shuffle's seed (default 0)")
+    p.add_argument("--warmup", dest="warmup_batches", type=int, metavar="N",
+                   help="batches read before the clock starts (default 10)")
+    p.add_argument("--batches", type=int, metavar="N", help="stop after N measured batches")
+    p.add_argument("--seconds", type=float, metavar="S", help="stop after S seconds")
+    p.add_argument("--epochs", type=int, metavar="N",
+                   help="stop after N whole epochs (measured from the epoch after the warm-up)")
+    p.add_argument("--no-cache", dest="cache", action="store_const", const=None, default="auto",
+                   help="no row-group cache for remote data")
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+    p.set_defaults(func=_bench)
     return parser
+
+
+def _stdout_gone() -> bool:
+    """Whether the reader of stdout went away (``shardkit inspect URL | head -1``); then stdout is pointed
+    at /dev/null, so that the interpreter's own flush at exit does not fail again."""
+    try:
+        sys.stdout.flush()
+        gone = False
+    except BrokenPipeError:
+        gone = True
+    with contextlib.suppress(OSError, ValueError, AttributeError):
+        if not gone:  # the failed write dropped what it held: ask the pipe (POLLERR: no reader left)
+            poll = select.poll()
+            poll.register(sys.stdout.fileno(), select.POLLOUT)
+            gone = any(events & select.POLLERR for _, events in poll.poll(0))
+        if gone:
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    return gone
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -197,10 +321,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     keeps its traceback."""
     args = build_parser().parse_args(argv)
     try:
-        return int(args.func(args))
+        code = int(args.func(args))
+        sys.stdout.flush()  # here, not at exit: a reader that went away (`| head -1`): `_stdout_gone`
+        return code
     except ShardkitError as e:
         print(f"shardkit {args.command}: error: {e}", file=sys.stderr)
         return 2
+    except BrokenPipeError as e:
+        if not _stdout_gone():
+            print(f"shardkit {args.command}: error: {type(e).__name__}: {e}", file=sys.stderr)
+            return 2
+        return 128 + signal.SIGPIPE  # as a process SIGPIPE ends; the command's work is done, said once
     except (OSError, ImportError) as e:
         # the backstop for what the API does not wrap (yet): a user's error (a path, a permission, a
         # missing package) deserves one line, not a traceback; bugs (other exceptions) keep theirs

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -503,3 +504,40 @@ def test_a_config_path_that_is_no_file_is_one_line(tmp_path: Path, capsys: pytes
         for needle in needles:
             assert needle.format(tmp=tmp_path) in err, (needle, err)
     assert list(tmp_path.iterdir()) == []
+
+
+def test_an_engine_option_problem_names_the_file_and_where_the_key_was_set(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Engine options are checked when the engine is built, after the config loaded: their errors had no
+    file, no line and no ``--set`` (``engine.bogus=1: ...``), and ``--node-rank -1`` read as a config key."""
+    path = _job_yaml(tmp_path, framework="torch", engine={"name": "ray", "num_cpus": -1})
+    line = 1 + path.read_text().splitlines().index("  num_cpus: -1")
+    cases = [
+        (["validate", str(path)], f"- engine.num_cpus = -1 (line {line}): not a number >= 0. Fix: "),
+        (["validate", str(path), "--set", "engine={name: spark, mastr: x}"],
+         "- engine.mastr = 'x' (from --set engine): the spark engine has no option 'mastr'. Fix: did you "),
+        (["train", str(path), "--set", 'engine={name: torchrun, nnodes: "2"}', "--node-rank", "-1"],
+         "- engine.node_rank = -1 (from --node-rank): not a whole number >= 0. Fix: "),
+    ]
+    for argv, needle in cases:
+        assert main(argv) == 2, argv
+        err = capsys.readouterr().err
+        assert err.startswith(f"shardkit {argv[0]}: error: invalid job config {path}: 1 problem\n"), err
+        assert needle in err, err
+    assert not (tmp_path / "job").exists()
+
+
+def test_a_reader_that_goes_away_ends_the_command_quietly(tmp_path: Path) -> None:
+    """``shardkit inspect URL | head -1``: the reader left before the output was written; it printed
+    ``error: BrokenPipeError`` (or Python's "Exception ignored ... BrokenPipeError") and exited 2 (120)."""
+    url = str(tmp_path / "ds")
+    shardkit.write_dataset({"id": np.arange(10)}, url)
+    proc = subprocess.Popen([sys.executable, "-m", "shardkit", "inspect", url], cwd=REPO,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    assert proc.stdout is not None
+    assert proc.stderr is not None
+    proc.stdout.close()  # gone before the first line
+    with proc.stderr:
+        err = proc.stderr.read()
+    assert proc.wait(60) == 128 + signal.SIGPIPE
+    assert err == b""

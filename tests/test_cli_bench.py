@@ -1,0 +1,193 @@
+"""``shardkit bench``: text and ``--json`` output on a real dataset, the options, and one-line errors."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+import shardkit
+from shardkit.cli import main
+
+REPO = Path(__file__).resolve().parents[1]
+N = 50
+
+
+@pytest.fixture(scope="module")
+def url(tmp_path_factory: pytest.TempPathFactory) -> str:
+    data = {"id": np.arange(N), "x": np.ones((N, 3), np.float32), "label": [f"c{i % 3}" for i in range(N)]}
+    return shardkit.write_dataset(data, tmp_path_factory.mktemp("bench") / "ds", row_group_size=8).url
+
+
+@pytest.fixture(autouse=True)
+def _no_job(monkeypatch: pytest.MonkeyPatch) -> None:
+    """make_reader takes num_shards from a job's WORLD_SIZE/RANK: these tests run outside one."""
+    for name in ("WORLD_SIZE", "RANK"):
+        monkeypatch.delenv(name, raising=False)
+
+
+def _one_line_error(err: str) -> str:
+    assert "Traceback" not in err, err
+    assert err.count("\n") == 1, err
+    assert err.startswith("shardkit bench: error: "), err
+    return err
+
+
+def test_json_has_the_counts_and_rates(url: str, capsys: pytest.CaptureFixture[str]) -> None:
+    argv = ["bench", url, "--batch-size", "4", "--warmup", "3", "--num-shards", "2", "--shard", "1",
+            "--epochs", "2", "--json"]
+    assert main(argv) == 0
+    out, err = capsys.readouterr()
+    assert err == ""
+    info = json.loads(out)
+    assert (info["url"], info["adapter"], info["shard"], info["num_shards"]) == (url, "numpy", 1, 2)
+    assert (info["batch_size"], info["warmup_batches"], info["batches_per_epoch"]) == (4, 3, 7)
+    assert (info["rows"], info["batches"], info["stopped_by"]) == (50, 14, "epochs")  # 25 rows per epoch
+    assert info["decoded_bytes"] == 50 * (8 + 12 + 2)
+    for key in ("seconds", "rows_per_second", "batches_per_second", "mb_per_second", "first_batch_seconds",
+                "cpu_percent", "peak_rss"):
+        assert math.isfinite(info[key])
+        assert info[key] > 0, key
+    assert info["cpu_seconds"] >= 0
+    assert info["stats"] == {"pruned_row_groups": 0, "skipped_row_groups": 0, "repeated_rows": 0}
+
+
+def test_text_output_and_options(url: str, capsys: pytest.CaptureFixture[str]) -> None:
+    argv = ["bench", url, "--batch-size", "5", "--columns", "id, label", "--batches", "3", "--no-shuffle",
+            "--seed", "7", "--workers", "1", "--prefetch", "1", "--warmup", "0", "--no-cache"]
+    assert main(argv) == 0
+    out, err = capsys.readouterr()
+    assert err == ""
+    lines = out.splitlines()
+    assert lines[0] == f"{url}  (numpy, shard 0 of 1, batch_size 5, 10 batches per epoch)"
+    assert lines[1].startswith("measured     3 batches, 15 rows in ")
+    assert "stopped after 3 batches; 0 warm-up batches" in lines[1]
+    assert lines[2].startswith("throughput   ")
+    assert "rows/s" in lines[2]
+    assert "MB/s decoded" in lines[2]
+    assert [line.split()[0] for line in lines[3:]] == ["first", "cpu", "peak", "reader"]
+
+
+def test_seconds_bound(url: str, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["bench", url, "--seconds", "0.05", "--batch-size", "16", "--json"]) == 0
+    info = json.loads(capsys.readouterr().out)
+    assert info["stopped_by"] == "seconds"
+    assert info["seconds"] >= 0.05
+
+
+def test_torch_adapter(url: str, capsys: pytest.CaptureFixture[str]) -> None:
+    pytest.importorskip("torch")
+    assert main(["bench", url, "--adapter", "torch", "--batch-size", "10", "--json"]) == 0
+    info = json.loads(capsys.readouterr().out)
+    assert (info["adapter"], info["rows"], info["batches"]) == ("torch", N, 5)
+
+
+@pytest.mark.tf
+def test_tf_adapter(url: str, capsys: pytest.CaptureFixture[str]) -> None:
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    pytest.importorskip("tensorflow")
+    assert main(["bench", url, "--adapter", "tf", "--batch-size", "10", "--warmup", "2", "--json"]) == 0
+    info = json.loads(capsys.readouterr().out)
+    assert (info["adapter"], info["rows"], info["batches"]) == ("tf", N, 5)
+
+
+def test_a_plain_parquet_folder_prints_the_warning(tmp_path: Path,
+                                                   capsys: pytest.CaptureFixture[str]) -> None:
+    folder = tmp_path / "plain"
+    folder.mkdir()
+    pd.DataFrame({"a": np.arange(9)}).to_parquet(folder / "x.parquet", row_group_size=4)
+    assert main(["bench", str(folder), "--batch-size", "3", "--json"]) == 0
+    out, err = capsys.readouterr()
+    assert err.startswith("warning: ")
+    assert "shardkit index" in err
+    assert json.loads(out)["rows"] == 9
+
+
+@pytest.mark.parametrize(
+    ("args", "needles"),
+    [
+        (["--batch-size", "0"], ["batch_size=0 must be an int >= 1"]),
+        (["--shard", "2", "--num-shards", "2"], ["shard=2 must be an int in [0, num_shards=2)"]),
+        (["--shard", "1"], ["shard=1 was given without num_shards", "pass num_shards="]),
+        (["--columns", "id,nope"], ["unknown column(s) ['nope']", "its fields are ['id', 'x', 'label']"]),
+        (["--columns", ","], ["columns=[] selects nothing"]),
+        (["--batches", "0"], ["batches=0 must be an int >= 1"]),
+        (["--epochs", "0"], ["epochs=0 must be an int >= 1"]),
+        (["--warmup", "-1"], ["warmup_batches=-1 must be an int >= 0"]),
+        (["--seconds", "0"], ["seconds=0.0 must be a finite number > 0"]),
+        (["--seconds", "nan"], ["seconds=nan must be a finite number > 0"]),
+        (["--workers", "0"], ["workers=0 must be an int >= 1"]),
+    ],
+)
+def test_bad_values_exit_2_with_one_line(url: str, capsys: pytest.CaptureFixture[str], args: list[str],
+                                         needles: list[str]) -> None:
+    assert main(["bench", url, *args]) == 2
+    out, err = capsys.readouterr()
+    assert out == ""
+    for needle in needles:
+        assert needle in _one_line_error(err), (needle, err)
+
+
+def test_a_url_that_is_not_a_dataset_exits_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["bench", str(tmp_path / "missing")]) == 2
+    assert f"no dataset at '{tmp_path / 'missing'}'" in _one_line_error(capsys.readouterr().err)
+    (tmp_path / "empty").mkdir()
+    assert main(["bench", str(tmp_path / "empty")]) == 2
+    assert "holds no Parquet data files" in _one_line_error(capsys.readouterr().err)
+
+
+@pytest.mark.parametrize(("args", "needle"), [
+    (["--batch-size", "x"], "argument --batch-size: invalid int value: 'x'"),
+    (["--seconds", "soon"], "argument --seconds: invalid float value: 'soon'"),
+    (["--adapter", "jax"], "argument --adapter: invalid choice: 'jax'"),
+])
+def test_malformed_numbers_are_usage_errors(url: str, capsys: pytest.CaptureFixture[str], args: list[str],
+                                            needle: str) -> None:
+    with pytest.raises(SystemExit) as info:
+        main(["bench", url, *args])
+    assert info.value.code == 2
+    err = capsys.readouterr().err
+    assert err.startswith("usage: shardkit bench")
+    assert needle in err
+
+
+def test_as_a_process_an_error_is_one_line(tmp_path: Path) -> None:
+    done = subprocess.run([sys.executable, "-m", "shardkit", "bench", str(tmp_path)], cwd=REPO,
+                          capture_output=True, text=True, timeout=120, check=False)
+    assert (done.returncode, done.stdout) == (2, "")
+    assert "holds no Parquet data files" in _one_line_error(done.stderr)
+
+
+def test_a_missing_torch_names_the_extra(url: str) -> None:
+    code = ("import sys; sys.modules['torch'] = None\n"
+            "from shardkit.cli import main\n"
+            f"sys.exit(main(['bench', {url!r}, '--adapter', 'torch']))\n")
+    done = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120,
+                          check=False)
+    assert (done.returncode, done.stdout) == (2, "")
+    err = _one_line_error(done.stderr)
+    assert "needs the package 'torch'" in err
+    assert "pip install 'shardkit[torch]'" in err
+
+
+@pytest.mark.parametrize("adapter", ["numpy", pytest.param("tf", marks=pytest.mark.tf)])
+def test_a_read_error_is_one_line_whatever_the_adapter(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                                       adapter: str) -> None:
+    """A data file deleted after the dataset was written: tf.data used to turn the reader's error into a
+    tf.errors.UnknownError, a traceback and exit 1."""
+    if adapter == "tf":
+        os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+        pytest.importorskip("tensorflow")
+    ds = shardkit.write_dataset({"id": np.arange(40)}, tmp_path / "ds", row_group_size=5, file_size=200)
+    (tmp_path / "ds" / ds.files[1]).unlink()
+    assert main(["bench", ds.url, "--adapter", adapter, "--batch-size", "4", "--warmup", "0"]) == 2
+    out, err = capsys.readouterr()
+    assert out == ""
+    assert "is missing; the dataset was changed outside shardkit" in _one_line_error(err)

@@ -1,0 +1,153 @@
+"""``shardkit write SRC DEST``: converts data (`shardkit.dataset.convert`) and says what it wrote."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import shardkit
+from shardkit.cli import main
+from tests.dataset.test_petastorm import FIXTURES
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def run(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "shardkit", "write", *args], cwd=REPO, capture_output=True,
+                          text=True, timeout=120, check=False)
+
+
+@pytest.mark.timeout(120)
+def test_write_runs_as_a_program_and_refuses_an_existing_dataset_in_one_line(tmp_path: Path) -> None:
+    dest = tmp_path / "images"
+    done = run(str(FIXTURES / "images"), str(dest), "--no-progress")
+    assert done.returncode == 0, done.stderr
+    assert done.stderr == ""
+    lines = done.stdout.splitlines()
+    assert lines[0].startswith(f"wrote {dest}: 240 rows in 1 row groups, 1 files, ")
+    assert lines[0].endswith(" rows/s)")
+    assert ["rgb_jpeg", "uint8", "(16,", "16,", "3)", "image(format=jpeg,", "quality=90)", "no"] in [
+        line.split() for line in lines]
+    assert shardkit.open_dataset(dest).num_rows == 240
+    again = run(str(FIXTURES / "tensors"), str(dest))
+    assert again.returncode == 2
+    assert again.stdout == ""
+    assert again.stderr.count("\n") == 1
+    assert again.stderr.startswith(f"shardkit write: error: a dataset already exists at '{dest}'")
+    assert "(here: --mode overwrite or --mode append)" in again.stderr
+    assert shardkit.open_dataset(dest).schema.names == ["id", "rgb_png", "gray_png", "rgb_jpeg"]
+
+
+def test_write_with_a_schema_file_columns_and_row_groups(tmp_path: Path, capsys: pytest.CaptureFixture[str]
+                                                        ) -> None:
+    """The fields `shardkit inspect --json` printed declare a list column a fixed tensor; --columns picks."""
+    src = tmp_path / "emb.jsonl"
+    vecs = np.arange(30 * 4, dtype=np.float32).reshape(30, 4) / 8
+    src.write_text("".join(json.dumps({"id": i, "vec": v.tolist(), "note": "x"}) + "\n"
+                           for i, v in enumerate(vecs)))
+    schema = tmp_path / "schema.json"
+    schema.write_text(json.dumps({"fields": [shardkit.Field("vec", "float32", (4,)).to_json()]}))
+    dest = tmp_path / "out"
+    assert main(["write", str(src), str(dest), "--schema", str(schema), "--columns", "id, vec",
+                 "--row-group-size", "10", "--compression", "zstd", "--no-progress"]) == 0
+    out, err = capsys.readouterr()
+    assert err == ""
+    assert out.startswith(f"wrote {dest}: 30 rows in 3 row groups, 1 files, ")
+    rows = [line.split() for line in out.splitlines()]
+    assert ["vec", "float32", "(4)", "tensor(storage=bytes)", "no"] in rows
+    ds = shardkit.open_dataset(dest)
+    assert ds.schema.names == ["id", "vec"]
+    np.testing.assert_array_equal(np.concatenate([ds.decode(ds.read_row_group(i))["vec"] for i in range(3)]),
+                                  vecs)
+    assert main(["write", str(src), str(dest), "--mode", "append", "--columns", "id,vec",
+                 "--no-progress"]) == 0  # appending takes the dataset's schema
+    assert shardkit.open_dataset(dest).num_rows == 60
+    out, _ = capsys.readouterr()  # the rows written (and their rows/s), and the dataset's
+    assert out.startswith(f"wrote {dest}: 30 rows appended (now 60 rows in 4 row groups, 2 files, ")
+
+
+@pytest.mark.parametrize(
+    ("argv", "needles"),
+    [
+        (["{tmp}/missing", "{tmp}/out"], ["'{tmp}/missing'", "does not exist"]),
+        (["{tmp}/notes.txt", "{tmp}/out"], ["does not say a format", ".parquet"]),
+        (["{tmp}/a.csv", "{tmp}/out", "--columns", "a,zz"], ["columns= ['zz']", "its columns: ['a', 'b']"]),
+        (["{tmp}/a.csv", "{tmp}/out", "--schema", "{tmp}/a.csv"], ["cannot read the schema file"]),
+        (["{tmp}/a.csv", "{tmp}/out", "--file-size", "big"], ["file_size='big' is not a size"]),
+    ],
+    ids=["missing", "unknown-type", "unknown-column", "schema-not-json", "bad-size"],
+)
+def test_write_errors_exit_2_in_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str], argv: list[str],
+                                         needles: list[str]) -> None:
+    (tmp_path / "notes.txt").write_text("hi\n")
+    (tmp_path / "a.csv").write_text("a,b\n1,2\n")
+    assert main(["write", *(a.format(tmp=tmp_path) for a in argv)]) == 2
+    out, err = capsys.readouterr()
+    assert out == ""
+    assert err.count("\n") == 1, err
+    assert err.startswith("shardkit write: error: "), err
+    for needle in needles:
+        assert needle.format(tmp=tmp_path) in err, (needle, err)
+    assert not os.path.exists(tmp_path / "out")
+
+
+def test_write_mode_is_checked_as_a_usage_error(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as info:
+        main(["write", str(tmp_path / "a.csv"), str(tmp_path / "out"), "--mode", "replace"])
+    assert info.value.code == 2
+    assert "invalid choice: 'replace'" in capsys.readouterr().err
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM, signal.SIGKILL], ids=lambda s: s.name)
+def test_a_write_killed_midway_leaves_nothing_readable_and_runs_again(tmp_path: Path, sig: signal.Signals
+                                                                      ) -> None:
+    """A real ``python -m shardkit write`` stopped while it writes parts: DEST holds no dataset (Ctrl-C: one
+    line on stderr, exit 130, no traceback), and the same command then succeeds."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    src = tmp_path / "big.parquet"
+    n = 2_000_000
+    pq.write_table(pa.table({"id": np.arange(n), "x": np.random.default_rng(0).normal(size=n)}), src)
+    dest = tmp_path / "out"
+    argv = [sys.executable, "-m", "shardkit", "write", str(src), str(dest), "--no-progress"]
+    # (a test run started in the background ignores SIGINT, and its children would inherit that)
+    handler = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        proc = subprocess.Popen([*argv, "--row-group-size", "2000", "--file-size", "64KiB"], cwd=REPO,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    finally:
+        signal.signal(signal.SIGINT, handler)
+    try:
+        deadline = time.monotonic() + 30
+        while len(list(dest.glob("_staging/*/part-*"))) < 2 and proc.poll() is None:
+            assert time.monotonic() < deadline, "no part was staged in 30 s"
+            time.sleep(0.01)
+        assert proc.poll() is None, "the write finished before it could be stopped: make the source bigger"
+        proc.send_signal(sig)
+        out, err = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert proc.returncode in (130, -sig), (proc.returncode, err)
+    assert out == ""
+    if sig == signal.SIGINT:
+        assert proc.returncode == 130
+        assert err.count("\n") == 1, err
+        assert err.startswith("shardkit write: interrupted; nothing was committed to "), err
+    assert not (dest / "_metadata").exists()
+    with pytest.raises(shardkit.errors.ShardkitError):
+        shardkit.open_dataset(dest)
+    again = run(*argv[4:])
+    assert again.returncode == 0, again.stderr
+    assert shardkit.open_dataset(dest).num_rows == n
