@@ -57,6 +57,7 @@ class _Watch:
     last_beat: float | None = None  # monotonic time of the last heartbeat that shows progress or life
     gap: float = 0.0  # seconds between its last two such heartbeats (their pace: `Supervisor._silence`)
     done_at: float | None = None
+    exited_at: float | None = None  # when its exit was seen
     step: int = 0
     samples: int = 0
     finished: bool = False
@@ -294,6 +295,7 @@ class Supervisor:
             record.samples = sum(w.samples for w in watches.values())
             for proc in exited:
                 w = watches[proc.name]
+                w.exited_at = now
                 code = proc.returncode if proc.returncode is not None else 0
                 if code == 0 or (w.done_at is not None and code == -signal.SIGABRT):
                     if code != 0:  # gloo sometimes aborts at exit after the work is done (ENGINES.md)
@@ -364,10 +366,21 @@ class Supervisor:
         its way out: a thread that is not a daemon, a child process, a hung destructor (gloo's at exit).
         It is stopped with the group when the job ends, and the summary's notes name it. (It was a
         failure: the restart resumed from the final checkpoint, lingered again, and the job ended
-        failed, its restarts spent, with every step trained.)"""
+        failed, its restarts spent, with every step trained.)
+
+        The wait starts when every driver has reported done, and again at each heartbeat: a process
+        that is done waits for the others by design (torch ranks end their group together, at a
+        barrier in `TrainContext.finish` that beats while it waits), however long the others' last
+        steps, evaluation and save take."""
         limit = self.ft.heartbeat_timeout
+        ends = [w.done_at if w.done_at is not None else w.exited_at for w in watches.values() if w.driver]
+        if None in ends:
+            return
+        all_done = max((t for t in ends if t is not None), default=0.0)
         for w in watches.values():
-            if w.finished or w.done_at is None or w.proc.returncode is not None or now - w.done_at <= limit:
+            if w.finished or w.done_at is None or w.proc.returncode is not None:
+                continue
+            if now - max(w.done_at, w.last_beat or 0.0, all_done) <= limit:
                 continue
             w.finished = True
             self._notes.append(f"attempt {attempt}: {w.proc.name} reported done but had not exited "

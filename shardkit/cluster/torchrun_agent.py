@@ -340,13 +340,16 @@ class NodeMonitor:
         follows the final checkpoint), so a restart would only resume at the end and linger again.
         The summary's notes name it. While a worker of this node is still at work, done ones wait
         (torch's agent ends a group at the first exit it counts as a failure, and would stop that
-        worker)."""
+        worker); a done worker that still beats is waiting for the other nodes' workers (the barrier
+        in `TrainContext.finish`), and the wait counts from its last beat."""
         if (not self.workers or self.attempts[-1].ended_s is not None
                 or any(w.done_at is None or w.failed for w in self.workers.values())):
             return
         limit = self.ft.heartbeat_timeout
         for w in self.workers.values():
-            if w.lingered or not w.pid or w.done_at is None or now - w.done_at <= limit:
+            if w.lingered or not w.pid or w.done_at is None:
+                continue
+            if now - max(w.done_at, w.last_beat or 0.0) <= limit:
                 continue
             if procstate.os_state(w.pid) in (None, "Z"):  # exited: torch's agent will see it
                 continue

@@ -213,10 +213,21 @@ class TrainContext:
 
             if dist.is_initialized():
                 if together:
-                    dist.barrier()
+                    self._wait_for_all(dist)
                 dist.destroy_process_group()
             self._owns_process_group = False
         self._beacon.close()
+
+    def _wait_for_all(self, dist: Any) -> None:
+        """The barrier before the group ends, with an ``alive`` heartbeat each ``heartbeat_interval``
+        while it waits, so the supervisor and the torchrun node monitor see a process waiting for the
+        others' last steps, evaluation or save (minutes, it may be), not one that cannot exit."""
+        work = dist.barrier(async_op=True)
+        while not work.is_completed():
+            if time.monotonic() - self._last_beat >= self.heartbeat_interval:
+                self._beat("alive")
+            time.sleep(min(0.05, self.heartbeat_interval))
+        work.wait()  # raises what the barrier met (a rank that died)
 
     def __enter__(self) -> TrainContext:
         return self

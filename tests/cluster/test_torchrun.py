@@ -265,6 +265,23 @@ def test_a_worker_that_lingers_after_done_is_counted_as_finished(tmp_path: Path,
 
 @pytest.mark.distributed
 @pytest.mark.timeout(120)
+def test_workers_done_first_wait_for_the_others_without_being_stopped(tmp_path: Path,
+                                                                      ids_dataset: str) -> None:
+    """Rank 0 (node 0) evaluates for twice heartbeat_timeout after its last step while rank 1 (node 1),
+    done, waits at `finish`'s barrier: node 1 must not stop it as lingering (rank 0's barrier would
+    fail, and the job restart)."""
+    config = ids_config(tmp_path, ids_dataset, nnodes="2", sleep=0.0, heartbeat_timeout=2.0,
+                        evaluate_rank=0, evaluate_s=4.0)
+    procs = start_nodes(config)
+    assert finish(procs) == [0, 0], output(config, 0) + output(config, 1)
+    results = [summary(tmp_path / "job", node) for node in (0, 1)]
+    for result in results:
+        assert (result["status"], result["restarts"], result["failures"]) == ("succeeded", 0, [])
+        assert not [n for n in result["notes"] if "had not exited" in n], result["notes"]
+
+
+@pytest.mark.distributed
+@pytest.mark.timeout(120)
 def test_a_stopped_or_killed_agent_leaves_no_worker_behind(tmp_path: Path, ids_dataset: str) -> None:
     for how in (signal.SIGTERM, signal.SIGKILL):
         folder = tmp_path / how.name

@@ -4,7 +4,9 @@ Each process appends to ``<job dir>/ids/attempt<a>-rank<r>.jsonl``: first ``{"st
 "pid", "env": {...}}`` (the step it resumed from and what `shardkit.trainer.init` saw), then per trained
 step ``{"step", "ids", "saved"}`` (``saved``: ``ctx.step`` wrote or took part in the checkpoint of that
 step). ``params.sleep`` seconds pass after each step, so that a test can act while the job runs;
-``params.linger_rank``: that rank waits for ever after its work (``with ctx:``), so it never exits.
+``params.linger_rank``: that rank waits for ever after its work (``with ctx:``), so it never exits;
+``params.evaluate_rank``: that rank spends ``params.evaluate_s`` seconds after its last step inside
+``with ctx:``, beating (as an evaluation on rank 0 would), while the others wait at `finish`'s barrier.
 """
 
 from __future__ import annotations
@@ -48,6 +50,11 @@ def main() -> None:
             log.write(json.dumps({"step": step, "ids": batch["id"].tolist(), "saved": saved}) + "\n")
             log.flush()
             time.sleep(float(ctx.params.get("sleep", 0.0)))
+        if ctx.params.get("evaluate_rank") == ctx.rank:
+            until = time.monotonic() + float(ctx.params["evaluate_s"])
+            while time.monotonic() < until:
+                time.sleep(0.1)
+                ctx.heartbeat()
     if ctx.params.get("linger_rank") == ctx.rank:  # hangs after its work (the worker wrapper's
         threading.Event().wait()  # os._exit(0) would end a thread that is not a daemon)
 

@@ -2,7 +2,8 @@
 
 params: steps, sleep (seconds per step), fault: {role, index, step, attempts, how} where how is
 kill (SIGKILL itself), exit (code 3), hang (alive, silent), abort_after_done, linger_after_done (a
-thread that is not a daemon keeps it from exiting), or none; spawn_child (start a
+thread that is not a daemon keeps it from exiting), done_early (ends at that step, then waits for the
+others to end, as torch ranks do at `finish`'s barrier), or none; spawn_child (start a
 grandchild ``sleep``), secret_env (print the sha256 of that variable, never its value), leak (print it).
 Each process appends one JSON line per start to <job dir>/record-<role>-<index>.jsonl.
 """
@@ -71,6 +72,8 @@ def main() -> None:
     print(f"{ctx.role}-{ctx.role_index} attempt {ctx.attempt} starts at step {start}", flush=True)
     with ctx:
         for step in range(start + 1, params.get("steps", 10) + 1):
+            if mine and step == fault.get("step") and fault["how"] == "done_early":
+                break
             if mine and step == fault.get("step"):
                 how = fault["how"]
                 print(f"fault {how} at step {step}", flush=True)
@@ -83,6 +86,11 @@ def main() -> None:
             counter.value += 1
             time.sleep(params.get("sleep", 0.01))
             ctx.step({"loss": 1.0 / step, "counter": counter.value}, samples=4)
+    open(os.path.join(job_dir, f"ended-{ctx.attempt}-{ctx.role_index}"), "w").close()
+    if mine and fault.get("how") == "done_early":
+        others = [os.path.join(job_dir, f"ended-{ctx.attempt}-{i}") for i in range(ctx.num_data_shards or 1)]
+        while not all(os.path.exists(path) for path in others):
+            time.sleep(0.02)
     if mine and fault.get("how") == "abort_after_done":
         os.abort()
     if mine and fault.get("how") == "linger_after_done":  # a thread that is not a daemon: no exit
