@@ -238,7 +238,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=_index)
     p = sub.add_parser("write", help="convert a CSV, JSON-lines or Parquet file or folder, or a Petastorm, "
                                      "shardkit or plain Parquet dataset, into a shardkit dataset")
-    p.add_argument("src", help="a file or folder (any fsspec URL)")
+    p.add_argument("src", help="a file or folder, or a quoted glob pattern ('data/*.csv'); any fsspec URL")
     p.add_argument("dest", help="the dataset's folder (any fsspec URL)")
     p.add_argument("--mode", choices=["error", "overwrite", "append"], default="error",
                    help="when DEST holds a dataset: fail (default), replace it, or add the rows to it")

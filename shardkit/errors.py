@@ -25,6 +25,8 @@
     CacheWarning                      (a UserWarning)           the default row-group cache cannot be used
     PartitionColumnsWarning           (a UserWarning)           Hive partition columns (key=value) not read
     ColumnsLeftOutWarning             (a UserWarning)           plain Parquet columns with no field type
+    FilesLeftOutWarning               (a UserWarning)           files of a converted folder not in its format
+    TimeZoneWarning                   (a UserWarning)           converted times with a zone stored as UTC
 
 Each message names the bad value, where it came from (URL, file, row group, field) and what to do.
 Every class also subclasses the matching built-in, so ``except FileNotFoundError`` keeps working.
@@ -43,6 +45,7 @@ __all__ = [
     "DatasetExistsError",
     "DatasetNotFoundError",
     "DatasetPermissionError",
+    "FilesLeftOutWarning",
     "ImageShapeError",
     "JobError",
     "MissingDependencyError",
@@ -54,6 +57,7 @@ __all__ = [
     "SchemaError",
     "SchemaMismatchError",
     "ShardkitError",
+    "TimeZoneWarning",
     "UnsafePickleError",
     "UnsupportedURLError",
     "one_line",
@@ -157,6 +161,18 @@ class ColumnsLeftOutWarning(UserWarning):
     """Warned when a plain Parquet dataset has columns of types shardkit does not map to a field
     (decimals, times of day, structs, maps, zone-aware timestamps...): it opens without them, and each is
     named with the cast that makes it readable."""
+
+
+class FilesLeftOutWarning(UserWarning):
+    """Warned when ``shardkit write`` (`shardkit.dataset.convert.convert`) leaves out files of the folder
+    or pattern it converts that are not in its data format (a README.txt, a notes.json beside Parquet
+    files): each is named, so no data is left out unsaid."""
+
+
+class TimeZoneWarning(UserWarning):
+    """Warned when ``shardkit write`` stores times that carry a time zone (Arrow's ``timestamp[us,
+    tz=...]``) as UTC wall times: each instant is kept, the zone is not (datetime64 has none). The
+    message names the column and the zone."""
 
 
 class JobError(ShardkitError, RuntimeError):

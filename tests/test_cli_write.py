@@ -99,6 +99,46 @@ def test_write_errors_exit_2_in_one_line(tmp_path: Path, capsys: pytest.CaptureF
     assert not os.path.exists(tmp_path / "out")
 
 
+def test_write_of_a_folder_with_a_stray_file_and_zoned_times_warns_on_stderr(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Zone-aware times (which failed the write) are written as UTC; a README beside the data (which made
+    the folder "mixed formats" when it was a .json) is left out: each said in one line after the write."""
+    import pandas as pd
+
+    src = tmp_path / "src"
+    src.mkdir()
+    when = pd.to_datetime(["2021-03-01 08:00", "2021-03-02 09:30"]).tz_localize("America/New_York")
+    pd.DataFrame({"id": [1, 2], "when": when}).to_parquet(src / "part-0.parquet")
+    (src / "notes.json").write_text('{"from": "the export of March"}\n')
+    assert main(["write", str(src), str(tmp_path / "out"), "--no-progress"]) == 0
+    out, err = capsys.readouterr()
+    assert out.startswith(f"wrote {tmp_path / 'out'}: 2 rows in 1 row groups, 1 files, ")
+    assert ["when", "datetime64[us]", "()", "scalar", "no"] in [line.split() for line in out.splitlines()]
+    lines = err.splitlines()
+    assert len(lines) == 2, err
+    assert all(line.startswith("warning: ") for line in lines), err
+    assert "left out 1 file(s) that are not parquet" in err
+    assert "'notes.json'" in err
+    assert "column 'when' holds times with the time zone 'America/New_York'" in err
+    ds = shardkit.open_dataset(tmp_path / "out")
+    utc = when.tz_convert("UTC").tz_localize(None)
+    assert ds.decode(ds.read_row_group(0))["when"].tolist() == utc.tolist()
+
+
+def test_write_takes_a_quoted_glob_pattern(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    (tmp_path / "data").mkdir()
+    for i in range(3):
+        (tmp_path / "data" / f"day-{i}.csv").write_text(f"id,x\n{i},nan\n")
+    (tmp_path / "data" / "day-0.json").write_text('{"id": 9, "x": 1.5}\n')  # not matched: not read
+    assert main(["write", f"{tmp_path}/data/day-*.csv", str(tmp_path / "out"), "--no-progress"]) == 0
+    out, err = capsys.readouterr()
+    assert err == ""
+    assert out.startswith(f"wrote {tmp_path / 'out'}: 3 rows in ")
+    ds = shardkit.open_dataset(tmp_path / "out")
+    assert ds.schema["x"] == shardkit.Field("x", "float64")  # a CSV's nan: a float's NaN, not a null
+    assert np.isnan(ds.decode(ds.read_row_group(0))["x"]).all()
+
+
 def test_write_mode_is_checked_as_a_usage_error(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit) as info:
         main(["write", str(tmp_path / "a.csv"), str(tmp_path / "out"), "--mode", "replace"])

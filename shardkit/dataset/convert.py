@@ -9,6 +9,8 @@ import itertools
 import json
 import math
 import os
+import re
+import warnings
 from collections.abc import Iterator, Sequence
 from typing import Any
 
@@ -19,16 +21,17 @@ import pyarrow.compute as pc
 
 from shardkit.dataset.codecs.base import combine, first_null, is_bytes_type, is_text_type, null_error
 from shardkit.dataset.codecs.tensor import check_no_null_elements
-from shardkit.dataset.convert_sources import FORMATS, TOO_LONG, Batches, Source, open_source
+from shardkit.dataset.convert_sources import FORMATS, READ_ERRORS, Batches, Source, open_source, read_error
 from shardkit.dataset.index import Dataset, open_location
 from shardkit.dataset.location import SUMMARY, Location
 from shardkit.dataset.schema import Field, Schema, field_from_arrow
 from shardkit.dataset.writer import EncodedTables, Mode, write_dataset
-from shardkit.errors import NotADatasetError, SchemaError, SchemaMismatchError
+from shardkit.errors import NotADatasetError, SchemaError, SchemaMismatchError, TimeZoneWarning
 
 __all__ = ["FORMATS", "column", "convert", "load_schema"]
 
 _CHANNELS = {"L": 1, "RGB": 3, "RGBA": 4}  # Pillow's modes of the images `ImageCodec` decodes
+_ROW = re.compile(r"\brow (\d+)\b")  # a row that an error of a codec names: of the batch it was given
 
 
 def convert(
@@ -50,11 +53,14 @@ def convert(
         >>> convert("hdfs:///petastorm/train", "s3://bucket/train")       # a Petastorm dataset
         >>> convert("logs.csv.gz", "/data/logs", columns=["id", "text"], mode="overwrite")
         >>> convert("emb.parquet", "/data/emb", schema=[Field("vec", "float32", (128,))])
+        >>> convert("exports/*/part-*.csv", "/data/exports")                # a glob pattern
 
     The source is read one row group or CSV/JSON block at a time, never whole: a ``.csv``, ``.json``,
     ``.jsonl``, ``.ndjson`` (JSON lines; both also ``.gz``, ``.bz2``, ``.zst``) or Parquet file, a folder
-    of such files (Hive ``key=value`` folders become columns, ``__HIVE_DEFAULT_PARTITION__`` nulls; the
-    columns of all its files, null in a file that lacks one), or a shardkit or Petastorm dataset. A
+    of such files or those a glob pattern matches (Hive ``key=value`` folders, below its first wildcard,
+    become columns, ``__HIVE_DEFAULT_PARTITION__`` nulls; the columns of all its files, null in a file
+    that lacks one; files not in its data format, the one of most bytes, such as a README.txt, are left
+    out and named in a `FilesLeftOutWarning`: `convert_files.listed`), or a shardkit or Petastorm dataset. A
     Petastorm dataset's fields keep their names, dtypes, shapes and nullability;
     ``CompressedImageCodec`` PNG/JPEG bytes are copied as they are into an `ImageCodec` of their format
     (decoding and encoding a JPEG again would lose quality), scalar and list columns are copied, and
@@ -65,12 +71,22 @@ def convert(
     Undeclared columns are inferred as `write_dataset` infers Arrow data (images never), nullable where
     the source holds a null: as its shardkit or Petastorm schema says, else as Parquet statistics count,
     else as the first batch shows (a null further down a CSV fails the write, naming the field and the
-    fix: declare it). Empty CSV values are empty strings in text columns, nulls in others (pyarrow's).
-    A JSON file's keys are those of its first block (`BLOCK_BYTES`, as pyarrow reads it): one seen only
-    further down fails the write unless declared, or left out of ``columns``.
+    fix: declare it). A JSON file's keys are those of its first block (`BLOCK_BYTES`, as pyarrow reads
+    it): one seen only further down fails the write unless declared, or left out of ``columns``.
+
+    A CSV's ``nan``, ``NaN``, ``-nan``, ``-NaN`` are a float's NaN, as pandas reads them, not a null: a NaN
+    written to a CSV is NaN again, its field need not be nullable (an integer column that holds one
+    becomes float64, as in pandas; a declared type without NaN fails, naming the fix). Its other null
+    spellings (`convert_sources.CSV_NULLS`: empty, NA, N/A, NULL, null, #N/A, ...) are nulls, but in text
+    columns. Times with a time zone (``timestamp[us, tz=Europe/Berlin]`` in Parquet, ISO times with
+    offsets in a CSV) are written as UTC wall times without a zone, as shardkit stores Spark's: each
+    instant is kept, and a `TimeZoneWarning` names the column and the zone. Errors name the source's
+    rows, counted from 0 (a folder's or pattern's files in name order), and a folder's file and its row.
 
     Args:
-        source, dest: a file or folder, and a folder (any fsspec URL; one ``storage_options`` for both).
+        source, dest: a file, folder or glob pattern (``*``, ``?``, ``[...]``, ``**``: matched by
+            fsspec, where no such path exists), and a folder (any fsspec URL; one ``storage_options``
+            for both).
         schema: fields that declare what inference cannot know, each replacing the inferred field of its
             name: a list column that is a fixed tensor (``Field("vec", "float32", (128,))``), a bytes
             column of encoded images (``Field("img", "uint8", (64, 64, 3), codec=ImageCodec("png"))``:
@@ -82,15 +98,15 @@ def convert(
         mode, row_group_size, file_size, compression, progress: as for `write_dataset`.
 
     Raises:
-        DatasetNotFoundError: nothing exists at ``source``.
+        DatasetNotFoundError: nothing exists at ``source`` (a pattern: nothing matches it).
         NotADatasetError: ``source`` holds no data or is not in a format above; ``dest`` is, holds or
-            lies inside ``source``.
+            lies inside ``source`` (or what the pattern matched).
         SchemaMismatchError: a declared field or a column does not fit the data (the message says where).
         SchemaError, DatasetExistsError, ...: as `write_dataset`; a failed write leaves ``dest`` as it was.
     """
     declared = {f.name: f for f in load_schema(schema)} if schema is not None else {}
     src_loc, dst_loc = Location.of(source, storage_options), Location.of(dest, storage_options)
-    _check_apart(src_loc, dst_loc)
+    _check_apart(src_loc, [src_loc.root], dst_loc)
     appended = open_location(dst_loc).schema if mode == "append" and dst_loc.exists(SUMMARY) else None
     checks = [("the schema declares", list(declared), "rename or drop those fields")]
     if appended is not None:  # its fields, but those declared (which must then be the same)
@@ -101,6 +117,7 @@ def convert(
         raise SchemaError(f"columns={columns!r} must be a list that names each column to write once (or be "
                           "left out: all of them)")
     src = open_source(src_loc, declared)
+    _check_apart(src_loc, src.roots, dst_loc)  # (a glob pattern's: what it matched)
     names = list(columns) if columns is not None else src.names
     for what, asked, fix in [("columns=", names, "name columns it has"), *checks]:
         if absent := [n for n in asked if n not in src.names]:
@@ -119,6 +136,8 @@ def convert(
     batches = _guarded(src, src.batches(None if columns is None else names))
     first = next(batches, None)
     target = Schema([declared.get(n) or _inferred(src, n, first) for n in names])
+    for name in (n for n in names if n in src.zones):
+        warnings.warn(_zone_warning(src.url, target[name], src.zones[name]), stacklevel=2)
     tables = _encoded(src, target, itertools.chain([first] if first else [], batches))
     return write_dataset(EncodedTables(tables, src.num_rows), dest, schema=target, mode=mode,
                          row_group_size=row_group_size, file_size=file_size, compression=compression,
@@ -151,20 +170,34 @@ def load_schema(schema: Schema | Sequence[Field] | str | os.PathLike[str]) -> Sc
         raise SchemaError(f"the schema file {path!r}: {e}") from e
 
 
-def _check_apart(src: Location, dst: Location) -> None:
-    """Refuse a ``dest`` that is the source, holds it or lies in it: an overwrite would delete what is
-    read, or the new files would become part of the source."""
+def _zone_warning(url: str, field: Field, zones: list[str]) -> TimeZoneWarning:
+    """What converting the times of ``field``, in the time ``zones``, to UTC wall times loses."""
+    other = [z for z in zones if z != "UTC"]
+    again = f"; to see them in their zone again: pandas.Series(values).dt.tz_localize('UTC').dt.tz_convert(" \
+        f"{other[0]!r})" if other else ""
+    said = ("time zone " if len(zones) == 1 else "time zones ") + " and ".join(repr(z) for z in zones)
+    return TimeZoneWarning(f"{url!r}: column {field.name!r} holds times with the {said}: they are "
+                           f"written as UTC wall times, {field.dtype_name} without a zone (shardkit stores "
+                           f"none), each instant kept{again}")
+
+
+def _check_apart(src: Location, roots: Sequence[str], dst: Location) -> None:
+    """Refuse a ``dest`` that is, holds or lies in one of the source's ``roots`` (its file or folder, or
+    what its glob pattern matched): an overwrite would delete what is read, or the new files would become
+    part of the source."""
     if type(src.fs) is not type(dst.fs):
         return
-    a, b = (os.path.realpath(p) if src.is_local else p.rstrip("/") for p in (src.root, dst.root))
-    relation = "is" if a == b else "lies inside" if b.startswith(a.rstrip("/") + "/") else \
-        "holds" if a.startswith(b.rstrip("/") + "/") else None
-    if relation is not None:
-        raise NotADatasetError(f"cannot convert {src.url!r} into {dst.url!r}: the destination {relation} the "
-                               "source; write to a folder outside it (and move it afterwards if need be)")
+    b, *paths = (os.path.realpath(p) if src.is_local else p.rstrip("/") for p in (dst.root, *roots))
+    for a in paths:
+        relation = "is" if a == b else "lies inside" if b.startswith(a.rstrip("/") + "/") else \
+            "holds" if a.startswith(b.rstrip("/") + "/") else None
+        if relation is not None:
+            raise NotADatasetError(f"cannot convert {src.url!r} into {dst.url!r}: the destination {relation} "
+                                   "the source; write to a folder outside it (and move it afterwards if need "
+                                   "be)")
 
 
-def _inferred(src: Source, name: str, first: tuple[pa.RecordBatch, str] | None) -> Field:
+def _inferred(src: Source, name: str, first: tuple[pa.RecordBatch, str, int] | None) -> Field:
     """The field written for the undeclared column ``name`` (see `convert` on nulls)."""
     try:
         field = src.known.get(name) or field_from_arrow(src.arrow[name])
@@ -184,21 +217,14 @@ def _inferred(src: Source, name: str, first: tuple[pa.RecordBatch, str] | None) 
 
 
 def _guarded(src: Source, batches: Batches) -> Batches:
-    """``batches``, with pyarrow's parse and conversion errors as `SchemaMismatchError` naming the rows."""
+    """``batches``, with pyarrow's parse and conversion errors as `SchemaMismatchError` naming the rows (a
+    source of files names the file itself: `read_error`)."""
     row = 0
     while True:
         try:
             item = next(batches, None)
-        except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError) as e:
-            fix = "fix the data, or declare the column's type in schema= (shardkit write --schema)"
-            if "straddl" in str(e):  # pyarrow's "straddling object straddles two block boundaries"
-                fix = TOO_LONG
-            elif "unexpected field" in str(e):  # a JSON key that the first lines of its file lack
-                fix = ("a line has a key that the file's first lines (its first block) lack: declare the "
-                       "key's field in schema= (shardkit write --schema) to keep it, or name the columns to "
-                       "write in columns= (--columns): the others are left out")
-            raise SchemaMismatchError(f"{src.url!r}: cannot read it past source row {row} ({e}); {fix}"
-                                      ) from e
+        except READ_ERRORS as e:
+            raise read_error(src.url, row, e) from e
         if item is None:
             return
         if item[0].num_rows:  # (an empty first batch would say nothing of nulls)
@@ -207,16 +233,34 @@ def _guarded(src: Source, batches: Batches) -> Batches:
 
 
 def _encoded(src: Source, target: Schema, batches: Batches) -> Iterator[pa.Table]:
-    """The source's batches encoded for ``target``; errors name the source, where, and the rows."""
+    """The source's batches encoded for ``target``; errors name the source, the file, and the rows."""
     arrow_schema, row, fields = target.arrow_schema(), 0, {f.name: src.field(f.name) for f in target}
-    for batch, where in batches:
+    for batch, where, first in batches:
         try:
             arrays = [column(fields[f.name], f, batch.column(f.name)) for f in target]
         except SchemaError as e:
-            place = f"{where}, " if where else ""
-            raise type(e)(f"{src.url!r} ({place}source rows {row}-{row + batch.num_rows - 1}): {e}") from e
+            raise type(e)(_located(src.url, str(e), target.names, (row, batch.num_rows, where, first))) from e
         yield pa.Table.from_arrays(arrays, schema=arrow_schema)
         row += batch.num_rows
+
+
+def _located(url: str, message: str, names: list[str], rows: tuple[int, int, str, int]) -> str:
+    """The ``message`` of an error encoding a batch (codecs count rows from 0 in what they are given) with
+    the source's rows: ``rows`` is the batch's first row in the source, its rows, the file it came from
+    and its first row in that file. Quoted field names are left as they are."""
+    row, n, where, first = rows
+    place = f"{where}, its rows {first}-{first + n - 1}: " if where else ""
+
+    def said(i: int) -> str:
+        return f"row {first + i} of {where} (source row {row + i})" if where else f"source row {row + i}"
+
+    masked = {f"\0{i}\0": repr(name) for i, name in enumerate(sorted(names, key=len, reverse=True))}
+    for key, name in masked.items():
+        message = message.replace(name, key)
+    message = _ROW.sub(lambda m: said(int(m.group(1))), message)
+    for key, name in masked.items():
+        message = message.replace(key, name)
+    return f"{url!r} ({place}source rows {row}-{row + n - 1}): {message}"
 
 
 def column(src: Field | None, dst: Field, values: pa.Array | pa.ChunkedArray) -> pa.Array:

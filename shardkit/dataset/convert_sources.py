@@ -1,12 +1,12 @@
-"""The sources `shardkit.dataset.convert` reads: CSV, JSON-lines or Parquet files (a file or a folder, Hive
-partitions included) through ``pyarrow.dataset``, or any dataset `open_dataset` opens, as a stream of
-Arrow batches of the stored columns with the fields the source knows for them.
+"""The sources `shardkit.dataset.convert` reads: CSV, JSON-lines or Parquet files (a file, a folder or a glob
+pattern's, Hive partitions included) through ``pyarrow.dataset``, or any dataset `open_dataset` opens, as
+a stream of Arrow batches of the stored columns with the fields the source knows for them.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import posixpath
+import re
 import warnings
 from collections.abc import Callable, Iterator
 from urllib.parse import unquote
@@ -19,7 +19,8 @@ import pyarrow.parquet as pq
 
 from shardkit.dataset.access import root_exists
 from shardkit.dataset.codecs.scalar import arrow_scalar_type
-from shardkit.dataset.footers import PARQUET_SUFFIXES, read_footer
+from shardkit.dataset.convert_files import COMPRESSED, FORMATS, Files, is_pattern, listed, suffix
+from shardkit.dataset.footers import read_footer
 from shardkit.dataset.index import PETASTORM_KEY, Dataset, SummaryMissingWarning, open_location
 from shardkit.dataset.location import COMMON, SUMMARY, Location
 from shardkit.dataset.schema import SCHEMA_KEY, Field, field_from_arrow, schema_from_arrow
@@ -32,20 +33,24 @@ from shardkit.errors import (
     SchemaMismatchError,
 )
 
-__all__ = ["BLOCK_BYTES", "FORMATS", "TOO_LONG", "Batches", "Source", "open_source"]
+__all__ = ["BLOCK_BYTES", "CSV_NULLS", "FORMATS", "READ_ERRORS", "TOO_LONG", "Batches", "Source",
+           "open_source", "read_error"]
 
-#: File name endings -> the pyarrow.dataset format that reads them (CSV and JSON may be compressed too).
-FORMATS = {**dict.fromkeys(PARQUET_SUFFIXES, "parquet"), ".csv": "csv", ".json": "json", ".jsonl": "json",
-           ".ndjson": "json"}
-_COMPRESSED = (".gz", ".bz2", ".zst", ".lz4")
 _BATCH_ROWS = 4096  # rows per batch read from files (datasets: a slice of `Dataset.iter_row_group`)
 #: CSV and JSON bytes parsed at a time (pyarrow's default, 1 MiB, refuses a longer row: a JSON line with
 #: a base64 image); the first block of a file also tells its columns and their types.
 BLOCK_BYTES = 16 << 20
 TOO_LONG = (f"a row is longer than the {BLOCK_BYTES >> 20} MiB blocks shardkit parses (by far): split it, or "
             "write the data as Parquet")
-Batches = Iterator[tuple[pa.RecordBatch, str]]  # a batch of stored columns, and where it was read
-
+#: A CSV's null values: pyarrow's ("", NA, N/A, NULL, null, #N/A, ...) but its spellings of NaN (nan, NaN,
+#: -nan, -NaN), which are a float's NaN, as pandas reads them (and Spark NaN), not nulls. (They are nulls
+#: in no column: they make an integer column float, as in pandas, and a date or bool column text.)
+CSV_NULLS = [v for v in pcsv.ConvertOptions().null_values if v.lstrip("-").lower() != "nan"]
+READ_ERRORS = (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError)  # pyarrow's, reading data
+#: A batch of stored columns, the file it was read from (its name quoted, as in messages; "" for the one
+#: file the source names), and the row of that file it starts at.
+Batches = Iterator[tuple[pa.RecordBatch, str, int]]
+_NAN_VALUE = re.compile(r"invalid value '[-+]?nan'", re.IGNORECASE)  # a CSV's NaN in a column of no floats
 
 
 @dataclasses.dataclass(frozen=True)
@@ -63,6 +68,10 @@ class Source:
     infer_nulls: frozenset[str] = frozenset()  # columns whose nullability is inferred (see `convert`)
     null_counts: dict[str, int] | None = None  # Parquet statistics' (a column they miss: its Arrow flag)
     nulls: frozenset[str] = frozenset()  # columns that hold a null for sure (see `_columns`)
+    #: the time zones of each column of times that carry one (a CSV's times with offsets: "UTC"); the
+    #: batches hold them as UTC wall times, as ``arrow`` types them (datetime64 has no zone)
+    zones: dict[str, list[str]] = dataclasses.field(default_factory=dict)
+    roots: tuple[str, ...] = ()  # what it reads: the file or folder, or what its glob pattern matched
 
     def field(self, name: str) -> Field | None:
         """The field of the stored column ``name``; None for an Arrow type no field maps (but declared)."""
@@ -73,24 +82,24 @@ class Source:
 
 
 def open_source(loc: Location, declared: dict[str, Field]) -> Source:
-    """The source at ``loc``: a dataset `open_dataset` opens, or files of the `FORMATS`."""
+    """The source at ``loc``: a dataset `open_dataset` opens, a file of the `FORMATS`, or the data files of
+    a folder or of what a glob pattern matches (`listed`)."""
+    pattern = False
     if not root_exists(loc):
-        raise DatasetNotFoundError(f"cannot convert {loc.url!r}: the path does not exist; check the path or "
-                                   "URL")
-    if loc.fs.isfile(loc.root):
-        fmt = FORMATS.get(_suffix(loc.root))
+        if not is_pattern(loc.root):
+            raise DatasetNotFoundError(f"cannot convert {loc.url!r}: the path does not exist; check the path "
+                                       "or URL")
+        pattern = True
+    elif loc.fs.isfile(loc.root):
+        fmt = FORMATS.get(suffix(loc.root))
         if fmt is None:
             raise NotADatasetError(f"cannot convert {loc.url!r}: its name does not say a format shardkit "
-                                   f"reads ({sorted(set(FORMATS))}, CSV and JSON also {list(_COMPRESSED)}); "
+                                   f"reads ({sorted(set(FORMATS))}, CSV and JSON also {list(COMPRESSED)}); "
                                    "rename it, or point at its folder if it is part of a dataset")
-        return _files_source(loc, [loc.root], fmt, declared)
-    root = loc.root.rstrip("/") + "/"
-    found = loc.fs.find(loc.root, detail=True)  # an empty CSV or JSON part file holds no rows: left out
-    formats = {p: fmt for p in sorted(found) if (fmt := FORMATS.get(_suffix(p)))
-               and not any(part.startswith(("_", ".")) for part in p[len(root):].split("/"))
-               and (fmt == "parquet" or found[p].get("size") != 0)}
-    kinds = set(formats.values())
-    if loc.exists(SUMMARY) or loc.exists(COMMON) or not kinds:  # or Parquet files of other names (Hive's)
+        return _files_source(loc, Files([loc.root], fmt, None, [loc.root]), declared)
+    summary = not pattern and (loc.exists(SUMMARY) or loc.exists(COMMON))
+    files = None if summary else listed(loc, pattern=pattern)
+    if files is None:  # a dataset: its files are the ones its summary lists (else: no data, it says so)
         with warnings.catch_warnings():  # read once, all columns: no summary needed, nothing left out
             for warning in (SummaryMissingWarning, PartitionColumnsWarning, ColumnsLeftOutWarning):
                 warnings.simplefilter("ignore", warning)
@@ -102,18 +111,26 @@ def open_source(loc: Location, declared: dict[str, Field]) -> Source:
                                        ) from e
         if ds.kind != "parquet":
             return _dataset_source(ds)
-        formats, kinds = {loc.join(name): "parquet" for name in ds.files}, {"parquet"}
-    if len(kinds) > 1:
-        raise NotADatasetError(f"cannot convert {loc.url!r}: it holds {sorted(kinds)} files; convert one "
-                               "format at a time (move the others out)")
-    return _files_source(loc, list(formats), kinds.pop(), declared, folder=True)
+        files = Files([loc.join(name) for name in ds.files], "parquet", loc.root, [loc.root])
+    return _files_source(loc, files, declared)
 
 
-def _suffix(path: str) -> str:
-    name = posixpath.basename(path).lower()
-    for ending in _COMPRESSED:
-        name = name.removesuffix(ending)
-    return posixpath.splitext(name)[1]
+def read_error(url: str, row: int, e: Exception, *, where: str = "", file_row: int = 0
+               ) -> SchemaMismatchError:
+    """pyarrow's error ``e`` reading the source at ``url`` past its ``row`` (``where``: in that file, past
+    its ``file_row``), with the fix."""
+    fix = "fix the data, or declare the column's type in schema= (shardkit write --schema)"
+    if "straddl" in str(e):  # pyarrow's "straddling object straddles two block boundaries"
+        fix = TOO_LONG
+    elif "unexpected field" in str(e):  # a JSON key that the first lines of its file lack
+        fix = ("a line has a key that the file's first lines (its first block) lack: declare the key's field "
+               "in schema= (shardkit write --schema) to keep it, or name the columns to write in columns= "
+               "(--columns): the others are left out")
+    elif _NAN_VALUE.search(str(e)):
+        fix = ("a CSV's nan or NaN is a float's NaN, not a null (as pandas reads it): declare the column a "
+               "float in schema= (shardkit write --schema), or write its nulls as empty values (or NA, NULL)")
+    place = f"{where} past its row {file_row} (source row {row})" if where else f"it past source row {row}"
+    return SchemaMismatchError(f"{url!r}: cannot read {place} ({e}); {fix}")
 
 
 def _dataset_source(ds: Dataset) -> Source:
@@ -127,18 +144,23 @@ def _dataset_source(ds: Dataset) -> Source:
         unischema = {f.name: f for f in petastorm_schema(blob, where=ds.location.join(COMMON))}
         parts = {key: unischema[key] for key in ds.partition_keys if key in unischema}
     known = {**{f.name: f for f in ds.schema}, **parts}
+    starts, rows = {}, dict.fromkeys(ds.files, 0)  # the row of its file each row group starts at
+    for rg in sorted(ds.row_groups, key=lambda rg: (rg.file, rg.index)):
+        starts[rg.file, rg.index], rows[rg.file] = rows[rg.file], rows[rg.file] + rg.num_rows
 
     def batches(names: list[str] | None) -> Batches:
         names = list(known) if names is None else names
         for i, rg in enumerate(ds.row_groups):
+            row = starts[rg.file, rg.index]
             for stored in ds.iter_row_group(i, [n for n in names if n not in parts]):
                 keys = {k: pa.array([_partition_value(rg.file, k)] * stored.num_rows, pa.string()).cast(
                     arrow_scalar_type(parts[k])) for k in names if k in parts}
                 batch = pa.RecordBatch.from_arrays([*stored.columns, *keys.values()],
                                                    names=[*stored.schema.names, *keys])
-                yield batch.select(names), f"row group {rg.index} of {rg.file!r}"
+                yield batch.select(names), repr(rg.file), row
+                row += batch.num_rows
 
-    return Source(ds.url, list(known), known, {}, batches, ds.num_rows)
+    return Source(ds.url, list(known), known, {}, batches, ds.num_rows, roots=(ds.location.root,))
 
 
 def _partition_value(file: str, key: str) -> str | None:
@@ -147,15 +169,16 @@ def _partition_value(file: str, key: str) -> str | None:
     return None if value in (None, "__HIVE_DEFAULT_PARTITION__") else unquote(value)
 
 
-def _files_source(loc: Location, paths: list[str], fmt: str, declared: dict[str, Field], *,
-                  folder: bool = False) -> Source:
+def _files_source(loc: Location, files: Files, declared: dict[str, Field]) -> Source:
     """Files read by pyarrow.dataset, with the columns of all of them (`_columns`); CSV and JSON parse the
-    declared scalar fields as their type. JSON is read by ``pyarrow.json.open_json``, which fails on a key
-    its file's first block lacks (pyarrow.dataset would drop it)."""
-    root = loc.root.rstrip("/") + "/"
-    hive = {"partitioning": "hive", "partition_base_dir": loc.root} if folder else {}
+    declared scalar fields as their type, CSV with `CSV_NULLS`. JSON is read by ``pyarrow.json.open_json``,
+    which fails on a key its file's first block lacks (pyarrow.dataset would drop it)."""
+    paths, fmt, folder = files.paths, files.fmt, files.base is not None
+    root = (files.base or "").rstrip("/") + "/"
+    hive = {"partitioning": "hive", "partition_base_dir": files.base} if folder else {}
     # newlines_in_values: a quoted value's newline is no row's end (else a block that ends in one fails)
     form = {"csv": pads.CsvFileFormat(pcsv.ParseOptions(newlines_in_values=True),
+                                      convert_options=pcsv.ConvertOptions(null_values=CSV_NULLS),
                                       read_options=pcsv.ReadOptions(block_size=BLOCK_BYTES)),
             "json": pads.JsonFileFormat(read_options=pj.ReadOptions(block_size=BLOCK_BYTES))}.get(fmt, fmt)
     types = {n: t for n, f in declared.items()
@@ -163,7 +186,7 @@ def _files_source(loc: Location, paths: list[str], fmt: str, declared: dict[str,
     try:
         data = pads.dataset(paths, format=form, filesystem=loc.arrow_fs, **hive)
         fragments = list(data.get_fragments())
-        schema, nulls = _columns(loc, data, fragments, types, fmt)
+        schema, nulls, zones = _columns(loc, data, fragments, types, fmt)
         if schema != data.schema:
             data = pads.dataset(paths, format=form, filesystem=loc.arrow_fs, schema=schema, **hive)
             fragments = list(data.get_fragments())
@@ -181,23 +204,37 @@ def _files_source(loc: Location, paths: list[str], fmt: str, declared: dict[str,
         else {}
 
     def batches(names: list[str] | None) -> Batches:
-        strict, names = names is None, data.schema.names if names is None else names
+        strict, names, row = names is None, data.schema.names if names is None else names, 0
         for fragment in fragments:
-            where = repr(fragment.path.removeprefix(root)) if folder else ""
-            if fmt == "json":
-                yield from ((b, where) for b in _json_batches(loc, data.schema, fragment, names, strict))
-                continue
-            for batch in fragment.to_batches(schema=data.schema, columns=names, batch_size=_BATCH_ROWS,
-                                             batch_readahead=1, fragment_readahead=1, **scan):
-                yield batch, where
+            where, first = repr(fragment.path.removeprefix(root)) if folder else "", 0
+            read = _json_batches(loc, data.schema, fragment, names, strict) if fmt == "json" else \
+                fragment.to_batches(schema=data.schema, columns=names, batch_size=_BATCH_ROWS,
+                                    batch_readahead=1, fragment_readahead=1, **scan)
+            try:
+                for batch in read:
+                    yield _zone_free(batch), where, first
+                    first += batch.num_rows
+            except READ_ERRORS as e:
+                raise read_error(loc.url, row + first, e, where=where, file_row=first) from e
+            row += first
 
     own = SCHEMA_KEY in (data.schema.metadata or {})  # a part file of a shardkit dataset: its fields
     known = {f.name: f for f in schema_from_arrow(data.schema)} if own else {}
-    arrow = {f.name: f for f in data.schema if f.name not in known}
+    arrow = {f.name: pa.field(f.name, pa.timestamp(f.type.unit), f.nullable) if f.name in zones else f
+             for f in data.schema if f.name not in known}
     parquet = fmt == "parquet"
     counts = _null_counts([f.metadata for f in fragments], list(arrow)) if parquet else None
     return Source(loc.url, data.schema.names, known, arrow, batches, data.count_rows() if parquet else None,
-                  frozenset(arrow), counts, frozenset(nulls))
+                  frozenset(arrow), counts, frozenset(nulls), zones, tuple(files.roots))
+
+
+def _zone_free(batch: pa.RecordBatch) -> pa.RecordBatch:
+    """``batch`` with its times that carry a time zone as UTC wall times (`Source.zones`)."""
+    if not any(pa.types.is_timestamp(t) and t.tz is not None for t in batch.schema.types):
+        return batch
+    columns = [c.cast(pa.timestamp(c.type.unit)) if pa.types.is_timestamp(c.type) and c.type.tz is not None
+               else c for c in batch.columns]
+    return pa.RecordBatch.from_arrays(columns, names=batch.schema.names)
 
 
 def _parses(fmt: str, t: pa.DataType) -> bool:
@@ -207,25 +244,37 @@ def _parses(fmt: str, t: pa.DataType) -> bool:
 
 
 def _columns(loc: Location, data: pads.FileSystemDataset, fragments: list[pads.Fragment],
-             types: dict[str, pa.DataType], fmt: str) -> tuple[pa.Schema, set[str]]:
-    """The columns of all the files in order of appearance, then the partition keys, and those that hold
-    a null for sure: a column some file lacks, a key with a null folder. A column's type is the one its
-    files share or widen to (`_widened`), else the declared one (CSV, JSON: always); JSON
+             types: dict[str, pa.DataType], fmt: str) -> tuple[pa.Schema, set[str], dict[str, list[str]]]:
+    """The columns of all the files in order of appearance, then the partition keys; those that hold
+    a null for sure: a column some file lacks, a key with a null folder or a file outside its folders;
+    and the time zones of each column of times that carry one (read as UTC, whatever the zone: the
+    instants are kept). A column's type is the one its files share or widen to (`_widened`), else the
+    declared one (CSV, JSON: always; declared times without a zone read times with one in UTC); JSON
     also gets the declared scalar fields none of its files' first lines has."""
     keys = [pads.get_partition_keys(f.partition_expression) for f in fragments]
     parts = [f for f in data.schema if any(f.name in part for part in keys)]
     fields: dict[str, pa.DataType] = {}
+    zones: dict[str, list[str]] = {}
     common: set[str] | None = None
+    types = dict(types)
     for fragment in fragments:
         physical = fragment.physical_schema
         common = set(physical.names) if common is None else common & set(physical.names)
         for f in physical:
-            before = fields.get(f.name, f.type)
-            if f.name in types and (fmt != "parquet" or before != f.type):
+            t = f.type
+            if pa.types.is_timestamp(t) and t.tz is not None:
+                seen = zones.setdefault(f.name, [])
+                seen += [t.tz] if t.tz not in seen else []
+                t = pa.timestamp(t.unit, "UTC")
+                declared = types.get(f.name)
+                if declared is not None and pa.types.is_timestamp(declared) and declared.tz is None:
+                    types[f.name] = pa.timestamp(declared.unit, "UTC")  # (a CSV's parser refuses offsets)
+            before = fields.get(f.name, t)
+            if f.name in types and (fmt != "parquet" or before != t):
                 fields[f.name] = types[f.name]
             else:
                 try:
-                    fields[f.name] = _widened(before, f.type)
+                    fields[f.name] = _widened(before, t)
                 except pa.ArrowException as e:
                     raise SchemaMismatchError(
                         f"cannot convert {loc.url!r}: column {f.name!r} of {fragment.path!r} is {f.type}, "
@@ -233,10 +282,12 @@ def _columns(loc: Location, data: pads.FileSystemDataset, fragments: list[pads.F
                         "write --schema), or convert these files apart") from e
     if fmt == "json":
         fields.update({n: t for n, t in types.items() if n not in fields and n not in data.schema.names})
-    nulls = (set(fields) - (common or set())) | {k for part in keys for k, v in part.items() if v is None}
+    nulls = (set(fields) - (common or set())) | {k for part in keys for k, v in part.items() if v is None} | {
+        f.name for f in parts if any(f.name not in part for part in keys)}  # a file outside the key's folders
     schema = pa.schema([*(pa.field(n, t) for n, t in fields.items()),
                         *(pa.field(f.name, types.get(f.name, f.type)) for f in parts)])
-    return schema.with_metadata(data.schema.metadata), nulls
+    zones = {n: z for n, z in zones.items() if pa.types.is_timestamp(schema.field(n).type)}  # (else text)
+    return schema.with_metadata(data.schema.metadata), nulls, zones
 
 
 def _widened(a: pa.DataType, b: pa.DataType) -> pa.DataType:

@@ -272,10 +272,12 @@ def test_a_source_larger_than_a_batch_is_streamed_into_several_row_groups(
 
 
 def test_a_null_after_the_first_batch_of_a_csv_names_the_field_and_the_fix(tmp_path: Path) -> None:
+    """The row named is the source's (counted from 0), not the row of the batch that holds it."""
     n = convert_sources._BATCH_ROWS + 10
     path = tmp_path / "late.csv"
     path.write_text("id,x\n" + "".join(f"{i},{'' if i == n - 1 else i}\n" for i in range(n)))
-    with pytest.raises(SchemaMismatchError, match=r"'x'.* not nullable but row \d+ is null") as info:
+    with pytest.raises(SchemaMismatchError, match=rf"'x'.* not nullable but source row {n - 1} is null"
+                       ) as info:
         convert(path, tmp_path / "out")
     assert "nullable=True" in str(info.value)
     assert not (tmp_path / "out").exists()
@@ -297,9 +299,6 @@ def sources(tmp_path: Path) -> Path:
     (tmp_path / "ok.csv").write_text("a,b\n1,x\n2,y\n")
     (tmp_path / "bad.jsonl").write_text('{"a": 1}\n{"a": "x"}\n')
     (tmp_path / "array.json").write_text('[{"a": 1}, {"a": 2}]\n')
-    (tmp_path / "mixed").mkdir()
-    (tmp_path / "mixed" / "a.csv").write_text("a\n1\n")
-    (tmp_path / "mixed" / "b.json").write_text('{"a": 1}\n')
     return tmp_path
 
 
@@ -311,7 +310,9 @@ def sources(tmp_path: Path) -> Path:
         ("empty.csv", {}, NotADatasetError, ["'{tmp}/empty.csv'", "cannot be read as csv", "Empty CSV"]),
         ("header.csv", {}, SchemaError, ["holds no rows", "column 'a'", "--schema"]),
         ("notes.txt", {}, NotADatasetError, ["'{tmp}/notes.txt'", "does not say a format", ".csv"]),
-        ("mixed", {}, NotADatasetError, ["['csv', 'json'] files", "one format at a time"]),
+        ("*.xml", {}, DatasetNotFoundError, ["'{tmp}/*.xml'", "no file matches it as a glob pattern",
+                                             "quote a pattern"]),
+        ("*.txt", {}, NotADatasetError, ["'{tmp}/*.txt'", "matches no file of", "'notes.txt'"]),
         ("ok.csv", {"columns": ["a", "zz"]}, SchemaMismatchError,
          ["columns= ['zz']", "its columns: ['a', 'b']"]),
         ("ok.csv", {"schema": [shardkit.Field("zz", "int8")]}, SchemaMismatchError,
@@ -325,9 +326,9 @@ def sources(tmp_path: Path) -> Path:
          ["cannot read the schema file", "nothing.json"]),
         ("ok.csv", {"mode": "replace"}, SchemaError, ["mode='replace'"]),
     ],
-    ids=["missing", "empty-folder", "empty-file", "header-only", "unknown-type", "mixed-formats",
-         "unknown-column", "undeclared-field", "declared-type-unfit", "unparsable", "json-array",
-         "schema-file", "mode"],
+    ids=["missing", "empty-folder", "empty-file", "header-only", "unknown-type", "pattern-unmatched",
+         "pattern-of-no-data", "unknown-column", "undeclared-field", "declared-type-unfit", "unparsable",
+         "json-array", "schema-file", "mode"],
 )
 def test_bad_sources_fail_naming_the_value_the_place_and_the_fix(
         sources: Path, source: str, kwargs: dict[str, Any], error: type[Exception], needles: list[str],
@@ -663,3 +664,157 @@ def test_a_schema_file_whose_nullable_is_no_boolean_is_refused(tmp_path: Path, n
     (tmp_path / "s.json").write_text(f'[{{"name": "x", "dtype": "int8", "nullable": {nullable}}}]')
     with pytest.raises(SchemaError, match=r"s\.json': field 'x': nullable is .*; write true or false"):
         convert(tmp_path / "a.csv", tmp_path / "out", schema=tmp_path / "s.json")
+
+
+# ---- a CSV's NaN, times with a time zone, rows named in errors, stray files and glob patterns ---------
+
+
+def test_a_csvs_nan_is_a_floats_nan_and_its_empty_value_a_null(tmp_path: Path) -> None:
+    """pandas reads a CSV's nan/NaN as NaN: so does convert (pyarrow's defaults made them nulls, and a
+    field declared not nullable failed); empty values and NA stay nulls, and text stays text."""
+    path = tmp_path / "a.csv"
+    path.write_text("id,x,s,i\n0,1.5,a,1\n1,nan,nan,nan\n2,NaN,NaN,2\n3,-nan,c,3\n4,,,4\n5,NA,NA,5\n")
+    ds = convert(path, tmp_path / "out")
+    _, rows = read_rows(ds.url)
+    assert [("nan" if v != v else v) for v in rows["x"]] == [1.5, "nan", "nan", "nan", None, None]
+    assert ds.schema["x"] == shardkit.Field("x", "float64", nullable=True)
+    assert ds.schema["i"] == shardkit.Field("i", "float64")  # an int column with a NaN: float, as in pandas
+    assert rows["s"] == ["a", "nan", "NaN", "c", "", "NA"]
+    assert np.isnan(rows["i"][1])
+    assert rows["i"][2:] == [2.0, 3.0, 4.0, 5.0]
+    values = np.array([0.5, np.nan, -2.0, np.nan])  # numpy writes NaN as nan
+    np.savetxt(tmp_path / "b.csv", values, header="x", comments="")
+    ds = convert(tmp_path / "b.csv", tmp_path / "declared", schema=[shardkit.Field("x", "float32")])
+    np.testing.assert_array_equal(ds.decode(ds.read_row_group(0))["x"], values.astype(np.float32))
+    ds = convert(tmp_path / "b.csv", tmp_path / "inferred")
+    assert ds.schema["x"] == shardkit.Field("x", "float64")
+    np.testing.assert_array_equal(ds.decode(ds.read_row_group(0))["x"], values)
+
+
+def test_a_csvs_nan_in_a_column_declared_without_nan_names_the_fix(tmp_path: Path) -> None:
+    (tmp_path / "a.csv").write_text("x\n1\nnan\n")
+    with pytest.raises(SchemaMismatchError, match=r"invalid value 'nan'.*a CSV's nan or NaN is a float's "
+                                                  r"NaN, not a null.*declare the column a float"):
+        convert(tmp_path / "a.csv", tmp_path / "out", schema=[shardkit.Field("x", "int64", nullable=True)])
+    assert not (tmp_path / "out").exists()
+
+
+def test_times_with_a_time_zone_are_written_as_utc_naming_the_column_and_the_zone(tmp_path: Path) -> None:
+    """pandas writes zone-aware times to Parquet as ``timestamp[us, tz=...]``: they were refused (only
+    --columns without them went through); now each instant is kept as UTC wall time, with a warning."""
+    when = pd.to_datetime(["2020-01-01 00:30", "2020-07-01 12:00", None]).tz_localize("Europe/Berlin")
+    pd.DataFrame({"id": [0, 1, 2], "when": when}).to_parquet(tmp_path / "t.parquet")
+    with pytest.warns(shardkit.errors.TimeZoneWarning, match=r"column 'when' holds times with the time zone "
+                      r"'Europe/Berlin': they are written as UTC wall times, datetime64\[us\].*tz_convert"):
+        ds = convert(tmp_path / "t.parquet", tmp_path / "out")
+    assert ds.schema["when"] == shardkit.Field("when", "datetime64[us]", nullable=True)
+    got = ds.decode(ds.read_row_group(0))["when"]
+    utc = when.tz_convert("UTC").tz_localize(None).to_numpy().astype("datetime64[us]")
+    np.testing.assert_array_equal(np.ma.getdata(got)[:2], utc[:2])
+    assert np.ma.getmaskarray(got).tolist() == [False, False, True]
+    with warnings.catch_warnings():  # left out by columns=: nothing to warn of
+        warnings.simplefilter("error")
+        assert convert(tmp_path / "t.parquet", tmp_path / "ids", columns=["id"]).schema.names == ["id"]
+
+
+def test_a_folders_files_in_several_time_zones_are_all_written_as_utc(tmp_path: Path) -> None:
+    (tmp_path / "src").mkdir()
+    for i, zone in enumerate(["Europe/Berlin", "UTC"]):
+        pq.write_table(pa.table({"t": pa.array([3_600_000_000 * i], pa.timestamp("us", tz=zone))}),
+                       tmp_path / "src" / f"p{i}.parquet")
+    with pytest.warns(shardkit.errors.TimeZoneWarning, match=r"'t' .*time zones 'Europe/Berlin' and 'UTC'"):
+        ds = convert(tmp_path / "src", tmp_path / "out")
+    assert read_rows(ds.url)[1]["t"] == [np.datetime64(0, "us"), np.datetime64(3_600_000_000, "us")]
+
+
+@pytest.mark.parametrize("declared", [None, shardkit.Field("ts", "datetime64[ms]")])
+def test_csv_times_with_utc_offsets_are_written_as_utc(tmp_path: Path, declared: Any) -> None:
+    """pyarrow reads ISO times with offsets as ``timestamp[s, tz=UTC]`` (declared without a zone, its parser
+    refused them: "expected no zone offset")."""
+    (tmp_path / "a.csv").write_text("ts\n2020-01-01T02:00:00+02:00\n2020-01-01T00:00:01Z\n")
+    with pytest.warns(shardkit.errors.TimeZoneWarning, match=r"column 'ts' .*time zone 'UTC'"):
+        ds = convert(tmp_path / "a.csv", tmp_path / "out", schema=None if declared is None else [declared])
+    unit = "s" if declared is None else "ms"
+    assert ds.schema["ts"] == shardkit.Field("ts", f"datetime64[{unit}]")
+    assert ds.decode(ds.read_row_group(0))["ts"].tolist() == np.array(
+        ["2020-01-01T00:00:00", "2020-01-01T00:00:01"], f"datetime64[{unit}]").tolist()
+
+
+def test_errors_name_the_source_row_and_of_a_folder_the_file(tmp_path: Path,
+                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    """Codecs number the rows of the batch they encode: the message names the source's row instead (and
+    the file's, in a folder), not "row 1" of "source rows 4-7"."""
+    monkeypatch.setattr(convert_sources, "_BATCH_ROWS", 4)
+    (tmp_path / "src").mkdir()
+    (tmp_path / "src" / "a.csv").write_text("id,x\n" + "".join(f"{i},{i}\n" for i in range(6)))
+    (tmp_path / "src" / "b.csv").write_text("id,x\n" + "".join(f"{i},{'' if i == 5 else i}\n"
+                                                                for i in range(8)))
+    with pytest.raises(SchemaMismatchError) as info:
+        convert(tmp_path / "src" / "b.csv", tmp_path / "out", schema=[shardkit.Field("x", "int64")])
+    assert "(source rows 4-7): field 'x' (writing) is not nullable but source row 5 is null" in str(
+        info.value)
+    with pytest.raises(SchemaMismatchError) as info:
+        convert(tmp_path / "src", tmp_path / "out", schema=[shardkit.Field("x", "int64")])
+    assert ("('b.csv', its rows 4-7: source rows 10-13): field 'x' (writing) is not nullable but row 5 of "
+            "'b.csv' (source row 11) is null") in str(info.value)
+    pixels = np.zeros((6, 2, 2, 3), np.uint8)
+    blobs = [png(p) for p in pixels[:5]] + [png(np.zeros((3, 2, 3), np.uint8))]
+    pq.write_table(pa.table({"img": pa.array(blobs, pa.binary())}), tmp_path / "i.parquet")
+    with pytest.raises(SchemaMismatchError, match=r"\(source rows 4-5\): field 'img': source row 5 is a PNG "
+                                                  r"image of 3x2 pixels"):
+        convert(tmp_path / "i.parquet", tmp_path / "out", schema=[
+            shardkit.Field("img", "uint8", (2, 2, 3), codec=ImageCodec("png"))])
+    (tmp_path / "src" / "c.csv").write_text("id,x\n1,1\n2,x\n")
+    with pytest.raises(SchemaMismatchError, match=r"cannot read 'c\.csv' past its row 0 \(source row 14\)"):
+        convert(tmp_path / "src", tmp_path / "out", schema=[shardkit.Field("x", "int64", nullable=True)])
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_field_whose_name_says_row_keeps_its_name_in_errors(tmp_path: Path,
+                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(convert_sources, "_BATCH_ROWS", 2)
+    pq.write_table(pa.table({"row 1": [1, 2, None]}), tmp_path / "a.parquet")
+    with pytest.raises(SchemaMismatchError, match=r"field 'row 1' .*but source row 2 is null"):
+        convert(tmp_path / "a.parquet", tmp_path / "out", schema=[shardkit.Field("row 1", "int64")])
+
+
+def test_stray_files_beside_the_data_are_left_out_naming_them(tmp_path: Path) -> None:
+    """A README or a notes.json beside Parquet files made the folder "mixed formats"; a Parquet file
+    without a suffix (Hive's names) was left out silently. Now the data format is the one of most bytes,
+    every other file is named in a warning, and Parquet is known by its magic bytes too."""
+    src = tmp_path / "src"
+    src.mkdir()
+    write_as(frame(40).iloc[:20], src / "part-0.parquet", "parquet")
+    write_as(frame(40).iloc[20:], src / "000001_0", "parquet")
+    (src / "notes.json").write_text('{"source": "frame", "rows": 40}\n')
+    (src / "README.txt").write_text("the frame, in two files\n")
+    (src / "_SUCCESS").write_text("")  # Spark's: never data, no warning
+    (src / ".part-0.parquet.crc").write_text("x")
+    with pytest.warns(shardkit.errors.FilesLeftOutWarning) as caught:
+        ds = convert(src, tmp_path / "out")
+    (message,) = [str(w.message) for w in caught]
+    assert message.startswith(f"{os.fspath(src)!r}: left out 2 file(s) that are not parquet, the format of "
+                              "its data (2 file(s), most of its bytes): 'README.txt', 'notes.json'; ")
+    assert_frame_rows(ds, frame(40))
+
+
+def test_a_glob_pattern_converts_the_files_it_matches(tmp_path: Path, helpers: SimpleNamespace) -> None:
+    df = frame(30)
+    for k in range(3):
+        (tmp_path / "src" / f"k={k}").mkdir(parents=True)
+        write_as(df.iloc[k * 10 : (k + 1) * 10], tmp_path / "src" / f"k={k}" / f"part-{k}.csv", "csv")
+        (tmp_path / "src" / f"k={k}" / "schema.json").write_text("{}\n")
+    (tmp_path / "src" / "README.txt").write_text("hi\n")
+    with warnings.catch_warnings():  # what the pattern leaves out is not the data's
+        warnings.simplefilter("error")
+        ds = convert(tmp_path / "src" / "*" / "*.csv", tmp_path / "out")
+    assert ds.schema["k"] == shardkit.Field("k", "int32")  # Hive folders below the first wildcard
+    _, rows = read_rows(ds.url, columns=["id", "k"])
+    assert rows == {"id": list(range(30)), "k": [i // 10 for i in range(30)]}
+    one = convert(tmp_path / "src" / "k=1" / "*.csv", tmp_path / "one")
+    assert one.schema.names == list(df.columns)
+    assert one.num_rows == 10
+    with pytest.warns(shardkit.errors.FilesLeftOutWarning, match=r"'k=0/schema\.json', 'k=1/schema\.json'"), \
+            pytest.raises(NotADatasetError, match=r"the destination lies inside the source"):
+        convert(tmp_path / "src" / "k=*", tmp_path / "src" / "k=1" / "out", mode="overwrite")
+    helpers.assert_nothing_written(os.fspath(tmp_path / "src" / "k=1" / "out"))

@@ -1,0 +1,124 @@
+"""Which files `shardkit.dataset.convert` reads from a folder or a glob pattern: those of its data format
+(`FORMATS`, by name; Parquet also by its magic bytes); any other file is left out and named in a
+`FilesLeftOutWarning`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import posixpath
+import re
+import warnings
+from typing import Any
+
+from shardkit.dataset.footers import PARQUET_SUFFIXES
+from shardkit.dataset.location import Location
+from shardkit.errors import DatasetNotFoundError, FilesLeftOutWarning, NotADatasetError
+
+__all__ = ["COMPRESSED", "FORMATS", "Files", "is_pattern", "listed", "suffix"]
+
+#: File name endings -> the pyarrow.dataset format that reads them (CSV and JSON may be compressed too).
+FORMATS = {**dict.fromkeys(PARQUET_SUFFIXES, "parquet"), ".csv": "csv", ".json": "json", ".jsonl": "json",
+           ".ndjson": "json"}
+COMPRESSED = (".gz", ".bz2", ".zst", ".lz4")
+_MAGIC = re.compile(r"[*?[]")  # what makes a path a glob pattern (fsspec's `has_magic`)
+_NAMED = 10  # the files left out that a warning names (then how many more)
+
+
+@dataclasses.dataclass(frozen=True)
+class Files:
+    """Data files of one format: ``paths`` in order, and what they came from."""
+
+    paths: list[str]
+    fmt: str
+    base: str | None  # the folder (a pattern's: before its first wildcard); None: the one file named
+    roots: list[str]  # what the source names: the file, the folder, or what the pattern matched
+
+
+def suffix(path: str) -> str:
+    """The ending of ``path`` that says its format (``.csv`` for ``a.CSV.gz``), else ``""``."""
+    name = posixpath.basename(path).lower()
+    for ending in COMPRESSED:
+        name = name.removesuffix(ending)
+    return posixpath.splitext(name)[1]
+
+
+def is_pattern(path: str) -> bool:
+    return _MAGIC.search(path) is not None
+
+
+def listed(loc: Location, *, pattern: bool = False) -> Files | None:
+    """The data files of the folder at ``loc``, or of what the glob ``pattern`` at ``loc`` matches (a folder
+    it matches: all its files); None for a folder without any.
+
+    A folder's data format is that of most bytes among its files of the `FORMATS` (then of most files):
+    a README.txt, or a notes.json beside Parquet files, is not its data. Every other file is left out,
+    named in one `FilesLeftOutWarning`, so no data is left out unsaid; silently only what holds none:
+    names that start with ``_`` or ``.`` (Spark's ``_SUCCESS``, ``.crc`` files, ``_temporary/``) and
+    empty files (a CSV or JSON part of a task that wrote no rows). A file whose name says no format is
+    Parquet when it starts with Parquet's magic bytes (Hive names files ``000000_0``).
+
+    Raises:
+        DatasetNotFoundError: the pattern matches no file.
+        NotADatasetError: the pattern matches no data file.
+    """
+    found: dict[str, dict[str, Any]] = {}  # fsspec's listing: path -> its "size", "type", ...
+    if pattern:
+        parts = loc.root.split("/")
+        base = "/".join(parts[:next(i for i, part in enumerate(parts) if is_pattern(part))]) or "/"
+        try:
+            matched = loc.fs.glob(loc.root, detail=True)
+        except FileNotFoundError:  # (a folder before the wildcard that does not exist, on some stores)
+            matched = {}
+        roots = sorted(matched)
+        for path, info in matched.items():
+            found.update(loc.fs.find(path, detail=True) if info.get("type") == "directory" else {path: info})
+        if not found:
+            raise DatasetNotFoundError(f"cannot convert {loc.url!r}: the path does not exist, and no file "
+                                       "matches it as a glob pattern; check the path or URL (in a shell, "
+                                       "quote a pattern: shardkit matches it, not the shell)")
+    else:
+        base, roots, found = loc.root, [loc.root], loc.fs.find(loc.root, detail=True)
+    prefix = base.rstrip("/") + "/"
+    files: dict[str, list[str]] = {}
+    sizes: dict[str, int] = {}
+    other: list[str] = []
+    for path in sorted(found):
+        name = path.removeprefix(prefix)
+        size = found[path].get("size")
+        if any(part.startswith(("_", ".")) for part in name.split("/")) or (
+                size == 0 and not name.lower().endswith(PARQUET_SUFFIXES)):  # (empty Parquet: broken)
+            continue
+        fmt = FORMATS.get(suffix(path)) or ("parquet" if _is_parquet(loc, path) else None)
+        if fmt is None:
+            other.append(name)
+            continue
+        files.setdefault(fmt, []).append(path)
+        sizes[fmt] = sizes.get(fmt, 0) + (size if isinstance(size, int) else 0)
+    if not files:
+        if pattern:
+            raise NotADatasetError(f"cannot convert {loc.url!r}: the pattern matches no file of "
+                                   f"{sorted(set(FORMATS))} (CSV and JSON also {list(COMPRESSED)}): "
+                                   f"{_names(other) or 'only hidden or empty files'}; match data files")
+        return None
+    fmt = max(files, key=lambda f: (sizes[f], len(files[f]), f))
+    left = sorted(other + [p.removeprefix(prefix) for f, paths in files.items() if f != fmt for p in paths])
+    if left:
+        warnings.warn(FilesLeftOutWarning(
+            f"{loc.url!r}: left out {len(left)} file(s) that are not {fmt}, the format of its data "
+            f"({len(files[fmt])} file(s), most of its bytes): {_names(left)}; if one holds data, convert it "
+            "apart (shardkit write FILE DEST --mode append), else move it out to silence this"), stacklevel=4)
+    return Files(files[fmt], fmt, base, roots)
+
+
+def _names(names: list[str]) -> str:
+    more = f" and {len(names) - _NAMED} more" if len(names) > _NAMED else ""
+    return ", ".join(repr(n) for n in names[:_NAMED]) + more
+
+
+def _is_parquet(loc: Location, path: str) -> bool:
+    try:
+        with loc.fs.open(path, "rb") as f:
+            return bool(f.read(4) == b"PAR1")
+    except OSError:  # unreadable: left out, and named in the warning
+        return False
