@@ -39,7 +39,7 @@ import numpy as np
 import pyarrow as pa
 
 from shardkit.dataset.index import Dataset
-from shardkit.errors import CorruptDatasetError
+from shardkit.errors import CorruptDatasetError, ImageShapeError
 from shardkit.reader import batching
 from shardkit.reader.plan import Task
 
@@ -195,10 +195,13 @@ class RowGroupSource:
             return None
 
     def _located(self, task: Task, e: CorruptDatasetError) -> CorruptDatasetError:
-        """``e``, or a copy of it that names the row group and its file."""
+        """``e``, or a copy of it that names the row group and its file, of its class (an
+        `ImageShapeError` stays one, and so a `SchemaMismatchError`)."""
         rg = self.dataset.row_groups[task.row_group]
         where = f"row group {rg.index} of {self.dataset.location.join(rg.file)!r}"
-        return e if where in str(e) else CorruptDatasetError(f"{where}: {e}")
+        if where in str(e):
+            return e
+        return (ImageShapeError if isinstance(e, ImageShapeError) else CorruptDatasetError)(f"{where}: {e}")
 
     def _decode(self, batches: Sequence[pa.RecordBatch], task: Task, rows: np.ndarray | None
                 ) -> tuple[list[Columns], np.ndarray]:

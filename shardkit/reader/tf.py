@@ -6,12 +6,15 @@ naming ``pip install 'shardkit[tf]'``.
 
 from __future__ import annotations
 
+import copy
+import traceback
+import weakref
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import numpy as np
 
-from shardkit.errors import AdapterError, require
+from shardkit.errors import AdapterError, ShardkitError, require
 
 require("tensorflow", extra="tf", purpose="shardkit.tf (tf.data datasets)")
 
@@ -32,6 +35,8 @@ from shardkit.reader.collate import (  # noqa: E402
 from shardkit.reader.reader import Reader  # noqa: E402
 
 RUN_BYTES = 16 << 20  # at most this much of consecutive batches goes to tf.data in one Python call
+#: The note under a read error in tf.data's message (see make_dataset's "Read errors").
+READ_ERROR_NOTE = "shardkit: this exception, with its cause, is read_error of the dataset from make_dataset"
 
 
 def _ragged_rank(plan: FieldPlan) -> int:
@@ -135,6 +140,16 @@ def make_dataset(reader_or_url: Reader | Any, *, label: str | None = None,
     (``AutoShardPolicy.OFF``); one of the whole dataset is sharded by batch (``DATA``). `dataset_fn`
     shards by the strategy's ``InputContext`` instead.
 
+    Read errors: tf.data turns what the generator raises into a ``tf.errors.OpError`` of its choice,
+    iterating or in ``model.fit`` (TensorFlow 2.21 keeps no class through it: a generator raising
+    ``tf.errors.DataLossError`` gives ``UnknownError``): ``InvalidArgumentError`` for a ``ValueError``
+    (`SchemaMismatchError`, `ReaderError`), ``UnknownError`` for the others (`CorruptDatasetError`...).
+    Its message holds the shardkit message as one line after the class name (``CorruptDatasetError: row
+    group 1 of '.../part-00001.parquet' cannot be read ...``), tf.data's frames and `READ_ERROR_NOTE`,
+    not the frames of the reader's threads nor the Arrow error under it. The exception itself, with its
+    cause, is the returned dataset's ``read_error`` (None until an iteration fails; reset when one starts):
+    ``raise ds.read_error`` where TensorFlow's error is caught. A dataset made from it has no such attribute.
+
     Args:
         reader_or_url: a `Reader`, or a dataset URL and ``make_reader_kwargs`` for `make_reader`.
         label: a field to yield apart, as ``(features, label)`` pairs for ``model.fit``.
@@ -167,10 +182,19 @@ def make_dataset(reader_or_url: Reader | Any, *, label: str | None = None,
     # dense and text fields are row by row: a run of batches prepares as the batches would, one by one
     joined = all(p.kind in ("dense", "text") for p in plans)
 
+    returned: list[weakref.ref[Any]] = []  # the dataset returned, weakly: it holds `generate`
+
     def generate() -> Iterator[Any]:
-        batches = passes()
-        for batch in batching.runs(batches, reader.batch_size, RUN_BYTES) if joined else batches:
-            yield split(_to_tf(plans, prepare(plans, batch, policy)))
+        _keep(returned, None)
+        try:
+            batches = passes()
+            for batch in batching.runs(batches, reader.batch_size, RUN_BYTES) if joined else batches:
+                yield split(_to_tf(plans, prepare(plans, batch, policy)))
+        except Exception as e:
+            _keep(returned, e)
+            if (shown := _shown(e)) is None:
+                raise
+            raise shown from None
 
     ds = tf.data.Dataset.from_generator(generate, output_signature=split(spec))
     if joined:  # each run back into its batches: full ones, then the short one that may end it
@@ -181,7 +205,41 @@ def make_dataset(reader_or_url: Reader | Any, *, label: str | None = None,
     elif not reader.state_dict()["history"]:  # every pass is whole epochs: Keras knows its steps
         ds = ds.apply(tf.data.experimental.assert_cardinality(reader.num_epochs * len(reader)))
     ds = ds.prefetch(prefetch) if prefetch else ds
-    return ds.with_options(_options(reader.num_shards))
+    ds = ds.with_options(_options(reader.num_shards))
+    ds.read_error = None
+    returned.append(weakref.ref(ds))
+    return ds
+
+
+def _keep(returned: list[weakref.ref[Any]], error: Exception | None) -> None:
+    """Set the returned dataset's ``read_error``, the locals of ``error``'s finished frames cleared:
+    kept there, they would hold the reader's arrays and the file it failed on."""
+    seen: set[int] = set()
+    cause: BaseException | None = error
+    while cause is not None and id(cause) not in seen:
+        seen.add(id(cause))
+        traceback.clear_frames(cause.__traceback__)  # skips the frames still running (generate's)
+        cause = cause.__cause__ or cause.__context__
+    dataset = returned[0]() if returned else None
+    if dataset is not None:
+        dataset.read_error = error
+
+
+def _shown(error: Exception) -> Exception | None:
+    """What tf.data gets of a shardkit ``error``: a copy without its cause and traceback (tf.data's
+    message would hold both, every frame of the reader's threads included) and with `READ_ERROR_NOTE`;
+    None (raise ``error`` itself) for other errors (a bug's frames tell where it is) and for a shardkit
+    error that does not copy as itself."""
+    if not isinstance(error, ShardkitError):
+        return None
+    try:
+        shown = copy.copy(error)
+    except Exception:
+        return None
+    if type(shown) is not type(error) or str(shown) != str(error):
+        return None
+    shown.__notes__ = [*getattr(error, "__notes__", []), READ_ERROR_NOTE]  # a new list: error's stays
+    return shown
 
 
 def _options(num_shards: int) -> tf.data.Options:

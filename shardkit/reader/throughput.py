@@ -170,9 +170,9 @@ def measure(
                          cache=cache, storage_options=storage_options)
     close: Callable[[], None] = reader.close
     it: Iterator[Any] | None = None
-    errors: list[Exception] = []
+    read_error = _no_read_error
     try:
-        source, close, errors = _wrap(adapter, reader)
+        source, close, read_error = _wrap(adapter, reader)
         per_epoch = len(reader)
         limit, stopped_by = _limit(batches, epochs, per_epoch)
         first: float | None = None
@@ -198,8 +198,9 @@ def measure(
     except BaseException as e:
         if adapter == "tf":  # its frames hold the tf.data iterator, which would read on (and hang the exit)
             traceback.clear_frames(e.__traceback__)
-        if errors and e is not errors[0] and isinstance(e, Exception):
-            raise errors[0] from e  # the reader's own, not tf.data's UnknownError naming it
+        own = read_error()
+        if own is not None and e is not own and isinstance(e, Exception):
+            raise own from own.__cause__  # the reader's own, its cause kept: not tf.data's OpError naming it
         raise
     finally:
         _stop(it)
@@ -242,26 +243,23 @@ def _limit(batches: int | None, epochs: int | None, per_epoch: int) -> tuple[int
     return batches, "batches" if batches is not None else "seconds"
 
 
-def _wrap(adapter: Adapter, reader: Reader) -> tuple[Any, Callable[[], None], list[Exception]]:
+def _wrap(adapter: Adapter, reader: Reader
+          ) -> tuple[Any, Callable[[], None], Callable[[], Exception | None]]:
     """What to iterate for ``adapter`` (its module imported already: see `measure`), how to close it, and
-    the reader's exceptions where tf.data runs it (it raises an ``UnknownError`` naming one in text only)."""
-    errors: list[Exception] = []
+    the reader's exception where tf.data runs it (``read_error``: tf.data raises an ``OpError`` of its
+    own that holds only the text of it; see ``shardkit.tf.make_dataset``)."""
     if adapter == "torch":
         loader = importlib.import_module("shardkit.torch").make_loader(reader)
-        return loader, loader.close, errors
+        return loader, loader.close, _no_read_error
     if adapter == "numpy":
-        return reader, reader.close, errors
-    iter_epoch = reader.iter_epoch
+        return reader, reader.close, _no_read_error
+    ds = importlib.import_module("shardkit.tf").make_dataset(reader)
+    return ds, reader.close, lambda: ds.read_error
 
-    def kept() -> Iterator[Any]:
-        try:
-            yield from iter_epoch()
-        except Exception as e:
-            errors.append(e)
-            raise
 
-    reader.iter_epoch = kept  # type: ignore[method-assign]
-    return importlib.import_module("shardkit.tf").make_dataset(reader), reader.close, errors
+def _no_read_error() -> Exception | None:
+    """The reader's own exception where the adapter lets it through: none to find."""
+    return None
 
 
 def _stop(it: Iterator[Any] | None) -> None:

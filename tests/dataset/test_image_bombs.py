@@ -32,7 +32,7 @@ from PIL import Image
 
 import shardkit
 from shardkit import Field, ImageCodec, Schema
-from shardkit.errors import ConfigError, CorruptDatasetError, SchemaMismatchError
+from shardkit.errors import ConfigError, CorruptDatasetError, ImageShapeError, SchemaMismatchError
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 LIMIT = 1 << 28  # headers.DEFAULT_MAX_IMAGE_PIXELS
@@ -359,6 +359,9 @@ def test_a_small_image_of_another_size_is_refused_by_its_header_and_skippable(tm
     url = write_images(tmp_path / "ds", FIXED, images, {BAD: wrong.getvalue()})
     rows = read_skipping(url)
     assert set(rows) == set(range(ROWS)) - {BAD}
+    with pytest.raises(SchemaMismatchError, match=r"row group \d+ of .*part-.*'img'") as info:
+        read(url)  # the reader names the row group and keeps the class (it was a CorruptDatasetError)
+    assert isinstance(info.value, ImageShapeError)
 
 
 def test_the_limit_is_set_by_the_environment_or_the_module(monkeypatch: pytest.MonkeyPatch) -> None:

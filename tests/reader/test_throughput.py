@@ -261,10 +261,19 @@ def _import_adapter(adapter: str) -> None:
 @pytest.mark.parametrize("adapter", ["numpy", "torch", pytest.param("tf", marks=pytest.mark.tf)])
 def test_a_read_error_is_the_readers_own_whatever_the_adapter(gone: str, adapter: str) -> None:
     """tf.data runs the reader on its threads and turns its exception into an UnknownError that names it
-    in text only: measure raises the reader's own (the CLI prints it as one line, exit 2)."""
+    in text only: measure raises the reader's own (the CLI prints it as one line, exit 2), with its own
+    cause (it was tf.data's UnknownError), as every adapter does."""
     _import_adapter(adapter)
-    with pytest.raises(CorruptDatasetError, match="is missing; the dataset was changed outside shardkit"):
+    missing = "is missing; the dataset was changed outside shardkit"
+    with pytest.raises(CorruptDatasetError, match=missing) as info:
         measure(gone, adapter=adapter, batch_size=4, warmup_batches=0)
+    causes = []
+    cause = info.value.__cause__
+    while cause is not None:
+        causes.append(cause)
+        cause = cause.__cause__
+    assert not [c for c in causes if type(c).__module__.startswith("tensorflow")], causes
+    assert [c for c in causes if type(c) is FileNotFoundError], causes  # the deleted file's
 
 
 @pytest.mark.tf
