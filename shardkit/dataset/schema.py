@@ -17,9 +17,9 @@ import numpy as np
 import pyarrow as pa
 
 from shardkit.dataset.codecs import Codec, ImageCodec, NdarrayCodec, ScalarCodec, TensorCodec, codec_from_json
-from shardkit.dataset.codecs.base import is_bytes_type, is_text_type
+from shardkit.dataset.codecs.base import first_null, is_bytes_type, is_text_type
 from shardkit.dataset.codecs.scalar import zoned_times_fix
-from shardkit.errors import SchemaError, SchemaMismatchError
+from shardkit.errors import CorruptDatasetError, SchemaError, SchemaMismatchError
 
 SCHEMA_KEY = b"shardkit.schema"
 SCHEMA_VERSION = 2
@@ -290,8 +290,24 @@ class Schema(Sequence[Field]):
         return pa.Table.from_arrays(arrays, schema=self.arrow_schema())
 
     def decode(self, table: pa.Table | pa.RecordBatch) -> dict[str, np.ndarray]:
-        """Decode an Arrow table (any subset of the columns) to a dict of numpy arrays."""
-        return {name: self[name].codec.decode(self[name], table.column(name)) for name in table.column_names}
+        """Decode an Arrow table (any subset of the columns) to a dict of numpy arrays.
+
+        Raises:
+            CorruptDatasetError: a null in a field that is not nullable (a file written outside shardkit,
+                or for another schema): its row read as a masked value, or 0 under TensorFlow, unsaid.
+                With ``on_error="skip"`` the reader loses that row only.
+        """
+        out = {}
+        for name in table.column_names:
+            field, column = self[name], table.column(name)
+            if column.null_count and not field.nullable:
+                row = first_null(column)
+                raise CorruptDatasetError(
+                    f"field {field.name!r} is not nullable but row {row} is null: the file was written "
+                    "outside shardkit or for another schema; rewrite it with the field declared "
+                    f"Field({field.name!r}, ..., nullable=True), or read with on_error='skip'")
+            out[name] = field.codec.decode(field, column)
+        return out
 
 
 def _v1_tensor_storage(entry: Any) -> Any:

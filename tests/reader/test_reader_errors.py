@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import pytest
@@ -385,3 +386,33 @@ def test_truncated_file_raises_naming_file_and_row_group(tmp_path: Path) -> None
         assert ids.tolist() == with_substitutes(range(500), substitutes(range(500), gone))
         assert reader.stats["repeated_rows"] == lost
         assert reader.stats["skipped_row_groups"] == len(cut)
+
+
+@pytest.mark.parametrize("name", ["x", "s", "v"])
+def test_a_null_in_a_field_that_is_not_nullable_is_corruption(tmp_path: Path, name: str) -> None:
+    """A file rewritten outside shardkit with a null in a non-nullable number, text or tensor field: it
+    was read as a masked value (None for text; 0 under TensorFlow), unsaid. Now it is a corrupt row,
+    which on_error="skip" loses alone."""
+    url = os.fspath(tmp_path / "ds")
+    shardkit.write_dataset({"id": np.arange(12), "x": np.arange(12, dtype=np.float32),
+                            "s": [str(i) for i in range(12)], "v": np.ones((12, 3), np.float32)}, url,
+                           row_group_size=6)
+    (file,) = shardkit.open_dataset(url).files
+    path = os.path.join(url, file)
+    table = pq.read_table(path)
+    values = table.column(name).to_pylist()
+    values[8] = None  # row 2 of row group 1
+    column = pa.array(values, type=table.schema.field(name).type)
+    table = table.set_column(table.schema.get_field_index(name), name, column)
+    pq.write_table(table.replace_schema_metadata(pq.read_schema(path).metadata), path, row_group_size=6)
+    os.remove(os.path.join(url, "_metadata"))  # the summary holds the old file's offsets
+    shardkit.write_summary(url)
+
+    with pytest.raises(CorruptDatasetError, match=rf"row group 1 of '.*{file}': field '{name}' is not "
+                                                  r"nullable but row 2 is null: .*nullable=True\), or read "
+                                                  "with on_error='skip'"):
+        list(shardkit.make_reader(url, shuffle=False, cache=None, batch_size=4))
+    with pytest.warns(UserWarning, match="skipped 1 corrupt row group"):
+        batches = list(shardkit.make_reader(url, shuffle=False, cache=None, batch_size=1, on_error="skip"))
+    assert 8 not in {int(b["id"][0]) for b in batches}
+    assert all(not isinstance(b[name], np.ma.MaskedArray) for b in batches)

@@ -100,8 +100,8 @@ def mask_of(array: pa.Array) -> np.ndarray | None:
     return np.asarray(array.is_null().to_numpy(zero_copy_only=False), dtype=bool)
 
 
-def first_null(array: pa.Array) -> int:
-    """Index of the first null of an Arrow array that has one."""
+def first_null(array: pa.Array | pa.ChunkedArray) -> int:
+    """Index of the first null of an Arrow array (or chunked array) that has one."""
     return int(np.argmax(array.is_null().to_numpy(zero_copy_only=False)))
 
 
