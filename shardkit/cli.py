@@ -196,23 +196,6 @@ def _render(args: argparse.Namespace) -> int:
     return 0
 
 
-def _bench(args: argparse.Namespace) -> int:
-    from shardkit.reader.throughput import measure
-
-    given = {name: getattr(args, name) for name in ("batch_size", "warmup_batches", "seed")}
-    try:
-        with _warnings_after(UserWarning):
-            result = measure(args.url, adapter=args.adapter, batches=args.batches, seconds=args.seconds,
-                             epochs=args.epochs, shard=args.shard, num_shards=args.num_shards,
-                             columns=_names(args.columns), shuffle=args.shuffle, workers=args.workers,
-                             prefetch=args.prefetch, cache=args.cache,
-                             **{k: v for k, v in given.items() if v is not None})
-    except KeyboardInterrupt:
-        return 130
-    print(json.dumps(result.to_json(), indent=2) if args.json else result.summary())
-    return 0
-
-
 def _add_config(p: argparse.ArgumentParser) -> None:
     p.add_argument("config", help="the job's YAML file")
     p.add_argument("--set", action="append", default=[], metavar="KEY.PATH=VALUE",
@@ -225,6 +208,7 @@ _DESCRIPTION = ("Parquet datasets for distributed training: inspect, index, writ
 
 def build_parser() -> argparse.ArgumentParser:
     from shardkit import __version__
+    from shardkit.cli_bench import add_parser as add_bench_parser
 
     parser = argparse.ArgumentParser(prog="shardkit", description=_DESCRIPTION)
     parser.add_argument("--version", action="version", version=f"shardkit {__version__}")
@@ -268,31 +252,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--engine", help="kubernetes or yarn (default: the config's engine.name)")
     p.add_argument("--out", metavar="DIR", help="write the files into DIR (default: print them)")
     p.set_defaults(func=_render, parser=p)
-    p = sub.add_parser("bench", help="measure how fast a dataset reads: rows/s, MB/s, CPU, peak memory",
-                       description="Read one shard as training would (after --warmup batches) and print "
-                                   "its throughput; stops after --batches, --seconds or --epochs, whichever "
-                                   "comes first (with none of them: one epoch).")
-    p.add_argument("url")
-    p.add_argument("--adapter", choices=["numpy", "torch", "tf"], default="numpy",
-                   help="the reader's numpy batches, shardkit.torch.make_loader or shardkit.tf.make_dataset")
-    p.add_argument("--batch-size", type=int, metavar="N", help="rows per batch (default 256)")
-    p.add_argument("--columns", metavar="A,B", help="fields to read, comma-separated (default: all)")
-    p.add_argument("--shard", type=int, metavar="K", help="the shard to read (with --num-shards)")
-    p.add_argument("--num-shards", type=int, metavar="N", help="shards the dataset is split into")
-    p.add_argument("--workers", type=int, metavar="N", help="reading/decoding threads")
-    p.add_argument("--prefetch", type=int, metavar="N", help="row-group slices read ahead")
-    p.add_argument("--no-shuffle", dest="shuffle", action="store_false", help="read in order")
-    p.add_argument("--seed", type=int, metavar="N", help="the shuffle's seed (default 0)")
-    p.add_argument("--warmup", dest="warmup_batches", type=int, metavar="N",
-                   help="batches read before the clock starts (default 10)")
-    p.add_argument("--batches", type=int, metavar="N", help="stop after N measured batches")
-    p.add_argument("--seconds", type=float, metavar="S", help="stop after S seconds")
-    p.add_argument("--epochs", type=int, metavar="N",
-                   help="stop after N whole epochs (measured from the epoch after the warm-up)")
-    p.add_argument("--no-cache", dest="cache", action="store_const", const=None, default="auto",
-                   help="no row-group cache for remote data")
-    p.add_argument("--json", action="store_true", help="machine-readable output")
-    p.set_defaults(func=_bench)
+    add_bench_parser(sub)
     return parser
 
 

@@ -5,9 +5,11 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import pandas as pd
@@ -15,9 +17,19 @@ import pytest
 
 import shardkit
 from shardkit.cli import main
+from tests.reader import conftest as s3_fixtures
+
+if TYPE_CHECKING:
+    from tests.reader.conftest import S3Server
 
 REPO = Path(__file__).resolve().parents[1]
 N = 50
+# the moto S3 server on loopback and a fresh bucket per test (tests/reader/conftest.py)
+s3_server, s3_bucket, no_internet = s3_fixtures.s3_server, s3_fixtures.s3_bucket, s3_fixtures.no_internet
+# an argument of measure or make_reader as Python writes it (``warmup_batches=``, a bare ``num_shards``)
+PYTHON_NAME = re.compile(r"(?<![\w.-])(?:(?:adapter|batch_size|columns|shard|num_shards|workers|prefetch|"
+                         r"shuffle|seed|warmup_batches|batches|seconds|epochs|cache|storage_options)=|"
+                         r"num_shards\b|batch_size\b|warmup_batches\b|storage_options\b)")
 
 
 @pytest.fixture(scope="module")
@@ -93,9 +105,33 @@ def test_torch_adapter(url: str, capsys: pytest.CaptureFixture[str]) -> None:
 def test_tf_adapter(url: str, capsys: pytest.CaptureFixture[str]) -> None:
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     pytest.importorskip("tensorflow")
+    level = os.environ["TF_CPP_MIN_LOG_LEVEL"]
     assert main(["bench", url, "--adapter", "tf", "--batch-size", "10", "--warmup", "2", "--json"]) == 0
     info = json.loads(capsys.readouterr().out)
     assert (info["adapter"], info["rows"], info["batches"]) == ("tf", N, 5)
+    assert os.environ["TF_CPP_MIN_LOG_LEVEL"] == level  # the user's level stands
+
+
+def _bench_process(*args: str) -> subprocess.CompletedProcess[str]:
+    """``python -m shardkit bench ARGS`` without TF_CPP_MIN_LOG_LEVEL in its environment."""
+    env = {k: v for k, v in os.environ.items() if k != "TF_CPP_MIN_LOG_LEVEL"}
+    return subprocess.run([sys.executable, "-m", "shardkit", "bench", *args], cwd=REPO, env=env,
+                          capture_output=True, text=True, timeout=300, check=False)
+
+
+@pytest.mark.tf
+def test_tf_adapter_writes_no_tensorflow_log_lines(url: str, tmp_path: Path) -> None:
+    """TensorFlow's import wrote absl's "All log messages before absl::InitializeLog()" line and the oneDNN
+    notice, and its first ops info lines (cpu_feature_guard, generator_dataset_op), on stderr."""
+    pytest.importorskip("tensorflow")
+    done = _bench_process(url, "--adapter", "tf", "--batch-size", "10", "--warmup", "2", "--json")
+    assert (done.returncode, done.stderr) == (0, "")
+    assert json.loads(done.stdout)["rows"] == N
+    ds = shardkit.write_dataset({"id": np.arange(40)}, tmp_path / "ds", row_group_size=5, file_size=200)
+    (tmp_path / "ds" / ds.files[1]).unlink()  # a read error in tf.data's threads: its own line only
+    done = _bench_process(ds.url, "--adapter", "tf", "--batch-size", "4", "--warmup", "0")
+    assert (done.returncode, done.stdout) == (2, "")
+    assert "is missing; the dataset was changed outside shardkit" in _one_line_error(done.stderr)
 
 
 def test_a_plain_parquet_folder_prints_the_warning(tmp_path: Path,
@@ -113,26 +149,99 @@ def test_a_plain_parquet_folder_prints_the_warning(tmp_path: Path,
 @pytest.mark.parametrize(
     ("args", "needles"),
     [
-        (["--batch-size", "0"], ["batch_size=0 must be an int >= 1"]),
-        (["--shard", "2", "--num-shards", "2"], ["shard=2 must be an int in [0, num_shards=2)"]),
-        (["--shard", "1"], ["shard=1 was given without num_shards", "pass num_shards="]),
+        (["--batch-size", "0"], ["--batch-size 0 must be an int >= 1"]),
+        (["--shard", "2", "--num-shards", "2"], ["--shard 2 must be an int in [0, --num-shards 2)"]),
+        (["--shard", "-1", "--num-shards", "2"], ["--shard -1 must be an int in [0, --num-shards 2)"]),
+        (["--shard", "1"], ["--shard 1 was given without --num-shards,",
+                            "pass --num-shards <number of workers>"]),
+        (["--num-shards", "2"], ["--num-shards 2 was given without --shard;"]),
         (["--columns", "id,nope"], ["unknown column(s) ['nope']", "its fields are ['id', 'x', 'label']"]),
-        (["--columns", ","], ["columns=[] selects nothing"]),
-        (["--batches", "0"], ["batches=0 must be an int >= 1"]),
-        (["--epochs", "0"], ["epochs=0 must be an int >= 1"]),
-        (["--warmup", "-1"], ["warmup_batches=-1 must be an int >= 0"]),
-        (["--seconds", "0"], ["seconds=0.0 must be a finite number > 0"]),
-        (["--seconds", "nan"], ["seconds=nan must be a finite number > 0"]),
-        (["--workers", "0"], ["workers=0 must be an int >= 1"]),
+        (["--columns", "id, label,id"], ["--columns id,label,id names ['id'] more than once"]),
+        (["--batches", "0"], ["--batches 0 must be an int >= 1 (batches to measure)"]),
+        (["--epochs", "0"], ["--epochs 0 must be an int >= 1 (whole epochs to measure)"]),
+        (["--warmup", "-1"], ["--warmup -1 must be an int >= 0 (batches read before the clock starts)"]),
+        (["--seconds", "0"], ["--seconds 0.0 must be a finite number > 0 (how long to measure)"]),
+        (["--seconds", "nan"], ["--seconds nan must be a finite number > 0"]),
+        (["--workers", "0"], ["--workers 0 must be an int >= 1"]),
+        (["--prefetch", "-1"], ["--prefetch -1 must be an int >= 0"]),
+        (["--seed", "-1"], ["--seed -1 must be an int >= 0"]),
     ],
 )
-def test_bad_values_exit_2_with_one_line(url: str, capsys: pytest.CaptureFixture[str], args: list[str],
-                                         needles: list[str]) -> None:
+def test_bad_values_exit_2_with_one_line_naming_the_flags(url: str, capsys: pytest.CaptureFixture[str],
+                                                          args: list[str], needles: list[str]) -> None:
+    """The messages are measure's and make_reader's, with each argument written as the flag typed
+    (``--warmup -1``, not ``warmup_batches=-1``); from Python they name the arguments (test_throughput)."""
     assert main(["bench", url, *args]) == 2
     out, err = capsys.readouterr()
     assert out == ""
     for needle in needles:
         assert needle in _one_line_error(err), (needle, err)
+    assert not PYTHON_NAME.search(err), err
+
+
+def test_a_job_world_error_names_the_flags(url: str, capsys: pytest.CaptureFixture[str],
+                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    assert main(["bench", url]) == 2
+    err = _one_line_error(capsys.readouterr().err)
+    assert "so this worker's shard is unknown; pass --shard <rank> (every worker" in err
+    assert main(["bench", url, "--shard", "3"]) == 2  # num_shards from WORLD_SIZE
+    assert "--shard 3 must be an int in [0, --num-shards 2)" in _one_line_error(capsys.readouterr().err)
+
+
+def test_a_cache_folder_that_cannot_be_made_names_the_flags(url: str, tmp_path: Path,
+                                                            capsys: pytest.CaptureFixture[str]) -> None:
+    (tmp_path / "file").write_text("")
+    assert main(["bench", url, "--cache", str(tmp_path / "file" / "cache")]) == 2
+    err = _one_line_error(capsys.readouterr().err)
+    assert f"the cache folder '{tmp_path / 'file' / 'cache'}' cannot be created (" in err
+    assert err.endswith("; pass a writable folder with --cache DIR or set SHARDKIT_CACHE_DIR, "
+                        "or --no-cache\n")
+    assert not PYTHON_NAME.search(err), err
+
+
+def test_cache_folder(url: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """--cache DIR caches local data too (make_reader's cache=DIR); `auto` is the default, a folder of that
+    name is ./auto."""
+    argv = ["bench", url, "--batch-size", "10", "--warmup", "0", "--no-shuffle", "--json"]
+    assert main([*argv, "--cache", str(tmp_path / "cache")]) == 0
+    stats = json.loads(capsys.readouterr().out)["stats"]
+    assert (stats["cache_misses"], stats["cache_hits"]) == (7, 0)  # 50 rows in row groups of 8
+    assert len(list((tmp_path / "cache").glob("*.arrow"))) == 7
+    assert main([*argv, "--cache", str(tmp_path / "cache")]) == 0
+    assert json.loads(capsys.readouterr().out)["stats"]["cache_hits"] == 7
+    for flags in (["--cache", "auto"], ["--no-cache"], []):
+        assert main([*argv, *flags]) == 0
+        assert "cache_misses" not in json.loads(capsys.readouterr().out)["stats"], flags  # local: no cache
+
+
+def test_storage_options_and_cache_on_s3(s3_server: S3Server, s3_bucket: str, tmp_path: Path,
+                                         capsys: pytest.CaptureFixture[str]) -> None:
+    url, opts = f"s3://{s3_bucket}/ds", s3_server.storage_options
+    shardkit.write_dataset({"id": np.arange(40), "t": [f"é{i}" for i in range(40)]}, url,
+                           storage_options=opts, row_group_size=10)
+    argv = ["bench", url, "--storage-options", json.dumps(opts), "--batch-size", "10", "--warmup", "0",
+            "--json"]
+    assert main([*argv, "--cache", str(tmp_path / "cache")]) == 0
+    info = json.loads(capsys.readouterr().out)
+    assert (info["url"], info["rows"], info["stats"]["cache_misses"]) == (url, 40, 4)
+    assert len(list((tmp_path / "cache").glob("*.arrow"))) == 4
+    assert main([*argv, "--no-cache"]) == 0
+    assert "cache_misses" not in json.loads(capsys.readouterr().out)["stats"]
+
+
+def test_storage_options_in_a_message_are_json_for_the_flag(s3_server: S3Server, s3_bucket: str,
+                                                            capsys: pytest.CaptureFixture[str],
+                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    """No credentials: access.py's fix names storage_options={...} (Python), here the flag and its JSON."""
+    for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"):
+        monkeypatch.delenv(name, raising=False)
+    client = {"client_kwargs": s3_server.storage_options["client_kwargs"]}
+    assert main(["bench", f"s3://{s3_bucket}/ds", "--storage-options", json.dumps(client)]) == 2
+    err = _one_line_error(capsys.readouterr().err)
+    assert "no credentials were found for it" in err
+    assert """or pass --storage-options '{"key": ..., "secret": ...}', or""" in err
+    assert not PYTHON_NAME.search(err), err
 
 
 def test_a_url_that_is_not_a_dataset_exits_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -147,8 +256,16 @@ def test_a_url_that_is_not_a_dataset_exits_2(tmp_path: Path, capsys: pytest.Capt
     (["--batch-size", "x"], "argument --batch-size: invalid int value: 'x'"),
     (["--seconds", "soon"], "argument --seconds: invalid float value: 'soon'"),
     (["--adapter", "jax"], "argument --adapter: invalid choice: 'jax'"),
+    (["--columns", ","], "argument --columns: ',' names no field; name some, comma-separated "
+                         "(--columns a,b), or leave --columns out to read them all"),
+    (["--cache", " "], "argument --cache: ' ' is no folder; give one, e.g. --cache /mnt/nvme/shardkit-cache"),
+    (["--cache", "c", "--no-cache"], "argument --no-cache: not allowed with argument --cache"),
+    (["--storage-options", "{anon: true}"],
+     "argument --storage-options: '{anon: true}' is not JSON (Expecting property name enclosed in double "
+     """quotes: line 1 column 2 (char 1)); write an object, e.g. '{"anon": true}'"""),
+    (["--storage-options", "[1]"], "argument --storage-options: '[1]' is JSON but not an object"),
 ])
-def test_malformed_numbers_are_usage_errors(url: str, capsys: pytest.CaptureFixture[str], args: list[str],
+def test_malformed_values_are_usage_errors(url: str, capsys: pytest.CaptureFixture[str], args: list[str],
                                             needle: str) -> None:
     with pytest.raises(SystemExit) as info:
         main(["bench", url, *args])

@@ -30,11 +30,13 @@ ADAPTERS: tuple[Adapter, ...] = ("numpy", "torch", "tf")
 class Throughput:
     """What `measure` measured. Rates are per second of the measured part (warm-up not counted).
 
-    ``decoded_bytes`` sums the batches' arrays as they are in memory (``nbytes``); values of object
-    columns (text, bytes, variable-shape rows) count their ``len`` (characters of a str) or ``nbytes``,
-    so text is counted roughly. ``peak_rss`` is this process's peak so far, in bytes (None where the
-    platform does not tell), ``stats`` the reader's counters over the whole run, warm-up included
-    (``reader.stats``, and ``cache_hits``... when it reads through a row-group cache).
+    ``decoded_bytes`` are the bytes of the values of the fields read, as the adapter delivers them, the
+    same with every adapter: numbers their ``nbytes`` (a null number counts its slot, which holds 0 or
+    a masked value), text its UTF-8 bytes, bytes their length, a variable-shape row its elements (a
+    null text or row counts 0); the adapters' ``<field>__valid`` masks are not counted (`nbytes`).
+    ``peak_rss`` is this process's peak so far, in bytes (None where the platform does not tell),
+    ``stats`` the reader's counters over the whole run, warm-up included (``reader.stats``, and
+    ``cache_hits``... when it reads through a row-group cache).
     """
 
     url: str
@@ -64,7 +66,7 @@ class Throughput:
 
     @property
     def mb_per_second(self) -> float:
-        """Decoded megabytes (10**6 bytes) per second."""
+        """Decoded megabytes (10**6 bytes, see ``decoded_bytes``) per second."""
         return self.decoded_bytes / 1e6 / self.seconds
 
     @property
@@ -134,8 +136,10 @@ def measure(
     are then behind); then the clock runs until ``batches`` batches, ``seconds`` seconds, or the end of
     ``epochs`` epochs, whichever comes first (Petastorm's ``-m/--measure-cycles``, in batches rather
     than rows: a training step takes a batch). With none of the three, it measures one epoch. Each
-    batch is taken from the adapter and its arrays' sizes read (nothing copied), as a training step
-    would find them; ``seconds`` is checked after each batch, so at least one batch is measured.
+    batch is taken from the adapter and its fields' sizes read (nothing copied but non-ASCII text,
+    encoded to count its UTF-8 bytes), as a training step would find them (``decoded_bytes``: the same
+    bytes with every adapter); ``seconds`` is checked after each batch, so at least one batch is
+    measured.
 
     The measured part follows the warm-up in the same stream, the read-ahead already full, except with
     ``epochs``: it then starts at the beginning of the epoch after the warm-up (the rest of that epoch is
@@ -173,12 +177,12 @@ def measure(
     read_error = _no_read_error
     try:
         source, close, read_error = _wrap(adapter, reader)
-        per_epoch = len(reader)
+        per_epoch, fields = len(reader), reader.schema.names
         limit, stopped_by = _limit(batches, epochs, per_epoch)
         first: float | None = None
         it = iter(source)
         for _ in range(warmup_batches):
-            size_of_batch(next(it))
+            size_of_batch(next(it), fields)
             first = time.perf_counter() - started if first is None else first
         if epochs is not None and warmup_batches % per_epoch:
             _stop(it)
@@ -187,7 +191,7 @@ def measure(
             it = iter(source)
         bar = _progress_bar(progress)  # tqdm imported before the clock starts
         cpu0, t0 = time.process_time(), time.perf_counter()
-        count, rows, decoded, first_at, timed_out = _timed(it, limit, seconds, bar)
+        count, rows, decoded, first_at, timed_out = _timed(it, fields, limit, seconds, bar)
         elapsed, cpu = max(time.perf_counter() - t0, 1e-9), time.process_time() - cpu0
         first = first_at - started if first is None else first
         stopped_by = "seconds" if timed_out else stopped_by
@@ -225,7 +229,7 @@ def _checked(adapter: Any, warmup: Any, batches: Any, seconds: Any, epochs: Any
     real = isinstance(seconds, int | float | np.integer | np.floating) and not isinstance(seconds, bool)
     if seconds is not None and not (real and (isinstance(seconds, int) or math.isfinite(seconds))
                                     and seconds > 0):  # an int may be past float's range
-        raise ReaderError(f"seconds={seconds!r} must be a finite number > 0 (how long to measure), or None")
+        raise ReaderError(f"seconds={seconds!r} must be a finite number > 0 (how long to measure)")
     return adapter, warmup, batches, epochs
 
 
@@ -267,15 +271,16 @@ def _stop(it: Iterator[Any] | None) -> None:
     getattr(it, "close", lambda: None)()
 
 
-def _timed(it: Iterator[Any], limit: int | None, seconds: float | None, bar: Any
+def _timed(it: Iterator[Any], fields: Sequence[str], limit: int | None, seconds: float | None, bar: Any
            ) -> tuple[int, int, int, float, bool]:
-    """Batches, rows and decoded bytes taken from ``it`` until ``limit`` batches or ``seconds`` (then
-    True, last), and when the first batch came; ``bar`` (if any) counts the rows and is closed."""
+    """Batches, rows and decoded bytes (of ``fields``) taken from ``it`` until ``limit`` batches or
+    ``seconds`` (then True, last), and when the first batch came; ``bar`` (if any) counts the rows and is
+    closed."""
     count = rows = decoded = 0
     t0 = first = time.perf_counter()
     try:
         while limit is None or count < limit:
-            n, b = size_of_batch(next(it))
+            n, b = size_of_batch(next(it), fields)
             now = time.perf_counter()
             first = now if count == 0 else first
             count, rows, decoded = count + 1, rows + n, decoded + b

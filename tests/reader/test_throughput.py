@@ -19,6 +19,7 @@ from hypothesis import strategies as st
 
 import shardkit
 from shardkit.errors import CorruptDatasetError, ReaderError
+from shardkit.reader.sizes import size_of_batch
 from shardkit.reader.throughput import Throughput, measure, nbytes, peak_rss
 
 N = 60
@@ -168,9 +169,17 @@ def test_tf_adapter_counts_the_same(url: str) -> None:
         ({"batch_size": 0}, "batch_size=0 must be an int >= 1"),
         ({"columns": ["id", "nope"]}, "unknown column(s) ['nope']"),
         ({"shard": 2, "num_shards": 2}, "shard=2 must be an int in [0, num_shards=2)"),
+        ({"shard": 1}, "shard=1 was given without num_shards"),
+        ({"seed": -1}, "seed=-1 must be an int >= 0"),
+        ({"prefetch": -1}, "prefetch=-1 must be an int >= 0"),
+        ({"cache": " "}, "cache=' ' is not a cache setting; pass None (no cache)"),
     ],
 )
-def test_bad_arguments_raise_reader_error(url: str, kwargs: dict[str, Any], needle: str) -> None:
+def test_bad_arguments_raise_reader_error(url: str, kwargs: dict[str, Any], needle: str,
+                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """From Python the messages name the arguments (``shardkit bench`` writes its flags instead)."""
+    for name in ("WORLD_SIZE", "RANK"):
+        monkeypatch.delenv(name, raising=False)
     with pytest.raises(ReaderError) as info:
         measure(url, **kwargs)
     assert needle in str(info.value)
@@ -180,6 +189,10 @@ def test_nbytes_of_each_kind_of_value() -> None:
     torch = pytest.importorskip("torch")
     assert nbytes(np.zeros((3, 4), np.float32)) == 48
     assert nbytes(np.array(["ab", "cde", None], dtype=object)) == 5
+    assert nbytes(np.array(["é€", "a", None], dtype=object)) == 2 + 3 + 1  # UTF-8 bytes, not characters
+    assert nbytes(["é", None, "ab"]) == nbytes(np.array(["é", "ab"])) == nbytes("éab") == 4
+    assert nbytes(["\ud800"]) == 3  # a lone surrogate (no valid UTF-8) counts as encoded, not an error
+    assert nbytes(np.ma.masked_array(np.zeros(3, np.int32), mask=[True, False, True])) == 12  # not the mask
     assert nbytes(np.array([b"ab", b"c"], dtype=object)) == 3
     rows = np.empty(3, dtype=object)
     rows[:] = [np.zeros(2, np.int16), None, np.zeros((2, 2), np.int16)]
@@ -188,6 +201,9 @@ def test_nbytes_of_each_kind_of_value() -> None:
     assert nbytes([torch.zeros(2), None, "xy"]) == 10
     assert nbytes({"a": np.zeros(2, np.uint8), "b": ["x"]}) == 3
     assert isinstance(peak_rss(), int)
+    batch = {"x": np.zeros(4, np.int64), "x__valid": np.ones(4, bool), "t": ["é", "b", None, "c"]}
+    assert size_of_batch(batch) == (4, 32 + 4 + 4)
+    assert size_of_batch(batch, ["x", "t"]) == (4, 32 + 4)  # an adapter's masks are not the data read
 
 
 def _python_calls(fn: Any, *args: Any) -> int:
@@ -216,13 +232,52 @@ def test_sizing_a_batch_makes_no_python_call_per_row() -> None:
     """The sizes are read on the clock: one Python call per text or variable-shape value took half the
     measured time of such batches (numpy adapter), so it is a few calls per column, whatever its rows."""
     torch = pytest.importorskip("torch")
-    text = [f"t{i}" if i != 3 else None for i in range(2000)]
+    text = [(f"t{i}" if i % 2 else f"é{i}") if i != 3 else None for i in range(2000)]
     for make in (_ragged, lambda n: np.array(text[:n], dtype=object), lambda n: text[:n],
                  lambda n: [None if i == 3 else torch.zeros(i % 5) for i in range(n)]):
         assert _python_calls(nbytes, make(2000)) == _python_calls(nbytes, make(10))
     assert nbytes(_ragged(10)) == 4 * (0 + 1 + 2 + 4 + 0 + 1 + 2 + 3 + 4)
     assert nbytes([None, torch.zeros(3, dtype=torch.int16)]) == 6
     assert nbytes(np.array([None, None], dtype=object)) == 0
+    assert nbytes(text) == sum(len(t.encode()) for t in text if t is not None)
+
+
+NULLABLE_ROWS = 30
+
+
+@pytest.fixture(scope="module")
+def nullable(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, int]:
+    """A dataset with nullable number, text (some of it not ASCII), bytes and variable-shape fields, and
+    its decoded bytes as `Throughput.decoded_bytes` defines them (from the values written)."""
+    n = NULLABLE_ROWS
+    schema = shardkit.Schema([
+        shardkit.Field("id", "int64"),
+        shardkit.Field("score", "float32", nullable=True),
+        shardkit.Field("text", "str", nullable=True),
+        shardkit.Field("blob", "bytes", nullable=True),
+        shardkit.Field("seq", "int16", (None,), nullable=True),
+    ])
+    data = {"id": np.arange(n), "score": [None if i % 3 == 0 else float(i) for i in range(n)],
+            "text": [None if i % 4 == 0 else "é€"[: i % 3] + "ab" for i in range(n)],
+            "blob": [None if i % 5 == 0 else b"xyz"[: i % 4] for i in range(n)],
+            "seq": [None if i % 6 == 0 else np.arange(i % 4, dtype=np.int16) for i in range(n)]}
+    expected = (8 * n + 4 * n  # a null number's slot holds 0 (torch, tf) or a masked value (numpy)
+                + sum(len(t.encode()) for t in data["text"] if t is not None)
+                + sum(len(b) for b in data["blob"] if b is not None)
+                + sum(s.nbytes for s in data["seq"] if s is not None))
+    url = shardkit.write_dataset(data, tmp_path_factory.mktemp("nullable") / "ds", schema=schema,
+                                 row_group_size=7).url
+    return url, expected
+
+
+@pytest.mark.parametrize("adapter", ["numpy", "torch", pytest.param("tf", marks=pytest.mark.tf)])
+def test_every_adapter_counts_the_same_decoded_bytes(nullable: tuple[str, int], adapter: str) -> None:
+    """torch and tf counted the ``<field>__valid`` masks they add, and numpy counted text in characters
+    where tf (tf.string) counts UTF-8 bytes: decoded MB/s differed by adapter on the same data."""
+    _import_adapter(adapter)
+    url, expected = nullable
+    r = measure(url, adapter=adapter, batch_size=8, warmup_batches=1, epochs=1)
+    assert (r.rows, r.decoded_bytes) == (NULLABLE_ROWS, expected)
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
