@@ -235,7 +235,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--compression", default="auto", help="auto (default), snappy, zstd, lz4, none, ...")
     p.add_argument("--no-progress", dest="progress", action="store_const", const=False, default=None,
                    help="no progress bar (default: one on a terminal)")
-    p.set_defaults(func=_write)
+    p.set_defaults(func=_write, parser=p)
     p = sub.add_parser("train", help="run a training job: start its processes, watch, restart, summarize")
     _add_config(p)
     p.add_argument("--quiet", action="store_true", help="show progress lines only, not the processes' output")
@@ -274,12 +274,25 @@ def _stdout_gone() -> bool:
     return gone
 
 
+def _unrecognized(parser: argparse.ArgumentParser, command: str, extra: list[str]) -> None:
+    """argparse's usage error for arguments no command takes; for ``write``, given paths past DEST: most
+    likely a glob pattern that the shell expanded into its files."""
+    hint = ""
+    if command == "write" and not any(e.startswith("-") for e in extra):
+        hint = ("; write takes one SRC and one DEST: if SRC is a glob pattern, quote it so that the shell "
+                "leaves it to shardkit (shardkit write 'data/*.csv' DEST)")
+    parser.error(f"unrecognized arguments: {' '.join(extra)}{hint}")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the command; exit 2 with one line, ``shardkit <command>: error: <message>``, for a
     `ShardkitError`, and (with the type named) for an ``OSError`` or ``ImportError`` the API let through:
     a user's path, permission or missing package, never worth a traceback. Anything else is a bug and
     keeps its traceback."""
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args, extra = parser.parse_known_args(argv)
+    if extra:
+        _unrecognized(getattr(args, "parser", parser), args.command, extra)
     try:
         code = int(args.func(args))
         sys.stdout.flush()  # here, not at exit: a reader that went away (`| head -1`): `_stdout_gone`

@@ -139,6 +139,21 @@ def test_write_takes_a_quoted_glob_pattern(tmp_path: Path, capsys: pytest.Captur
     assert np.isnan(ds.decode(ds.read_row_group(0))["x"]).all()
 
 
+def test_a_pattern_the_shell_expanded_is_a_usage_error_saying_to_quote_it(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    files = [str(tmp_path / f"day-{i}.csv") for i in range(3)]  # `shardkit write data/day-*.csv out`
+    with pytest.raises(SystemExit) as info:
+        main(["write", *files, str(tmp_path / "out")])
+    assert info.value.code == 2
+    err = capsys.readouterr().err
+    assert f"shardkit write: error: unrecognized arguments: {files[2]} {tmp_path / 'out'}; write takes one " \
+           "SRC and one DEST: if SRC is a glob pattern, quote it" in err
+    assert not (tmp_path / "out").exists()
+    with pytest.raises(SystemExit):
+        main(["inspect", str(tmp_path), "--bogus"])  # other commands: argparse's own words
+    assert capsys.readouterr().err.endswith("error: unrecognized arguments: --bogus\n")
+
+
 def test_write_mode_is_checked_as_a_usage_error(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit) as info:
         main(["write", str(tmp_path / "a.csv"), str(tmp_path / "out"), "--mode", "replace"])
