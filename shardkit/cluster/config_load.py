@@ -17,7 +17,8 @@ from typing import Any, Literal, get_args, get_origin
 import yaml
 from pydantic import BaseModel, ValidationError
 
-from shardkit.cluster.config import EngineConfig, JobConfig, _did_you_mean
+from shardkit.cluster.config import EngineConfig, JobConfig
+from shardkit.cluster.config_sections import _did_you_mean
 from shardkit.cluster.config_values import NO_VALUE as _NO_VALUE
 from shardkit.cluster.config_values import Problem
 from shardkit.cluster.protocol import ROLES

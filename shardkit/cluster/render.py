@@ -13,7 +13,8 @@ from typing import Any, TypeVar
 import yaml
 from pydantic import BaseModel, ValidationError
 
-from shardkit.cluster.config import JobConfig, _did_you_mean
+from shardkit.cluster.config import JobConfig
+from shardkit.cluster.config_sections import _did_you_mean
 from shardkit.cluster.config_values import NO_VALUE as _NO_VALUE
 from shardkit.cluster.config_values import Problem
 from shardkit.errors import ConfigError
