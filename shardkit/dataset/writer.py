@@ -2,7 +2,8 @@
 
 Input is consumed as a stream of batches, encoded by the schema's codecs, cut into row groups by
 encoded bytes (and optionally rows), rolled into part files, and committed as described in
-`shardkit.dataset.commit`.
+`shardkit.dataset.commit`. What a write checks at its destination first (and removes when it fails)
+is `shardkit.dataset.target`; `write_summary` (`shardkit.dataset.summary`) is importable from here too.
 """
 
 from __future__ import annotations
@@ -13,37 +14,42 @@ import os
 import re
 import sys
 import uuid
-import warnings
 from collections.abc import Iterable, Mapping
-from typing import Any, Literal
+from typing import Any
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from shardkit.dataset.access import root_exists, storage_errors
+from shardkit.dataset.access import storage_errors
 from shardkit.dataset.codecs import TensorCodec
-from shardkit.dataset.commit import collect_garbage, commit, overlap_error, summary_bytes, write_lock
-from shardkit.dataset.footers import data_files, read_footer, read_footers, summary_row_groups
-from shardkit.dataset.index import Dataset, UncommittedFilesWarning, is_petastorm, open_location
-from shardkit.dataset.location import COMMON, STAGING, SUMMARY, Location
-from shardkit.dataset.schema import SCHEMA_KEY, Field, Schema, infer_field
+from shardkit.dataset.commit import commit, overlap_error, write_lock
+from shardkit.dataset.footers import data_files
+from shardkit.dataset.index import Dataset, open_location
+from shardkit.dataset.location import STAGING, Location
+from shardkit.dataset.schema import Field, Schema, infer_field
 from shardkit.dataset.sources import is_row, iter_batches, whole_columns
-from shardkit.errors import (
-    CorruptDatasetError,
-    DatasetExistsError,
-    DatasetNotFoundError,
-    NotADatasetError,
-    SchemaError,
-    SchemaMismatchError,
+from shardkit.dataset.summary import write_summary
+from shardkit.dataset.target import (
+    PART_NAME,
+    Mode,
+    check_bucket,
+    check_existing,
+    discard_staging,
+    resolve_target,
+    unfinished_write,
 )
+from shardkit.errors import SchemaError, SchemaMismatchError
 
-Mode = Literal["error", "overwrite", "append"]
-#: The name of a part file written by `PartWriter`.
+__all__ = [
+    "AUTO_CODEC", "AUTO_MIN_SAVING", "AUTO_SAMPLE_BYTES", "PART_NAME", "EncodedTables", "Mode", "PartWriter",
+    "check_bucket", "check_compression", "check_existing", "column_codecs", "discard_staging",
+    "infer_schema", "parse_size", "resolve_target", "unfinished_write", "write_dataset", "write_summary",
+]
+
 AUTO_CODEC = "snappy"  # compression="auto": this codec, except where it barely shrinks a binary column
 AUTO_MIN_SAVING = 0.10  # ... i.e. saves less than this fraction of the sample
 AUTO_SAMPLE_BYTES = 4 << 20  # bytes of a column's first row group compressed to decide
 _AUTO_PIECE = 1 << 20  # compressed piece by piece, about as Parquet pages are
-PART_NAME = re.compile(r"part-[0-9a-f]{12}-[0-9]{5}\.parquet")
 _UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "kib": 2**10, "mib": 2**20, "gib": 2**30}
 
 
@@ -338,124 +344,6 @@ def infer_schema(columns: Mapping[str, Any]) -> Schema:
     return Schema([infer_field(name, values) for name, values in columns.items()])
 
 
-def check_bucket(loc: Location) -> None:
-    """Raise `DatasetNotFoundError` when ``loc`` is on an object store whose bucket does not exist.
-
-    Called before writing to a root that does not exist yet (one request; none off object stores).
-    shardkit never creates a bucket (s3fs's ``makedirs`` would: a typo in the URL made a bucket in
-    the user's account), so a missing one fails here, before any input is consumed.
-    """
-    bucket = loc.missing_bucket()
-    if bucket is not None:
-        example = f" (e.g. `aws s3 mb {bucket}`)" if bucket.startswith(("s3://", "s3a://")) else ""
-        raise DatasetNotFoundError(
-            f"cannot write {loc.url!r}: the bucket {bucket!r} does not exist, or these credentials cannot "
-            f"see it. shardkit does not create buckets: fix the URL, or create the bucket first{example}"
-        )
-
-
-def discard_staging(loc: Location, *, created_root: bool) -> None:
-    """Remove what a failed write left: ``_staging``, and the root folder if the write created it.
-
-    Every staging folder is garbage once no write runs (one writer at a time: locked on local folders,
-    see `shardkit.dataset.commit`), so all of ``_staging`` goes, as in `collect_garbage`.
-    """
-    with contextlib.suppress(FileNotFoundError):
-        loc.fs.rm(loc.join(STAGING), recursive=True)
-    # Object stores have no folders: once its keys are gone the root does not exist any more. rmdir
-    # only on a real, empty folder (s3fs's rmdir of a bare bucket name would delete the bucket).
-    with contextlib.suppress(OSError):
-        if created_root and loc.fs.exists(loc.root) and not loc.fs.ls(loc.root):
-            loc.fs.rmdir(loc.root)
-
-
-def resolve_target(loc: Location, mode: Mode, schema: Schema | list[Field] | None
-                   ) -> tuple[Dataset | None, Schema | None]:
-    """Check ``mode`` against ``loc``; returns the dataset appended to (if any) and the schema to write.
-
-    Appending keeps the existing schema, the tensors' stored layout included (a given schema that
-    differs only in that layout is taken as the existing one); a different given schema is a
-    `SchemaMismatchError`.
-    """
-    existing = check_existing(loc, mode)
-    if isinstance(schema, list):
-        schema = Schema(schema)
-    if mode == "append" and existing is not None:
-        if schema is not None and _layout_free(schema) != _layout_free(existing.schema):
-            raise SchemaMismatchError(
-                f"cannot append to {loc.url!r}: the given schema differs from the dataset's "
-                f"({_schema_difference(existing.schema, schema)}); append with the dataset's schema "
-                "(leave schema= out), write to a new URL, or use mode='overwrite'"
-            )
-        schema = existing.schema
-    return existing, schema
-
-
-def _schema_difference(existing: Schema, given: Schema) -> str:
-    """What differs between two schemas that `_layout_free` finds different, named attribute by attribute."""
-    if existing.names != given.names:
-        return f"the dataset has the fields {existing.names}, the given schema {given.names}"
-    diffs = []
-    for old, new in zip(existing, given, strict=True):
-        for attr in ("dtype_name", "shape", "nullable", "codec"):
-            was, now = getattr(old, attr), getattr(new, attr)
-            if attr == "codec" and was.name == now.name == "tensor":
-                continue  # the stored layout: an append keeps the dataset's
-            if was != now:
-                diffs.append(f"field {old.name!r}: {attr.removesuffix('_name')} {was!r} in the dataset, "
-                             f"{now!r} given")
-    return "; ".join(diffs)
-
-
-def _layout_free(schema: Schema) -> list[tuple[Any, ...]]:
-    """The schema's fields with the tensor codec's stored layout left out (for comparing)."""
-    return [(f.name, f.dtype, f.shape, f.nullable, "tensor" if f.codec.name == "tensor" else f.codec)
-            for f in schema]
-
-
-def check_existing(loc: Location, mode: Mode) -> Dataset | None:
-    """Check ``mode`` against what is at ``loc``; returns the dataset to append to, if any.
-
-    The parts of a killed first write (shardkit parts, no ``_metadata``) are no dataset: any mode
-    writes there, and the parts are collected as garbage.
-    """
-    if not loc.fs.exists(loc.root):
-        return None
-    if loc.fs.isfile(loc.root):
-        raise NotADatasetError(f"{loc.url!r} is a file; a dataset is a folder: write it to another path")
-    has_summary = loc.exists(SUMMARY)
-    files = data_files(loc) if not has_summary else ["_metadata"]
-    if not has_summary and files and unfinished_write(loc, files):
-        files = []  # garbage of a killed first write (see shardkit.dataset.commit): collected below
-    if mode == "error" and files:
-        raise DatasetExistsError(
-            f"a dataset already exists at {loc.url!r}; pass mode='overwrite' to replace it or "
-            "mode='append' to add rows to it"
-        )
-    if mode == "append" and files:
-        if not has_summary:
-            raise DatasetExistsError(
-                f"cannot append to {loc.url!r}: it is not a shardkit dataset (no _metadata). Index it first "
-                "with shardkit.write_summary(url), or write to a new URL"
-            )
-        ds = open_location(loc)
-        if ds.kind != "shardkit":
-            raise DatasetExistsError(
-                f"cannot append to {loc.url!r}: it is a {ds.kind} dataset, not shardkit's"
-            )
-        return ds
-    if not files:
-        collect_garbage(loc, set())
-    return None
-
-
-def unfinished_write(loc: Location, files: list[str]) -> bool:
-    """Whether ``files`` (with no ``_metadata`` beside them) are the parts of a killed shardkit write."""
-    if not all(PART_NAME.fullmatch(name) for name in files):
-        return False
-    return SCHEMA_KEY in (read_footer(loc, files[0]).schema.to_arrow_schema().metadata or {})
-
-
 def _progress_bar(data: Any, progress: bool | None) -> Any:
     show = sys.stderr.isatty() if progress is None else progress
     if not show:
@@ -476,93 +364,3 @@ def _num_rows(data: Any) -> int | None:
     if isinstance(data, list | tuple) and data and is_row(data[0]):
         return len(data)
     return None
-
-
-def write_summary(url: str | os.PathLike[str], *, storage_options: dict[str, Any] | None = None) -> Dataset:
-    """Index an existing Parquet folder by writing its ``_metadata`` (and ``_common_metadata``).
-
-    Example:
-        >>> shardkit.write_summary("s3://bucket/spark-output")   # later opens read one file
-
-    The data files are not rewritten; their footers are read once and merged. A Petastorm dataset
-    keeps its own ``_common_metadata`` (where its schema lives).
-
-    A folder without a readable shardkit ``_metadata`` (plain Parquet, Petastorm, the parts of a
-    killed first write) gets every data file in it indexed. A shardkit dataset (its ``_metadata``
-    holds shardkit's schema) gets only the files that summary lists and that still exist, in its
-    order: the fix for a dataset whose file was deleted (`CorruptDatasetError` "is missing"). Other
-    data files beside them are the parts of a write that did not commit (killed, or still running)
-    and are left out, with an `UncommittedFilesWarning` that names them; the next write removes them.
-    To adopt such files on purpose, delete ``_metadata`` first.
-    """
-    loc = Location.of(url, storage_options)
-    if not root_exists(loc):
-        raise DatasetNotFoundError(f"cannot index {loc.url!r}: the path does not exist. Check the URL")
-    if loc.fs.isfile(loc.root):
-        raise NotADatasetError(f"cannot index {loc.url!r}: it is a file; a dataset is a folder of Parquet "
-                               "files. Point at the folder that holds it")
-    with write_lock(loc):
-        _write_summary(loc)
-    return open_location(loc)
-
-
-def _write_summary(loc: Location) -> None:
-    """`write_summary` once the root exists and the write lock is held."""
-    files = data_files(loc)
-    committed = _committed_files(loc)
-    if committed is not None:
-        present = set(files)
-        _warn_uncommitted(loc, [name for name in files if name not in set(committed)])
-        files = [name for name in committed if name in present]
-    if not files and committed is None:
-        raise NotADatasetError(
-            f"{loc.url!r} has no Parquet data files to index; point at the folder that holds the "
-            "*.parquet files"
-        )
-    mds = []
-    for name, md in read_footers(loc, files) if files else []:
-        md.set_file_path(name)
-        mds.append(md)
-    # no file left of a shardkit dataset: an empty one, of the schema its summary holds
-    arrow_schema = (mds[0] if mds else read_footer(loc, SUMMARY)).schema.to_arrow_schema()
-    meta, common = summary_bytes(arrow_schema, mds)
-    loc.write_atomic(SUMMARY, meta)
-    if not is_petastorm(loc):
-        loc.write_atomic(COMMON, common)
-
-
-def _committed_files(loc: Location) -> list[str] | None:
-    """The data files the shardkit ``_metadata`` at ``loc`` lists, in its order; None when there is no
-    readable ``_metadata`` or it is not shardkit's (its files are then not known to be all committed)."""
-    if not loc.exists(SUMMARY):
-        return None
-    try:
-        md = read_footer(loc, SUMMARY)
-    except CorruptDatasetError:
-        return None
-    if SCHEMA_KEY not in (md.schema.to_arrow_schema().metadata or {}):
-        return None
-    return list(dict.fromkeys(rg.file for rg in summary_row_groups(md)))
-
-
-def _warn_uncommitted(loc: Location, names: list[str]) -> None:
-    """Warn about the unlisted files ``names`` of a shardkit dataset that hold rows (an empty dataset's
-    one empty part, which carries the schema, is never listed and holds none)."""
-    with_rows = []
-    for name in names:
-        try:
-            rows = read_footer(loc, name).num_rows
-        except CorruptDatasetError:
-            rows = -1  # unreadable: not data of this dataset either, say so
-        if rows:
-            with_rows.append(name)
-    if with_rows:
-        warnings.warn(
-            UncommittedFilesWarning(
-                f"{loc.url!r}: left {len(with_rows)} data file(s) out of the summary, as its _metadata does "
-                f"not list them: {with_rows[:5]}{' ...' if len(with_rows) > 5 else ''}. They are parts of a "
-                "write that did not commit (or one still running); the next write removes them. To index "
-                "them anyway, delete _metadata and run write_summary again"
-            ),
-            stacklevel=4,  # write_summary's caller
-        )
