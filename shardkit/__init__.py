@@ -26,6 +26,15 @@ from shardkit.reader import Reader, make_reader
 
 __version__ = "0.1.0"
 
+
+def __getattr__(name: str) -> object:
+    """Petastorm's ``make_batch_reader``, asked for here, points at `make_reader`."""
+    if name == "make_batch_reader":
+        raise AttributeError("module 'shardkit' has no attribute 'make_batch_reader': shardkit.make_reader "
+                             "yields batches (dicts of numpy columns), as Petastorm's make_batch_reader did, "
+                             "from shardkit, Petastorm and plain Parquet datasets alike")
+    raise AttributeError(f"module 'shardkit' has no attribute {name!r}")
+
 __all__ = [
     "Dataset",
     "Field",

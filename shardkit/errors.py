@@ -12,6 +12,7 @@
     ├── SchemaError                   (also ValueError)         a schema, field or codec invalid in itself
     │   └── SchemaMismatchError                                 data that does not fit the declared schema
     ├── ReaderError                   (also ValueError)         bad reader arguments or resume state
+    │   └── UnknownArgumentError      (also TypeError)          a keyword a reader function does not take
     ├── AdapterError                  (also ValueError)         a field or device an adapter cannot serve
     ├── ConfigError                   (also ValueError)         a job config key missing, unknown or wrong
     ├── CheckpointError               (also OSError)            no checkpoint can be written or restored
@@ -58,6 +59,7 @@ __all__ = [
     "SchemaMismatchError",
     "ShardkitError",
     "TimeZoneWarning",
+    "UnknownArgumentError",
     "UnsafePickleError",
     "UnsupportedURLError",
     "one_line",
@@ -123,6 +125,12 @@ class ImageShapeError(CorruptDatasetError, SchemaMismatchError):
 
 class ReaderError(ShardkitError, ValueError):
     """Raised for bad reader arguments (shard, columns, filter) or a resume state that does not fit."""
+
+
+class UnknownArgumentError(ReaderError, TypeError):
+    """Raised for keyword arguments a reader function does not take, before it runs: Petastorm's names
+    (``cur_shard``, ``schema_fields``, ...) with what shardkit takes instead, other names with the closest
+    ones it takes. A ``TypeError`` too, as Python's own error for an unexpected keyword is."""
 
 
 class AdapterError(ShardkitError, ValueError):

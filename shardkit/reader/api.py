@@ -12,11 +12,13 @@ import numpy as np
 
 from shardkit.dataset.index import Dataset, open_dataset
 from shardkit.errors import CacheWarning, ReaderError
+from shardkit.reader.arguments import explained
 from shardkit.reader.filter import Filter
 from shardkit.reader.plan import Remainder, validate_shard
 from shardkit.reader.reader import WINDOW_BYTES, Reader
 
 
+@explained
 def make_reader(
     url: str | os.PathLike[str] | Dataset,
     *,
