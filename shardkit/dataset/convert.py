@@ -60,7 +60,9 @@ def convert(
     of such files or those a glob pattern matches (Hive ``key=value`` folders, below its first wildcard,
     become columns, ``__HIVE_DEFAULT_PARTITION__`` nulls; the columns of all its files, null in a file
     that lacks one; files not in its data format, the one of most bytes, such as a README.txt, are left
-    out and named in a `FilesLeftOutWarning`: `convert_files.listed`), or a shardkit or Petastorm dataset. A
+    out and named in a `FilesLeftOutWarning`: `convert_files.listed`; files whose columns share none with
+    the others', such as a ``schema.json`` among JSON data, are refused: `convert_files.related`), or a
+    shardkit or Petastorm dataset. A
     Petastorm dataset's fields keep their names, dtypes, shapes and nullability;
     ``CompressedImageCodec`` PNG/JPEG bytes are copied as they are into an `ImageCodec` of their format
     (decoding and encoding a JPEG again would lose quality), scalar and list columns are copied, and
@@ -79,9 +81,12 @@ def convert(
     becomes float64, as in pandas; a declared type without NaN fails, naming the fix). Its other null
     spellings (`convert_sources.CSV_NULLS`: empty, NA, N/A, NULL, null, #N/A, ...) are nulls, but in text
     columns. Times with a time zone (``timestamp[us, tz=Europe/Berlin]`` in Parquet, ISO times with
-    offsets in a CSV) are written as UTC wall times without a zone, as shardkit stores Spark's: each
-    instant is kept, and a `TimeZoneWarning` names the column and the zone. Errors name the source's
-    rows, counted from 0 (a folder's or pattern's files in name order), and a folder's file and its row.
+    offsets in a CSV or JSON file) are written as UTC wall times without a zone, as shardkit stores
+    Spark's: each instant is kept, and a `TimeZoneWarning` names the column and the zone (a CSV's: UTC,
+    as pyarrow reads them; a JSON file's: the offsets, such as ``+02:00``, warned of again where one is
+    first seen further down). A JSON column of times with and without offsets keeps the latter as they
+    are. Errors name the source's rows, counted from 0 (a folder's or pattern's files in name order),
+    and a folder's file and its row.
 
     Args:
         source, dest: a file, folder or glob pattern (``*``, ``?``, ``[...]``, ``**``: matched by
@@ -136,9 +141,11 @@ def convert(
     batches = _guarded(src, src.batches(None if columns is None else names))
     first = next(batches, None)
     target = Schema([declared.get(n) or _inferred(src, n, first) for n in names])
-    for name in (n for n in names if n in src.zones):
-        warnings.warn(_zone_warning(src.url, target[name], src.zones[name]), stacklevel=2)
-    tables = _encoded(src, target, itertools.chain([first] if first else [], batches))
+    warned = {n: src.zones[n] for n in names if n in src.zones}
+    for name, zones in warned.items():
+        warnings.warn(_zone_warning(src.url, target[name], zones), stacklevel=2)
+    rest = _zones_warned(src, target, batches, warned)  # (a JSON file's: seen as they are parsed)
+    tables = _encoded(src, target, itertools.chain([first] if first else [], rest))
     return write_dataset(EncodedTables(tables, src.num_rows), dest, schema=target, mode=mode,
                          row_group_size=row_group_size, file_size=file_size, compression=compression,
                          progress=progress, storage_options=storage_options)
@@ -179,6 +186,17 @@ def _zone_warning(url: str, field: Field, zones: list[str]) -> TimeZoneWarning:
     return TimeZoneWarning(f"{url!r}: column {field.name!r} holds times with the {said}: they are "
                            f"written as UTC wall times, {field.dtype_name} without a zone (shardkit stores "
                            f"none), each instant kept{again}")
+
+
+def _zones_warned(src: Source, target: Schema, batches: Batches, warned: dict[str, list[str]]) -> Batches:
+    """``batches``, warning of the time zones that `Source.zones` gains as they are read (a JSON file's
+    offsets, first seen past its first batch) where ``warned`` has not named them yet."""
+    for item in batches:
+        for name in target.names:
+            if src.zones.get(name, []) != warned.get(name, []):
+                warned[name] = list(src.zones[name])
+                warnings.warn(_zone_warning(src.url, target[name], warned[name]), stacklevel=2)
+        yield item
 
 
 def _check_apart(src: Location, roots: Sequence[str], dst: Location) -> None:

@@ -1,6 +1,6 @@
 """Which files `shardkit.dataset.convert` reads from a folder or a glob pattern: those of its data format
 (`FORMATS`, by name; Parquet also by its magic bytes); any other file is left out and named in a
-`FilesLeftOutWarning`.
+`FilesLeftOutWarning`, and files whose columns share none with the others' are refused (`related`).
 """
 
 from __future__ import annotations
@@ -13,9 +13,9 @@ from typing import Any
 
 from shardkit.dataset.footers import PARQUET_SUFFIXES
 from shardkit.dataset.location import Location
-from shardkit.errors import DatasetNotFoundError, FilesLeftOutWarning, NotADatasetError
+from shardkit.errors import DatasetNotFoundError, FilesLeftOutWarning, NotADatasetError, SchemaMismatchError
 
-__all__ = ["COMPRESSED", "FORMATS", "Files", "is_pattern", "listed", "suffix"]
+__all__ = ["COMPRESSED", "FORMATS", "Files", "is_pattern", "listed", "related", "suffix"]
 
 #: File name endings -> the pyarrow.dataset format that reads them (CSV and JSON may be compressed too).
 FORMATS = {**dict.fromkeys(PARQUET_SUFFIXES, "parquet"), ".csv": "csv", ".json": "json", ".jsonl": "json",
@@ -109,6 +109,40 @@ def listed(loc: Location, *, pattern: bool = False) -> Files | None:
             f"({len(files[fmt])} file(s), most of its bytes): {_names(left)}; if one holds data, convert it "
             "apart (shardkit write FILE DEST --mode append), else move it out to silence this"), stacklevel=4)
     return Files(files[fmt], fmt, base, roots)
+
+
+def related(url: str, columns: dict[str, list[str]]) -> None:
+    """Refuse files (name -> its columns, in name order) that fall into groups sharing no column: a
+    ``schema.json`` or ``metadata.json`` (``{"rows": 40}``) among JSON data files, which is read as
+    data like them.
+
+    Files that differ in columns are one dataset (its columns evolved: each is null where a file lacks
+    it) as long as each shares a column with another, directly or through others. A file that shares
+    none would only add rows that are null in every column of the others, and the others null in its
+    own: junk that Spark's and pyarrow's union of the files' columns writes without a word. Which group
+    is the data cannot be told by the files alone (a metadata file can outweigh a small data file), so
+    nothing is guessed: the error names each group, and the fix (move a file that holds no data out,
+    or start its name with ``_``, which is left out as Spark and pyarrow leave it; else convert each
+    group apart).
+
+    Raises:
+        SchemaMismatchError: the files fall into more than one group.
+    """
+    groups: list[tuple[list[str], set[str]]] = []  # files, and the columns they hold
+    for name, names in columns.items():
+        joined = [g for g in groups if g[1] & set(names)]
+        merged = ([f for g in joined for f in g[0]] + [name], set(names).union(*(g[1] for g in joined)))
+        groups = [g for g in groups if g not in joined] + [merged]
+    if len(groups) > 1:
+        groups.sort(key=lambda g: min(g[0]))
+        said = "; ".join(f"{_names(sorted(files))} with the column(s) {_names(sorted(cols)) or 'none'}"
+                         for files, cols in groups)
+        raise SchemaMismatchError(
+            f"cannot convert {url!r}: its files fall into {len(groups)} groups that share no column: {said}; "
+            "written together, each group's rows would be null in the others' columns. Move a file that "
+            "holds no data (a schema, metadata) out of the folder, or start its name with '_' (left out, "
+            "as by Spark and pyarrow); else convert each group apart (shardkit write FILE DEST --mode "
+            "append)")
 
 
 def _names(names: list[str]) -> str:

@@ -12,6 +12,7 @@ from collections.abc import Callable, Iterator
 from urllib.parse import unquote
 
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.csv as pcsv
 import pyarrow.dataset as pads
 import pyarrow.json as pj
@@ -19,7 +20,7 @@ import pyarrow.parquet as pq
 
 from shardkit.dataset.access import root_exists
 from shardkit.dataset.codecs.scalar import arrow_scalar_type
-from shardkit.dataset.convert_files import COMPRESSED, FORMATS, Files, is_pattern, listed, suffix
+from shardkit.dataset.convert_files import COMPRESSED, FORMATS, Files, is_pattern, listed, related, suffix
 from shardkit.dataset.footers import read_footer
 from shardkit.dataset.index import PETASTORM_KEY, Dataset, SummaryMissingWarning, open_location
 from shardkit.dataset.location import COMMON, SUMMARY, Location
@@ -51,6 +52,8 @@ READ_ERRORS = (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError) 
 #: file the source names), and the row of that file it starts at.
 Batches = Iterator[tuple[pa.RecordBatch, str, int]]
 _NAN_VALUE = re.compile(r"invalid value '[-+]?nan'", re.IGNORECASE)  # a CSV's NaN in a column of no floats
+#: The UTC offset that ends an ISO time (after its date and "T" or " "), as pyarrow's parser takes it.
+_OFFSET = r"[T ][0-9:.,]*(?P<offset>Z|[+-]\d\d(?::?\d\d)?)$"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -68,8 +71,9 @@ class Source:
     infer_nulls: frozenset[str] = frozenset()  # columns whose nullability is inferred (see `convert`)
     null_counts: dict[str, int] | None = None  # Parquet statistics' (a column they miss: its Arrow flag)
     nulls: frozenset[str] = frozenset()  # columns that hold a null for sure (see `_columns`)
-    #: the time zones of each column of times that carry one (a CSV's times with offsets: "UTC"); the
-    #: batches hold them as UTC wall times, as ``arrow`` types them (datetime64 has no zone)
+    #: the time zones of each column of times that carry one (a CSV's times with offsets: "UTC"; a JSON
+    #: file's: the offsets, "+02:00", added as its batches are read); the batches hold them as UTC wall
+    #: times, as ``arrow`` types them (datetime64 has no zone)
     zones: dict[str, list[str]] = dataclasses.field(default_factory=dict)
     roots: tuple[str, ...] = ()  # what it reads: the file or folder, or what its glob pattern matched
 
@@ -186,14 +190,18 @@ def _files_source(loc: Location, files: Files, declared: dict[str, Field]) -> So
     try:
         data = pads.dataset(paths, format=form, filesystem=loc.arrow_fs, **hive)
         fragments = list(data.get_fragments())
+        if folder:
+            related(loc.url, {f.path.removeprefix(root): f.physical_schema.names for f in fragments})
         schema, nulls, zones = _columns(loc, data, fragments, types, fmt)
         if schema != data.schema:
             data = pads.dataset(paths, format=form, filesystem=loc.arrow_fs, schema=schema, **hive)
             fragments = list(data.get_fragments())
     except (pa.ArrowException, OSError) as e:
         lines = " (JSON lines: an object per line, not a JSON array, which `jq -c '.[]'` rewrites)"
+        none = (", or if it holds none (a schema, metadata), move it out of the folder or start its name "
+                "with '_'")
         fix = TOO_LONG if "straddl" in str(e) else "check that it holds data, in the format its name says" + (
-            lines if fmt == "json" else "")
+            lines if fmt == "json" else "") + (none if folder else "")
         raise NotADatasetError(f"cannot convert {loc.url!r}: it cannot be read as {fmt} ({e}); {fix}") from e
 
     # pre_buffer (pyarrow's default) keeps what it read of a file until the file is done: scanning the
@@ -207,9 +215,11 @@ def _files_source(loc: Location, files: Files, declared: dict[str, Field]) -> So
         strict, names, row = names is None, data.schema.names if names is None else names, 0
         for fragment in fragments:
             where, first = repr(fragment.path.removeprefix(root)) if folder else "", 0
-            read = _json_batches(loc, data.schema, fragment, names, strict) if fmt == "json" else \
-                fragment.to_batches(schema=data.schema, columns=names, batch_size=_BATCH_ROWS,
-                                    batch_readahead=1, fragment_readahead=1, **scan)
+            if fmt == "json":
+                read = _json_batches(loc, data.schema, fragment, names, strict=strict, zones=zones)
+            else:
+                read = fragment.to_batches(schema=data.schema, columns=names, batch_size=_BATCH_ROWS,
+                                           batch_readahead=1, fragment_readahead=1, **scan)
             try:
                 for batch in read:
                     yield _zone_free(batch), where, first
@@ -246,20 +256,24 @@ def _parses(fmt: str, t: pa.DataType) -> bool:
 def _columns(loc: Location, data: pads.FileSystemDataset, fragments: list[pads.Fragment],
              types: dict[str, pa.DataType], fmt: str) -> tuple[pa.Schema, set[str], dict[str, list[str]]]:
     """The columns of all the files in order of appearance, then the partition keys; those that hold
-    a null for sure: a column some file lacks, a key with a null folder or a file outside its folders;
-    and the time zones of each column of times that carry one (read as UTC, whatever the zone: the
-    instants are kept). A column's type is the one its files share or widen to (`_widened`), else the
-    declared one (CSV, JSON: always; declared times without a zone read times with one in UTC); JSON
-    also gets the declared scalar fields none of its files' first lines has."""
+    a null for sure: a column some file lacks, or that a file types ``null`` (a CSV's or JSON file's
+    column of only nulls in its first block: so nullable where the other files' is not, though a file
+    of no rows, a header, says so too), a key with a null folder or a file outside its folders; and the
+    time zones of each column of times that carry one (read as UTC, whatever the zone: the instants are
+    kept). A column's type is the one its files share or widen to (`_widened`), else the declared one
+    (CSV, JSON: always; declared times without a zone read times with one in UTC); JSON also gets the
+    declared scalar fields none of its files' first lines has."""
     keys = [pads.get_partition_keys(f.partition_expression) for f in fragments]
     parts = [f for f in data.schema if any(f.name in part for part in keys)]
     fields: dict[str, pa.DataType] = {}
     zones: dict[str, list[str]] = {}
     common: set[str] | None = None
+    typed_null: set[str] = set()
     types = dict(types)
     for fragment in fragments:
         physical = fragment.physical_schema
         common = set(physical.names) if common is None else common & set(physical.names)
+        typed_null |= {f.name for f in physical if pa.types.is_null(f.type)}
         for f in physical:
             t = f.type
             if pa.types.is_timestamp(t) and t.tz is not None:
@@ -282,7 +296,8 @@ def _columns(loc: Location, data: pads.FileSystemDataset, fragments: list[pads.F
                         "write --schema), or convert these files apart") from e
     if fmt == "json":
         fields.update({n: t for n, t in types.items() if n not in fields and n not in data.schema.names})
-    nulls = (set(fields) - (common or set())) | {k for part in keys for k, v in part.items() if v is None} | {
+    nulls = (set(fields) - (common or set())) | typed_null | {
+        k for part in keys for k, v in part.items() if v is None} | {
         f.name for f in parts if any(f.name not in part for part in keys)}  # a file outside the key's folders
     schema = pa.schema([*(pa.field(n, t) for n, t in fields.items()),
                         *(pa.field(f.name, types.get(f.name, f.type)) for f in parts)])
@@ -300,19 +315,53 @@ def _widened(a: pa.DataType, b: pa.DataType) -> pa.DataType:
                                              promote_options="permissive").field(0).type
 
 
-def _json_batches(loc: Location, schema: pa.Schema, fragment: pads.Fragment, names: list[str],
-                  strict: bool) -> Iterator[pa.RecordBatch]:
-    """A JSON-lines file's batches of ``names``, its partition keys' values added."""
+def _json_batches(loc: Location, schema: pa.Schema, fragment: pads.Fragment, names: list[str], *,
+                  strict: bool, zones: dict[str, list[str]]) -> Iterator[pa.RecordBatch]:
+    """A JSON-lines file's batches of ``names``, its partition keys' values added. Its times are parsed
+    as text, then by `_json_times`: pyarrow's JSON parser turns a time's UTC offset into UTC silently
+    (where its CSV parser types the column ``tz=UTC``); the offsets seen are added to ``zones``."""
     keys = pads.get_partition_keys(fragment.partition_expression)
-    parsed = pa.schema([f for f in schema if f.name not in keys])
+    times = {f.name: f.type for f in schema if f.name not in keys and pa.types.is_timestamp(f.type)}
+    parsed = pa.schema([pa.field(f.name, pa.string()) if f.name in times else f
+                        for f in schema if f.name not in keys])
     options = pj.ParseOptions(explicit_schema=parsed,
                               unexpected_field_behavior="error" if strict else "ignore")
     with loc.arrow_fs.open_input_stream(fragment.path, compression="detect") as stream:
         for batch in pj.open_json(stream, pj.ReadOptions(block_size=BLOCK_BYTES), options):
-            n = batch.num_rows
-            cols = [batch.column(name) if name not in keys else
-                    pa.repeat(pa.scalar(keys[name], schema.field(name).type), n) for name in names]
+            n, cols = batch.num_rows, []
+            for name in names:
+                if name in keys:
+                    cols.append(pa.repeat(pa.scalar(keys[name], schema.field(name).type), n))
+                elif name in times:
+                    values, offsets = _json_times(batch.column(name), times[name])
+                    cols.append(values)
+                    if new := [z for z in offsets if z not in zones.get(name, [])]:
+                        zones[name] = [*zones.get(name, []), *new]
+                else:
+                    cols.append(batch.column(name))
             yield pa.RecordBatch.from_arrays(cols, schema=pa.schema([schema.field(name) for name in names]))
+
+
+def _json_times(text: pa.Array, t: pa.DataType) -> tuple[pa.Array, list[str]]:
+    """ISO times as the timestamps ``t`` (no zone), as pyarrow's JSON parser reads them (those with a UTC
+    offset as their UTC wall time, the others as they are), and the offsets they carry (``Z`` and
+    ``+00:00`` as ``UTC``). Arrow's cast refuses an offset where ``t`` has no zone, and a time without
+    one where it has: the two kinds are cast apart."""
+    found = pc.extract_regex(text, _OFFSET)
+    zoned, offsets = pc.is_valid(found), found.flatten()[0]  # (flatten: null where nothing matched)
+    if not pc.any(zoned).as_py():
+        return text.cast(t), []
+    utc = pc.if_else(zoned, text, None).cast(pa.timestamp(t.unit, "UTC")).cast(t)
+    values = pc.if_else(zoned, utc, pc.if_else(zoned, None, text).cast(t))
+    return values, list(dict.fromkeys(_zone_name(o) for o in pc.unique(offsets.drop_null()).to_pylist()))
+
+
+def _zone_name(offset: str) -> str:
+    """A UTC offset as ``+HH:MM`` (``+02`` and ``+0200`` are ``+02:00``), ``UTC`` for ``Z`` and zero."""
+    if offset == "Z" or not offset.strip("+-0:"):
+        return "UTC"
+    digits = offset[1:].replace(":", "")
+    return f"{offset[0]}{digits[:2]}:{digits[2:] or '00'}"
 
 
 def _null_counts(footers: list[pq.FileMetaData], names: list[str]) -> dict[str, int]:

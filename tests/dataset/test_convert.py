@@ -511,6 +511,18 @@ def test_a_hive_null_partition_converts_to_nulls(tmp_path: Path, fmt: str) -> No
 
 
 @pytest.mark.parametrize("fmt", ["csv", "json"])
+def test_a_column_of_only_nulls_in_a_later_file_makes_it_nullable(tmp_path: Path, fmt: str) -> None:
+    """A CSV's or JSON file's nullability was the first batch's: a later file whose column holds only
+    nulls (pyarrow types it ``null``) failed the write, "declare it nullable", though that was known."""
+    (tmp_path / "src").mkdir()
+    write_rows([{"id": 1, "x": 1}, {"id": 2, "x": 2}], tmp_path / "src" / f"part-0.{fmt}", fmt)
+    write_rows([{"id": 3, "x": None}], tmp_path / "src" / f"part-1.{fmt}", fmt)
+    ds = convert(tmp_path / "src", tmp_path / "out")
+    assert ds.schema["x"] == shardkit.Field("x", "int64", nullable=True)
+    assert read_rows(ds.url)[1] == {"id": [1, 2, 3], "x": [1, 2, None]}
+
+
+@pytest.mark.parametrize("fmt", ["csv", "json"])
 def test_an_empty_csv_or_json_part_file_in_a_folder_is_left_out(tmp_path: Path, fmt: str) -> None:
     """Tools that write one part file per task leave empty ones (0 bytes: no header, no rows)."""
     (tmp_path / "src").mkdir()
