@@ -1,4 +1,9 @@
-"""The supervisor: starts a job's processes on an engine, watches heartbeats and exits, restarts, sums up."""
+"""The supervisor: starts a job's processes on an engine, watches heartbeats and exits, restarts, sums up.
+
+The rules it judges a silent or lingering process by are `shardkit.cluster.supervisor_watch`; the signals
+that stop a job are `shardkit.cluster.stop_signals` (`STOP_SIGNALS` and `signals_raise` are importable
+from here too).
+"""
 
 from __future__ import annotations
 
@@ -6,20 +11,16 @@ import contextlib
 import json
 import signal
 import sys
-import threading
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
-from dataclasses import dataclass, field
+from collections.abc import Iterator
 from pathlib import Path
-from types import FrameType
 from typing import TextIO
 
-from shardkit.cluster import procstate, protocol
+from shardkit.cluster import protocol
 from shardkit.cluster.config import JobConfig
 from shardkit.cluster.config_load import located
 from shardkit.cluster.engines import Engine, ProcessGroup, RoleProcess, check_job, get_engine
-from shardkit.cluster.heartbeats import HeartbeatReceiver, Quiet, SampleLedger, apply_beat, suspects
+from shardkit.cluster.heartbeats import HeartbeatReceiver, SampleLedger, apply_beat
 from shardkit.cluster.preflight import LogdirLock, check_here, prepare_logdir
 from shardkit.cluster.progress import Progress
 from shardkit.cluster.report import (
@@ -32,9 +33,11 @@ from shardkit.cluster.report import (
     scrub,
 )
 from shardkit.cluster.spec import build_spec
+from shardkit.cluster.stop_signals import STOP_SIGNALS, signals_raise
+from shardkit.cluster.supervisor_watch import _Watch, lingering, silence, unreported
 from shardkit.errors import JobError
 
-__all__ = ["HeartbeatReceiver", "Supervisor", "driver_roles"]
+__all__ = ["STOP_SIGNALS", "HeartbeatReceiver", "Supervisor", "driver_roles", "signals_raise"]
 
 _POLL_S = 0.1
 
@@ -46,22 +49,6 @@ def driver_roles(config: JobConfig) -> frozenset[str]:
     if config.framework == "tensorflow" and config.strategy == "parameter_server":
         return frozenset({"chief"})
     return frozenset({"worker", "chief"})
-
-
-@dataclass
-class _Watch:
-    """What the supervisor knows about one process of the current attempt."""
-
-    proc: RoleProcess
-    driver: bool
-    last_beat: float | None = None  # monotonic time of the last heartbeat that shows progress or life
-    gap: float = 0.0  # seconds between its last two such heartbeats (their pace: `Supervisor._silence`)
-    done_at: float | None = None
-    exited_at: float | None = None  # when its exit was seen
-    step: int = 0
-    samples: int = 0
-    finished: bool = False
-    metrics: dict[str, float] = field(default_factory=dict)
 
 
 class _Terminated(KeyboardInterrupt):
@@ -256,7 +243,7 @@ class Supervisor:
                 self._on_beat(beat, w, w is lead, record, time.monotonic(), late=True)
         record.samples = sum(w.samples for w in watches.values())
         record.unreported = [f"{w.proc.name} ({why})" for w in watches.values()
-                             if (why := _unreported(w)) is not None]
+                             if (why := unreported(w)) is not None]
 
     def _stop(self) -> None:
         group, self._group = self._group, None
@@ -304,7 +291,7 @@ class Supervisor:
                     w.finished = True
                     continue
                 return self._failure(attempt, w, exit_reason(code), code, None)
-            self._lingering(attempt, watches, now)
+            self._notes += lingering(attempt, watches, now, self.ft)
             drivers = [w for w in watches.values() if w.driver]
             if drivers and all(w.finished for w in drivers):
                 return None
@@ -360,85 +347,14 @@ class Supervisor:
             self._say(f"[shardkit] {name} restored {what}, not step {before}: that one did not verify "
                       f"(see {name}'s log)")
 
-    def _lingering(self, attempt: int, watches: dict[str, _Watch], now: float) -> None:
-        """Count as finished a process that reported done ``heartbeat_timeout`` seconds ago and has not
-        exited: its work is saved (``done`` follows the final checkpoint), and what keeps it alive is
-        its way out: a thread that is not a daemon, a child process, a hung destructor (gloo's at exit).
-        It is stopped with the group when the job ends, and the summary's notes name it. (It was a
-        failure: the restart resumed from the final checkpoint, lingered again, and the job ended
-        failed, its restarts spent, with every step trained.)
-
-        The wait starts when every driver has reported done, and again at each heartbeat: a process
-        that is done waits for the others by design (torch ranks end their group together, at a
-        barrier in `TrainContext.finish` that beats while it waits), however long the others' last
-        steps, evaluation and save take."""
-        limit = self.ft.heartbeat_timeout
-        ends = [w.done_at if w.done_at is not None else w.exited_at for w in watches.values() if w.driver]
-        if None in ends:
-            return
-        all_done = max((t for t in ends if t is not None), default=0.0)
-        for w in watches.values():
-            if w.finished or w.done_at is None or w.proc.returncode is not None:
-                continue
-            if now - max(w.done_at, w.last_beat or 0.0, all_done) <= limit:
-                continue
-            w.finished = True
-            self._notes.append(f"attempt {attempt}: {w.proc.name} reported done but had not exited "
-                               f"{now - w.done_at:.1f} s later (heartbeat_timeout {limit:g} s): counted as "
-                               "finished and stopped with the group; something keeps it alive after its "
-                               "work (a thread that is not a daemon, a child process): see its log")
-
-    def _silent(self, w: _Watch, now: float) -> Quiet[_Watch]:
-        """How long ``w`` has been silent, against which limit (a process that reported done is
-        `_lingering`'s)."""
-        ft = self.ft
-        if w.last_beat is None:
-            limit, since = ft.startup_timeout, w.proc.started
-            what = f"no heartbeat in {{:.1f}} s since its start (startup_timeout {ft.startup_timeout:g} s)"
-        else:
-            limit, since = ft.heartbeat_timeout, w.last_beat
-            what = f"silent for {{:.1f}} s (heartbeat_timeout {ft.heartbeat_timeout:g} s)"
-        return Quiet(w, now - since, limit, what)
-
     def _silence(self, attempt: int, watches: dict[str, _Watch], now: float) -> Failure | None:
-        """The failure when a running process is silent past its limit, named among the whole group.
-
-        In an allreduce job (torch DDP, Horovod) a process that hangs holds up every other one in the
-        next collective, so they all fall silent within a beat of each other, and the first to pass its
-        limit need not be the cause (naming the first one checked named worker-0, whose log showed
-        nothing wrong, when worker-1 was SIGSTOPped). So the suspects are those `suspects` finds, a beat
-        being the longer of ``heartbeat_interval`` and the latest gap between two beats of any process
-        (one a step, when steps are slower). The one named is:
-
-        - a suspect the OS reports stopped (SIGSTOP, a debugger; for processes on this machine, see
-          `shardkit.cluster.procstate`), the other suspects listed as waiting for it; else
-        - the suspect longest past its limit (the one named if it were alone), ties in the group's
-          order. Nothing tells it apart from the others (each just waits), so the reason lists them as
-          silent too and says that any of them may be the cause: their logs tell which.
-        """
-        running = [self._silent(w, now) for w in watches.values()
-                   if not w.finished and w.proc.returncode is None and w.done_at is None]
-        beat = max([self.ft.heartbeat_interval, *(q.who.gap for q in running)])
-        found = suspects(running, beat)
-        if not found:
+        """The failure when a running process is silent past its limit, named among the whole group
+        (`shardkit.cluster.supervisor_watch.silence`)."""
+        found = silence(watches, now, self.ft, self.config.strategy)
+        if found is None:
             return None
-        states = {q.who.proc.name: procstate.stopped(q.who.proc) for q in found}
-        held = [q for q in found if states[q.who.proc.name]]
-        named = (held or found)[0]
-        reason = named.what.format(named.silent)
-        others = [(q.who.proc.name, q.silent) for q in found if q is not named]
-        state = states[named.who.proc.name]
-        if state is not None:
-            reason += f"; {procstate.STOPPED_STATES[state]}: state {state}"
-            also = [(name, silent) for name, silent in others if states[name]]
-            if also:
-                reason += "; " + _listing(also, "stopped")
-            waiting = [(name, silent) for name, silent in others if not states[name]]
-            if waiting:
-                reason += f"; {_listing(waiting, 'silent')}, waiting for {'them' if also else 'it'}"
-        elif others:
-            reason += f"; {_listing(others, 'silent')}: {_WAITING[self.config.strategy]}"
-        return self._failure(attempt, named.who, reason, None, named.silent)
+        who, reason, silent = found
+        return self._failure(attempt, who, reason, None, silent)
 
     def _failure(self, attempt: int, w: _Watch, reason: str, code: int | None,
                  silent: float | None) -> Failure:
@@ -464,60 +380,3 @@ class Supervisor:
             samples_lost=sum(a.samples_lost for a in self._attempts),
             samples_unreported=[f"attempt {a.attempt}: {u}" for a in self._attempts for u in a.unreported],
         )
-
-
-#: Why the other silent processes may be the cause, per strategy (`Supervisor._silence`).
-_WAITING = {
-    "allreduce": "in an allreduce job every process waits for the slowest one, so any of them may be "
-                 "the cause",
-    "parameter_server": "in a parameter-server job the workers wait for a hung parameter server and the "
-                        "parameter servers or the chief for hung workers, so any of them may be the cause",
-}
-_LISTED = 8  # processes named in a failure's reason; the rest are counted
-
-
-def _listing(items: list[tuple[str, float]], what: str) -> str:
-    """``worker-0 silent too (30.4 s)``, ``worker-0 (30.4 s), worker-2 (30.1 s) silent too``."""
-    if len(items) == 1:
-        return f"{items[0][0]} {what} too ({items[0][1]:.1f} s)"
-    shown = ", ".join(f"{name} ({t:.1f} s)" for name, t in items[:_LISTED])
-    more = f" and {len(items) - _LISTED} more" if len(items) > _LISTED else ""
-    return f"{shown}{more} {what} too"
-
-
-def _unreported(w: _Watch) -> str | None:
-    """Why the samples ``w`` reported may be fewer than it trained, or None when they are its count at
-    its end: it reported done, or exited by itself (leaving ``with ctx``, a failing script reports its
-    count; see `shardkit.trainer.TrainContext.__exit__`), or never reported a sample (it trained none:
-    the first ``ctx.step`` always heartbeats)."""
-    if w.done_at is not None or w.samples == 0:
-        return None
-    code = w.proc.returncode
-    if code is not None and code >= 0:
-        return None
-    return exit_reason(code) if code is not None else "no exit status"
-
-
-#: The signals that stop a job cleanly: Ctrl-C, a polite kill, the terminal or SSH session closed.
-STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
-
-
-@contextmanager
-def signals_raise(exception: Callable[[int], BaseException]) -> Iterator[None]:
-    """In the main thread, each of `STOP_SIGNALS` raises ``exception(signum)``, so the job is stopped
-    cleanly and summed up; the previous handlers come back after. Elsewhere (signals reach only the
-    main thread) nothing changes. The supervisor raises `_Terminated`, a torchrun agent torch's own
-    ``SignalException``."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-
-    def handler(signum: int, frame: FrameType | None) -> None:
-        raise exception(signum)
-
-    previous = {sig: signal.signal(sig, handler) for sig in STOP_SIGNALS}
-    try:
-        yield
-    finally:
-        for sig, old in previous.items():
-            signal.signal(sig, old)
