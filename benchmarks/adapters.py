@@ -1,4 +1,4 @@
-"""ADAPTERS benchmark: shardkit's torch and tf.data adapters vs the plain reader and vs Petastorm's, one run.
+"""ADAPTERS benchmark: shardkit's torch, tf.data and JAX adapters vs the plain reader and Petastorm's.
 
 Every case runs in a fresh process (see `benchmarks.common`) on the ANCHORS rows of `benchmarks.data`
 (the shardkit tensor dataset; Petastorm reads the same rows and row groups from the plain ``list<>``
@@ -18,6 +18,8 @@ Cases (batch 256, default shuffle, CPU):
     torch-loader-4     the same, 4 columns: Petastorm's torch loaders cannot take strings
     torch-dataloader   ShardkitIterableDataset + torch DataLoader(num_workers=2, batch_size=None)
     tf-dataset         shardkit.tf.make_dataset (tf.data from a generator with the schema's spec)
+    jax-loader         shardkit.jax.make_loader (jax.Array on the CPU device, prefetch 2; jax_enable_x64
+                       on, so ``id`` stays int64 as in the other cases; Petastorm has no JAX adapter)
     pst-batched        Petastorm BatchedDataLoader(make_batch_reader(thread x2), 256), 4 columns
     pst-loader         Petastorm DataLoader(make_batch_reader(thread x2), 256), 4 columns
     pst-tf             make_petastorm_dataset(make_batch_reader(thread x2)).unbatch().batch(256)
@@ -61,7 +63,8 @@ from benchmarks.petastorm_side._consume import drain
 BATCH = 256
 READER_RATIO = 0.9  # ANCHORS: an adapter >= 0.9x the plain reader
 PETASTORM_RATIO = 2.0  # ANCHORS: >= 2x Petastorm's BatchedDataLoader (and its other adapters here)
-SHARDKIT = ["reader", "reader-4", "torch-loader", "torch-loader-4", "torch-dataloader", "tf-dataset"]
+SHARDKIT = ["reader", "reader-4", "torch-loader", "torch-loader-4", "torch-dataloader", "tf-dataset",
+            "jax-loader"]
 PETASTORM = ["pst-batched", "pst-loader", "pst-tf"]
 READERS = ("reader", "reader-4")
 FOUR = ["id", "label", "features", "image"]
@@ -93,6 +96,11 @@ def case(kind: str, url: str, columns: list[str] | None = None, epochs: int = 1)
         import shardkit.torch  # imported before the clock, like the others' frameworks
     if kind == "tf-dataset":
         import shardkit.tf
+    if kind == "jax-loader":
+        import jax
+
+        jax.config.update("jax_enable_x64", True)  # id stays int64: the bytes the other cases move
+        import shardkit.jax
     started, cpu0 = time.perf_counter(), tree_cpu_seconds(children=True)
     children = 0
     if kind in READERS:
@@ -111,6 +119,9 @@ def case(kind: str, url: str, columns: list[str] | None = None, epochs: int = 1)
         del dl
     elif kind == "tf-dataset":
         result = _drain(shardkit.tf.make_dataset(url, **kw), started, cpu0)
+    elif kind == "jax-loader":
+        with shardkit.jax.make_loader(url, **kw) as jax_loader:
+            result = _drain(jax_loader, started, cpu0)
     else:
         raise ValueError(f"unknown case {kind!r}")
     return {**result, "rss": phase_peak_rss() + children, "workers_rss": children}
@@ -188,6 +199,7 @@ def report(results: dict[str, dict[str, Any]], rows: int,
         "torch-loader-4": "shardkit.torch.make_loader, 4 columns (no text)",
         "torch-dataloader": "ShardkitIterableDataset + DataLoader(workers=2)",
         "tf-dataset": "shardkit.tf.make_dataset, 5 columns",
+        "jax-loader": "shardkit.jax.make_loader, 5 columns",
         "pst-batched": "Petastorm BatchedDataLoader, 4 columns",
         "pst-loader": "Petastorm DataLoader, 4 columns",
         "pst-tf": "Petastorm make_petastorm_dataset, 5 columns",

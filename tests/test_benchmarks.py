@@ -50,7 +50,7 @@ def test_adapters_benchmark_quick_runs_every_shardkit_case_to_the_end(tmp_path: 
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     rows = [ln for ln in proc.stdout.splitlines() if ln.startswith(("| shardkit", "| ShardkitIterable"))]
-    assert len(rows) == 6, proc.stdout  # 2 references, 2 make_loader cases, DataLoader, make_dataset
+    assert len(rows) == 7, proc.stdout  # 2 references, 2 make_loader cases, DataLoader, make_dataset, jax
     assert all("| yes " in line for line in rows), proc.stdout  # 2 x 4,000 rows, every id twice
     assert "failed" not in proc.stdout
 

@@ -1,0 +1,11 @@
+"""JAX adapter, public as ``shardkit.jax`` (jax is imported only when this module is).
+
+Example:
+    >>> import shardkit.jax
+    >>> loader = shardkit.jax.make_loader(url, batch_size=256, device="gpu", prefetch=2)
+"""
+
+from shardkit.reader.collate import Collate
+from shardkit.reader.jax import Loader, make_loader
+
+__all__ = ["Collate", "Loader", "make_loader"]
