@@ -10,20 +10,50 @@ import select
 import signal
 import sys
 import warnings
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
-from shardkit.dataset import (
-    Dataset,
-    SummaryMissingWarning,
-    UncommittedFilesWarning,
-    open_dataset,
-    write_summary,
-)
 from shardkit.errors import DatasetExistsError, JobError, ShardkitError
 
+# Only the standard library and shardkit.errors at import: the console script imports this module before
+# it calls `main`, and a Ctrl-C during an import outside `main` would end in a traceback (see `main`).
 if TYPE_CHECKING:
+    from types import TracebackType
+
     from shardkit.cluster.config import JobConfig
+    from shardkit.dataset import Dataset
+
+
+def _interrupted_outside_main(kind: type[BaseException], value: BaseException,
+                              traceback: TracebackType | None) -> None:
+    """`sys.excepthook` from the end of this module's import until `main` returns: a Ctrl-C that lands in
+    the console script's own lines around ``main()`` prints main's line, not a traceback."""
+    if issubclass(kind, KeyboardInterrupt):
+        print(_interrupted(sys.argv[1:]), file=sys.stderr)
+    else:
+        _EXCEPTHOOK(kind, value, traceback)
+
+
+def _the_command() -> bool:
+    """Whether this process is the ``shardkit`` command (its console script, or ``python -m shardkit``),
+    not a program that imports this module."""
+    started = sys.modules.get("__main__")
+    spec = getattr(started, "__spec__", None)
+    return (getattr(spec, "name", None) == "shardkit.__main__"
+            or os.path.basename(getattr(started, "__file__", None) or "") == "shardkit")
+
+
+_EXCEPTHOOK = sys.excepthook
+if _the_command():  # the hook is the command's own: a program that imports this module keeps its hook
+    sys.excepthook = _interrupted_outside_main
+_COMMANDS = frozenset({"inspect", "index", "write", "train", "validate", "render", "bench"})
+
+
+def _interrupted(argv: Sequence[str]) -> str:
+    """The line for a Ctrl-C, ``shardkit <command>: interrupted``: the command as ``argv`` names it, read
+    here since argparse may not have read it yet (``shardkit: interrupted`` when it names none)."""
+    command = next((word for word in argv if not word.startswith("-")), "")
+    return f"shardkit {command}: interrupted" if command in _COMMANDS else "shardkit: interrupted"
 
 
 def _human(n: float) -> str:
@@ -82,16 +112,19 @@ def format_description(info: dict[str, Any]) -> str:
 
 
 @contextlib.contextmanager
-def _warnings_after(show: type[Warning], *, hide: type[Warning] | None = None) -> Iterator[None]:
+def _warnings_after(show: type[Warning], *, hide: type[Warning] | None = None,
+                    worded: Callable[[str], str] | None = None) -> Iterator[None]:
     """Warnings of class ``show`` raised in the block, each printed once on stderr after it ends
-    (``warning: <message>``; not when it raises); ``hide``'s not at all."""
+    (``warning: <message>``; not when it raises); ``hide``'s not at all. ``worded`` rewrites a message
+    first (``shardkit bench``: the Python arguments it names as the flags that set them)."""
     with warnings.catch_warnings(record=True) as caught:
         if hide is not None:
             warnings.simplefilter("ignore", hide)
         warnings.simplefilter("always", show)
         yield
     for w in caught:
-        print(f"warning: {w.message}", file=sys.stderr)
+        message = str(w.message)
+        print(f"warning: {message if worded is None else worded(message)}", file=sys.stderr)
 
 
 def _names(text: str | None) -> list[str] | None:
@@ -100,6 +133,8 @@ def _names(text: str | None) -> list[str] | None:
 
 
 def _inspect(args: argparse.Namespace) -> int:
+    from shardkit.dataset import SummaryMissingWarning, open_dataset
+
     with _warnings_after(SummaryMissingWarning):
         ds = open_dataset(args.url)
     info = describe(ds)
@@ -108,6 +143,8 @@ def _inspect(args: argparse.Namespace) -> int:
 
 
 def _index(args: argparse.Namespace) -> int:
+    from shardkit.dataset import SummaryMissingWarning, UncommittedFilesWarning, write_summary
+
     with _warnings_after(UncommittedFilesWarning, hide=SummaryMissingWarning):
         ds = write_summary(args.url)
     summary = f"{args.url.rstrip('/')}/_metadata"
@@ -118,6 +155,7 @@ def _index(args: argparse.Namespace) -> int:
 def _write(args: argparse.Namespace) -> int:
     import time
 
+    from shardkit.dataset import open_dataset
     from shardkit.dataset.convert import convert
 
     size = args.row_group_size
@@ -213,13 +251,14 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="shardkit", description=_DESCRIPTION)
     parser.add_argument("--version", action="version", version=f"shardkit {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
+    # every command's parser= is its own: `main`'s usage errors after parsing print its usage, not the top's
     p = sub.add_parser("inspect", help="print a dataset's schema, files and row groups")
-    p.add_argument("url")
+    p.add_argument("url", help="the dataset's folder (any fsspec URL, e.g. s3://bucket/ds)")
     p.add_argument("--json", action="store_true", help="machine-readable output")
-    p.set_defaults(func=_inspect)
+    p.set_defaults(func=_inspect, parser=p)
     p = sub.add_parser("index", help="write the _metadata summary of a plain Parquet folder")
-    p.add_argument("url")
-    p.set_defaults(func=_index)
+    p.add_argument("url", help="the folder of Parquet files (any fsspec URL)")
+    p.set_defaults(func=_index, parser=p)
     p = sub.add_parser("write", help="convert a CSV, JSON-lines or Parquet file or folder, or a Petastorm, "
                                      "shardkit or plain Parquet dataset, into a shardkit dataset")
     p.add_argument("src", help="a file or folder, or a quoted glob pattern ('data/*.csv'); any fsspec URL")
@@ -242,11 +281,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--node-rank", type=int, default=None, metavar="K",
                    help="engine torchrun: this node's rank (node 0 hosts the rendezvous); "
                         "default engine.node_rank, else 0")
-    p.set_defaults(func=_train)
+    p.set_defaults(func=_train, parser=p)
     p = sub.add_parser("validate", help="check a job config and its engine as train does before it starts "
                                         "anything (not the data, not the logdir); print what it would start")
     _add_config(p)
-    p.set_defaults(func=_validate)
+    p.set_defaults(func=_validate, parser=p)
     p = sub.add_parser("render", help="write the manifests that submit a job to Kubernetes or YARN")
     _add_config(p)
     p.add_argument("--engine", help="kubernetes or yarn (default: the config's engine.name)")
@@ -288,11 +327,32 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Run the command; exit 2 with one line, ``shardkit <command>: error: <message>``, for a
     `ShardkitError`, and (with the type named) for an ``OSError`` or ``ImportError`` the API let through:
     a user's path, permission or missing package, never worth a traceback. Anything else is a bug and
-    keeps its traceback."""
-    parser = build_parser()
-    args, extra = parser.parse_known_args(argv)
-    if extra:
-        _unrecognized(getattr(args, "parser", parser), args.command, extra)
+    keeps its traceback.
+
+    Ctrl-C (SIGINT) ends any command with one line, ``shardkit <command>: interrupted`` (``write`` says
+    what it left, ``train`` prints its job's summary instead), and status 130, as a shell reports a
+    process that SIGINT ended. That holds from the end of this module's import (the console script's
+    lines around ``main()``: `_interrupted_outside_main`), through the imports of the command's modules
+    (here, not at this module's import, which takes a few milliseconds), to the end. Before it, Python
+    starts (``site``), imports the package and this module's standard-library modules: a Ctrl-C there
+    is Python's own.
+    """
+    try:
+        parser = build_parser()
+        args, extra = parser.parse_known_args(argv)
+        if extra:
+            _unrecognized(getattr(args, "parser", parser), args.command, extra)
+        return _run(args)
+    except KeyboardInterrupt as e:
+        print(_interrupted(sys.argv[1:] if argv is None else argv), file=sys.stderr)
+        return 128 + int(getattr(e, "signum", signal.SIGINT))
+    finally:
+        if sys.excepthook is _interrupted_outside_main:  # a program that calls main gets its hook back
+            sys.excepthook = _EXCEPTHOOK
+
+
+def _run(args: argparse.Namespace) -> int:
+    """The parsed command's function, its errors as `main` says."""
     try:
         code = int(args.func(args))
         sys.stdout.flush()  # here, not at exit: a reader that went away (`| head -1`): `_stdout_gone`

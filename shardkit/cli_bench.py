@@ -6,14 +6,16 @@ import argparse
 import ast
 import contextlib
 import importlib
+import importlib.util
 import json
 import os
 import re
 import shlex
 import sys
+import tempfile
 from collections.abc import Iterator, Mapping
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 from shardkit.cli import _names, _warnings_after
 from shardkit.errors import DatasetError, ReaderError
@@ -31,7 +33,7 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
                        description="Read one shard as training would (after --warmup batches) and print "
                                    "its throughput; stops after --batches, --seconds or --epochs, whichever "
                                    "comes first (with none of them: one epoch).")
-    p.add_argument("url")
+    p.add_argument("url", help="the dataset's folder (any fsspec URL, e.g. s3://bucket/ds)")
     p.add_argument("--adapter", choices=["numpy", "torch", "tf"], default="numpy",
                    help="the reader's numpy batches, shardkit.torch.make_loader or shardkit.tf.make_dataset")
     p.add_argument("--batch-size", type=int, metavar="N", help="rows per batch (default 256)")
@@ -62,9 +64,10 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
 
 
 def run(args: argparse.Namespace) -> int:
-    """Run `shardkit.reader.throughput.measure` with the flags given and print its result; its errors about
-    their values name the flags (`in_flags`). With ``--adapter tf``, TensorFlow's log lines are left out
-    (`_import_tensorflow_quietly`)."""
+    """Run `shardkit.reader.throughput.measure` with the flags given and print its result; its errors and
+    warnings about their values name the flags (`in_flags`: the default cache's `CacheWarning` says
+    ``--cache DIR`` or ``--no-cache``, not ``cache=``). With ``--adapter tf``, TensorFlow's log lines are
+    left out (`_import_tensorflow_quietly`). Ctrl-C is `shardkit.cli.main`'s: one line, status 130."""
     from shardkit.reader.throughput import measure
 
     columns = _names(args.columns)
@@ -83,10 +86,8 @@ def run(args: argparse.Namespace) -> int:
     if args.adapter == "tf":
         _import_tensorflow_quietly()
     try:
-        with _warnings_after(UserWarning):
+        with _warnings_after(UserWarning, worded=lambda message: in_flags(message, args.parser, kwargs)):
             result = measure(args.url, **kwargs)
-    except KeyboardInterrupt:
-        return 130
     except (ReaderError, DatasetError) as e:
         message = in_flags(str(e), args.parser, kwargs)
         if message == str(e):
@@ -228,35 +229,46 @@ def _import_tensorflow_quietly() -> None:
     """Import TensorFlow without the log lines it writes on stderr, unless ``TF_CPP_MIN_LOG_LEVEL`` is set
     (the user's choice of what TensorFlow prints then stands).
 
-    ``TF_CPP_MIN_LOG_LEVEL=2`` (set for this process, before the import) drops its info and warning lines
-    (errors stay); its import writes absl's "All log messages before absl::InitializeLog() ..." line and
-    the oneDNN notice whatever that level, so stderr (file descriptor 2) points at /dev/null while it
-    imports. An import that fails is left to `measure`, which names what to install.
+    ``TF_CPP_MIN_LOG_LEVEL=2`` is set while it imports and removed after, so that the processes this one
+    starts later do not inherit it: TensorFlow reads it once, at the first line it logs, which its import
+    writes, and drops the info and warning lines of its C++ code for the rest of the run (errors stay).
+    The import also writes absl's "All log messages before absl::InitializeLog() ..." line and the
+    oneDNN notice whatever that level, so what it writes on stderr (file descriptor 2) goes to a
+    temporary file, dropped when the import succeeds. When it fails, that text is written out and the
+    error raised: a TensorFlow that is installed but cannot load (a missing shared library, a protobuf
+    of the wrong version) must say why. One that is not installed at all is left to `measure`, which
+    names the extra to install.
     """
-    if "TF_CPP_MIN_LOG_LEVEL" in os.environ:
+    if "TF_CPP_MIN_LOG_LEVEL" in os.environ or "tensorflow" in sys.modules:
         return
-    os.environ["TF_CPP_MIN_LOG_LEVEL"] = "2"
-    if "tensorflow" in sys.modules:
+    if importlib.util.find_spec("tensorflow") is None:
         return
-    with _stderr_dropped(), contextlib.suppress(ImportError):
-        importlib.import_module("tensorflow")
+    with tempfile.TemporaryFile() as held:
+        try:
+            with _stderr_into(held):
+                os.environ["TF_CPP_MIN_LOG_LEVEL"] = "2"
+                try:
+                    importlib.import_module("tensorflow")
+                finally:
+                    del os.environ["TF_CPP_MIN_LOG_LEVEL"]
+        except Exception:
+            held.seek(0)
+            sys.stderr.write(held.read().decode(errors="replace"))
+            raise
 
 
 @contextlib.contextmanager
-def _stderr_dropped() -> Iterator[None]:
-    """File descriptor 2 pointed at /dev/null in the block (nothing done where it cannot be)."""
+def _stderr_into(file: IO[bytes]) -> Iterator[None]:
+    """File descriptor 2 pointed at ``file`` in the block (nothing done where it cannot be: no stderr,
+    or a closed one)."""
     try:
         sys.stderr.flush()
         saved = os.dup(2)
-    except (OSError, ValueError, AttributeError):  # no stderr (pythonw), or a closed one
+    except (OSError, ValueError, AttributeError):
         yield
         return
     try:
-        null = os.open(os.devnull, os.O_WRONLY)
-        try:
-            os.dup2(null, 2)
-        finally:
-            os.close(null)
+        os.dup2(file.fileno(), 2)
         yield
     finally:
         with contextlib.suppress(OSError, ValueError, AttributeError):

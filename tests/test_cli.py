@@ -167,6 +167,43 @@ def test_usage_errors(argv: list[str], capsys: pytest.CaptureFixture[str]) -> No
     assert "usage: shardkit" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("argv", [["inspect", "ds", "--yaml"], ["index", "ds", "--yaml"],
+                                  ["validate", "job.yaml", "--yaml"], ["train", "job.yaml", "--yaml"],
+                                  ["render", "job.yaml", "--yaml"], ["write", "a.csv", "ds", "--yaml"],
+                                  ["bench", "ds", "--yaml"]], ids=lambda argv: argv[0])
+def test_an_unknown_flag_prints_the_usage_of_its_command(argv: list[str],
+                                                         capsys: pytest.CaptureFixture[str]) -> None:
+    """inspect, index, validate and train printed the usage of ``shardkit`` itself (its list of commands)
+    and ``shardkit: error:``, as if the flag were the top level's."""
+    with pytest.raises(SystemExit) as info:
+        main(argv)
+    assert info.value.code == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"usage: shardkit {argv[0]} "), err
+    assert err.endswith(f"shardkit {argv[0]}: error: unrecognized arguments: --yaml\n"), err
+
+
+def test_the_interrupted_line_knows_every_command() -> None:
+    """main names the command of a Ctrl-C before argparse has read it: from its own list of them."""
+    from shardkit import cli
+
+    commands = next(a for a in cli.build_parser()._actions if a.dest == "command").choices
+    assert commands is not None
+    assert set(commands) == cli._COMMANDS
+    assert cli._interrupted(["--quiet", "train", "job.yaml"]) == "shardkit train: interrupted"
+    assert cli._interrupted(["inpsect", "ds"]) == "shardkit: interrupted"
+
+
+@pytest.mark.parametrize("command", ["inspect", "index", "bench"])
+def test_the_help_of_a_command_says_what_its_url_is(command: str, capsys: pytest.CaptureFixture[str]) -> None:
+    """``url`` was listed with no help."""
+    with pytest.raises(SystemExit) as info:
+        main([command, "--help"])
+    assert info.value.code == 0
+    positionals = capsys.readouterr().out.split("positional arguments:")[1].split("options:")[0]
+    assert "any fsspec URL" in positionals, positionals
+
+
 @pytest.mark.timeout(60)
 def test_runs_as_a_program(dataset: shardkit.Dataset, tmp_path: Path) -> None:
     done = subprocess.run(

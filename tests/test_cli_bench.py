@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import math
 import os
@@ -132,6 +133,65 @@ def test_tf_adapter_writes_no_tensorflow_log_lines(url: str, tmp_path: Path) -> 
     done = _bench_process(ds.url, "--adapter", "tf", "--batch-size", "4", "--warmup", "0")
     assert (done.returncode, done.stdout) == (2, "")
     assert "is missing; the dataset was changed outside shardkit" in _one_line_error(done.stderr)
+
+
+@pytest.mark.tf
+def test_tf_adapter_leaves_the_environment_as_it_was(url: str) -> None:
+    """TF_CPP_MIN_LOG_LEVEL=2, set to quiet TensorFlow's import, stayed set in os.environ after it: every
+    process started later inherited it."""
+    if importlib.util.find_spec("tensorflow") is None:
+        pytest.skip("needs TensorFlow")
+    code = ("import os, subprocess, sys\n"
+            "from shardkit.cli import main\n"
+            f"code = main(['bench', {url!r}, '--adapter', 'tf', '--batch-size', '10', '--warmup', '0'])\n"
+            "print(code, os.environ.get('TF_CPP_MIN_LOG_LEVEL'), 'tensorflow' in sys.modules)\n"
+            "sys.stdout.flush()\n"
+            "child = 'import os; print(os.environ.get(\"TF_CPP_MIN_LOG_LEVEL\"))'\n"
+            "subprocess.run([sys.executable, '-c', child], check=True)\n")
+    env = {k: v for k, v in os.environ.items() if k != "TF_CPP_MIN_LOG_LEVEL"}
+    done = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=env, capture_output=True, text=True,
+                          timeout=300, check=False)
+    assert (done.returncode, done.stderr) == (0, "")
+    assert done.stdout.splitlines()[-2:] == ["0 None True", "None"]
+
+
+def test_a_tensorflow_that_cannot_load_says_why(url: str, tmp_path: Path) -> None:
+    """An installed TensorFlow whose import fails (here a stand-in for a broken install: a missing shared
+    library) was reported as not installed ("pip install 'shardkit[tf]'"), and what its import wrote on
+    stderr was dropped: now that text and the import's error are shown."""
+    broken = tmp_path / "site" / "tensorflow"
+    broken.mkdir(parents=True)
+    (broken / "__init__.py").write_text(
+        "import os\n"
+        "os.write(2, b\"E0000 dso_loader.cc:1] Could not load dynamic library 'libtf_fake.so.2'\\n\")\n"
+        "raise ImportError('libtf_fake.so.2: cannot open shared object file: No such file or directory')\n")
+    env = {k: v for k, v in os.environ.items() if k != "TF_CPP_MIN_LOG_LEVEL"}
+    env["PYTHONPATH"] = os.pathsep.join([str(tmp_path / "site"), str(REPO), env.get("PYTHONPATH", "")])
+    done = subprocess.run([sys.executable, "-m", "shardkit", "bench", url, "--adapter", "tf"], cwd=REPO,
+                          env=env, capture_output=True, text=True, timeout=300, check=False)
+    assert (done.returncode, done.stdout) == (2, "")
+    assert "Traceback" not in done.stderr
+    assert done.stderr.splitlines() == [
+        "E0000 dso_loader.cc:1] Could not load dynamic library 'libtf_fake.so.2'",
+        "shardkit bench: error: ImportError: libtf_fake.so.2: cannot open shared object file: No such file "
+        "or directory"]
+
+
+def test_the_default_cache_warning_names_the_flags(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                   capsys: pytest.CaptureFixture[str]) -> None:
+    """The default cache (remote data: here memory://) in a folder that cannot be made warns and reads
+    without it; the warning's fix named make_reader's cache=CacheConfig(...) and cache=None."""
+    (tmp_path / "file").write_text("")
+    monkeypatch.setenv("SHARDKIT_CACHE_DIR", str(tmp_path / "file" / "cache"))
+    url = shardkit.write_dataset({"id": np.arange(20)}, f"memory://{tmp_path.name}/ds", row_group_size=5).url
+    assert main(["bench", url, "--batch-size", "5", "--warmup", "0", "--json"]) == 0
+    out, err = capsys.readouterr()
+    assert json.loads(out)["rows"] == 20
+    folder = tmp_path / "file" / "cache"
+    assert err == (f"warning: the cache folder '{folder}' cannot be created ([Errno 20] Not a directory: "
+                   f"'{folder}'); pass a writable folder with --cache DIR or set SHARDKIT_CACHE_DIR, or "
+                   f"--no-cache; reading '{url}' without the default row-group cache\n")
+    assert not PYTHON_NAME.search(err), err
 
 
 def test_a_plain_parquet_folder_prints_the_warning(tmp_path: Path,

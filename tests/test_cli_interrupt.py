@@ -1,0 +1,149 @@
+"""Ctrl-C at any moment of a real ``shardkit`` process: one line on stderr, no traceback, status 130.
+
+Each test starts the command as a user does (the console script, or ``python -m shardkit``) and sends a
+real SIGINT at a moment it can see, not after a delay:
+
+- ``start`` and ``import``: the process writes a line as each module finishes importing
+  (``PYTHONPROFILEIMPORTTIME``), on a pipe of one page that the test stops reading once it has seen the
+  line it waits for; a process more than a page of lines ahead blocks on that pipe, so the signal
+  lands while its modules are still importing however slow this machine is;
+- ``later``: the job config is a named pipe: the command waits in its read.
+"""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+SCRIPT = Path(sys.executable).with_name("shardkit")  # the console script ([project.scripts])
+ENTRY = {"script": [str(SCRIPT)], "module": [sys.executable, "-m", "shardkit"]}
+PAGE = 4096
+IMPORT_LINE = "import time:"
+
+pytestmark = pytest.mark.timeout(120)
+
+
+def test_the_console_script_is_installed() -> None:
+    assert SCRIPT.exists(), f"no console script at {SCRIPT}: install shardkit (scripts/setup) to test it"
+
+
+def test_a_program_that_imports_the_cli_keeps_its_excepthook() -> None:
+    code = ("import sys; hook = sys.excepthook; import shardkit.cli; "
+            "assert sys.excepthook is hook, sys.excepthook; shardkit.cli.main(['--version'])")
+    proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=60,
+                          check=False)
+    assert proc.returncode == 0, proc.stderr
+
+
+def _start(argv: list[str], *, stderr: int) -> subprocess.Popen[bytes]:
+    env = {**os.environ, "PYTHONPROFILEIMPORTTIME": "1"}
+    # (a test run started in the background ignores SIGINT, and its children would inherit that)
+    handler = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        return subprocess.Popen(argv, cwd=REPO, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                stderr=stderr)
+    finally:
+        signal.signal(signal.SIGINT, handler)
+
+
+def _modules(fd: int) -> Iterator[str]:
+    """The name of each module the process imported, as it says so (at most a page read ahead)."""
+    pending = b""
+    while chunk := os.read(fd, PAGE):
+        *lines, pending = (pending + chunk).split(b"\n")
+        for line in lines:
+            text = line.decode(errors="replace")
+            if text.startswith(IMPORT_LINE):
+                yield text.rsplit("|", 1)[-1].strip()
+
+
+def _finish(proc: subprocess.Popen[bytes], fd: int) -> tuple[int, list[str]]:
+    """Wait for the process, reading the rest of its stderr from ``fd``: its status, and stderr's lines
+    other than the import times."""
+    chunks = []
+    while chunk := os.read(fd, 1 << 16):
+        chunks.append(chunk)
+    code = proc.wait(timeout=60)
+    err = b"".join(chunks).decode(errors="replace")
+    assert "Traceback" not in err, err
+    assert "Exception ignored" not in err, err
+    return code, [line for line in err.splitlines() if not line.startswith(IMPORT_LINE)]
+
+
+def _end(proc: subprocess.Popen[bytes]) -> None:
+    """Kill the process if the test failed before it ended, and close its pipes."""
+    if proc.poll() is None:
+        proc.kill()
+    proc.wait()
+    for pipe in (proc.stdout, proc.stderr):
+        if pipe is not None:
+            pipe.close()
+
+
+def _interrupted(code: int, lines: list[str], command: str) -> None:
+    # 130: main's status. -SIGINT (which a shell reports as 130 too): Python ends itself with SIGINT at
+    # exit once a KeyboardInterrupt went uncaught in code it ran with PyRun_* (Cython modules' import
+    # does), even when main caught it later
+    assert code in (130, -signal.SIGINT), (code, lines)
+    assert lines == [f"shardkit {command}: interrupted"], lines
+
+
+@pytest.mark.parametrize(("entry", "after"), [("script", "shardkit.cli"), ("module", "shardkit.cli"),
+                                              ("script", "numpy")],
+                         ids=["start-script", "start-module", "import-script"])
+def test_ctrl_c_while_modules_import(entry: str, after: str, tmp_path: Path) -> None:
+    """``start``: right after the module holding main imported (main's first lines); ``import``: while
+    numpy's dependents (pyarrow, pandas) import, the first 0.4 s of any command. Both printed
+    Python's KeyboardInterrupt traceback: the package imported them before main could catch it."""
+    read, write = os.pipe()
+    fcntl.fcntl(write, fcntl.F_SETPIPE_SZ, PAGE)
+    try:
+        proc = _start([*ENTRY[entry], "inspect", str(tmp_path / "missing")], stderr=write)
+    finally:
+        os.close(write)
+    try:
+        assert after in _modules(read), f"{after} was never imported"
+        proc.send_signal(signal.SIGINT)
+        code, lines = _finish(proc, read)
+    finally:
+        _end(proc)
+        os.close(read)
+    _interrupted(code, lines, "inspect")
+
+
+def test_ctrl_c_while_a_command_waits(tmp_path: Path) -> None:
+    """Later: ``validate`` reading its config (a named pipe nobody writes) printed a traceback."""
+    config = tmp_path / "job.yaml"
+    os.mkfifo(config)
+    proc = _start([*ENTRY["script"], "validate", str(config)],
+                  stderr=subprocess.PIPE)
+    writer = None
+    try:
+        deadline = time.monotonic() + 60
+        while writer is None:  # the process opened the pipe to read it: it waits in open() or read()
+            assert proc.poll() is None, proc.communicate()
+            assert time.monotonic() < deadline, "validate did not open its config in 60 s"
+            try:
+                writer = os.open(config, os.O_WRONLY | os.O_NONBLOCK)
+            except OSError as e:
+                if e.errno != errno.ENXIO:  # ENXIO: no reader yet
+                    raise
+                time.sleep(0.01)
+        proc.send_signal(signal.SIGINT)
+        assert proc.stderr is not None
+        code, lines = _finish(proc, proc.stderr.fileno())
+    finally:
+        if writer is not None:
+            os.close(writer)
+        _end(proc)
+    _interrupted(code, lines, "validate")
