@@ -19,6 +19,7 @@
     │   └── CorruptCheckpointError                              a commit or file that does not verify
     ├── JobError                      (also RuntimeError)       a job that failed (restarts exhausted)
     ├── UnsupportedURLError           (also ValueError)         a URL whose protocol no filesystem serves
+    ├── StorageOptionsError           (also ValueError)         a storage option its filesystem does not take
     └── MissingDependencyError        (also ImportError)        an optional extra is not installed
         └── MissingFilesystemError                              a URL's filesystem package is not installed
 
@@ -58,6 +59,7 @@ __all__ = [
     "SchemaError",
     "SchemaMismatchError",
     "ShardkitError",
+    "StorageOptionsError",
     "TimeZoneWarning",
     "UnknownArgumentError",
     "UnsafePickleError",
@@ -185,6 +187,12 @@ class TimeZoneWarning(UserWarning):
 
 class JobError(ShardkitError, RuntimeError):
     """Raised when a training job fails for good (restarts exhausted); the message holds the history."""
+
+
+class StorageOptionsError(ShardkitError, ValueError):
+    """Raised when a key of ``storage_options`` is not taken by the URL's filesystem, before any request
+    (the filesystem would raise ``TypeError`` at its first one); names the key, the URL, the options the
+    filesystem takes and, for s3fs, where botocore's go."""
 
 
 class MissingDependencyError(ShardkitError, ImportError):

@@ -5,18 +5,23 @@ else: Arrow reports an unreadable file as an ``OSError`` that the Parquet paths 
 fsspec leaves a folder it may not list out of its listing (so a dataset looked empty), and botocore's
 ``NoCredentialsError`` is no ``OSError`` at all. Each is turned into an error of `shardkit.errors`
 here: `is_denied` / `permission_error` (a `DatasetPermissionError` with the owner and mode to fix),
-`filesystem_error` (a URL no installed filesystem serves) and `storage_errors` (credentials and
-connections). botocore and google-auth are not imported: their errors are matched by class name.
+`filesystem_error` (a URL no installed filesystem serves), `storage_option_error` (an option the
+URL's filesystem does not take) and `storage_errors` (credentials and connections). botocore and
+google-auth are not imported: their errors are matched by class name.
 """
 
 from __future__ import annotations
 
 import contextlib
+import difflib
 import errno
+import functools
+import importlib
+import inspect
 import os
 import stat
-from collections.abc import Callable, Iterator
-from typing import TYPE_CHECKING
+from collections.abc import Callable, Iterator, Mapping
+from typing import TYPE_CHECKING, Any
 
 from shardkit.errors import (
     DatasetError,
@@ -24,15 +29,18 @@ from shardkit.errors import (
     MissingDependencyError,
     MissingFilesystemError,
     ShardkitError,
+    StorageOptionsError,
     UnsupportedURLError,
+    one_line,
 )
 
 if TYPE_CHECKING:
     from shardkit.dataset.location import Location
 
 #: What a permission needs, by action: on local files (mode bits), and on object stores.
-_LOCAL_NEED = {"read": "r", "list": "r and x", "write in": "w and x"}
-_STORE_NEED = {"read": "read objects", "list": "list the bucket", "write in": "write objects"}
+_LOCAL_NEED = {"read": "r", "list": "r and x", "write in": "w and x", "open": "r and x"}
+_STORE_NEED = {"read": "read objects", "list": "list the bucket", "write in": "write objects",
+               "open": "list the bucket and read objects"}
 #: Packages of fsspec filesystems that a shardkit extra installs; others are installed by name.
 _EXTRAS = {"s3fs": "s3"}
 _CREDENTIALS = (
@@ -63,6 +71,16 @@ _CLOUD_ERRORS = {
     "ConnectionClosedError": _CONNECTION,
     "ProxyConnectionError": _CONNECTION,
     "ReadTimeoutError": _CONNECTION,  # botocore: a server that took the connection but does not answer
+}
+#: Where a filesystem sends the storage options its constructor does not name, when not to fsspec's
+#: base class (which ignores what it does not use): ``module:callable``, whose signature says which it
+#: takes, and the arguments the filesystem fills in itself. s3fs makes a botocore session with them,
+#: fsspec's HTTP passes them to every request; either raises ``TypeError`` for an unknown one, and only
+#: at the first request.
+_PASSED_ON = {
+    "s3fs.core.S3FileSystem": ("aiobotocore.session:AioSession", ()),
+    "fsspec.implementations.http.HTTPFileSystem": (
+        "aiohttp:ClientSession._request", ("method", "str_or_url")),
 }
 
 
@@ -144,18 +162,115 @@ def filesystem_error(url: str, e: BaseException) -> ShardkitError | None:
     return None
 
 
+def storage_option_error(url: str, options: Mapping[Any, Any]) -> StorageOptionsError | None:
+    """The error for the keys of ``options`` that the filesystem of ``url`` does not take, else None.
+
+    Read from signatures, so it holds for any fsspec filesystem without a list of keys: those its
+    constructor names, fsspec's own (instance and listings caches) and, where the constructor passes
+    the rest on (`_PASSED_ON`), those that what it passes them to names. A filesystem that keeps the
+    rest, or hands them to fsspec's base class (which ignores them: local, memory, dir://), takes any
+    key, so that one set of options serves a local source and an S3 destination alike. Chained URLs
+    (``simplecache::s3://``) are not checked.
+
+    Example:
+        >>> storage_option_error("s3://bucket/ds", {"bogus": 1})  # names 'bogus', the URL and the fix
+    """
+    import fsspec
+
+    if "::" in url or not options:
+        return None
+    protocol = options.get("protocol") or fsspec.core.split_protocol(url)[0] or "file"
+    try:
+        cls = fsspec.get_filesystem_class(protocol)
+    except (ImportError, ValueError):
+        return None  # Location.of says why, with filesystem_error
+    taken = _options_taken(cls)
+    if taken is None:
+        return None
+    # a key named for the protocol holds options for it (fsspec merges them); fsspec.open's arguments
+    # are dropped by url_to_fs
+    mine = {cls.protocol} if isinstance(cls.protocol, str) else set(cls.protocol)
+    keys = [k for k, v in options.items() if k not in mine] + [
+        k for p, v in options.items() if p in mine and isinstance(v, Mapping) for k in v]
+    unknown = [k for k in keys if k not in taken and k not in _open_arguments()]
+    if not unknown:
+        return None
+    close = sorted({m for k in unknown if isinstance(k, str) for m in difflib.get_close_matches(k, taken, 1)})
+    meant = f"Did you mean {' or '.join(map(repr, close))}? " if close else ""
+    dicts = sorted(k for k in taken if k.endswith("_kwargs"))
+    inside = ""
+    if dicts:
+        inside = f". An option of the client it makes goes inside {' or '.join(map(repr, dicts))}"
+    if "config_kwargs" in dicts:  # s3fs
+        inside = (". botocore's options go inside 'client_kwargs' (client arguments: region_name, verify, "
+                  "...) or 'config_kwargs' (botocore.config.Config: connect_timeout, retries, ...), S3 "
+                  "request arguments inside 's3_additional_kwargs'")
+    plural = len(unknown) > 1
+    return StorageOptionsError(
+        f"the storage option{'s' if plural else ''} {', '.join(map(repr, unknown))} for {url!r} "
+        f"{'are' if plural else 'is'} not taken by {cls.__module__.split('.', 1)[0]}'s {cls.__name__}, "
+        f"which would fail on {'them' if plural else 'it'} at its first request. {meant}Remove "
+        f"{'them' if plural else 'it'}, or use the options it takes: {', '.join(sorted(taken))}{inside}"
+    )
+
+
+@functools.cache
+def _options_taken(cls: type) -> frozenset[str] | None:
+    """The storage options ``cls`` takes (see `storage_option_error`), or None where it takes any."""
+    from fsspec.dircache import DirCache
+
+    params = inspect.signature(cls.__init__).parameters  # type: ignore[misc]
+    if not any(p.kind is p.VAR_KEYWORD for p in params.values()):
+        return frozenset(_named(params))
+    target = next((_PASSED_ON[n] for n in (f"{c.__module__}.{c.__qualname__}" for c in cls.__mro__)
+                   if n in _PASSED_ON), None)
+    if target is None:
+        return None
+    (module, _, path), filled = target[0].partition(":"), target[1]
+    try:
+        sink: Any = importlib.import_module(module)
+        for name in path.split("."):
+            sink = getattr(sink, name)
+        sink_params = inspect.signature(sink).parameters
+    except (ImportError, AttributeError, TypeError, ValueError):
+        return None  # another version of the library: take any key rather than refuse a good one
+    if any(p.kind is p.VAR_KEYWORD for p in sink_params.values()):
+        return None
+    fsspec_own = {"skip_instance_cache"} | _named(inspect.signature(DirCache.__init__).parameters)
+    return frozenset(_named(params) | fsspec_own | (_named(sink_params) - set(filled)))
+
+
+def _named(params: Mapping[str, inspect.Parameter]) -> set[str]:
+    return {n for n, p in params.items() if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)} - {"self"}
+
+
+@functools.cache
+def _open_arguments() -> frozenset[str]:
+    import fsspec
+
+    return frozenset(_named(inspect.signature(fsspec.open).parameters) - {"urlpath"})
+
+
 def root_exists(loc: Location) -> bool:
     """Whether ``loc``'s root exists; a store that cannot be reached raises `DatasetError` (credentials
     and connections, as `storage_errors` says them, and those the filesystem's ``exists`` hides: see
-    `_unreachable`), so False means missing indeed.
+    `_unreachable`), so False means missing indeed. A store that refuses to say raises
+    `DatasetPermissionError` (`permission_error`): s3fs's ``exists`` raised a bare ``PermissionError:
+    Forbidden`` for a key or secret the store does not know, and for credentials that may not look at
+    the root (``HEAD`` of the key, then a listing).
 
     Example:
         >>> if not root_exists(loc):
         ...     raise DatasetNotFoundError(f"no dataset at {loc.url!r}: ...")
     """
-    with storage_errors(loc.url):  # the first request: where missing credentials show
-        if loc.fs.exists(loc.root):
-            return True
+    try:
+        with storage_errors(loc.url):  # the first request: where missing credentials show
+            if loc.fs.exists(loc.root):
+                return True
+    except OSError as e:
+        if isinstance(e, ShardkitError) or not is_denied(e):
+            raise
+        raise permission_error(loc, loc.root, e, action="open") from e
     failed = _unreachable(loc)
     if failed is not None:
         raise failed
@@ -183,6 +298,41 @@ def _unreachable(loc: Location) -> DatasetError | None:
         return None  # aiohttp's connection and timeout errors are OSErrors; a 404 is not
     return DatasetError(f"cannot reach {loc.url!r} ({type(cause).__name__}: {cause}); check the host and "
                         "port in the URL, that the server is running, and the network and proxy")
+
+
+#: Connection failures of aiohttp (fsspec's HTTP, gcsfs, adlfs), by class name: a refused or cut
+#: connection, a body cut short, a timeout (fsspec's FSTimeoutError).
+_CONNECTION_ERRORS = frozenset({"ClientConnectionError", "ClientPayloadError", "FSTimeoutError"})
+
+
+def request_error(url: str, path: str, e: BaseException) -> DatasetError | None:
+    """The shardkit error for ``e``, raised by a request for the bytes of ``path`` (a file of the dataset
+    at ``url``) that was never answered, else None (``e`` goes through as it is).
+
+    A read that fails this way is no corruption: the Parquet layer took the ``OSError`` of a cut
+    connection for a truncated file (and ``on_error="skip"`` skipped the row group: rows lost for a
+    network blip), fsspec's HTTP answers a server that is down with ``FileNotFoundError`` (read as a
+    file deleted since the dataset was opened), botocore's errors are no ``OSError`` at all. The
+    error is a `DatasetError`, neither corrupt nor missing: the read stops, nothing is skipped, and
+    the reader's state resumes where it stopped. Also: an HTTP server that ignores range requests
+    (``python -m http.server``), which fsspec reports as a ``ValueError`` naming its own options.
+    """
+    cause = e.__cause__ if isinstance(e, FileNotFoundError) else e  # fsspec's HTTP wraps the failure
+    classes = [c.__name__ for c in type(cause).__mro__] if cause is not None else []
+    fix = next((_CLOUD_ERRORS[n] for n in classes if n in _CLOUD_ERRORS), None)
+    if fix is None and (_CONNECTION_ERRORS.intersection(classes) or isinstance(cause, TimeoutError)):
+        fix = ("the server could not be reached or stopped answering: check that it is running, and the "
+               "network and proxy")
+    if fix is not None:
+        return DatasetError(f"cannot read {path!r} of {url!r}: {fix} ({type(cause).__name__}: "
+                            f"{one_line(cause)}). Nothing was skipped: read again once this is fixed (a "
+                            "reader's state_dict() resumes where it stopped)")
+    if isinstance(e, ValueError) and "support range requests" in str(e):
+        return DatasetError(f"cannot read {path!r} of {url!r}: the HTTP server does not answer range "
+                            "requests (HTTP Range headers), and shardkit reads each row group by its "
+                            "range. Serve the folder with a server that does (nginx, Apache, a cloud "
+                            "bucket; `python -m http.server` does not), or copy the dataset locally")
+    return None
 
 
 def _package_of(protocol: str) -> str:

@@ -22,7 +22,7 @@ import fsspec
 import pyarrow as pa
 import pyarrow.fs as pafs
 
-from shardkit.dataset.access import filesystem_error
+from shardkit.dataset.access import filesystem_error, request_error, storage_option_error
 from shardkit.errors import NotADatasetError
 
 SUMMARY = "_metadata"
@@ -53,6 +53,8 @@ class Location:
             UnsupportedURLError: no filesystem serves the URL's protocol (``foo://``).
             MissingDependencyError: the protocol's filesystem is not installed (s3fs, gcsfs, ...), or
                 HDFS's native client cannot be loaded.
+            StorageOptionsError: a key of ``storage_options`` that the filesystem does not take (see
+                `storage_option_error`): refused here, not by the first request.
             DatasetError: the filesystem cannot be set up for another reason (its message says why).
             NotADatasetError: ``url`` is empty (fsspec would read the current folder).
         """
@@ -60,6 +62,9 @@ class Location:
         if not text.strip():  # fsspec reads "" as the current folder: no one means that
             raise NotADatasetError(f"the dataset URL {text!r} is empty; give the dataset's folder or URL "
                                    "(use '.' for the current folder)")
+        refused = storage_option_error(text, storage_options or {})
+        if refused is not None:
+            raise refused
         try:
             fs, root = fsspec.core.url_to_fs(text, **(storage_options or {}))
         except (ImportError, ValueError, OSError) as e:
@@ -90,14 +95,23 @@ class Location:
         (``cache_type="none"``): the Parquet reader coalesces a row group's column chunks into one range
         itself (``pre_buffer``), and read-ahead would fetch a block beyond it on every open (s3fs: 50 MB
         more per row group). A filesystem whose ``open`` takes no ``cache_type`` opens as it defaults.
+
+        A request that is never answered (a server down, a connection cut) raises `DatasetError`, at the
+        opening or at any read (`access.request_error`), never an ``OSError`` read as corruption.
         """
         if self.is_local:
             return self.arrow_fs.open_input_file(path)
         try:
-            f = self.fs.open(path, "rb", cache_type="none")
-        except TypeError:
-            f = self.fs.open(path, "rb")
-        return pa.PythonFile(f, mode="r")
+            try:
+                f = self.fs.open(path, "rb", cache_type="none")
+            except TypeError:
+                f = self.fs.open(path, "rb")
+        except Exception as e:
+            error = request_error(self.url, path, e)
+            if error is None:
+                raise
+            raise error from e
+        return pa.PythonFile(_Requests(f, self.url, path), mode="r")
 
     @property
     def is_object_store(self) -> bool:
@@ -194,6 +208,26 @@ class Location:
             os.replace(src, dst)
         else:
             self.fs.mv(src, dst)
+
+
+class _Requests:
+    """An fsspec file whose reads that go unanswered raise `access.request_error`'s `DatasetError`
+    (Arrow passes a Python exception raised in a read through as it is); the rest is the file's own."""
+
+    def __init__(self, f: Any, url: str, path: str) -> None:
+        self._f, self._url, self._path = f, url, path
+
+    def read(self, nbytes: int = -1) -> bytes:
+        try:
+            return bytes(self._f.read(nbytes))
+        except Exception as e:
+            error = request_error(self._url, self._path, e)
+            if error is None:
+                raise
+            raise error from e
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._f, name)
 
 
 def _version_of(info: Mapping[str, Any]) -> str | None:

@@ -433,3 +433,98 @@ def test_valid_images_of_every_mode_still_decode_bit_identical(tmp_path: Path) -
                 want = columns[f.name][i]
             assert got[f.name][i].dtype == np.uint8
             np.testing.assert_array_equal(got[f.name][i], want, err_msg=f"{f.name} row {i}")
+
+
+# --- shardkit's limit is the only one ------------------------------------------------------------------
+
+
+def one_bit_png(width: int, height: int) -> bytes:
+    """A real 1-bit grey PNG of ``width`` x ``height``, columns alternating white and black (0xAA bytes):
+    a few kilobytes per hundred megapixels, and decoded only by Pillow (OpenCV's path takes 8 bits)."""
+    row = b"\x00" + b"\xaa" * ((width + 7) // 8)
+    squeeze = zlib.compressobj(9)
+    stream = b"".join(squeeze.compress(row) for _ in range(height)) + squeeze.flush()
+    return png_claiming(width, height, colour=0, depth=1, stream=stream)
+
+
+def test_an_image_past_pillows_limit_but_within_shardkits_decodes() -> None:
+    """13380 x 13380 (179 Mpx): under shardkit's default limit (268 Mpx), past Pillow's error limit
+    (``2 * PIL.Image.MAX_IMAGE_PIXELS``, 179 Mpx). Pillow refused it (DecompressionBombError, reported
+    as a corrupt file); shardkit's limit is the one that applies, and Pillow's global stays as it was."""
+    side = 13380
+    assert 2 * Image.MAX_IMAGE_PIXELS < side * side < LIMIT  # type: ignore[operator]
+    pillows = Image.MAX_IMAGE_PIXELS
+    column = pa.array([one_bit_png(side, side)])
+    (pixels,) = GREY.codec.decode(GREY, column)
+    assert pixels.shape == (side, side)
+    assert pixels.dtype == np.uint8
+    np.testing.assert_array_equal(pixels[:: side // 7, :6], [[255, 0, 255, 0, 255, 0]] * 8)
+    assert pixels[:, -4:].tolist() == [[255, 0, 255, 0]] * side  # the last byte's bits too
+    del pixels
+    assert pillows == Image.MAX_IMAGE_PIXELS
+
+
+def test_pillows_own_limit_neither_refuses_nor_warns(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A user's lower Pillow limit is theirs (for their own Image.open): shardkit's applies to its reads,
+    in the fixed-shape and varying paths, for JPEG and the PNGs Pillow decodes (no warning either: the
+    suite turns warnings into errors)."""
+    from shardkit.dataset.codecs import headers
+
+    monkeypatch.setattr(Image, "MAX_IMAGE_PIXELS", 1000)  # a warning past 1000 pixels, an error past 2000
+    buf = io.BytesIO()
+    Image.fromarray(np.full((40, 60, 3), 200, np.uint8)).save(buf, format="JPEG")
+    cases = [(GREY, one_bit_png(60, 40)), (Field("img", "uint8", (40, 60), codec=ImageCodec("png")),
+                                          one_bit_png(60, 40)),
+             (JPEG, buf.getvalue()), (Field("img", "uint8", (40, 60, 3), codec=ImageCodec("jpeg")),
+                                      buf.getvalue())]
+    for field, blob in cases:
+        (pixels,) = field.codec.decode(field, pa.array([blob]))
+        assert pixels.shape[:2] == (40, 60), field
+        assert pixels.dtype == np.uint8, field
+        assert int(pixels.max()) == (255 if field.codec.format == "png" else 200), field
+    monkeypatch.setattr(headers, "MAX_IMAGE_PIXELS", 2399)
+    with pytest.raises(CorruptDatasetError, match=r"60 x 40 pixels \(2400\).*limit of 2399"):
+        GREY.codec.decode(GREY, pa.array([one_bit_png(60, 40)]))
+
+
+def test_one_bit_pngs_decode_to_0_and_255_as_opencv_and_libpng_expand_them() -> None:
+    """Pillow gives a 1-bit image as booleans: a uint8 field read 1 for white (fixed shape) or a bool
+    array (varying size); OpenCV, Petastorm's decoder, gives 255."""
+    import cv2
+
+    blob = one_bit_png(12, 3)
+    want = cv2.imdecode(np.frombuffer(blob, np.uint8), cv2.IMREAD_UNCHANGED)
+    assert want[0, :4].tolist() == [255, 0, 255, 0]
+    for field in (GREY, Field("img", "uint8", (3, 12), codec=ImageCodec("png"))):
+        (pixels,) = field.codec.decode(field, pa.array([blob]))
+        assert pixels.dtype == np.uint8
+        np.testing.assert_array_equal(pixels, want)
+
+
+OPENCV_LIMITED = textwrap.dedent("""
+    import numpy as np, pyarrow as pa
+    from shardkit import Field, ImageCodec
+    from shardkit.dataset.codecs import image
+
+    image.USE_INFLATE = False  # so that OpenCV's paths take every image
+    pixels = np.arange(3000, dtype=np.uint8).reshape(50, 60)
+    for shape in ((None, None), (50, 60)):
+        field = Field("img", "uint8", shape, codec=ImageCodec("png"))
+        try:
+            (got,) = field.codec.decode(field, pa.array([field.codec._encode_one(pixels)]))
+            print(shape, "decoded" if (got == pixels).all() else "wrong pixels")
+        except Exception as e:
+            print(shape, type(e).__name__)
+""")
+
+
+def test_an_image_past_opencvs_limit_goes_to_pillow() -> None:
+    """OpenCV refuses (raises ``cv2.error``) an image past its own limit, ``OPENCV_IO_MAX_IMAGE_PIXELS``
+    (2**30 by default: shardkit's may be raised above it). It went up as a cv2.error; such an image is
+    decoded by Pillow, for fixed-shape fields and fields of varying size. OpenCV's limit is lowered here,
+    in a child process (it is read once), to keep the images small."""
+    env = {**os.environ, "OPENCV_IO_MAX_IMAGE_PIXELS": "1000"}
+    done = subprocess.run([sys.executable, "-c", OPENCV_LIMITED], capture_output=True, text=True, env=env,
+                          timeout=120, check=False)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.splitlines() == ["(None, None) decoded", "(50, 60) decoded"], done.stderr[-3000:]

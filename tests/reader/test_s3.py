@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+import re
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -10,7 +12,7 @@ import pandas as pd
 import pytest
 
 import shardkit
-from shardkit.errors import CacheWarning, ReaderError
+from shardkit.errors import CacheWarning, ReaderError, StorageOptionsError
 from shardkit.reader.cache import CacheConfig
 
 if TYPE_CHECKING:
@@ -243,3 +245,53 @@ def test_a_write_to_a_missing_bucket_creates_none_and_says_so(s3_server: S3Serve
     assert all(p.startswith(f"/{s3_bucket}/new/ds/") for p in puts), puts
     assert not [p for p in puts if p.endswith("/")], puts
     assert _buckets(s3_server) == before
+
+
+# --- storage options the filesystem does not take ---------------------------------------------------------
+
+
+def test_an_unknown_storage_option_is_refused_before_any_request(s3_server: S3Server, s3_bucket: str,
+                                                                 capsys: pytest.CaptureFixture[str]) -> None:
+    """s3fs hands the options it does not name to botocore's session, which raised ``TypeError`` at the
+    first request (a traceback from aiobotocore): refused up front, naming the key, the URL and the fix."""
+    from shardkit.cli import main
+
+    url, opts = f"s3://{s3_bucket}/ds", s3_server.storage_options
+    shardkit.write_dataset(_frame(100), url, storage_options=opts)
+    since = s3_server.mark()
+    bad = {**opts, "bogus": 1}
+    new = f"s3://{s3_bucket}/new"
+    for at, call in ((url, lambda: shardkit.make_reader(url, storage_options=bad)),
+                     (url, lambda: shardkit.open_dataset(url, storage_options=bad)),
+                     (new, lambda: shardkit.write_dataset(_frame(3), new, storage_options=bad))):
+        with pytest.raises(StorageOptionsError) as info:
+            call()
+        assert isinstance(info.value, ValueError)
+        message = str(info.value)
+        assert message.startswith(f"the storage option 'bogus' for {at!r} is not taken"), message
+        assert "not taken by s3fs's S3FileSystem" in message, message
+        assert re.search(r"use the options it takes: anon, .*endpoint_url, .*profile, .* botocore's options "
+                         r"go inside 'client_kwargs' .* or 'config_kwargs'", message), message
+    assert [r for r in s3_server.requests(since) if "shardkit-log-sync" not in r[1]] == []
+
+    with pytest.raises(ValueError, match=r"'enpoint_url' for .* Did you mean 'endpoint_url'\?"):
+        shardkit.open_dataset(url, storage_options={**opts, "enpoint_url": s3_server.endpoint_url})
+    with pytest.raises(ValueError, match=r"options 'retries', 'bogus' for .* are not taken"):
+        shardkit.open_dataset(url, storage_options={**opts, "s3": {"bogus": 1}, "retries": 2})
+
+    assert main(["bench", url, "--storage-options", json.dumps(bad), "--warmup", "0"]) == 2
+    err = capsys.readouterr().err
+    assert "Traceback" not in err
+    assert err.count("\n") == 1, err
+    assert err.startswith(f"shardkit bench: error: the storage option 'bogus' for {url!r}"), err
+
+
+def test_the_options_s3fs_takes_are_not_refused(s3_server: S3Server, s3_bucket: str) -> None:
+    """Options of s3fs's constructor, of fsspec's caches, and those it passes to botocore's session, also
+    under a key named for the protocol, and fsspec.open's arguments (which fsspec drops) all open."""
+    url = f"s3://{s3_bucket}/ds"
+    shardkit.write_dataset(_frame(50), url, storage_options=s3_server.storage_options)
+    for extra in ({"use_listings_cache": False, "skip_instance_cache": True, "default_block_size": 1 << 22},
+                  {"s3": {"requester_pays": False}, "session_vars": {}}, {"compression": None}):
+        ds = shardkit.open_dataset(url, storage_options={**s3_server.storage_options, **extra})
+        assert ds.num_rows == 50, extra

@@ -11,8 +11,9 @@ row of a dataset. `claim` reads the size from the header alone, a PNG's ``IHDR``
 - a field of varying size (H or W None), and Petastorm's 16-bit PNGs of varying size: at most
   `max_image_pixels()` pixels.
 
-Images in other formats (Pillow's fallback) are checked against the size Pillow's lazy
-``Image.open`` reads from their header, before ``load()`` allocates their pixels. The limit:
+Images in other formats (Pillow's fallback) are checked against the size Pillow's lazy open
+(`shardkit.dataset.codecs.image.open_image`) reads from their header, before ``load()`` allocates their
+pixels. The limit, the only one applied (Pillow's and OpenCV's own are not: see that module):
 `DEFAULT_MAX_IMAGE_PIXELS` unless `MAX_IMAGE_PIXELS` or the environment variable
 ``SHARDKIT_MAX_IMAGE_PIXELS`` says otherwise (see `max_image_pixels`).
 """
@@ -35,9 +36,9 @@ if TYPE_CHECKING:
 # 2**28 pixels, 16384 x 16384: 1 GiB decoded as 8-bit RGBA (1.5 GiB as Petastorm's 16-bit RGB). No
 # training pipeline decodes such an image whole (ImageNet's average is 0.2 Mpx, an 8K frame 33 Mpx, a
 # 100-Mpx camera's photo 1e8; gigapixel slides are stored as tiles), and it stays below OpenCV's own
-# limit (2**30), so a claim past it is refused here before either library allocates anything. Pillow
-# keeps its own check for the images it decodes (JPEG and the rare PNGs OpenCV does not take):
-# ``PIL.Image.MAX_IMAGE_PIXELS``, a warning past 89 Mpx and an error past 179 Mpx.
+# limit (2**30), so a claim past it is refused here before either library allocates anything. Pillow's
+# own check (``PIL.Image.MAX_IMAGE_PIXELS``: a warning past 89 Mpx, an error past 179 Mpx) is not made
+# on the images shardkit decodes (JPEG and the PNGs OpenCV does not take): this limit is the one.
 DEFAULT_MAX_IMAGE_PIXELS = 1 << 28
 ENV_VAR = "SHARDKIT_MAX_IMAGE_PIXELS"
 MAX_IMAGE_PIXELS: int | None = None  # set (in this process) to override the environment and the default

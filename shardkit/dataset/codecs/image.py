@@ -17,6 +17,9 @@ transparency keys) goes through Pillow.
 Nothing is decoded before its header is checked (`shardkit.dataset.codecs.headers`): an image of a
 fixed-shape field must be the field's size, an image of varying size at most
 `headers.max_image_pixels()` pixels, so a few crafted bytes claiming gigapixels never reach a decoder.
+That limit is the only one: Pillow's own (``PIL.Image.MAX_IMAGE_PIXELS``, an error past 179 Mpx) is
+not applied to the images decoded here (`open_image`), and an image past OpenCV's (2**30 pixels, for a
+raised shardkit limit) goes to Pillow; neither library's setting is changed for the rest of the process.
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ from __future__ import annotations
 import dataclasses
 import io
 import os
+import struct
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from functools import cache
@@ -47,6 +51,8 @@ from shardkit.dataset.codecs.tensor import rows_of, stack_rows
 from shardkit.errors import CorruptDatasetError, ImageShapeError, SchemaError, SchemaMismatchError
 
 if TYPE_CHECKING:
+    from PIL.ImageFile import ImageFile
+
     from shardkit.dataset.schema import Field
 
 _MODES = {(2, 1): "L", (3, 1): "L", (3, 3): "RGB", (3, 4): "RGBA"}
@@ -71,7 +77,10 @@ def _opencv_decode() -> Callable[[np.ndarray, int], np.ndarray | None] | None:
     flag = cv2.IMREAD_UNCHANGED
 
     def decode(blob: np.ndarray, channels: int) -> np.ndarray | None:
-        pixels = cv2.imdecode(blob, flag)
+        try:
+            pixels = cv2.imdecode(blob, flag)
+        except cv2.error:  # past OpenCV's own limit (2**30 pixels), which shardkit's may be raised above
+            return None
         got = 0 if pixels is None else pixels.shape[2] if pixels.ndim == 3 else 1
         if pixels is None or pixels.dtype != np.uint8 or got != channels:
             return None
@@ -108,14 +117,12 @@ def _opencv_png(blob: np.ndarray) -> np.ndarray | None:
 
 
 def _pillow(data: bytes, field: Field, row: int, limit: int) -> np.ndarray:
-    from PIL import Image
-
     try:
-        with Image.open(io.BytesIO(data)) as im:  # lazy: it reads the header only, whatever the format
+        with open_image(data) as im:  # lazy: it reads the header only, whatever the format
             found = headers.Claim(im.format or "image", im.height, im.width, len(im.getbands()))
             headers.check_image(field, row, found, limit)
             im.load()
-            return np.asarray(im)
+            pixels = np.asarray(im)
     except CorruptDatasetError:  # refused by its header
         raise
     except Exception as e:  # Pillow raises many types for bad bytes
@@ -123,6 +130,42 @@ def _pillow(data: bytes, field: Field, row: int, limit: int) -> np.ndarray:
             f"field {field.name!r}: an image could not be decoded ({type(e).__name__}: {e}); "
             "the file is corrupt or was not written as PNG/JPEG"
         ) from e
+    if pixels.dtype == np.bool_:  # a 1-bit image (Pillow's mode "1"): 0 and 255, as libpng expands it
+        pixels = np.multiply(pixels, 255, dtype=np.uint8)
+    return pixels
+
+
+def open_image(data: bytes) -> ImageFile:
+    """``data`` opened by Pillow, lazily (its header read, its pixels not), with no size limit of Pillow's.
+
+    As ``PIL.Image.open`` opens it (each registered format whose prefix check accepts the bytes, the
+    common ones first), but without its ``_decompression_bomb_check``: that compares the size with
+    ``PIL.Image.MAX_IMAGE_PIXELS`` (a warning past 89 Mpx, an error past 179 Mpx), so an image that
+    shardkit's limit (`headers.max_image_pixels`, raised or not: 268 Mpx by default) lets through was
+    refused by Pillow's. The caller checks the size against shardkit's limit before ``load()``; Pillow's
+    global is neither changed nor read. Plugins that check a size themselves (a GIF's or an MPO's later
+    frames, TIFF tiles) still do.
+
+    Example:
+        >>> with open_image(blob) as im:
+        ...     headers.check_image(field, row, headers.Claim(im.format, im.height, im.width, 1), limit)
+        ...     im.load()
+    """
+    from PIL import Image, UnidentifiedImageError
+
+    prefix = data[:16]
+    for load_plugins in (Image.preinit, Image.init):  # as Image.open: the common formats, then all
+        load_plugins()
+        for name in list(Image.ID):
+            factory, accept = Image.OPEN[name]
+            accepted = accept is None or accept(prefix)
+            if not accepted or isinstance(accepted, str):  # a str: a format it is not (Pillow's warning)
+                continue
+            try:
+                return factory(io.BytesIO(data), "")
+            except (SyntaxError, IndexError, TypeError, struct.error):  # not this format, as Image.open
+                continue
+    raise UnidentifiedImageError("cannot identify image file")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -295,7 +338,10 @@ def _fast_png(field: Field, shape: tuple[int, ...]) -> FastPng | None:
         scratch = np.empty((len(picked), *cv_shape), np.uint8)
         good = np.zeros(len(picked), bool)
         for j, k in enumerate(picked.tolist()):
-            pixels = cv2.imdecode(data[starts[k] : ends[k]], cv2.IMREAD_UNCHANGED)
+            try:
+                pixels = cv2.imdecode(data[starts[k] : ends[k]], cv2.IMREAD_UNCHANGED)
+            except cv2.error:  # past OpenCV's limit: left to the general path (Pillow), as undecoded
+                continue
             if pixels is not None and pixels.dtype == np.uint8 and pixels.shape == cv_shape:
                 scratch[j] = pixels
                 good[j] = True
