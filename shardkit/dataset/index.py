@@ -20,6 +20,7 @@ which stores them as columns.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 import re
@@ -274,10 +275,7 @@ def open_location(loc: Location) -> Dataset:
     md = _summary(loc)
     if md is None:
         if not root_exists(loc):
-            raise DatasetNotFoundError(
-                f"no dataset at {loc.url!r}: the path does not exist. Check the URL (and credentials), or "
-                "write one first with shardkit.write_dataset(data, url)"
-            )
+            raise _not_found(loc)
         if loc.fs.isfile(loc.root):
             raise NotADatasetError(f"{loc.url!r} is a file; a dataset is a folder of Parquet files")
         if loc.exists(SUMMARY):  # there after all (written meanwhile): read it, or say why it cannot be
@@ -309,6 +307,18 @@ def open_location(loc: Location) -> Dataset:
     _warn_partitions(ds)
     _warn_left_out(ds)
     return ds
+
+
+def _not_found(loc: Location) -> DatasetNotFoundError:
+    """Nothing at ``loc``'s root: its bucket named when that is what is missing, as writes name it
+    (`Location.missing_bucket`: one more request, on object stores only), else the path."""
+    with contextlib.suppress(OSError):  # a store that will not say: the path is what is known missing
+        if (bucket := loc.missing_bucket()) is not None:
+            return DatasetNotFoundError(f"no dataset at {loc.url!r}: the bucket {bucket!r} does not exist, "
+                                        "or these credentials cannot see it. Check the bucket's name in the "
+                                        "URL (and the credentials and endpoint)")
+    return DatasetNotFoundError(f"no dataset at {loc.url!r}: the path does not exist. Check the URL (and "
+                                "credentials), or write one first with shardkit.write_dataset(data, url)")
 
 
 def _plain_schema(loc: Location, arrow_schema: pa.Schema) -> tuple[Schema, dict[str, str]]:

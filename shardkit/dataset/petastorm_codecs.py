@@ -12,7 +12,9 @@ Nothing is expanded past what it can hold: a compressed array is inflated no fur
 of the field's fixed shape takes, or, where the shape varies, than its ``.npy`` header (checked against
 the field first) says, and one byte more to tell a longer stream; a 16-bit PNG is decoded only once its
 ``IHDR`` has the field's size, or at most `headers.max_image_pixels()` pixels where the size varies
-(`shardkit.dataset.codecs.headers`).
+(`shardkit.dataset.codecs.headers`). That limit is the one: a PNG within it that OpenCV refuses (past
+its own, 2**30 pixels, for a raised shardkit limit) is decoded by Pillow, as `ImageCodec`'s are; Pillow
+reads a 16-bit colour PNG as 8 bits, so such an image is refused instead, naming OpenCV's setting.
 """
 
 from __future__ import annotations
@@ -34,8 +36,9 @@ import pyarrow as pa
 
 from shardkit.dataset.codecs import Codec, ScalarCodec, headers, register
 from shardkit.dataset.codecs.base import ArrowColumn, as_masked, combine, is_text_type, mask_of, plain_type
+from shardkit.dataset.codecs.image import open_image
 from shardkit.dataset.schema import Field
-from shardkit.errors import CorruptDatasetError, SchemaError, require
+from shardkit.errors import CorruptDatasetError, SchemaError, one_line, require
 
 __all__ = ["PetastormCompressedNdarrayCodec", "PetastormNdarrayCodec", "PetastormPng16Codec",
            "PetastormScalarCodec"]
@@ -115,7 +118,8 @@ class PetastormScalarCodec(ScalarCodec):
 @dataclasses.dataclass(frozen=True)
 class PetastormPng16Codec(Codec):
     """Read-only: Petastorm's ``CompressedImageCodec('png')`` of ``uint16`` pixels (16-bit PNG), shape
-    ``(H, W)`` or ``(H, W, 3)`` (what Petastorm wrote), decoded with OpenCV as Petastorm did."""
+    ``(H, W)`` or ``(H, W, 3)`` (what Petastorm wrote), decoded with OpenCV as Petastorm did, once its
+    header passed shardkit's checks; Pillow where OpenCV refuses one (`_pillow_png16`)."""
 
     name = "petastorm.png16"
     writable = False
@@ -141,11 +145,15 @@ class PetastormPng16Codec(Codec):
         limit = headers.max_image_pixels()
         for i in rows.tolist():
             blob = data[int(starts[i]) : int(ends[i])]
-            _check_png_header(field, i, headers.claim(blob), limit)
-            pixels = cv2.imdecode(blob, cv2.IMREAD_UNCHANGED)
-            if pixels is None:
-                raise _corrupt(field, i, "it is not a PNG image OpenCV can decode")
-            if pixels.ndim == 3 and pixels.shape[2] == 3:
+            found = headers.claim(blob)
+            _check_png_header(field, i, found, limit)
+            try:
+                pixels = cv2.imdecode(blob, cv2.IMREAD_UNCHANGED)
+            except cv2.error as e:  # past OpenCV's own limit (2**30 pixels): shardkit's may be raised above
+                pixels = _pillow_png16(field, i, blob, found, e)
+            if pixels is None:  # OpenCV refused it: Pillow names the damage (or decodes what OpenCV did not)
+                pixels = _pillow_png16(field, i, blob, found, None)
+            elif pixels.ndim == 3 and pixels.shape[2] == 3:
                 pixels = np.ascontiguousarray(pixels[:, :, ::-1])  # OpenCV's BGR, as Petastorm swapped it
             if pixels.dtype != np.uint16 or pixels.ndim != len(field.shape) or any(
                     d not in (None, s) for d, s in zip(field.shape, pixels.shape, strict=True)):
@@ -179,6 +187,34 @@ def _check_png_header(field: Field, row: int, found: headers.Claim | None, limit
     problem = headers.over_limit(found, limit) if None in field.shape[:2] else None
     if problem is not None:
         raise _corrupt(field, row, problem)
+
+
+def _pillow_png16(field: Field, row: int, blob: np.ndarray, found: headers.Claim | None,
+                  refused: Exception | None) -> np.ndarray:
+    """A PNG OpenCV did not decode (``refused``: the ``cv2.error`` it raised, past its own pixel limit;
+    None: it returned nothing), decoded by Pillow, its header already checked (`_check_png_header`).
+
+    Pillow reads a 16-bit grey PNG whole (``I;16``) but a 16-bit colour one as 8 bits, so such an image
+    past OpenCV's limit is refused, naming the setting that raises it: Petastorm's 16-bit colour is kept
+    whole or not read."""
+    if refused is not None and found is not None and found.channels > 1:
+        count = found.width * found.height
+        raise CorruptDatasetError(
+            f"field {field.name!r}, row {row} of the batch: OpenCV refused its {found.bits}-bit colour PNG "
+            f"of {found.width} x {found.height} pixels ({count}) ({one_line(refused)}: past its own limit, "
+            f"OPENCV_IO_MAX_IMAGE_PIXELS, 2**30 pixels unless set), and Pillow reads such PNGs as 8 bits "
+            f"only. Set OPENCV_IO_MAX_IMAGE_PIXELS={count} (or more) in the environment of the process "
+            "before it starts"
+        ) from refused
+    try:
+        with open_image(blob.tobytes()) as im:
+            im.load()
+            pixels = np.asarray(im)
+    except Exception as e:  # Pillow raises many types for bad bytes
+        why = "" if refused is None else f" (OpenCV: {one_line(refused)})"
+        raise _corrupt(field, row, f"it is not a PNG image OpenCV or Pillow can decode{why}: "
+                       f"{type(e).__name__}: {e}") from e
+    return pixels.astype(np.uint16) if pixels.dtype.kind == "u" and pixels.itemsize == 2 else pixels
 
 
 def _corrupt(field: Field, row: int, problem: str) -> CorruptDatasetError:

@@ -20,7 +20,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from shardkit.dataset.access import storage_errors
+from shardkit.dataset.access import root_exists, storage_errors
 from shardkit.dataset.codecs import TensorCodec
 from shardkit.dataset.commit import commit, overlap_error, write_lock
 from shardkit.dataset.footers import data_files
@@ -218,6 +218,9 @@ def write_dataset(
         DatasetNotFoundError: ``url`` is on an object store whose bucket does not exist (shardkit never
             creates buckets).
         NotADatasetError: ``url`` is a file.
+        DatasetPermissionError: the store refuses these credentials (a key it does not know, or one that
+            may not look at ``url``): the message names the URL and what they need, before any input is
+            consumed (`shardkit.dataset.access.root_exists`).
         SchemaMismatchError: the data does not fit the schema; nothing is written.
         DatasetError: another write to ``url`` overlapped this one (see `shardkit.dataset.commit` for
             what is guaranteed where); this one committed nothing.
@@ -233,9 +236,9 @@ def write_dataset(
     file_bytes = parse_size(file_size, what="file_size")
     check_compression(compression)
     loc = Location.of(url, storage_options)
-    with storage_errors(loc.url):  # the first requests: where missing credentials show
-        root_existed = loc.fs.exists(loc.root)
-        if not root_existed:
+    root_existed = root_exists(loc)  # the first request: missing or refused credentials are named there
+    if not root_existed:
+        with storage_errors(loc.url):
             check_bucket(loc)
     with write_lock(loc):
         existing, schema = resolve_target(loc, mode, schema)

@@ -528,3 +528,37 @@ def test_an_image_past_opencvs_limit_goes_to_pillow() -> None:
                           timeout=120, check=False)
     assert done.returncode == 0, done.stderr[-3000:]
     assert done.stdout.splitlines() == ["(None, None) decoded", "(50, 60) decoded"], done.stderr[-3000:]
+
+
+OPENCV_LIMITED_PNG16 = textwrap.dedent("""
+    import cv2, numpy as np, pyarrow as pa
+    from shardkit import Field
+
+    grey = np.arange(3000, dtype=np.uint16).reshape(50, 60) * 21
+    for shape, pixels in (((50, 60), grey), ((None, None), grey), ((50, 60, 3), np.stack([grey] * 3, -1))):
+        field = Field("p", "uint16", shape, codec="petastorm.png16")
+        blob = cv2.imencode(".png", pixels)[1].tobytes()
+        try:
+            (got,) = field.codec.decode(field, pa.array([blob]))
+            print(shape, "decoded" if got.dtype == np.uint16 and (got == pixels).all() else "wrong pixels")
+        except Exception as e:
+            print(shape, type(e).__name__, e)
+""")
+
+
+def test_a_petastorm_16_bit_png_past_opencvs_limit_goes_to_pillow_or_names_the_setting() -> None:
+    """Petastorm's 16-bit PNGs went to ``cv2.imdecode`` directly: past OpenCV's own limit (2**30 pixels,
+    for a raised shardkit limit) a bare ``cv2.error`` came out of the reader. A grey one is decoded by
+    Pillow now, every bit kept (``I;16``); Pillow reads 16-bit colour as 8 bits, so a colour one is
+    refused, naming the OpenCV setting to raise. OpenCV's limit is lowered in a child process."""
+    env = {**os.environ, "OPENCV_IO_MAX_IMAGE_PIXELS": "1000"}
+    done = subprocess.run([sys.executable, "-c", OPENCV_LIMITED_PNG16], capture_output=True, text=True,
+                          env=env, timeout=120, check=False)
+    assert done.returncode == 0, done.stderr[-3000:]
+    lines = done.stdout.splitlines()
+    assert lines[:2] == ["(50, 60) decoded", "(None, None) decoded"], done.stdout + done.stderr[-3000:]
+    assert lines[2].startswith("(50, 60, 3) CorruptDatasetError field 'p', row 0 of the batch: OpenCV "
+                               "refused its 16-bit colour PNG of 60 x 50 pixels (3000) ("), lines[2]
+    assert lines[2].endswith("past its own limit, OPENCV_IO_MAX_IMAGE_PIXELS, 2**30 pixels unless set), and "
+                             "Pillow reads such PNGs as 8 bits only. Set OPENCV_IO_MAX_IMAGE_PIXELS=3000 (or "
+                             "more) in the environment of the process before it starts"), lines[2]

@@ -27,6 +27,11 @@ from shardkit.errors import (
     SchemaError,
     SchemaMismatchError,
 )
+from tests.reader import conftest as s3_fixtures
+from tests.reader.conftest import S3Server
+
+# the moto S3 server on loopback and a fresh bucket per test (tests/reader/conftest.py)
+s3_server, s3_bucket, no_internet = s3_fixtures.s3_server, s3_fixtures.s3_bucket, s3_fixtures.no_internet
 
 
 def frames() -> list[pd.DataFrame]:
@@ -790,3 +795,26 @@ def test_a_server_that_cannot_be_reached_is_not_called_a_missing_path(tmp_path: 
                 shardkit.open_dataset(f"http://127.0.0.1:{server.server_address[1]}/missing")
         finally:
             server.shutdown()
+
+
+# --- a bucket that does not exist ----------------------------------------------------------------------
+
+
+def test_a_missing_bucket_is_named_where_a_missing_path_is_not(s3_server: S3Server, s3_bucket: str) -> None:
+    """Reading from a bucket that does not exist said "the path does not exist", sending users to look
+    for a typo in the folder; it names the bucket now, as a write does. A missing folder in a bucket
+    that exists still says the path."""
+    options = s3_server.storage_options
+    url = f"s3://missing-{s3_bucket}/train/ds"
+    for call in (lambda: shardkit.open_dataset(url, storage_options=options),
+                 lambda: shardkit.make_reader(url, storage_options=options)):
+        with pytest.raises(DatasetNotFoundError, match=rf"no dataset at '{url}': the bucket 's3://missing-"
+                                                       rf"{s3_bucket}' does not exist, or these credentials "
+                                                       r"cannot see it\. Check the bucket's name"):
+            call()
+    with pytest.raises(DatasetNotFoundError, match=rf"no dataset at 's3://{s3_bucket}/no': the path does "
+                                                   r"not exist\. Check the URL"):
+        shardkit.open_dataset(f"s3://{s3_bucket}/no", storage_options=options)
+    with pytest.raises(shardkit.errors.DatasetNotFoundError, match=rf"the bucket 's3://missing-{s3_bucket}' "
+                                                                    r"does not exist"):
+        shardkit.write_dataset({"x": [1]}, url, storage_options=options)  # as writes said it already

@@ -25,7 +25,13 @@ from shardkit import Field, ImageCodec, Schema
 from shardkit.dataset.codecs.tensor import TensorCodec
 from shardkit.dataset.schema import SCHEMA_KEY
 from shardkit.dataset.sources import BATCH_ROWS
-from shardkit.errors import DatasetExistsError, SchemaError, SchemaMismatchError
+from shardkit.errors import DatasetExistsError, DatasetPermissionError, SchemaError, SchemaMismatchError
+from tests.dataset import test_storage_s3
+from tests.dataset.test_storage_s3 import IAMServer
+from tests.reader import conftest as s3_fixtures
+
+# a moto S3 server that checks credentials against its IAM users (tests/dataset/test_storage_s3.py)
+iam, s3_server, no_internet = test_storage_s3.iam, s3_fixtures.s3_server, s3_fixtures.no_internet
 
 FORMS = ["dict", "rows", "dataframe", "table", "batches"]
 
@@ -938,3 +944,81 @@ def test_arrow_types_the_codecs_round_trip_are_inferred_and_read_back_unchanged(
         expected = table.column(name).cast(want).combine_chunks()
         assert _arrow_of(batch[name], want).equals(expected), (name, batch[name], expected)
         assert stored.column(name).cast(want).combine_chunks().equals(expected), name
+
+
+# --- tensors of 2 or more dimensions as nested lists -----------------------------------------------------
+
+
+def _read_all(url: str) -> dict[str, Any]:
+    with shardkit.make_reader(url, batch_size=1000, shuffle=False) as reader:
+        return next(iter(reader))
+
+
+@pytest.mark.parametrize("form", ["python lists", "arrow lists", "arrow fixed-size lists", "arrow sliced",
+                                  "arrow with a null row", "pandas from arrow"])
+def test_nested_lists_of_the_declared_shape_write_as_tensors(tmp_path: Path, form: str) -> None:
+    """An Arrow ``list<list<int64>>`` column (a Parquet or JSON source's nested lists; a DataFrame made from
+    one holds object arrays of arrays) failed a fixed shape (2, 3) with "row 0 has shape (2,)": numpy
+    made each row a 1-D array of arrays. Every form now writes and reads back as the nested values."""
+    values = np.arange(60, dtype=np.int64).reshape(10, 2, 3)
+    rows: list[Any] = values.tolist()
+    nested = pa.list_(pa.list_(pa.int64()))
+    data: Any = {
+        "python lists": {"v": rows},
+        "arrow lists": pa.table({"v": pa.array(rows, nested)}),
+        "arrow fixed-size lists": pa.table({"v": pa.array(rows, pa.list_(pa.list_(pa.int64(), 3), 2))}),
+        "arrow sliced": pa.table({"v": pa.array([rows[0], *rows, rows[0]], nested)}).slice(1, 10),
+        "arrow with a null row": pa.table({"v": pa.array([*rows[:9], None], nested)}),
+        "pandas from arrow": pa.table({"v": pa.array(rows, nested)}).to_pandas(),
+    }[form]
+    nullable = form == "arrow with a null row"
+    for shape, codec in (((2, 3), "tensor"), ((None, 3), "ndarray"), ((2, None), "ndarray")):
+        url = str(tmp_path / f"{codec}-{shape[0]}-{shape[1]}")
+        schema = Schema([Field("v", "int64", shape, codec=codec, nullable=nullable)])
+        shardkit.write_dataset(data, url, schema=schema)
+        got = _read_all(url)["v"]
+        if nullable:
+            assert got[9] is None or bool(np.ma.getmaskarray(got[9]).all())
+            got, values9 = got[:9], values[:9]
+        else:
+            values9 = values
+        assert [np.asarray(r).tolist() for r in got] == values9.tolist(), (form, shape)
+
+
+def test_ragged_nested_lists_name_their_lengths_not_a_numpy_error(tmp_path: Path) -> None:
+    """Ragged Python lists raised numpy's bare ``ValueError`` ("inhomogeneous shape") from inside the codec,
+    and ragged Arrow lists said "row 0 has shape (2,)"; both are a `SchemaMismatchError` naming the row
+    and the inner lengths now."""
+    for codec, shape in (("tensor", (2, 3)), ("ndarray", (None, 3))):
+        schema = Schema([Field("v", "int64", shape, codec=codec)])
+        for data in ({"v": [[[1, 2, 3], [4, 5, 6]], [[1, 2, 3], [4, 5]]]},
+                     pa.table({"v": pa.array([[[1, 2, 3], [4, 5, 6]], [[1, 2, 3], [4, 5]]])})):
+            with pytest.raises(SchemaMismatchError, match=r"field 'v'.*row 1 has shape \(2,\), of lists of "
+                                                          r"unequal lengths \(3, 2\)"):
+                shardkit.write_dataset(data, str(tmp_path / codec), schema=schema)
+
+
+# --- credentials an S3 store refuses -------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("user", ["unknown key", "nobody", "no-list"])
+def test_refused_credentials_are_a_permission_error_naming_the_url(iam: IAMServer, no_internet: None,
+                                                                   user: str) -> None:
+    """A key the store does not know, credentials that may do nothing, or only read objects: the write's
+    first request (does the dataset exist?) raised s3fs's bare ``PermissionError: Forbidden`` (no URL, no
+    fix); now a `DatasetPermissionError` naming the URL and what the credentials need, nothing written."""
+    url = f"s3://{iam.bucket}/new-{uuid.uuid4().hex[:8]}"
+    consumed: list[int] = []
+
+    def rows() -> Any:
+        consumed.append(0)
+        yield {"x": 1}
+
+    with pytest.raises(DatasetPermissionError, match=rf"permission denied: cannot open '{iam.bucket}/new-"
+                                                     rf"[0-9a-f]+' \(.*\)\. Check that these credentials "
+                                                     rf"may list the bucket and read objects under '{url}'"):
+        shardkit.write_dataset(rows(), url, storage_options=iam.options(user))
+    assert not consumed  # refused before any input was read
+    import s3fs
+
+    assert not s3fs.S3FileSystem(**iam.options("admin")).exists(url)

@@ -9,7 +9,12 @@ row of a dataset. `claim` reads the size from the header alone, a PNG's ``IHDR``
 - a fixed-shape field ``(H, W[, C])``: the image must be H x W; any other size is corruption
   (`ImageShapeError`, also the `SchemaMismatchError` a decoded image of another size raised before);
 - a field of varying size (H or W None), and Petastorm's 16-bit PNGs of varying size: at most
-  `max_image_pixels()` pixels.
+  `max_image_pixels()` pixels;
+- an `ImageCodec` field holds 8-bit images: one of more bits per sample (a 16-bit PNG, which shardkit
+  never writes) is refused (`ImageShapeError`, naming the fix) rather than read with its low bits
+  dropped (Pillow's colour modes; OpenCV's ``IMREAD_COLOR``) or its values wrapped into uint8 (Pillow's
+  16-bit grey). The codec promises the pixels it stored; scaling would be a silent, lossy choice the
+  user should make when converting the images (or keep every bit: uint16 arrays, ``codec='tensor'``).
 
 Images in other formats (Pillow's fallback) are checked against the size Pillow's lazy open
 (`shardkit.dataset.codecs.image.open_image`) reads from their header, before ``load()`` allocates their
@@ -43,18 +48,20 @@ DEFAULT_MAX_IMAGE_PIXELS = 1 << 28
 ENV_VAR = "SHARDKIT_MAX_IMAGE_PIXELS"
 MAX_IMAGE_PIXELS: int | None = None  # set (in this process) to override the environment and the default
 
-_PNG_CHANNELS = {0: 1, 2: 3, 3: 1, 4: 2, 6: 4}  # colour type -> channels decoded (a palette: its indices)
+_PNG_CHANNELS = {0: 1, 2: 3, 3: 1, 4: 2, 6: 4}  # colour type -> channels (a palette: 1; image.py expands it)
 _SOF = frozenset(range(0xC0, 0xD0)) - {0xC4, 0xC8, 0xCC}  # frame headers (C4, C8, CC: DHT, JPG, DAC)
 _NO_LENGTH = frozenset([0x01, *range(0xD0, 0xD8)])  # TEM and RSTn: markers without a segment
 
 
 class Claim(NamedTuple):
-    """The size an encoded image's header claims: its format, height, width and channels decoded."""
+    """The size an encoded image's header claims: its format, height, width, channels decoded and bits
+    per sample (a PNG's bit depth, a palette's index bits; a JPEG's precision)."""
 
     format: str
     height: int
     width: int
     channels: int
+    bits: int = 8
 
     def shape(self, ndim: int) -> tuple[int, ...]:
         """The shape the image would decode to in a field of ``ndim`` dimensions (as `decode_image`)."""
@@ -99,7 +106,7 @@ def claim(blob: np.ndarray | bytes) -> Claim | None:
     view = memoryview(blob) if isinstance(blob, bytes) else blob.data  # no copy
     if len(view) >= 26 and view[:16] == png.START:  # the signature, then IHDR's length (13) and type
         width, height = struct.unpack_from(">II", view, 16)
-        return Claim("PNG", height, width, _PNG_CHANNELS.get(view[25], 1))
+        return Claim("PNG", height, width, _PNG_CHANNELS.get(view[25], 1), view[24])
     if len(view) < 4 or view[0] != 0xFF or view[1] != 0xD8:
         return None
     at, end = 2, len(view) - 3
@@ -113,7 +120,7 @@ def claim(blob: np.ndarray | bytes) -> Claim | None:
             if at + 10 > len(view):
                 return None
             height, width = struct.unpack_from(">HH", view, at + 5)
-            return Claim("JPEG", height, width, view[at + 9])
+            return Claim("JPEG", height, width, view[at + 9], view[at + 4])
         elif marker in (0xD9, 0xDA):  # the end, or the scan, before any frame header
             return None
         else:
@@ -135,7 +142,8 @@ def over_limit(found: Claim, limit: int) -> str | None:
 def check_image(field: Field, row: int, found: Claim, limit: int) -> None:
     """Refuse an image of `ImageCodec` field ``field`` (row ``row`` of the column) by its header: another
     size than a fixed-shape field's (`ImageShapeError`), more than ``limit`` pixels in a field of varying
-    size (`CorruptDatasetError`)."""
+    size (`CorruptDatasetError`), more than 8 bits per sample (`ImageShapeError`: the field holds uint8
+    pixels; see the module docstring)."""
     height, width = field.shape[0], field.shape[1]
     if height is not None and width is not None:
         if (found.height, found.width) != (height, width):
@@ -144,7 +152,15 @@ def check_image(field: Field, row: int, found: Claim, limit: int) -> None:
                 f"its {found.format} header (not decoded), but the schema declares {field.shape}; the row "
                 "is corrupt or was written for another schema. Rewrite it, or read with on_error='skip'"
             )
-        return
-    problem = over_limit(found, limit)
-    if problem is not None:
-        raise CorruptDatasetError(f"field {field.name!r}: row {row}: {problem}")
+    else:
+        problem = over_limit(found, limit)
+        if problem is not None:
+            raise CorruptDatasetError(f"field {field.name!r}: row {row}: {problem}")
+    if found.bits > 8:
+        codec = "tensor" if field.fixed_shape else "ndarray"
+        raise ImageShapeError(
+            f"field {field.name!r}: row {row} is a {found.bits}-bit {found.format} image by its header (not "
+            f"decoded), but the field holds 8-bit (uint8) images: read as uint8 it would lose its low bits "
+            f"(or wrap). Convert the images to 8 bits, or store the pixels as uint16 arrays "
+            f"(Field({field.name!r}, 'uint16', {field.shape}, codec={codec!r}))"
+        )

@@ -11,8 +11,11 @@ is importable (``pip install 'shardkit[image]'``, which also brings ``isal``'s f
 releases the GIL for the whole decode and takes about half of Pillow's time on small images, whose
 cost is mostly Pillow's Python-level parsing. PNG is lossless, so all three give the same pixels;
 OpenCV is used only for 8-bit grey, RGB and RGBA PNGs and only where its result has the expected
-layout, every other image (JPEG, whose decoders may differ by a rounding, palettes, 16 bits,
-transparency keys) goes through Pillow.
+layout, every other image (JPEG, whose decoders may differ by a rounding, palettes, transparency keys)
+goes through Pillow. Where Pillow's layout is not libpng's, the pixels are made libpng's (OpenCV's, so
+Petastorm's): a 1-bit image is 0 and 255, not booleans; a palette image is its colours in the field's
+layout, not its indices (`_palette_colours`). Images of more than 8 bits per sample (16-bit PNGs) are
+refused by their header, naming the fix: the field holds uint8 (see `headers.check_image`).
 
 Nothing is decoded before its header is checked (`shardkit.dataset.codecs.headers`): an image of a
 fixed-shape field must be the field's size, an image of varying size at most
@@ -51,6 +54,7 @@ from shardkit.dataset.codecs.tensor import rows_of, stack_rows
 from shardkit.errors import CorruptDatasetError, ImageShapeError, SchemaError, SchemaMismatchError
 
 if TYPE_CHECKING:
+    from PIL.Image import Image
     from PIL.ImageFile import ImageFile
 
     from shardkit.dataset.schema import Field
@@ -117,13 +121,16 @@ def _opencv_png(blob: np.ndarray) -> np.ndarray | None:
 
 
 def _pillow(data: bytes, field: Field, row: int, limit: int) -> np.ndarray:
+    from PIL import ImageMode
+
     try:
         with open_image(data) as im:  # lazy: it reads the header only, whatever the format
-            found = headers.Claim(im.format or "image", im.height, im.width, len(im.getbands()))
+            bits = 8 * np.dtype(ImageMode.getmode(im.mode).typestr).itemsize  # "I;16": 16, "1": 8
+            found = headers.Claim(im.format or "image", im.height, im.width, len(im.getbands()), bits)
             headers.check_image(field, row, found, limit)
             im.load()
-            pixels = np.asarray(im)
-    except CorruptDatasetError:  # refused by its header
+            pixels = _palette_colours(im, field, row) if im.mode in ("P", "PA") else np.asarray(im)
+    except CorruptDatasetError:  # refused by its header, or a palette of colours in a grey field
         raise
     except Exception as e:  # Pillow raises many types for bad bytes
         raise CorruptDatasetError(
@@ -133,6 +140,33 @@ def _pillow(data: bytes, field: Field, row: int, limit: int) -> np.ndarray:
     if pixels.dtype == np.bool_:  # a 1-bit image (Pillow's mode "1"): 0 and 255, as libpng expands it
         pixels = np.multiply(pixels, 255, dtype=np.uint8)
     return pixels
+
+
+def _palette_colours(im: Image, field: Field, row: int) -> np.ndarray:
+    """A palette image's colours in the field's layout, as libpng (OpenCV, Petastorm's decoder) expands a
+    palette; Pillow would give its indices.
+
+    RGB: each index's colour (the palette's alpha, if any, left out, as ``cv2.IMREAD_COLOR`` leaves
+    it). RGBA: the colour and its alpha from the ``tRNS`` chunk, 255 for the entries it does not cover
+    (PNG's rule; OpenCV gives 3 channels where there is no ``tRNS``, the same colours). Grey: the
+    colours when every pixel's is a grey (R = G = B, exact; alpha left out, as ``cv2.IMREAD_GRAYSCALE``
+    leaves it); a palette image with other colours is refused (`ImageShapeError`), as an RGB PNG in a
+    grey field is: turning colour into grey is a choice (which weights?) for the user to make when
+    converting, not one a reader makes silently.
+    """
+    channels = field.shape[2] if len(field.shape) == 3 else 1
+    rgba = np.asarray(im.convert("RGBA"))  # to "RGB", Pillow warns about a tRNS of alphas
+    if channels in (3, 4):
+        return rgba if channels == 4 else np.ascontiguousarray(rgba[:, :, :3])
+    rgb = rgba[:, :, :3]
+    grey = rgb[:, :, 0]
+    if (rgb[:, :, 1] == grey).all() and (rgb[:, :, 2] == grey).all():
+        return grey
+    raise ImageShapeError(
+        f"field {field.name!r}: row {row} is a {im.format} palette image of colours (not greys), but the "
+        f"field holds greyscale images of shape {field.shape}. Declare the field as RGB (shape "
+        f"{(*field.shape[:2], 3)}), or convert the images to greyscale"
+    )
 
 
 def open_image(data: bytes) -> ImageFile:

@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from shardkit.dataset.codecs.base import (
     ArrowColumn,
@@ -65,6 +66,40 @@ def _is_null(v: Any) -> bool:
     return v is None or (isinstance(v, float) and math.isnan(v))
 
 
+def row_array(v: Any) -> np.ndarray:
+    """One row's value as an array of its full shape.
+
+    ``np.asarray`` does that for nested Python lists, but a row of an Arrow nested list column
+    (``list<list<int64>>``, as ``to_numpy`` gives it, and a pandas column made from one) is a 1-D object
+    array of arrays, which it leaves 1-D: such a row is stacked level by level here, when its items
+    have one shape (ragged ones stay a 1-D object array, for the caller's shape check to refuse with
+    `shape_text`; numpy raises a bare ValueError on ragged Python lists)."""
+    try:
+        a = np.asarray(v)
+    except ValueError:  # ragged nested lists
+        a = np.empty(len(v), object)
+        for i, x in enumerate(v):
+            a[i] = x
+    if a.dtype != object or a.ndim != 1 or not len(a) or not _all_sequences(a):
+        return a
+    items = [row_array(x) for x in a]
+    if len({(x.shape, x.dtype == object) for x in items}) != 1 or items[0].dtype == object:
+        return a
+    return np.stack(items)
+
+
+def _all_sequences(a: np.ndarray) -> bool:
+    return all(isinstance(x, np.ndarray | list | tuple) for x in a)
+
+
+def shape_text(a: np.ndarray) -> str:
+    """``a``'s shape for a message; for a row of ragged nested lists (`row_array`), their lengths."""
+    if a.dtype == object and a.ndim == 1 and len(a) and _all_sequences(a):
+        lengths = ", ".join([*(str(len(x)) for x in a[:8]), *["..."] * (len(a) > 8)])
+        return f"{a.shape}, of lists of unequal lengths ({lengths})"
+    return str(a.shape)
+
+
 def stack_rows(field: Field, rows: list[Any], where: str) -> tuple[np.ndarray, np.ndarray | None]:
     """Stack per-row values into ``(n, *shape)``, zero-filling nulls; returns (array, null mask)."""
     shape = field.dims
@@ -73,11 +108,11 @@ def stack_rows(field: Field, rows: list[Any], where: str) -> tuple[np.ndarray, n
         raise null_error(field, int(np.argmax(mask)), where)
     arrays = []
     for i, v in enumerate(rows):
-        a = np.zeros(shape, field.dtype) if mask[i] else np.asarray(v)
+        a = np.zeros(shape, field.dtype) if mask[i] else row_array(v)
         if a.shape != shape:
             raise SchemaMismatchError(
                 f"field {field.name!r} ({where}) declares the fixed shape {shape} but row {i} has shape "
-                f"{a.shape}; reshape the data, or declare a variable dimension with None"
+                f"{shape_text(a)}; reshape the data, or declare a variable dimension with None"
             )
         arrays.append(cast_array(field, a, where))
     out = np.stack(arrays) if arrays else np.zeros((0, *shape), field.dtype)
@@ -174,6 +209,27 @@ def _numeric(t: pa.DataType) -> bool:
     return bool(pa.types.is_integer(t) or pa.types.is_floating(t) or pa.types.is_boolean(t))
 
 
+def nested_values(arr: pa.Array, shape: tuple[int, ...]) -> np.ndarray | None:
+    """``(rows, *shape)`` values of an Arrow column of nested lists (``list<list<int64>>``, fixed-size or
+    not, one level per dimension) whose every row has ``shape``, unnested level by level without a
+    Python object per row; None for anything else (a null at any level, another length, another
+    type), which the row-by-row path (`stack_rows`) takes and, where wrong, names the row of."""
+    level, rows = arr, len(arr)
+    for size in shape:
+        t = level.type
+        if level.null_count or not (pa.types.is_list(t) or pa.types.is_large_list(t)
+                                    or pa.types.is_fixed_size_list(t)):
+            return None
+        lengths = pc.list_value_length(level)
+        if len(level) and (pc.min(lengths).as_py() != size or pc.max(lengths).as_py() != size):
+            return None
+        level = level.flatten()
+    if level.null_count or not _numeric(level.type):
+        return None
+    values: np.ndarray = level.to_numpy(zero_copy_only=False)
+    return values.reshape((rows, *shape))
+
+
 @dataclasses.dataclass(frozen=True)
 class TensorCodec(Codec):
     """Fixed-shape tensor per row, as Arrow's canonical ``fixed_shape_tensor`` extension type.
@@ -266,6 +322,9 @@ class TensorCodec(Codec):
                 values = fixed_values(arr, shape, field.dtype)
                 values, mask = cast_array(field, values, "writing"), mask_of(arr)
                 return self._build(target, values, mask, field)
+            nested = nested_values(arr, shape)  # list<list<...>> of the shape, no nulls
+            if nested is not None:
+                return self._build(target, cast_array(field, nested, "writing"), None, field)
         if isinstance(values, np.ndarray) and values.dtype != object:
             if values.shape[1:] != shape:
                 raise SchemaMismatchError(
@@ -337,14 +396,14 @@ class NdarrayCodec(Codec):
         for i, v in enumerate(rows):
             if mask[i]:
                 continue
-            a = np.asarray(v)
+            a = row_array(v)
             ok = a.ndim == ndim and all(
                 d is None or d == s for d, s in zip(field.shape, a.shape, strict=True)
             )
             if not ok:
                 raise SchemaMismatchError(
-                    f"field {field.name!r} declares the shape {field.shape} but row {i} has shape {a.shape}; "
-                    "reshape the data or change the declared shape"
+                    f"field {field.name!r} declares the shape {field.shape} but row {i} has shape "
+                    f"{shape_text(a)}; reshape the data or change the declared shape"
                 )
             shapes[i] = a.shape
             flats.append(cast_array(field, a, "writing").reshape(-1))
