@@ -82,13 +82,20 @@ def test_write_with_a_schema_file_columns_and_row_groups(tmp_path: Path, capsys:
         (["{tmp}/a.csv", "{tmp}/out", "--columns", "a,zz"], ["columns= ['zz']", "its columns: ['a', 'b']"]),
         (["{tmp}/a.csv", "{tmp}/out", "--schema", "{tmp}/a.csv"], ["cannot read the schema file"]),
         (["{tmp}/a.csv", "{tmp}/out", "--file-size", "big"], ["file_size='big' is not a size"]),
+        (["{tmp}/huge.csv", "{tmp}/out"], ["'{tmp}/huge.csv': column 'id' holds the integer "
+                                           "99999999999999999999 (source row 1), which no 64-bit integer "
+                                           "type holds", "Field('id', 'str') to keep every digit"]),
+        (["{tmp}/blank.jsonl", "{tmp}/out"], ["'{tmp}/blank.jsonl': the file holds no data"]),
     ],
-    ids=["missing", "unknown-type", "unknown-column", "schema-not-json", "bad-size"],
+    ids=["missing", "unknown-type", "unknown-column", "schema-not-json", "bad-size", "integer-past-uint64",
+         "newline-only-json"],
 )
 def test_write_errors_exit_2_in_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str], argv: list[str],
                                          needles: list[str]) -> None:
     (tmp_path / "notes.txt").write_text("hi\n")
     (tmp_path / "a.csv").write_text("a,b\n1,2\n")
+    (tmp_path / "huge.csv").write_text("id\n1\n99999999999999999999\n")
+    (tmp_path / "blank.jsonl").write_text("\n")
     assert main(["write", *(a.format(tmp=tmp_path) for a in argv)]) == 2
     out, err = capsys.readouterr()
     assert out == ""
@@ -97,6 +104,18 @@ def test_write_errors_exit_2_in_one_line(tmp_path: Path, capsys: pytest.CaptureF
     for needle in needles:
         assert needle.format(tmp=tmp_path) in err, (needle, err)
     assert not os.path.exists(tmp_path / "out")
+
+
+def test_write_keeps_every_digit_of_integers_past_int64(tmp_path: Path, capsys: pytest.CaptureFixture[str]
+                                                       ) -> None:
+    """pyarrow typed the column float64: 9007199254740993 was written as 9007199254740992, without a word."""
+    (tmp_path / "ids.csv").write_text("id,n\n9007199254740993,1\n18446744073709551615,2\n")
+    assert main(["write", str(tmp_path / "ids.csv"), str(tmp_path / "out"), "--no-progress"]) == 0
+    out, err = capsys.readouterr()
+    assert err == ""
+    assert ["id", "uint64", "()", "scalar", "no"] in [line.split() for line in out.splitlines()]
+    ds = shardkit.open_dataset(tmp_path / "out")
+    assert ds.decode(ds.read_row_group(0))["id"].tolist() == [9007199254740993, 18446744073709551615]
 
 
 def test_write_of_a_folder_with_a_stray_file_and_zoned_times_warns_on_stderr(

@@ -61,8 +61,9 @@ def convert(
     become columns, ``__HIVE_DEFAULT_PARTITION__`` nulls; the columns of all its files, null in a file
     that lacks one; files not in its data format, the one of most bytes, such as a README.txt, are left
     out and named in a `FilesLeftOutWarning`: `convert_files.listed`; files whose columns share none with
-    the others', such as a ``schema.json`` among JSON data, are refused: `convert_files.related`), or a
-    shardkit or Petastorm dataset. A
+    the others', such as a ``schema.json`` among JSON data, are refused: `convert_files.related`; files
+    that hold no rows, 0 bytes, only whitespace or a CSV's header without a newline, are left out quietly:
+    `convert_files.holding_rows`), or a shardkit or Petastorm dataset. A
     Petastorm dataset's fields keep their names, dtypes, shapes and nullability;
     ``CompressedImageCodec`` PNG/JPEG bytes are copied as they are into an `ImageCodec` of their format
     (decoding and encoding a JPEG again would lose quality), scalar and list columns are copied, and
@@ -75,6 +76,21 @@ def convert(
     else as the first batch shows (a null further down a CSV fails the write, naming the field and the
     fix: declare it). A JSON file's keys are those of its first block (`BLOCK_BYTES`, as pyarrow reads
     it): one seen only further down fails the write unless declared, or left out of ``columns``.
+
+    Integers keep every digit (`convert_integers`). A CSV or JSON column of integers with one past int64
+    (18446744073709551615), which pyarrow types float64 (so that 9007199254740993 would become
+    9007199254740992), is uint64 where every value fits, as pandas reads it; where no 64-bit integer
+    type holds them all (a value past uint64, or negatives beside values past int64) the write is
+    refused, naming the column, the first value that does not fit, its row and the fix: declare the
+    field ``str`` (every digit kept as text; a JSON file's values written as strings, as pyarrow reads
+    no JSON number as text) or ``float64`` (rounded). A column with a fraction or an exponent is a float
+    column, as in pandas. A column's type is that of its file's first block: a value further down that
+    it cannot hold fails, naming the type to declare (uint64, str). A file's integers in a column that
+    other files make float are refused where the float would round one.
+
+    The one file named that holds no data (0 bytes, only whitespace) is refused, as is a source with no
+    columns (JSON lines of ``{}``, which would be written as a dataset of no fields); a CSV's header
+    without a newline is read as one (``a,b`` as ``a,b\\n``).
 
     A CSV's ``nan``, ``NaN``, ``-nan``, ``-NaN`` are a float's NaN, as pandas reads them, not a null: a NaN
     written to a CSV is NaN again, its field need not be nullable (an integer column that holds one
@@ -104,9 +120,10 @@ def convert(
 
     Raises:
         DatasetNotFoundError: nothing exists at ``source`` (a pattern: nothing matches it).
-        NotADatasetError: ``source`` holds no data or is not in a format above; ``dest`` is, holds or
-            lies inside ``source`` (or what the pattern matched).
-        SchemaMismatchError: a declared field or a column does not fit the data (the message says where).
+        NotADatasetError: ``source`` holds no data (no rows or no columns) or is not in a format above;
+            ``dest`` is, holds or lies inside ``source`` (or what the pattern matched).
+        SchemaMismatchError: a declared field or a column does not fit the data (the message says where),
+            or integers that no 64-bit integer type holds would be rounded.
         SchemaError, DatasetExistsError, ...: as `write_dataset`; a failed write leaves ``dest`` as it was.
     """
     declared = {f.name: f for f in load_schema(schema)} if schema is not None else {}

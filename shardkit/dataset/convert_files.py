@@ -1,6 +1,7 @@
 """Which files `shardkit.dataset.convert` reads from a folder or a glob pattern: those of its data format
 (`FORMATS`, by name; Parquet also by its magic bytes); any other file is left out and named in a
-`FilesLeftOutWarning`, and files whose columns share none with the others' are refused (`related`).
+`FilesLeftOutWarning`, files that hold no rows are left out quietly (`listed`, `holding_rows`), and
+files whose columns share none with the others' are refused (`related`).
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from shardkit.dataset.footers import PARQUET_SUFFIXES
 from shardkit.dataset.location import Location
 from shardkit.errors import DatasetNotFoundError, FilesLeftOutWarning, NotADatasetError, SchemaMismatchError
 
-__all__ = ["COMPRESSED", "FORMATS", "Files", "is_pattern", "listed", "related", "suffix"]
+__all__ = ["COMPRESSED", "FORMATS", "Files", "holding_rows", "is_pattern", "listed", "related", "suffix"]
 
 #: File name endings -> the pyarrow.dataset format that reads them (CSV and JSON may be compressed too).
 FORMATS = {**dict.fromkeys(PARQUET_SUFFIXES, "parquet"), ".csv": "csv", ".json": "json", ".jsonl": "json",
@@ -23,6 +24,8 @@ FORMATS = {**dict.fromkeys(PARQUET_SUFFIXES, "parquet"), ".csv": "csv", ".json":
 COMPRESSED = (".gz", ".bz2", ".zst", ".lz4")
 _MAGIC = re.compile(r"[*?[]")  # what makes a path a glob pattern (fsspec's `has_magic`)
 _NAMED = 10  # the files left out that a warning names (then how many more)
+#: The most bytes of a file `_no_rows` reads: one that holds only whitespace, or a CSV's header, is smaller.
+_NO_ROWS_BYTES = 64 << 10
 
 
 @dataclasses.dataclass(frozen=True)
@@ -33,6 +36,7 @@ class Files:
     fmt: str
     base: str | None  # the folder (a pattern's: before its first wildcard); None: the one file named
     roots: list[str]  # what the source names: the file, the folder, or what the pattern matched
+    sizes: dict[str, int] = dataclasses.field(default_factory=dict)  # of the paths a listing gave sizes
 
 
 def suffix(path: str) -> str:
@@ -55,8 +59,10 @@ def listed(loc: Location, *, pattern: bool = False) -> Files | None:
     a README.txt, or a notes.json beside Parquet files, is not its data. Every other file is left out,
     named in one `FilesLeftOutWarning`, so no data is left out unsaid; silently only what holds none:
     names that start with ``_`` or ``.`` (Spark's ``_SUCCESS``, ``.crc`` files, ``_temporary/``) and
-    empty files (a CSV or JSON part of a task that wrote no rows). A file whose name says no format is
-    Parquet when it starts with Parquet's magic bytes (Hive names files ``000000_0``).
+    empty files (a CSV or JSON part of a task that wrote no rows; those of only whitespace, or a CSV's
+    header without a newline, are left out where pyarrow refuses them: `holding_rows`). A file whose
+    name says no format is Parquet when it starts with Parquet's magic bytes (Hive names files
+    ``000000_0``).
 
     Raises:
         DatasetNotFoundError: the pattern matches no file.
@@ -108,7 +114,8 @@ def listed(loc: Location, *, pattern: bool = False) -> Files | None:
             f"{loc.url!r}: left out {len(left)} file(s) that are not {fmt}, the format of its data "
             f"({len(files[fmt])} file(s), most of its bytes): {_names(left)}; if one holds data, convert it "
             "apart (shardkit write FILE DEST --mode append), else move it out to silence this"), stacklevel=4)
-    return Files(files[fmt], fmt, base, roots)
+    return Files(files[fmt], fmt, base, roots,
+                 {p: n for p in files[fmt] if isinstance(n := found[p].get("size"), int)})
 
 
 def related(url: str, columns: dict[str, list[str]]) -> None:
@@ -143,6 +150,56 @@ def related(url: str, columns: dict[str, list[str]]) -> None:
             "holds no data (a schema, metadata) out of the folder, or start its name with '_' (left out, "
             "as by Spark and pyarrow); else convert each group apart (shardkit write FILE DEST --mode "
             "append)")
+
+
+def holding_rows(loc: Location, files: Files, e: Exception) -> tuple[list[str], bytes | None]:
+    """The ``files`` that hold rows, where pyarrow refused one as empty (its error ``e``, raised again if
+    none is): files of only whitespace, and a CSV's header without a newline (`_no_rows`), are left out of
+    a folder as 0-byte ones are (they hold no rows); the one file a source names is refused if it holds
+    only whitespace, and read as a header if it is one: then the paths are none, and the header is given
+    with a newline (what ``a,b\\n`` is read as).
+
+    Raises:
+        NotADatasetError: no file holds rows.
+    """
+    held = {p: _no_rows(loc, p, files.fmt, files.sizes.get(p)) for p in files.paths}
+    if not any(held.values()):
+        raise e
+    if files.base is None:
+        kind, header = held[files.paths[0]] or ("", b"")
+        if kind == "blank":
+            raise NotADatasetError(f"cannot convert {loc.url!r}: the file holds no data (it is empty, or "
+                                   "only whitespace); point at a file of rows") from e
+        return [], header
+    if rest := [p for p in files.paths if held[p] is None]:
+        return rest, None
+    prefix = files.base.rstrip("/") + "/"
+    raise NotADatasetError(f"cannot convert {loc.url!r}: its files hold no rows (only whitespace, or a CSV's "
+                           f"header): {_names([p.removeprefix(prefix) for p in files.paths])}; point at data"
+                           ) from e
+
+
+def _no_rows(loc: Location, path: str, fmt: str, size: int | None = None) -> tuple[str, bytes] | None:
+    """What the CSV or JSON file at ``path`` holds, where pyarrow refuses it as empty though it is not 0
+    bytes: ``("blank", b"")`` for nothing but whitespace (a newline; compressed or not), ``("header",
+    line)`` for a CSV's header without a newline (``line`` ends with one added); None for anything else,
+    or a file of more than `_NO_ROWS_BYTES` (``size``, where known, spares reading it).
+
+    pyarrow reads neither: a JSON file of a newline fails with "Empty JSON stream", a CSV of ``a,b``
+    (where ``a,b\\n`` is a header) with "Empty CSV file". Neither holds a row: in a folder they are left
+    out as 0-byte files are.
+    """
+    if size is not None and size > _NO_ROWS_BYTES:
+        return None
+    with loc.arrow_fs.open_input_stream(path, compression="detect") as stream:
+        head = stream.read(_NO_ROWS_BYTES + 1)
+    if len(head) > _NO_ROWS_BYTES:
+        return None
+    if not head.strip():
+        return "blank", b""
+    if fmt == "csv" and b"\n" not in head and b"\r" not in head:
+        return "header", head + b"\n"
+    return None
 
 
 def _names(names: list[str]) -> str:

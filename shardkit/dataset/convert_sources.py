@@ -6,13 +6,13 @@ a stream of Arrow batches of the stored columns with the fields the source knows
 from __future__ import annotations
 
 import dataclasses
+import functools
 import re
 import warnings
 from collections.abc import Callable, Iterator
 from urllib.parse import unquote
 
 import pyarrow as pa
-import pyarrow.compute as pc
 import pyarrow.csv as pcsv
 import pyarrow.dataset as pads
 import pyarrow.json as pj
@@ -20,7 +20,18 @@ import pyarrow.parquet as pq
 
 from shardkit.dataset.access import root_exists
 from shardkit.dataset.codecs.scalar import arrow_scalar_type
-from shardkit.dataset.convert_files import COMPRESSED, FORMATS, Files, is_pattern, listed, related, suffix
+from shardkit.dataset.convert_files import (
+    COMPRESSED,
+    FORMATS,
+    Files,
+    holding_rows,
+    is_pattern,
+    listed,
+    related,
+    suffix,
+)
+from shardkit.dataset.convert_integers import UINT64_MAX, integer_columns_each, rounds, to_floats
+from shardkit.dataset.convert_json import json_batches
 from shardkit.dataset.footers import read_footer
 from shardkit.dataset.index import PETASTORM_KEY, Dataset, SummaryMissingWarning, open_location
 from shardkit.dataset.location import COMMON, SUMMARY, Location
@@ -52,8 +63,11 @@ READ_ERRORS = (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError) 
 #: file the source names), and the row of that file it starts at.
 Batches = Iterator[tuple[pa.RecordBatch, str, int]]
 _NAN_VALUE = re.compile(r"invalid value '[-+]?nan'", re.IGNORECASE)  # a CSV's NaN in a column of no floats
-#: The UTC offset that ends an ISO time (after its date and "T" or " "), as pyarrow's parser takes it.
-_OFFSET = r"[T ][0-9:.,]*(?P<offset>Z|[+-]\d\d(?::?\d\d)?)$"
+#: An integer that pyarrow's CSV or JSON parser cannot put in a column's integer type: its type and value.
+_INT_VALUE = re.compile(r"(?:conversion error to |convert JSON to )(u?int\d+)\W+(?:invalid value '|couldn't "
+                        r"parse:)(-?[0-9]+)(?:'|$)")
+_TO_INTEGER = re.compile(r"conversion error to u?int|convert JSON to u?int")  # (pyarrow's: CSV, JSON)
+_EMPTY = re.compile(r"Empty CSV file|Empty JSON stream")  # pyarrow's, on a file of no rows (`holding_rows`)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -130,6 +144,14 @@ def read_error(url: str, row: int, e: Exception, *, where: str = "", file_row: i
         fix = ("a line has a key that the file's first lines (its first block) lack: declare the key's field "
                "in schema= (shardkit write --schema) to keep it, or name the columns to write in columns= "
                "(--columns): the others are left out")
+    elif m := _INT_VALUE.search(str(e)):  # (a later block's integer that the first block's type cannot hold)
+        kinds = "uint64 or str" if m[1] == "int64" and 0 <= int(m[2]) <= UINT64_MAX else (
+            "str (every digit kept as text; in JSON, written as strings) or float64 (rounded)")
+        fix = (f"the column is {m[1]} (as its file's first rows, or the schema, say), which cannot hold "
+               f"{m[2]}: declare it {kinds} in schema= (shardkit write --schema)")
+    elif "changed from string to number" in str(e):  # a column declared str, in JSON
+        fix = ("pyarrow reads no JSON number as text: declare the column a number type, or write its values "
+               "as JSON strings")
     elif _NAN_VALUE.search(str(e)):
         fix = ("a CSV's nan or NaN is a float's NaN, not a null (as pandas reads it): declare the column a "
                "float in schema= (shardkit write --schema), or write its nulls as empty values (or NA, NULL)")
@@ -187,15 +209,42 @@ def _files_source(loc: Location, files: Files, declared: dict[str, Field]) -> So
             "json": pads.JsonFileFormat(read_options=pj.ReadOptions(block_size=BLOCK_BYTES))}.get(fmt, fmt)
     types = {n: t for n, f in declared.items()
              if f.codec.name == "scalar" and _parses(fmt, t := arrow_scalar_type(f))}
+    header: bytes | None = None  # the one file is a CSV's header without a newline: read with one added
+
+    def build(schema: pa.Schema | None = None) -> tuple[pads.Dataset, list[pads.Fragment]]:
+        if header is not None:
+            fragment = form.make_fragment(pa.py_buffer(header))
+            data = pads.FileSystemDataset([fragment], schema or fragment.physical_schema, form)
+        else:
+            data = pads.dataset(paths, format=form, filesystem=loc.arrow_fs, schema=schema, **hive)
+        return data, list(data.get_fragments())
+
+    def place(i: int, row: int) -> str:  # the ``row`` of the ``i``-th file, as errors name it
+        if not folder:
+            return f"source row {row}"
+        before = sum(f.count_rows() for f in fragments[:i])
+        return f"row {row} of {fragments[i].path.removeprefix(root)!r} (source row {before + row})"
+
     try:
-        data = pads.dataset(paths, format=form, filesystem=loc.arrow_fs, **hive)
-        fragments = list(data.get_fragments())
+        try:
+            data, fragments = build()
+            for fragment in fragments:  # (each file's first block read here: pyarrow refuses some as empty)
+                fragment.physical_schema  # noqa: B018
+        except pa.ArrowInvalid as e:
+            if not _EMPTY.search(str(e)):
+                raise
+            paths, header = holding_rows(loc, files, e)
+            data, fragments = build()
+        if not data.schema.names:
+            raise NotADatasetError(f"cannot convert {loc.url!r}: it has no columns" + (
+                " (every JSON object in it is {})" if fmt == "json" else "") + ", so there is nothing to "
+                "write; point at data with columns (JSON lines: objects with keys, {\"id\": 1})")
         if folder:
             related(loc.url, {f.path.removeprefix(root): f.physical_schema.names for f in fragments})
-        schema, nulls, zones = _columns(loc, data, fragments, types, fmt)
+        schema, nulls, zones, integers = _columns(loc, data, fragments, types, fmt, named=set(declared),
+                                                    place=place)
         if schema != data.schema:
-            data = pads.dataset(paths, format=form, filesystem=loc.arrow_fs, schema=schema, **hive)
-            fragments = list(data.get_fragments())
+            data, fragments = build(schema)
     except (pa.ArrowException, OSError) as e:
         lines = " (JSON lines: an object per line, not a JSON array, which `jq -c '.[]'` rewrites)"
         none = (", or if it holds none (a schema, metadata), move it out of the folder or start its name "
@@ -211,19 +260,40 @@ def _files_source(loc: Location, files: Files, declared: dict[str, Field]) -> So
     scan = {"fragment_scan_options": pads.ParquetFragmentScanOptions(pre_buffer=False)} if fmt == "parquet" \
         else {}
 
+    def read(fragment: pads.Fragment, names: list[str], strict: bool, schema: pa.Schema, skip: int = 0
+             ) -> Iterator[pa.RecordBatch]:  # the file's batches past its first ``skip`` rows
+        if fmt == "json":
+            stream = json_batches(loc, schema, fragment, names, strict=strict, zones=zones,
+                                  block_bytes=BLOCK_BYTES)
+        else:
+            stream = fragment.to_batches(schema=schema, columns=names, batch_size=_BATCH_ROWS,
+                                         batch_readahead=1, fragment_readahead=1, **scan)
+        for batch in stream:
+            if batch.num_rows > skip:
+                yield batch.slice(skip)
+            skip = max(skip - batch.num_rows, 0)
+
     def batches(names: list[str] | None) -> Batches:
         strict, names, row = names is None, data.schema.names if names is None else names, 0
         for fragment in fragments:
             where, first = repr(fragment.path.removeprefix(root)) if folder else "", 0
-            if fmt == "json":
-                read = _json_batches(loc, data.schema, fragment, names, strict=strict, zones=zones)
-            else:
-                read = fragment.to_batches(schema=data.schema, columns=names, batch_size=_BATCH_ROWS,
-                                           batch_readahead=1, fragment_readahead=1, **scan)
+            ints = integers.get(fragment.path, {})  # read as the file's integers, cast by `to_floats`
+            schema = pa.schema([f.with_type(ints.get(f.name, f.type)) for f in data.schema],
+                               metadata=data.schema.metadata) if ints else data.schema
             try:
-                for batch in read:
-                    yield _zone_free(batch), where, first
-                    first += batch.num_rows
+                try:
+                    for stored in read(fragment, names, strict, schema):
+                        said = functools.partial(_said, where, first, row + first)
+                        batch = to_floats(stored, data.schema, url=loc.url, fmt=fmt, place=said,
+                                          declared=declared) if ints else stored
+                        yield _zone_free(batch), where, first
+                        first += batch.num_rows
+                except READ_ERRORS as e:  # a CSV's or JSON file's fraction past the integers its type says:
+                    if not ints or not _TO_INTEGER.search(str(e)):  # a float column, read as the others'
+                        raise
+                    for batch in read(fragment, names, strict, data.schema, skip=first):
+                        yield _zone_free(batch), where, first
+                        first += batch.num_rows
             except READ_ERRORS as e:
                 raise read_error(loc.url, row + first, e, where=where, file_row=first) from e
             row += first
@@ -236,6 +306,11 @@ def _files_source(loc: Location, files: Files, declared: dict[str, Field]) -> So
     counts = _null_counts([f.metadata for f in fragments], list(arrow)) if parquet else None
     return Source(loc.url, data.schema.names, known, arrow, batches, data.count_rows() if parquet else None,
                   frozenset(arrow), counts, frozenset(nulls), zones, tuple(files.roots))
+
+
+def _said(where: str, first: int, row: int, i: int) -> str:
+    """How errors name row ``i`` of a batch at row ``first`` of a folder's file ``where``, source ``row``."""
+    return f"row {first + i} of {where} (source row {row + i})"
 
 
 def _zone_free(batch: pa.RecordBatch) -> pa.RecordBatch:
@@ -253,16 +328,23 @@ def _parses(fmt: str, t: pa.DataType) -> bool:
     return fmt == "parquet" or not (pa.types.is_float16(t) or (fmt == "json" and pa.types.is_duration(t)))
 
 
-def _columns(loc: Location, data: pads.FileSystemDataset, fragments: list[pads.Fragment],
-             types: dict[str, pa.DataType], fmt: str) -> tuple[pa.Schema, set[str], dict[str, list[str]]]:
+def _columns(loc: Location, data: pads.Dataset, fragments: list[pads.Fragment], types: dict[str, pa.DataType],
+             fmt: str, *, named: set[str], place: Callable[[int, int], str]
+             ) -> tuple[pa.Schema, set[str], dict[str, list[str]], dict[str, dict[str, pa.DataType]]]:
     """The columns of all the files in order of appearance, then the partition keys; those that hold
     a null for sure: a column some file lacks, or that a file types ``null`` (a CSV's or JSON file's
     column of only nulls in its first block: so nullable where the other files' is not, though a file
-    of no rows, a header, says so too), a key with a null folder or a file outside its folders; and the
+    of no rows, a header, says so too), a key with a null folder or a file outside its folders; the
     time zones of each column of times that carry one (read as UTC, whatever the zone: the instants are
-    kept). A column's type is the one its files share or widen to (`_widened`), else the declared one
-    (CSV, JSON: always; declared times without a zone read times with one in UTC); JSON also gets the
-    declared scalar fields none of its files' first lines has."""
+    kept); and of each file, its integer columns that the others widen to floats (read as integers and
+    cast by `to_floats`, which refuses one that would lose digits, but declared: a CSV would parse them as
+    float64 at once, and Parquet's cast fail in Arrow's words).
+
+    A column's type is the one its files share or widen to (`_widened`), else the declared one (CSV,
+    JSON: always; declared times without a zone read times with one in UTC); JSON also gets the declared
+    scalar fields none of its files' first lines has. A CSV's or JSON file's column of integers past
+    int64, which pyarrow types float64, is uint64 where they fit, else refused (`integer_columns`; the
+    columns ``named`` in the schema are as declared), and int64 in other files widens to it."""
     keys = [pads.get_partition_keys(f.partition_expression) for f in fragments]
     parts = [f for f in data.schema if any(f.name in part for part in keys)]
     fields: dict[str, pa.DataType] = {}
@@ -270,12 +352,17 @@ def _columns(loc: Location, data: pads.FileSystemDataset, fragments: list[pads.F
     common: set[str] | None = None
     typed_null: set[str] = set()
     types = dict(types)
-    for fragment in fragments:
+    read: list[dict[str, pa.DataType]] = []  # each file's type of each column
+    floats = [(f.path, [c.name for c in f.physical_schema if pa.types.is_float64(c.type)
+                        and c.name not in named] if fmt != "parquet" else []) for f in fragments]
+    found = integer_columns_each(loc, floats, fmt, block_bytes=BLOCK_BYTES, csv_nulls=CSV_NULLS, place=place)
+    for fragment, ints in zip(fragments, found, strict=True):
         physical = fragment.physical_schema
         common = set(physical.names) if common is None else common & set(physical.names)
         typed_null |= {f.name for f in physical if pa.types.is_null(f.type)}
+        read.append({})
         for f in physical:
-            t = f.type
+            t = read[-1][f.name] = ints.get(f.name, f.type)
             if pa.types.is_timestamp(t) and t.tz is not None:
                 seen = zones.setdefault(f.name, [])
                 seen += [t.tz] if t.tz not in seen else []
@@ -286,6 +373,8 @@ def _columns(loc: Location, data: pads.FileSystemDataset, fragments: list[pads.F
             before = fields.get(f.name, t)
             if f.name in types and (fmt != "parquet" or before != t):
                 fields[f.name] = types[f.name]
+            elif fmt != "parquet" and pa.uint64() in (before, t) and pa.int64() in (before, t):
+                fields[f.name] = pa.uint64()  # (int64 would refuse the values past it: see `integer_columns`)
             else:
                 try:
                     fields[f.name] = _widened(before, t)
@@ -302,7 +391,9 @@ def _columns(loc: Location, data: pads.FileSystemDataset, fragments: list[pads.F
     schema = pa.schema([*(pa.field(n, t) for n, t in fields.items()),
                         *(pa.field(f.name, types.get(f.name, f.type)) for f in parts)])
     zones = {n: z for n, z in zones.items() if pa.types.is_timestamp(schema.field(n).type)}  # (else text)
-    return schema.with_metadata(data.schema.metadata), nulls, zones
+    integers = {f.path: ints for f, own in zip(fragments, read, strict=True) if (ints := {
+        n: t for n, t in own.items() if rounds(t, fields[n])})}
+    return schema.with_metadata(data.schema.metadata), nulls, zones, integers
 
 
 def _widened(a: pa.DataType, b: pa.DataType) -> pa.DataType:
@@ -313,55 +404,6 @@ def _widened(a: pa.DataType, b: pa.DataType) -> pa.DataType:
     a, b = (t.value_type if pa.types.is_dictionary(t) else t for t in (a, b))
     return a if a == b else pa.unify_schemas([pa.schema([("x", a)]), pa.schema([("x", b)])],
                                              promote_options="permissive").field(0).type
-
-
-def _json_batches(loc: Location, schema: pa.Schema, fragment: pads.Fragment, names: list[str], *,
-                  strict: bool, zones: dict[str, list[str]]) -> Iterator[pa.RecordBatch]:
-    """A JSON-lines file's batches of ``names``, its partition keys' values added. Its times are parsed
-    as text, then by `_json_times`: pyarrow's JSON parser turns a time's UTC offset into UTC silently
-    (where its CSV parser types the column ``tz=UTC``); the offsets seen are added to ``zones``."""
-    keys = pads.get_partition_keys(fragment.partition_expression)
-    times = {f.name: f.type for f in schema if f.name not in keys and pa.types.is_timestamp(f.type)}
-    parsed = pa.schema([pa.field(f.name, pa.string()) if f.name in times else f
-                        for f in schema if f.name not in keys])
-    options = pj.ParseOptions(explicit_schema=parsed,
-                              unexpected_field_behavior="error" if strict else "ignore")
-    with loc.arrow_fs.open_input_stream(fragment.path, compression="detect") as stream:
-        for batch in pj.open_json(stream, pj.ReadOptions(block_size=BLOCK_BYTES), options):
-            n, cols = batch.num_rows, []
-            for name in names:
-                if name in keys:
-                    cols.append(pa.repeat(pa.scalar(keys[name], schema.field(name).type), n))
-                elif name in times:
-                    values, offsets = _json_times(batch.column(name), times[name])
-                    cols.append(values)
-                    if new := [z for z in offsets if z not in zones.get(name, [])]:
-                        zones[name] = [*zones.get(name, []), *new]
-                else:
-                    cols.append(batch.column(name))
-            yield pa.RecordBatch.from_arrays(cols, schema=pa.schema([schema.field(name) for name in names]))
-
-
-def _json_times(text: pa.Array, t: pa.DataType) -> tuple[pa.Array, list[str]]:
-    """ISO times as the timestamps ``t`` (no zone), as pyarrow's JSON parser reads them (those with a UTC
-    offset as their UTC wall time, the others as they are), and the offsets they carry (``Z`` and
-    ``+00:00`` as ``UTC``). Arrow's cast refuses an offset where ``t`` has no zone, and a time without
-    one where it has: the two kinds are cast apart."""
-    found = pc.extract_regex(text, _OFFSET)
-    zoned, offsets = pc.is_valid(found), found.flatten()[0]  # (flatten: null where nothing matched)
-    if not pc.any(zoned).as_py():
-        return text.cast(t), []
-    utc = pc.if_else(zoned, text, None).cast(pa.timestamp(t.unit, "UTC")).cast(t)
-    values = pc.if_else(zoned, utc, pc.if_else(zoned, None, text).cast(t))
-    return values, list(dict.fromkeys(_zone_name(o) for o in pc.unique(offsets.drop_null()).to_pylist()))
-
-
-def _zone_name(offset: str) -> str:
-    """A UTC offset as ``+HH:MM`` (``+02`` and ``+0200`` are ``+02:00``), ``UTC`` for ``Z`` and zero."""
-    if offset == "Z" or not offset.strip("+-0:"):
-        return "UTC"
-    digits = offset[1:].replace(":", "")
-    return f"{offset[0]}{digits[:2]}:{digits[2:] or '00'}"
 
 
 def _null_counts(footers: list[pq.FileMetaData], names: list[str]) -> dict[str, int]:

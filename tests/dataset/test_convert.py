@@ -295,6 +295,9 @@ def sources(tmp_path: Path) -> Path:
     (tmp_path / "empty").mkdir()
     (tmp_path / "empty.csv").write_bytes(b"")
     (tmp_path / "header.csv").write_text("a,b\n")
+    (tmp_path / "lone-header.csv").write_text("a,b")  # no newline: pyarrow said "Empty CSV file"
+    (tmp_path / "newline.jsonl").write_text("\n")  # pyarrow said "Empty JSON stream"
+    (tmp_path / "keyless.jsonl").write_text("{}\n{}\n")  # was written as "0 rows", with no fields
     (tmp_path / "notes.txt").write_text("hello\n")
     (tmp_path / "ok.csv").write_text("a,b\n1,x\n2,y\n")
     (tmp_path / "bad.jsonl").write_text('{"a": 1}\n{"a": "x"}\n')
@@ -307,8 +310,13 @@ def sources(tmp_path: Path) -> Path:
     [
         ("missing", {}, DatasetNotFoundError, ["'{tmp}/missing'", "does not exist"]),
         ("empty", {}, NotADatasetError, ["'{tmp}/empty'", "holds no data files"]),
-        ("empty.csv", {}, NotADatasetError, ["'{tmp}/empty.csv'", "cannot be read as csv", "Empty CSV"]),
+        ("empty.csv", {}, NotADatasetError, ["'{tmp}/empty.csv'", "holds no data (it is empty, or only "
+                                             "whitespace); point at a file of rows"]),
+        ("newline.jsonl", {}, NotADatasetError, ["'{tmp}/newline.jsonl'", "holds no data"]),
+        ("keyless.jsonl", {}, NotADatasetError, ["'{tmp}/keyless.jsonl'", "has no columns (every JSON "
+                                                 "object in it is {{}}), so there is nothing to write"]),
         ("header.csv", {}, SchemaError, ["holds no rows", "column 'a'", "--schema"]),
+        ("lone-header.csv", {}, SchemaError, ["holds no rows", "column 'a'", "--schema"]),
         ("notes.txt", {}, NotADatasetError, ["'{tmp}/notes.txt'", "does not say a format", ".csv"]),
         ("*.xml", {}, DatasetNotFoundError, ["'{tmp}/*.xml'", "no file matches it as a glob pattern",
                                              "quote a pattern"]),
@@ -326,7 +334,8 @@ def sources(tmp_path: Path) -> Path:
          ["cannot read the schema file", "nothing.json"]),
         ("ok.csv", {"mode": "replace"}, SchemaError, ["mode='replace'"]),
     ],
-    ids=["missing", "empty-folder", "empty-file", "header-only", "unknown-type", "pattern-unmatched",
+    ids=["missing", "empty-folder", "empty-file", "newline-json", "keyless-json", "header-only",
+         "header-without-newline", "unknown-type", "pattern-unmatched",
          "pattern-of-no-data", "unknown-column", "undeclared-field", "declared-type-unfit", "unparsable",
          "json-array", "schema-file", "mode"],
 )
