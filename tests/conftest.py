@@ -25,6 +25,15 @@ _SPARK_ENV = {
 }
 
 
+
+@pytest.hookimpl(trylast=True)
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """The JAX tests run last, whatever was asked for. Once jax has started its backend (threads), a
+    ``fork`` in this process (DataLoader workers, multiprocessing, a ``preexec_fn``) may deadlock the
+    child, and jax says so with a warning at every fork, which the suite turns into an error: run before
+    the torch tests, they failed them all (a DataLoader worker hung and was killed)."""
+    items.sort(key=lambda item: item.path.name == "test_jax.py")  # stable: the rest keep their order
+
 @pytest.fixture(scope="session")
 def _spark_session() -> Iterator[Any]:
     pyspark_sql = pytest.importorskip("pyspark.sql")
