@@ -2,7 +2,7 @@
 
 Framework-neutral: `plan_fields` checks a schema against a framework's dtypes once, up front (so an
 unrepresentable field fails before anything is read), and `prepare` turns each numpy batch into the
-arrays the torch and TensorFlow adapters wrap. Everything here is numpy; the frameworks are imported by
+arrays the torch, TensorFlow and JAX adapters wrap. Everything here is numpy; the frameworks are imported by
 the adapters only.
 """
 
@@ -24,7 +24,7 @@ if TYPE_CHECKING:
 VALID_SUFFIX = "__valid"  # nullable fields: bool (rows,), True where the row has a value
 MASK_SUFFIX = "__mask"  # padded variable-shape fields: bool (rows, *variable dims), True on real elements
 
-Framework = Literal["torch", "tf"]
+Framework = Literal["torch", "tf", "jax"]
 Kind = Literal["dense", "text", "rows", "pad"]
 
 # dtypes a framework represents fully (arithmetic, device copies); others need Collate(cast=...)
@@ -32,6 +32,10 @@ _SUPPORTED = {
     "torch": {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "float32", "float64"},
     "tf": {"bool", "uint8", "uint16", "uint32", "uint64", "int8", "int16", "int32", "int64", "float16",
            "float32", "float64"},
+    # jax holds the 32-bit ones; the 64-bit ones pass too, whatever jax_enable_x64 says: with it off the
+    # jax loader narrows them itself per batch, as jax would, checking that integers fit (`shardkit.jax`)
+    "jax": {"bool", "uint8", "uint16", "uint32", "int8", "int16", "int32", "float16", "float32",
+            "int64", "uint64", "float64"},
 }
 _SUGGEST = {"uint16": "int32", "uint32": "int64", "uint64": "int64 (if the values fit) or float64"}
 
@@ -113,11 +117,18 @@ def _target(field: Field, collate: Collate, framework: Framework) -> np.dtype[An
             raise AdapterError(f"Collate(cast={{{field.name!r}: {collate.cast[field.name]!r}}}) is not a "
                                "numpy dtype; use e.g. 'int32' or 'float32'") from e
         if target.name not in _SUPPORTED[framework]:
+            lacks = "does not hold" if framework == "jax" else "does not support either"
             raise AdapterError(f"Collate(cast=...) casts {field.name!r} to {target}, which {framework} "
-                               f"does not support either; use one of {sorted(_SUPPORTED[framework])}")
+                               f"{lacks}; use one of {sorted(_SUPPORTED[framework])}")
         return target
     if field.dtype.kind in "US" or field.dtype.name in _SUPPORTED[framework]:
         return field.dtype
+    if framework == "jax":  # jax holds every uint: what it lacks is datetimes and the like
+        hint = "int64 (or int32)" if field.dtype.kind in "mM" else "float32"
+        raise AdapterError(
+            f"field {field.name!r} is {field.dtype}, which jax has no dtype for; options: Collate(cast="
+            f"{{{field.name!r}: '<dtype>'}}) converts it (for this field: {hint}), or leave it out with "
+            "columns=[...] (the other fields)")
     hint = _SUGGEST.get(field.dtype.name, "int64" if field.dtype.kind in "mM" else "float32")
     why = ("has no arithmetic on it" if field.dtype.kind in "u" else "has no such dtype")
     raise AdapterError(

@@ -7,7 +7,6 @@ Public as ``shardkit.jax``. Importing it without JAX installed raises `MissingDe
 from __future__ import annotations
 
 import os
-from collections import deque
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any, TypeAlias
 
@@ -20,18 +19,17 @@ require("jax", extra="jax", purpose="shardkit.jax (jax.Array batches on a device
 import jax  # noqa: E402
 
 from shardkit.dataset.index import Dataset  # noqa: E402
-from shardkit.dataset.schema import Schema  # noqa: E402
-from shardkit.reader.api import make_reader  # noqa: E402
-from shardkit.reader.collate import Collate, FieldPlan, Passes, plan_fields, prepare  # noqa: E402
+from shardkit.reader.collate import Collate, FieldPlan, plan_fields, prepare  # noqa: E402
+from shardkit.reader.loading import LoaderBase, open_loader  # noqa: E402
 from shardkit.reader.reader import Reader  # noqa: E402
 
 Batch = dict[str, Any]
 CollateFn = Callable[[dict[str, np.ndarray]], Mapping[str, Any]]
 Target: TypeAlias = "jax.Device | jax.sharding.Sharding | None"
 
-# dtypes jax holds as they are; with jax_enable_x64 off (its default) it narrows the 64-bit ones
-_DTYPES_32 = frozenset({"bool", "uint8", "uint16", "uint32", "int8", "int16", "int32", "float16", "float32"})
-_NARROWED = {"int64": "int32", "uint64": "uint32", "float64": "float32"}  # what jax makes of them, x64 off
+# what jax makes of the 64-bit dtypes with jax_enable_x64 off (its default); plan_fields(..., "jax") lets
+# them pass, and `_narrowed` does this per batch
+_NARROWED = {"int64": "int32", "uint64": "uint32", "float64": "float32"}
 
 
 def x64_enabled() -> bool:
@@ -42,37 +40,6 @@ def x64_enabled() -> bool:
 def _x64_fix(name: str) -> str:
     return ("jax.config.update('jax_enable_x64', True) before making the loader keeps 64-bit values; or "
             f"leave {name!r} out with columns=[...], or map it into 32 bits with a collate function")
-
-
-def check_dtypes(schema: Schema, collate: Collate) -> None:
-    """`AdapterError` for a field (or a cast target) jax has no dtype for; see `make_loader`.
-
-    Runs before `plan_fields`, which checks the rest of the policy (pad values, key collisions), and
-    leaves it a cast of a field the batches do not hold: it names those first. 64-bit fields pass,
-    whatever ``jax_enable_x64`` says: with it off, each batch is narrowed and checked (`to_jax`).
-    """
-    if set(collate.cast) - set(schema.names):
-        return
-    held = _DTYPES_32 | set(_NARROWED)
-    leave_out = "or leave it out with columns=[...] (the other fields)"
-    for f in schema:
-        if f.dtype.kind in "US":
-            continue
-        if f.name in collate.cast:
-            try:
-                target = np.dtype(collate.cast[f.name]) if collate.cast[f.name] is not None else None
-            except TypeError:
-                target = None  # plan_fields says it is not a dtype
-            if target is None or target.name in held:
-                continue
-            raise AdapterError(f"Collate(cast=...) casts {f.name!r} to {target}, which jax does not hold; "
-                               f"use one of {sorted(held)}")
-        if f.dtype.name in held:
-            continue
-        hint = "int64 (or int32)" if f.dtype.kind in "mM" else "float32"
-        raise AdapterError(f"field {f.name!r} is {f.dtype}, which jax has no dtype for; options: "
-                           f"Collate(cast={{{f.name!r}: '<dtype>'}}) converts it (for this field: {hint}), "
-                           f"{leave_out}")
 
 
 def resolve_device(device: str | jax.Device | None) -> jax.Device | None:
@@ -213,20 +180,24 @@ def _put_error(tree: Mapping[str, Any], target: Target, error: Exception) -> str
     return f"jax.device_put of the batch to {target!r} failed: {one_line(error)}"
 
 
-class Loader:
-    """A `Reader` whose batches are dicts of ``jax.Array``. Create with `make_loader`; see its docstring."""
+class Loader(LoaderBase):
+    """A `Reader` whose batches are dicts of ``jax.Array``. Create with `make_loader`; see its docstring.
+
+    Passes, ``len``, ``state_dict`` and ``load_state_dict`` are `LoaderBase`'s, as they are
+    `shardkit.torch.Loader`'s; this class converts the batches and puts them on ``target``.
+    """
 
     def __init__(self, reader: Reader, *, target: Target = None, prefetch: int = 2,
                  collate: Collate | CollateFn | None = None) -> None:
         if not isinstance(prefetch, int) or isinstance(prefetch, bool) or prefetch < 0:
             raise AdapterError(f"prefetch={prefetch!r} must be an int >= 0 (batches put on the device ahead "
                                "of the one in use; 0: none)")
-        self.reader, self.target, self.prefetch = reader, target, prefetch
+        super().__init__(reader)
+        self.target, self.prefetch = target, prefetch
         policy = Collate() if collate is None else collate
         self._text_lists = isinstance(policy, Collate)  # a function's values are its own choice
         if isinstance(policy, Collate):
-            check_dtypes(reader.schema, policy)
-            plans = plan_fields(reader.schema, policy, "tf")  # tf's dtypes: jax's were checked just above
+            plans = plan_fields(reader.schema, policy, "jax")
             if isinstance(target, jax.sharding.Sharding):
                 _check_sharding(target, plans, reader.batch_size)
             self._convert: Callable[[dict[str, np.ndarray]], Mapping[str, Any]] = (
@@ -235,104 +206,16 @@ class Loader:
             self._convert = policy
         else:
             raise AdapterError(f"collate={collate!r} must be a shardkit Collate or a function of a batch")
-        self._passes = Passes(reader)
-        self._seen: dict[str, Any] | None = None  # the position the user has seen, while the reader is ahead
-        self._generation = 0
-        # the pass the position belongs to, as in shardkit.torch's Loader: {"pass": its start epoch,
-        # "pass_done": whether it ended}; a loaded one stands until the next pass starts
-        self._loaded_pass: dict[str, Any] | None = None
-        self._pass_done = False
-
-    @property
-    def schema(self) -> Schema:
-        return self.reader.schema
-
-    def __len__(self) -> int:
-        """Batches per epoch for this shard (the reader's ``len``)."""
-        return len(self.reader)
 
     def __iter__(self) -> Iterator[Batch]:
         """One pass: batch k is handed out once batches k+1 .. k+prefetch were read and put (jax copies
         asynchronously, so their transfers run while batch k is computed on). The reader is then ahead of
         the user: the position the user has seen is kept for `state_dict`, and a pass that stops early
         puts the reader back there (no batch is lost between passes)."""
-        self._rewind()
-        self._generation += 1
-        generation = self._generation
-        self._seen = self.reader.state_dict() if self.prefetch else None
-        ahead: deque[tuple[Batch, dict[str, Any] | None]] = deque()
-        try:
-            for i, batch in enumerate(self._passes()):
-                if i == 0:
-                    self._started(generation)
-                ahead.append((to_jax(self._convert(batch), self.target, self._text_lists),
-                              self.reader.state_dict() if self.prefetch else None))
-                if len(ahead) > self.prefetch:
-                    out, self._seen = ahead.popleft()
-                    yield out
-            # the passes end when this pass is over, or when a newer pass or a load_state_dict took the
-            # reader: then the batches read ahead are not this pass's to hand out, nor their positions
-            while ahead and generation == self._generation:
-                out, self._seen = ahead.popleft()
-                yield out
-            if not ahead:
-                self._ended(generation)
-        finally:
-            if generation == self._generation:
-                if ahead:
-                    self._rewind()
-                self._seen = None
+        return self._look_ahead(self._put, self.prefetch)
 
-    def _started(self, generation: int) -> None:
-        if generation == self._generation:
-            self._loaded_pass, self._pass_done = None, False
-
-    def _ended(self, generation: int) -> None:
-        """The pass of ``generation`` ran to its end (not stopped, nor taken over by a newer one)."""
-        if generation == self._generation:
-            self._loaded_pass, self._pass_done = None, True
-
-    def _rewind(self) -> None:
-        if self._seen is not None:
-            seen, self._seen = self._seen, None
-            self.reader.load_state_dict(seen)
-
-    def state_dict(self) -> dict[str, Any]:
-        """The reader's state after the last batch handed out (not those put ahead), with the pass it
-        belongs to (``"pass"``, ``"pass_done"``), as `shardkit.torch.Loader.state_dict` says."""
-        state = dict(self._seen) if self._seen is not None else self.reader.state_dict()
-        if self._loaded_pass is not None:
-            state.update(self._loaded_pass)
-        elif self._passes.start is not None:
-            state.update({"pass": self._passes.start, "pass_done": self._pass_done})
-        return state
-
-    def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        """Continue from ``state``; a pass in progress ends. The next pass is the rest of the saved pass,
-        or a new one if it was saved after its pass ended (see `shardkit.torch.Loader.load_state_dict`)."""
-        started = state.get("pass") if isinstance(state, Mapping) else None
-        if not isinstance(started, int) or isinstance(started, bool) or started < 0:
-            started = None
-        done = bool(state.get("pass_done")) if started is not None else False
-        self._generation += 1
-        self._passes.stop()
-        self._seen = None
-        self.reader.load_state_dict(state)
-        self._passes.resumed(None if done else 0 if started is None else started)
-        self._pass_done = False
-        self._loaded_pass = None if started is None else {"pass": started, "pass_done": done}
-
-    def close(self) -> None:
-        self._generation += 1
-        self._passes.stop()
-        self._seen = None
-        self.reader.close()
-
-    def __enter__(self) -> Loader:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
+    def _put(self, batch: dict[str, np.ndarray]) -> Batch:
+        return to_jax(self._convert(batch), self.target, self._text_lists)
 
     def __repr__(self) -> str:
         return f"Loader({self.reader!r}, target={self.target!r}, prefetch={self.prefetch})"
@@ -395,20 +278,8 @@ def make_loader(reader_or_url: Reader | str | os.PathLike[str] | Dataset, *,
             that is not here, or reader options passed along with a `Reader`.
     """
     target = resolve_target(device, sharding)
-    if isinstance(reader_or_url, Reader):
-        if make_reader_kwargs:
-            raise AdapterError(f"make_loader got a Reader and reader options {sorted(make_reader_kwargs)}; "
-                               "pass the options to make_reader, or pass a URL instead of a Reader")
-        return Loader(reader_or_url, target=target, prefetch=prefetch, collate=collate)
-    if not isinstance(reader_or_url, str | Dataset) and not hasattr(reader_or_url, "__fspath__"):
-        raise AdapterError(f"make_loader needs a Reader or a dataset URL, got {type(reader_or_url).__name__}")
-    reader = make_reader(reader_or_url, **make_reader_kwargs)
-    try:
-        return Loader(reader, target=target, prefetch=prefetch, collate=collate)
-    except BaseException:
-        reader.close()
-        raise
+    return open_loader(reader_or_url, make_reader_kwargs,
+                       lambda reader: Loader(reader, target=target, prefetch=prefetch, collate=collate))
 
 
-__all__ = ["Collate", "Loader", "check_dtypes", "make_loader", "resolve_device", "resolve_target", "to_jax",
-           "x64_enabled"]
+__all__ = ["Collate", "Loader", "make_loader", "resolve_device", "resolve_target", "to_jax", "x64_enabled"]

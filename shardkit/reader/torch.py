@@ -18,9 +18,8 @@ require("torch", extra="torch", purpose="shardkit.torch (PyTorch tensors and Dat
 
 import torch  # noqa: E402
 
-from shardkit.dataset.index import Dataset  # noqa: E402
-from shardkit.reader.api import make_reader  # noqa: E402
-from shardkit.reader.collate import Collate, Passes, plan_fields, prepare  # noqa: E402
+from shardkit.reader.collate import Collate, plan_fields, prepare  # noqa: E402
+from shardkit.reader.loading import LoaderBase, open_loader  # noqa: E402
 from shardkit.reader.reader import Reader  # noqa: E402
 
 Batch = dict[str, Any]
@@ -148,12 +147,17 @@ class _CudaStager:
         return out
 
 
-class Loader:
-    """A `Reader` whose batches are dicts of torch values. Create with `make_loader`; see its docstring."""
+class Loader(LoaderBase):
+    """A `Reader` whose batches are dicts of torch values. Create with `make_loader`; see its docstring.
+
+    Passes, ``len``, ``state_dict`` and ``load_state_dict`` are `LoaderBase`'s; this class converts the
+    batches and places them: each as it is read (`LoaderBase._look_ahead` at depth 0: host tensors,
+    pinned ones, or a plain ``.to(device)``), or copied through `_CudaStager` one batch ahead (`_staged`).
+    """
 
     def __init__(self, reader: Reader, *, device: torch.device | None = None, pin_memory: bool | None = None,
                  collate: Collate | CollateFn | None = None, _stager: Any = None) -> None:
-        self.reader = reader
+        super().__init__(reader)
         self.device = device
         policy = Collate() if collate is None else collate
         if isinstance(policy, Collate):
@@ -172,25 +176,10 @@ class Loader:
         self.pin_memory = pin
         self._stager = _stager if _stager is not None else (_CudaStager(device) if cuda and pin and device
                                                              else None)
-        self._passes = Passes(reader)
-        self._seen: dict[str, Any] | None = None  # the position the user has seen, while the reader is ahead
-        self._generation = 0
-        # the pass the position belongs to: {"pass": its start epoch, "pass_done": whether it ended}; a
-        # loaded one stands until the next pass starts (see `state_dict`)
-        self._loaded_pass: dict[str, Any] | None = None
-        self._pass_done = False
-
-    @property
-    def schema(self) -> Any:
-        return self.reader.schema
-
-    def __len__(self) -> int:
-        """Batches per epoch for this shard (the reader's ``len``)."""
-        return len(self.reader)
 
     def __iter__(self) -> Iterator[Batch]:
         if self._stager is None:
-            return self._direct()
+            return self._look_ahead(lambda b: self._place(self._convert(b)), 0)
         return self._staged(self._stager)
 
     def _place(self, batch: Batch) -> Batch:
@@ -202,27 +191,16 @@ class Loader:
                     for k, v in batch.items()}
         return batch
 
-    def _direct(self) -> Iterator[Batch]:
-        self._generation += 1
-        generation = self._generation
-        for batch in self._passes():
-            self._started(generation)
-            yield self._place(self._convert(batch))
-        self._ended(generation)
-
-    def _started(self, generation: int) -> None:
-        if generation == self._generation:
-            self._loaded_pass, self._pass_done = None, False
-
-    def _ended(self, generation: int) -> None:
-        """The pass of ``generation`` ran to its end (not stopped, nor taken over by a newer one)."""
-        if generation == self._generation:
-            self._loaded_pass, self._pass_done = None, True
-
     def _staged(self, stager: Any) -> Iterator[Batch]:
         """Batch k is handed out only after batch k+1 is read and its copy issued: the reader is one batch
         ahead of the user, so the position the user has seen is kept for `state_dict`, and a pass that
-        stops early puts the reader back there (no batch is lost between passes)."""
+        stops early puts the reader back there (no batch is lost between passes).
+
+        Not `_look_ahead` at depth 1, which differs in two corners: that one marks the pass started before
+        its first batch is put (this one after: a first batch that fails to convert or copy leaves a loaded
+        pass in `state_dict`), and, stopped just after handing out the pass's last batch, it leaves the
+        reader where the pass took it (this one loads back the position after that batch, which is behind
+        it at the end of an uneven shard's epoch)."""
         self._rewind()
         self._generation += 1
         generation = self._generation
@@ -249,55 +227,6 @@ class Loader:
                 if pending is not None:
                     self._rewind()
                 self._seen = None
-
-    def _rewind(self) -> None:
-        if self._seen is not None:
-            seen, self._seen = self._seen, None
-            self.reader.load_state_dict(seen)
-
-    def state_dict(self) -> dict[str, Any]:
-        """The reader's state after the last batch handed out (see `Reader.state_dict`), with the pass
-        it belongs to: ``"pass"``, the epoch that pass started at, and ``"pass_done"``, whether it had
-        ended (see `load_state_dict`). A `Reader` takes it too (it ignores those two keys)."""
-        state = dict(self._seen) if self._seen is not None else self.reader.state_dict()
-        if self._loaded_pass is not None:
-            state.update(self._loaded_pass)
-        elif self._passes.start is not None:
-            state.update({"pass": self._passes.start, "pass_done": self._pass_done})
-        return state
-
-    def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        """Continue from ``state`` (see `Reader.load_state_dict`); a pass in progress ends.
-
-        The next pass is the rest of the pass the state was saved in: what is left of its ``num_epochs``
-        epochs (nothing, when it was saved at that pass's last batch). A state saved after its pass had
-        ended (after the ``for batch in loader`` loop) starts a new pass: ``num_epochs`` more epochs,
-        as `torchdata`'s ``StatefulDataLoader`` starts the next epoch. A plain reader state (no
-        ``"pass"``) counts epochs from 0, as a `Reader` does: the epochs left of ``num_epochs``.
-        """
-        started = state.get("pass") if isinstance(state, Mapping) else None
-        if not isinstance(started, int) or isinstance(started, bool) or started < 0:
-            started = None
-        done = bool(state.get("pass_done")) if started is not None else False
-        self._generation += 1
-        self._passes.stop()
-        self._seen = None
-        self.reader.load_state_dict(state)
-        self._passes.resumed(None if done else 0 if started is None else started)
-        self._pass_done = False
-        self._loaded_pass = None if started is None else {"pass": started, "pass_done": done}
-
-    def close(self) -> None:
-        self._generation += 1
-        self._passes.stop()
-        self._seen = None
-        self.reader.close()
-
-    def __enter__(self) -> Loader:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
 
     def __repr__(self) -> str:
         return f"Loader({self.reader!r}, device={self.device}, pin_memory={self.pin_memory})"
@@ -351,19 +280,8 @@ def make_loader(reader_or_url: Reader | str | Any, *, device: str | torch.device
             exist, or reader options passed along with a `Reader`.
     """
     dev = resolve_device(device)
-    if isinstance(reader_or_url, Reader):
-        if make_reader_kwargs:
-            raise AdapterError(f"make_loader got a Reader and reader options {sorted(make_reader_kwargs)}; "
-                               "pass the options to make_reader, or pass a URL instead of a Reader")
-        return Loader(reader_or_url, device=dev, pin_memory=pin_memory, collate=collate)
-    if not isinstance(reader_or_url, str | Dataset) and not hasattr(reader_or_url, "__fspath__"):
-        raise AdapterError(f"make_loader needs a Reader or a dataset URL, got {type(reader_or_url).__name__}")
-    reader = make_reader(reader_or_url, **make_reader_kwargs)
-    try:
-        return Loader(reader, device=dev, pin_memory=pin_memory, collate=collate)
-    except BaseException:
-        reader.close()
-        raise
+    return open_loader(reader_or_url, make_reader_kwargs,
+                       lambda reader: Loader(reader, device=dev, pin_memory=pin_memory, collate=collate))
 
 
 __all__ = ["Collate", "Loader", "make_loader", "resolve_device", "to_torch"]
