@@ -13,7 +13,7 @@ import warnings
 from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
-from shardkit.errors import DatasetExistsError, JobError, ShardkitError
+from shardkit.errors import JobError, ShardkitError
 
 # Only the standard library and shardkit.errors at import: the console script imports this module before
 # it calls `main`, and a Ctrl-C during an import outside `main` would end in a traceback (see `main`).
@@ -152,42 +152,6 @@ def _index(args: argparse.Namespace) -> int:
     return 0
 
 
-def _write(args: argparse.Namespace) -> int:
-    import time
-
-    from shardkit.dataset import open_dataset
-    from shardkit.dataset.convert import convert
-
-    size = args.row_group_size
-    before = None  # the rows of the dataset appended to: rows/s counts the rows written
-    if args.mode == "append":
-        with warnings.catch_warnings(), contextlib.suppress(ShardkitError):
-            warnings.simplefilter("ignore")
-            before = open_dataset(args.dest).num_rows
-    start = time.perf_counter()
-    try:
-        with _warnings_after(UserWarning):
-            ds = convert(args.src, args.dest, schema=args.schema, columns=_names(args.columns),
-                         mode=args.mode, row_group_size=int(size) if size.isdigit() else size,
-                         file_size=args.file_size, compression=args.compression, progress=args.progress)
-    except DatasetExistsError as e:  # its fix names the Python argument
-        raise DatasetExistsError(f"{e} (here: --mode overwrite or --mode append)") from e
-    except KeyboardInterrupt as e:  # Ctrl-C: one line, as for errors (the write cleaned up after itself)
-        print(f"shardkit write: interrupted; nothing was committed to {args.dest} unless the write had "
-              "finished (see `shardkit inspect`): run it again", file=sys.stderr)
-        return 128 + int(getattr(e, "signum", signal.SIGINT))
-    seconds = time.perf_counter() - start
-    info = describe(ds)
-    written = info["rows"] - (before or 0)
-    rows, now = (f"{written:,} rows appended (now {info['rows']:,} rows", ")") if before is not None else (
-        f"{written:,} rows", "")
-    print(f"wrote {info['url']}: {rows} in {info['row_groups']:,} row groups, {len(info['files']):,} files, "
-          f"{_human(info['bytes'])} uncompressed{now}, in {seconds:.2f} s "
-          f"({written / max(seconds, 1e-9):,.0f} rows/s)\n")
-    print(format_description(info).split("\n\n")[1])  # the fields table
-    return 0
-
-
 def _load(args: argparse.Namespace) -> JobConfig:
     from shardkit.cluster.config import load_config
 
@@ -247,6 +211,7 @@ _DESCRIPTION = ("Parquet datasets for distributed training: inspect, index, writ
 def build_parser() -> argparse.ArgumentParser:
     from shardkit import __version__
     from shardkit.cli_bench import add_parser as add_bench_parser
+    from shardkit.cli_write import add_parser as add_write_parser
 
     parser = argparse.ArgumentParser(prog="shardkit", description=_DESCRIPTION)
     parser.add_argument("--version", action="version", version=f"shardkit {__version__}")
@@ -259,22 +224,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("index", help="write the _metadata summary of a plain Parquet folder")
     p.add_argument("url", help="the folder of Parquet files (any fsspec URL)")
     p.set_defaults(func=_index, parser=p)
-    p = sub.add_parser("write", help="convert a CSV, JSON-lines or Parquet file or folder, or a Petastorm, "
-                                     "shardkit or plain Parquet dataset, into a shardkit dataset")
-    p.add_argument("src", help="a file or folder, or a quoted glob pattern ('data/*.csv'); any fsspec URL")
-    p.add_argument("dest", help="the dataset's folder (any fsspec URL)")
-    p.add_argument("--mode", choices=["error", "overwrite", "append"], default="error",
-                   help="when DEST holds a dataset: fail (default), replace it, or add the rows to it")
-    p.add_argument("--schema", metavar="FILE.json", help="fields to declare (a JSON list of fields, or what "
-                                                         "`shardkit inspect --json` prints); others inferred")
-    p.add_argument("--columns", metavar="A,B", help="the columns to write, comma-separated (default: all)")
-    p.add_argument("--row-group-size", default="16MiB", metavar="SIZE",
-                   help="encoded bytes per row group (default 16MiB), or a number of rows (e.g. 10000)")
-    p.add_argument("--file-size", default="128MiB", metavar="SIZE", help="encoded bytes per file (128MiB)")
-    p.add_argument("--compression", default="auto", help="auto (default), snappy, zstd, lz4, none, ...")
-    p.add_argument("--no-progress", dest="progress", action="store_const", const=False, default=None,
-                   help="no progress bar (default: one on a terminal)")
-    p.set_defaults(func=_write, parser=p)
+    add_write_parser(sub)
     p = sub.add_parser("train", help="run a training job: start its processes, watch, restart, summarize")
     _add_config(p)
     p.add_argument("--quiet", action="store_true", help="show progress lines only, not the processes' output")

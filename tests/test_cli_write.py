@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -41,8 +42,8 @@ def test_write_runs_as_a_program_and_refuses_an_existing_dataset_in_one_line(tmp
     assert again.returncode == 2
     assert again.stdout == ""
     assert again.stderr.count("\n") == 1
-    assert again.stderr.startswith(f"shardkit write: error: a dataset already exists at '{dest}'")
-    assert "(here: --mode overwrite or --mode append)" in again.stderr
+    assert again.stderr == (f"shardkit write: error: a dataset already exists at '{dest}'; pass --mode "
+                            "overwrite to replace it or --mode append to add rows to it\n")
     assert shardkit.open_dataset(dest).schema.names == ["id", "rgb_png", "gray_png", "rgb_jpeg"]
 
 
@@ -79,9 +80,10 @@ def test_write_with_a_schema_file_columns_and_row_groups(tmp_path: Path, capsys:
     [
         (["{tmp}/missing", "{tmp}/out"], ["'{tmp}/missing'", "does not exist"]),
         (["{tmp}/notes.txt", "{tmp}/out"], ["does not say a format", ".parquet"]),
-        (["{tmp}/a.csv", "{tmp}/out", "--columns", "a,zz"], ["columns= ['zz']", "its columns: ['a', 'b']"]),
+        (["{tmp}/a.csv", "{tmp}/out", "--columns", "a, zz"],
+         ["--columns a,zz names ['zz'], but '{tmp}/a.csv' has no such column(s) (its columns: ['a', 'b'])"]),
         (["{tmp}/a.csv", "{tmp}/out", "--schema", "{tmp}/a.csv"], ["cannot read the schema file"]),
-        (["{tmp}/a.csv", "{tmp}/out", "--file-size", "big"], ["file_size='big' is not a size"]),
+        (["{tmp}/a.csv", "{tmp}/out", "--file-size", "big"], ["--file-size big is not a size"]),
         (["{tmp}/huge.csv", "{tmp}/out"], ["'{tmp}/huge.csv': column 'id' holds the integer "
                                            "99999999999999999999 (source row 1), which no 64-bit integer "
                                            "type holds", "Field('id', 'str') to keep every digit"]),
@@ -104,6 +106,109 @@ def test_write_errors_exit_2_in_one_line(tmp_path: Path, capsys: pytest.CaptureF
     for needle in needles:
         assert needle.format(tmp=tmp_path) in err, (needle, err)
     assert not os.path.exists(tmp_path / "out")
+
+
+# an argument of convert's as Python names it (`row_group_size=0`): `shardkit write` says the flag typed
+PYTHON_NAME = re.compile(r"(?<![\w.-])(?:(?:mode|schema|columns|row_group_size|file_size|compression|"
+                         r"progress)=|row_group_size\b|file_size\b|write_summary\b)")
+
+
+def _one_line_error(err: str) -> str:
+    assert "Traceback" not in err, err
+    assert err.count("\n") == 1, err
+    assert err.startswith("shardkit write: error: "), err
+    assert not PYTHON_NAME.search(err), err
+    return err
+
+
+@pytest.mark.parametrize(
+    ("flags", "needle"),
+    [
+        (["--row-group-size", "0"], "--row-group-size 0 must be positive"),
+        (["--row-group-size", "abc"], "--row-group-size abc is not a size; use a positive number of bytes"),
+        (["--row-group-size", "-5"], "--row-group-size -5 is not a size"),
+        (["--row-group-size", "\u00b2"], "--row-group-size '\u00b2' is not a size"),  # a digit int() refuses
+        (["--file-size", "abc"], "--file-size abc is not a size"),
+        (["--file-size", "0"], "--file-size 0 is not a size"),
+        (["--compression", "bogus"], "--compression bogus is not a Parquet codec available here; use 'auto'"),
+        (["--compression", "no such"], "--compression 'no such' is not a Parquet codec"),
+        (["--columns", "a,zz"], "--columns a,zz names ['zz'], but "),
+    ],
+)
+def test_an_error_about_a_flag_names_the_flag_as_typed(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                                       flags: list[str], needle: str) -> None:
+    """The messages are convert's and write_dataset's, which name the Python arguments
+    (``row_group_size=0``, test_writer); here each is the flag and the value typed."""
+    (tmp_path / "a.csv").write_text("a,b\n1,2\n")
+    assert main(["write", str(tmp_path / "a.csv"), str(tmp_path / "out"), "--no-progress", *flags]) == 2
+    out, err = capsys.readouterr()
+    assert out == ""
+    assert needle in _one_line_error(err), (needle, err)
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize(
+    ("src", "flags", "needle"),
+    [
+        ("a.csv", ["--mode", "append", "--columns", "a"],
+         "--columns a leaves out ['b'], fields of the dataset appended to, '{tmp}/ds'; an append writes all"),
+        ("abc.csv", ["--mode", "append"],
+         "'{tmp}/abc.csv' has the column(s) ['c'], which the dataset appended to, '{tmp}/ds', has not (its "
+         "fields: ['a', 'b']); pick its fields with --columns, or write a new dataset"),
+        ("a.csv", ["--mode", "append", "--schema", "{tmp}/schema.json"],
+         "append with the dataset's schema (leave --schema out), write to a new URL, or use --mode "
+         "overwrite"),
+        ("a.csv", ["--mode", "append", "--row-group-size", "0"], "--row-group-size 0 must be positive"),
+    ],
+    ids=["columns-leave-out-a-field", "a-column-the-dataset-lacks", "another-schema", "row-group-size"],
+)
+def test_an_append_that_does_not_fit_names_the_flags(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                                     src: str, flags: list[str], needle: str) -> None:
+    (tmp_path / "a.csv").write_text("a,b\n1,2\n")
+    (tmp_path / "abc.csv").write_text("a,b,c\n1,2,3\n")
+    (tmp_path / "schema.json").write_text(json.dumps([shardkit.Field("a", "int32").to_json()]))
+    assert main(["write", str(tmp_path / "a.csv"), str(tmp_path / "ds"), "--no-progress"]) == 0
+    capsys.readouterr()
+    argv = [str(tmp_path / src), str(tmp_path / "ds"), "--no-progress", *flags]
+    assert main(["write", *(a.format(tmp=tmp_path) for a in argv)]) == 2
+    assert needle.format(tmp=tmp_path) in _one_line_error(capsys.readouterr().err)
+    assert shardkit.open_dataset(tmp_path / "ds").num_rows == 1
+
+
+def test_appending_to_a_plain_parquet_folder_names_the_command_that_indexes_it(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    import pandas as pd
+
+    (tmp_path / "a.csv").write_text("a\n1\n")
+    (tmp_path / "plain").mkdir()
+    pd.DataFrame({"a": [0]}).to_parquet(tmp_path / "plain" / "x.parquet")
+    assert main(["write", str(tmp_path / "a.csv"), str(tmp_path / "plain"), "--mode", "append"]) == 2
+    err = _one_line_error(capsys.readouterr().err)
+    assert err.endswith(f"cannot append to '{tmp_path / 'plain'}': it is not a shardkit dataset (no "
+                        "_metadata). Index it first with `shardkit index URL`, or write to a new URL\n"), err
+
+
+@pytest.mark.parametrize(
+    ("typed", "needle"),
+    [
+        (",", "argument --columns: ',' names no column; name each column to write once, comma-separated "
+              "(--columns a,b), or leave --columns out to write them all"),
+        ("", "argument --columns: '' names no column; "),
+        ("a,,a", "argument --columns: 'a,,a' names ['a'] more than once; name each column to write once"),
+        (" b, a ,b,a", "argument --columns: ' b, a ,b,a' names ['a', 'b'] more than once; "),
+    ],
+)
+def test_columns_that_name_no_column_or_one_twice_are_a_usage_error(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], typed: str, needle: str) -> None:
+    """As for ``shardkit bench --columns ,``: the flag's own text, said before anything is read."""
+    (tmp_path / "a.csv").write_text("a,b\n1,2\n")
+    with pytest.raises(SystemExit) as info:
+        main(["write", str(tmp_path / "a.csv"), str(tmp_path / "out"), "--columns", typed])
+    assert info.value.code == 2
+    err = capsys.readouterr().err
+    assert err.startswith("usage: shardkit write")
+    assert f"shardkit write: error: {needle}" in err, err
+    assert not (tmp_path / "out").exists()
 
 
 def test_write_keeps_every_digit_of_integers_past_int64(tmp_path: Path, capsys: pytest.CaptureFixture[str]
