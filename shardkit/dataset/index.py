@@ -1,4 +1,5 @@
-"""`open_dataset`: a dataset's schema and row-group index, from its summary files when it has them.
+"""`open_dataset`: a dataset's schema and row-group index, from its summary files when it has them
+(the `Dataset` it returns, and its reads, are `shardkit.dataset.opened`'s).
 
 Three kinds of folders open:
 
@@ -21,21 +22,13 @@ which stores them as columns.
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import os
-import re
-import threading
 import warnings
-from collections import OrderedDict
-from collections.abc import Iterable, Iterator, Sequence
-from functools import cached_property
-from typing import Any, Literal
+from typing import Any
 
-import numpy as np
 import pyarrow as pa
-import pyarrow.parquet as pq
 
-from shardkit.dataset.access import is_denied, permission_error, root_exists, storage_errors
+from shardkit.dataset.access import root_exists, storage_errors
 from shardkit.dataset.footers import (
     Footers,
     RowGroup,
@@ -46,6 +39,7 @@ from shardkit.dataset.footers import (
 )
 from shardkit.dataset.footers import summary as _summary
 from shardkit.dataset.location import COMMON, SUMMARY, Location
+from shardkit.dataset.opened import FOOTERS_KEPT, SLICE_ROWS, Dataset, partition_keys
 from shardkit.dataset.schema import SCHEMA_KEY, Schema, field_from_arrow, schema_from_arrow
 from shardkit.errors import (
     ColumnsLeftOutWarning,
@@ -54,17 +48,9 @@ from shardkit.errors import (
     NotADatasetError,
     PartitionColumnsWarning,
     SchemaError,
-    one_line,
 )
 
 PETASTORM_KEY = b"dataset-toolkit.unischema.v1"
-#: Rows Parquet decodes at a time. A whole row group at once needs several times its decoded size in
-#: scratch buffers (uint8 tensors go through int32 values plus repetition and definition levels), and
-#: small slices decode faster (measured on the benchmark rows: 256 rows 14 % less CPU than 1024, which
-#: took 30 % less than whole 4,600-row groups) as their scratch buffers stay in the CPU caches.
-SLICE_ROWS = 256
-FOOTERS_KEPT = 256  # data-file footers an opened dataset keeps (LRU), so a file's footer is read once
-_PARTITION = re.compile(r"([^=/]+)=[^/]*")  # a Hive partition folder: key=value
 
 
 class SummaryMissingWarning(UserWarning):
@@ -74,175 +60,6 @@ class SummaryMissingWarning(UserWarning):
 class UncommittedFilesWarning(UserWarning):
     """`write_summary` of a shardkit dataset left out data files its ``_metadata`` did not list (the
     parts of a write that did not commit)."""
-
-
-@dataclasses.dataclass(frozen=True, eq=False)
-class Dataset:
-    """An opened dataset: schema plus row-group index. Create with `open_dataset`."""
-
-    location: Location
-    schema: Schema
-    arrow_schema: pa.Schema
-    row_groups: tuple[RowGroup, ...]
-    kind: Literal["shardkit", "petastorm", "parquet"]
-    metadata: pq.FileMetaData | None = dataclasses.field(default=None, repr=False)
-    _footers: OrderedDict[str, pq.FileMetaData] = dataclasses.field(
-        default_factory=OrderedDict, init=False, repr=False, compare=False)
-    _footer_lock: threading.Lock = dataclasses.field(
-        default_factory=threading.Lock, init=False, repr=False, compare=False)
-    #: columns of a plain Parquet dataset left out of the schema: name -> why, and the cast that helps
-    left_out: dict[str, str] = dataclasses.field(default_factory=dict, repr=False, compare=False)
-
-    @property
-    def url(self) -> str:
-        return self.location.url
-
-    @cached_property
-    def files(self) -> list[str]:
-        return list(dict.fromkeys(rg.file for rg in self.row_groups))
-
-    @cached_property
-    def partition_keys(self) -> list[str]:
-        """Hive partition keys in the folders of the files (``year`` of ``year=2020/``) that are not
-        columns of the dataset: their values are in folder names only, and not read (module docstring)."""
-        return [key for key in partition_keys(self.files) if key not in self.schema.names]
-
-    @property
-    def num_rows(self) -> int:
-        return sum(rg.num_rows for rg in self.row_groups)
-
-    @property
-    def num_bytes(self) -> int:
-        return sum(rg.num_bytes for rg in self.row_groups)
-
-    @cached_property
-    def rows_per_group(self) -> np.ndarray:
-        """Row counts of the row groups as an int64 array (what planning works on)."""
-        counts = (rg.num_rows for rg in self.row_groups)
-        return np.fromiter(counts, dtype=np.int64, count=len(self.row_groups))
-
-    def open_file(self, file: str) -> pq.ParquetFile:
-        """Open one data file, raising `CorruptDatasetError` (naming it) if it is not readable Parquet,
-        `DatasetPermissionError` if this user may not read it (never taken for corruption).
-
-        With a ``_metadata`` summary the file is opened with it, not with its own footer (one request
-        less per file, on object stores one round trip less before the first batch): the summary holds
-        every row group's column chunks, so its row group ``k`` is ``row_groups[k]``, read from this file
-        (see `row_group_index`). Without one, the file's footer is read on its first opening and then
-        reused (for the last `FOOTERS_KEPT` files).
-        """
-        path = self.location.join(file)
-        with self._footer_lock:
-            footer = self.metadata if self.metadata is not None else self._footers.get(file)
-            if footer is not None and self.metadata is None:
-                self._footers.move_to_end(file)
-        try:
-            pf = pq.ParquetFile(self.location.open_ranges(path), metadata=footer,
-                                pre_buffer=not self.location.is_local)
-        except FileNotFoundError as e:
-            raise CorruptDatasetError(
-                f"data file {path!r} of dataset {self.url!r} is missing; the dataset was changed outside "
-                "shardkit. Rewrite it, or run shardkit.write_summary(url) to index the files that remain"
-            ) from e
-        except (pa.ArrowInvalid, OSError) as e:
-            if is_denied(e):
-                raise permission_error(self.location, path, e) from e
-            raise CorruptDatasetError(
-                f"data file {path!r} of dataset {self.url!r} is not readable Parquet ({e}); "
-                "it is truncated or corrupt: rewrite the dataset or remove the file and rerun write_summary"
-            ) from e
-        if footer is None:
-            self.keep_footer(file, pf.metadata)
-        return pf
-
-    def row_group_index(self, i: int) -> int:
-        """The index to read row group ``i`` of the index by, in the `ParquetFile` `open_file` gives."""
-        return i if self.metadata is not None else self.row_groups[i].index
-
-    def keep_footer(self, file: str, footer: pq.FileMetaData) -> None:
-        """Remember ``file``'s footer (already read elsewhere) for `open_file`."""
-        with self._footer_lock:
-            self._footers[file] = footer
-            while len(self._footers) > FOOTERS_KEPT:
-                self._footers.popitem(last=False)
-
-    def iter_row_group(self, i: int, columns: Sequence[str] | None = None, *,
-                       batch_size: int = SLICE_ROWS) -> Iterator[pa.RecordBatch]:
-        """Row group ``i`` of the index as record batches of ``batch_size`` rows (Arrow, not decoded).
-
-        Decoding slice by slice needs scratch memory for one slice, not for the whole row group, and
-        is faster (the slice's buffers stay in the CPU caches).
-        """
-        rg = self.row_groups[i]
-        where = f"row group {rg.index} of {self.location.join(rg.file)!r}"
-        try:
-            pf = self.open_file(rg.file)
-        except CorruptDatasetError as e:
-            raise CorruptDatasetError(f"{where} cannot be read: {e}") from e
-        names = list(columns) if columns is not None else None
-        try:
-            yield from pf.iter_batches(batch_size=batch_size, row_groups=[self.row_group_index(i)],
-                                       columns=names, use_threads=False)
-        except (pa.ArrowInvalid, OSError) as e:
-            if is_denied(e):
-                raise permission_error(self.location, self.location.join(rg.file), e) from e
-            raise CorruptDatasetError(
-                f"{where} cannot be read ({one_line(e)}); the file is truncated or corrupt: "
-                "rewrite the dataset, or read with on_error='skip'"
-            ) from e
-
-    def read_row_group(self, i: int, columns: Sequence[str] | None = None) -> pa.Table:
-        """Read row group ``i`` of the index (Arrow, not decoded): a table of `SLICE_ROWS`-row chunks."""
-        return self.table_of(list(self.iter_row_group(i, columns)), columns)
-
-    def table_of(self, batches: Sequence[pa.RecordBatch], columns: Sequence[str] | None = None) -> pa.Table:
-        """Batches of ``columns`` (None: all) as one table, no copy; an empty table when there are none."""
-        if batches:
-            return pa.Table.from_batches(batches)
-        names = list(columns) if columns is not None else self.arrow_schema.names
-        schema = pa.schema([self.arrow_schema.field(n) for n in names], metadata=self.arrow_schema.metadata)
-        return schema.empty_table()
-
-    def decoded_row_bytes(self, columns: Sequence[str] | None = None) -> int:
-        """About how many bytes one row of ``columns`` takes decoded (what a shuffle buffer holds).
-
-        Fixed-shape numeric fields (images included) count their dtype's size times their shape;
-        strings, bytes and variable shapes count their uncompressed Parquet bytes per row in the first
-        row group with rows (at least 8 bytes: the pointer of an object array).
-        """
-        names = list(columns) if columns is not None else self.schema.names
-        fixed, variable = 0, []
-        for name in names:
-            field = self.schema[name]
-            if field.fixed_shape and field.dtype.kind in "biuf":
-                fixed += field.dtype.itemsize * int(np.prod([d or 1 for d in field.shape]))
-            else:
-                variable.append(name)
-        return fixed + sum(max(8, b) for b in self._plain_bytes_per_row(variable).values())
-
-    def _plain_bytes_per_row(self, names: Sequence[str]) -> dict[str, int]:
-        out = dict.fromkeys(names, 0)
-        k, rg = next(((k, rg) for k, rg in enumerate(self.row_groups) if rg.num_rows), (0, None))
-        if not names or rg is None:
-            return out
-        if self.metadata is not None:  # the summary holds every row group: no data file is opened
-            meta = self.metadata.row_group(k)
-        else:
-            try:
-                footer = self._footers.get(rg.file) or self.open_file(rg.file).metadata
-            except CorruptDatasetError:
-                return out  # the read itself reports it, naming the row group
-            meta = footer.row_group(rg.index)
-        for j in range(meta.num_columns):
-            col = meta.column(j)
-            top = col.path_in_schema.split(".", 1)[0]
-            if top in out:
-                out[top] += col.total_uncompressed_size // max(1, rg.num_rows)
-        return out
-
-    def decode(self, table: pa.Table | pa.RecordBatch) -> dict[str, np.ndarray]:
-        """Decode an Arrow table of this dataset's columns to numpy."""
-        return self.schema.decode(table)
 
 
 def open_dataset(url: str | os.PathLike[str], *, storage_options: dict[str, Any] | None = None) -> Dataset:
@@ -350,18 +167,6 @@ def _warn_left_out(ds: Dataset) -> None:
             "usual; to read these, rewrite them with the cast (shardkit.write_dataset)"), stacklevel=3)
 
 
-def partition_keys(files: Iterable[str]) -> list[str]:
-    """The Hive partition keys in the folders of ``files`` (relative paths), in order of appearance:
-    ``["year", "month"]`` for ``year=2020/month=1/part-0.parquet``."""
-    keys: dict[str, None] = {}
-    for name in files:
-        for folder in name.split("/")[:-1]:
-            match = _PARTITION.fullmatch(folder)
-            if match:
-                keys.setdefault(match.group(1), None)
-    return list(keys)
-
-
 def _warn_partitions(ds: Dataset) -> None:
     """Warn (once per opening) that the partition columns of a Hive-partitioned folder are not read."""
     keys = ds.partition_keys
@@ -391,8 +196,6 @@ def _petastorm_blob(loc: Location) -> bytes | None:
         return None
     blob: bytes | None = (read_footer(loc, COMMON).metadata or {}).get(PETASTORM_KEY)
     return blob
-
-
 
 
 def _index_footers(loc: Location) -> tuple[pa.Schema, tuple[RowGroup, ...], Footers]:
@@ -464,3 +267,18 @@ def check_columns(loc: Location, schema: Schema, arrow_schema: pa.Schema, *, whe
             f"dataset {loc.url!r}: the Parquet column(s) {extra} in {where!r} are not in its schema "
             f"(fields: {schema.names}). {fix}"
         )
+
+
+__all__ = [  # with the names of `shardkit.dataset.opened` that were defined here, imported from here too
+    "FOOTERS_KEPT",
+    "PETASTORM_KEY",
+    "SLICE_ROWS",
+    "Dataset",
+    "SummaryMissingWarning",
+    "UncommittedFilesWarning",
+    "check_columns",
+    "is_petastorm",
+    "open_dataset",
+    "open_location",
+    "partition_keys",
+]
