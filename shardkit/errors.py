@@ -6,7 +6,7 @@
     │   ├── NotADatasetError          (also ValueError)         a folder with no Parquet data in it
     │   ├── DatasetExistsError        (also FileExistsError)    mode="error" over an existing dataset
     │   ├── CorruptDatasetError       (also OSError)            a file or row group that cannot be read
-    │   │   └── ImageShapeError       (also SchemaMismatchError) an image that is not its field's size
+    │   │   └── ImageShapeError       (also SchemaMismatchError) an image not its field's size or pixel type
     │   ├── DatasetPermissionError    (also PermissionError)    a file or folder this user may not read/write
     │   └── UnsafePickleError         (also ValueError)         a Petastorm schema pickle with foreign content
     ├── SchemaError                   (also ValueError)         a schema, field or codec invalid in itself
@@ -117,8 +117,11 @@ class SchemaMismatchError(SchemaError):
 
 
 class ImageShapeError(CorruptDatasetError, SchemaMismatchError):
-    """Raised when a stored image is not the size of its fixed-shape field, whether its header says so
-    (checked before decoding: a few bytes can claim gigapixels) or its decoded pixels do.
+    """Raised when a stored image is not of its field's size or pixel type, whether its header says so
+    (checked before decoding: a few bytes can claim gigapixels) or its decoded pixels do: another height
+    or width than a fixed-shape field's, more than 8 bits per sample (the field holds uint8), other
+    channels than the field's (a grey image in an RGB field, of fixed or varying size), or a palette of
+    colours in a grey field.
 
     A corruption (``on_error="skip"`` skips its row) and, as it was before headers were checked, a
     `SchemaMismatchError`: ``except`` clauses written for either keep working.

@@ -37,10 +37,14 @@ from shardkit.errors import (
 if TYPE_CHECKING:
     from shardkit.dataset.location import Location
 
-#: What a permission needs, by action: on local files (mode bits), and on object stores.
-_LOCAL_NEED = {"read": "r", "list": "r and x", "write in": "w and x", "open": "r and x"}
+#: What a permission needs, by action: on local files (mode bits), and on object stores. "write to":
+#: a dataset written (`write_dataset`): it looks for one there (list, read its schema), writes its files
+#: under a staging folder, moves them (a copy, then a delete, on an object store) and removes replaced ones.
+_LOCAL_NEED = {"read": "r", "list": "r and x", "write in": "w and x", "open": "r and x",
+               "write to": "r, w and x"}
 _STORE_NEED = {"read": "read objects", "list": "list the bucket", "write in": "write objects",
-               "open": "list the bucket and read objects"}
+               "open": "list the bucket and read objects",
+               "write to": "list the bucket and read, write and delete objects"}
 #: Packages of fsspec filesystems that a shardkit extra installs; others are installed by name.
 _EXTRAS = {"s3fs": "s3"}
 _CREDENTIALS = (
@@ -94,7 +98,8 @@ def is_denied(e: BaseException) -> bool:
 def permission_error(loc: Location, path: str, e: BaseException, *, action: str = "read"
                      ) -> DatasetPermissionError:
     """The error for ``path`` (under ``loc``) that this user may not ``action``: ``"read"`` (a file),
-    ``"list"`` or ``"write in"`` (a folder). It names the path and the fix, the owner and mode (the
+    ``"list"`` or ``"write in"`` (a folder), ``"open"`` or ``"write to"`` (a dataset: what reading or
+    writing one needs, `_STORE_NEED`). It names the path and the fix, the owner and mode (the
     credentials' permissions on an object store), and never suggests removing the file."""
     if loc.is_local:
         fix = (f"{_owner_mode(path)}; this process runs as uid {_uid()}. Give this user "
@@ -251,13 +256,15 @@ def _open_arguments() -> frozenset[str]:
     return frozenset(_named(inspect.signature(fsspec.open).parameters) - {"urlpath"})
 
 
-def root_exists(loc: Location) -> bool:
+def root_exists(loc: Location, *, action: str = "open") -> bool:
     """Whether ``loc``'s root exists; a store that cannot be reached raises `DatasetError` (credentials
     and connections, as `storage_errors` says them, and those the filesystem's ``exists`` hides: see
     `_unreachable`), so False means missing indeed. A store that refuses to say raises
     `DatasetPermissionError` (`permission_error`): s3fs's ``exists`` raised a bare ``PermissionError:
     Forbidden`` for a key or secret the store does not know, and for credentials that may not look at
-    the root (``HEAD`` of the key, then a listing).
+    the root (``HEAD`` of the key, then a listing). Its message names what the caller is about to do,
+    ``action``: ``"open"`` (a read: list and read) or ``"write to"`` (`write_dataset`: write and delete
+    too, so that fixing the credentials for the first refusal does not meet a second one mid-write).
 
     Example:
         >>> if not root_exists(loc):
@@ -270,7 +277,7 @@ def root_exists(loc: Location) -> bool:
     except OSError as e:
         if isinstance(e, ShardkitError) or not is_denied(e):
             raise
-        raise permission_error(loc, loc.root, e, action="open") from e
+        raise permission_error(loc, loc.root, e, action=action) from e
     failed = _unreachable(loc)
     if failed is not None:
         raise failed

@@ -236,7 +236,7 @@ def write_dataset(
     file_bytes = parse_size(file_size, what="file_size")
     check_compression(compression)
     loc = Location.of(url, storage_options)
-    root_existed = root_exists(loc)  # the first request: missing or refused credentials are named there
+    root_existed = root_exists(loc, action="write to")  # the first request: refused credentials named there
     if not root_existed:
         with storage_errors(loc.url):
             check_bucket(loc)

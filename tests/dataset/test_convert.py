@@ -237,7 +237,7 @@ def test_a_bytes_column_declared_as_png_images_is_copied(tmp_path: Path) -> None
     assert raw_column(ds.url, "img") == blobs
     np.testing.assert_array_equal(ds.decode(ds.read_row_group(0))["img"], pixels)
     wrong = shardkit.Field("img", "uint8", (5, 6, 3), codec=ImageCodec("png"))
-    with pytest.raises(SchemaMismatchError, match=r"row 0 is a PNG image of 6x5 pixels, mode RGB, but the "
+    with pytest.raises(SchemaMismatchError, match=r"row 0 is a PNG image of 6x5 pixels, 8-bit RGB, but the "
                                                   r"field holds PNG images of shape \(5, 6, 3\)"):
         convert(tmp_path / "i.parquet", tmp_path / "bad", schema=[wrong])
     with pytest.raises(SchemaMismatchError, match=r"row 0 is a PNG image.* holds JPEG images"):

@@ -183,3 +183,85 @@ def test_an_image_of_more_than_8_bits_that_pillow_decodes_is_refused_too() -> No
     Image.fromarray(np.full((H, W), 200, np.uint8)).save(eight, format="TIFF")
     (pixels,) = field.codec.decode(field, pa.array([eight.getvalue()]))
     np.testing.assert_array_equal(pixels, np.full((H, W), 200, np.uint8))
+
+
+# --- channels: a field of varying size holds its own, as a fixed-shape one does ------------------------
+
+
+def pillow_encoded(pixels: np.ndarray, fmt: str, mode: str | None = None) -> bytes:
+    buf = io.BytesIO()
+    Image.fromarray(pixels, mode).save(buf, format=fmt)
+    return buf.getvalue()
+
+
+def layouts() -> dict[str, bytes]:
+    """Real images of every channel count: PNGs by Pillow and by OpenCV, JPEGs by Pillow."""
+    rng = np.random.default_rng(11)
+    grey, rgb, rgba = (rng.integers(0, 256, (H, W, c), dtype=np.uint8) for c in (1, 3, 4))
+    return {"grey png": pillow_encoded(grey[:, :, 0], "PNG"), "rgb png": pillow_encoded(rgb, "PNG"),
+            "rgba png": pillow_encoded(rgba, "PNG"),
+            "grey+alpha png": pillow_encoded(rgba[:, :, :2], "PNG", "LA"),
+            "grey png (opencv)": bytes(cv2.imencode(".png", grey)[1].tobytes()),
+            "rgb png (opencv)": bytes(cv2.imencode(".png", rgb)[1].tobytes()),
+            "grey jpeg": pillow_encoded(grey[:, :, 0], "JPEG"), "rgb jpeg": pillow_encoded(rgb, "JPEG")}
+
+
+CHANNELS = {"grey png": 1, "rgb png": 3, "rgba png": 4, "grey+alpha png": 2, "grey png (opencv)": 1,
+            "rgb png (opencv)": 3, "grey jpeg": 1, "rgb jpeg": 3}
+LAYOUT = {1: "grey", 2: "grey+alpha", 3: "RGB", 4: "RGBA"}
+
+
+@pytest.mark.parametrize("dims", [(), (1,), (3,), (4,)])
+def test_an_image_of_other_channels_than_its_field_is_refused_in_a_field_of_varying_size_as_in_a_fixed_one(
+        dims: tuple[int, ...], monkeypatch: pytest.MonkeyPatch) -> None:
+    """A grey PNG in a ``(None, None, 3)`` field came out ``(H, W, 1)`` (an RGB one in a grey field
+    ``(H, W, 3)``): a batch mixed channel counts, where a fixed-shape field refused the row. Now a field
+    of varying size refuses it too, by its header (before decoding), naming the row, what it is and the
+    fix; an image of the field's channels decodes to the field's layout, as before."""
+    blobs = layouts()
+    want = dims[0] if dims else 1
+    first = blobs[{1: "grey png", 3: "rgb png", 4: "rgba png"}[want]]  # a row of the field's channels
+    for name, blob in blobs.items():
+        got_channels = CHANNELS[name]
+        outcomes = []
+        for shape in ((H, W, *dims), (None, None, *dims), (H, None, *dims)):
+            field = Field("img", "uint8", shape, codec=ImageCodec("png"))
+            column = pa.array([first, blob])
+            if got_channels != want:
+                for use_opencv in (True, False):
+                    monkeypatch.setattr(image_module, "USE_OPENCV", use_opencv)
+                    with pytest.raises(ImageShapeError) as raised:
+                        field.codec.decode(field, column)
+                    fmt = "JPEG" if "jpeg" in name else "PNG"
+                    plural = "s" if got_channels > 1 else ""
+                    mode = "L" if want == 1 else LAYOUT[want]
+                    assert str(raised.value) == (
+                        f"field 'img': row 1 is a {fmt} image of {got_channels} channel{plural} "
+                        f"({LAYOUT[got_channels]}) by its header (not decoded), but the field holds "
+                        f"{LAYOUT[want]} images of shape {shape}; the row is corrupt or was written for "
+                        f"another schema. Rewrite it with the images converted to {LAYOUT[want]} (Pillow: "
+                        f"image.convert('{mode}')), or read with on_error='skip'"), (name, shape)
+                outcomes.append("refused")
+                continue
+            reference = np.asarray(Image.open(io.BytesIO(blob)))  # PNG lossless; JPEG: Pillow decodes it
+            for decoded in decode_both(field, [blob], monkeypatch):
+                assert decoded[0].shape == ((H, W, *dims) if dims else (H, W)), (name, shape)
+                np.testing.assert_array_equal(np.reshape(decoded[0], reference.shape), reference)
+            outcomes.append("decoded")
+        assert len(set(outcomes)) == 1, (name, dims, outcomes)  # fixed and varying sizes agree
+
+
+def test_a_reader_of_a_field_of_varying_size_never_mixes_channel_counts_in_a_batch(tmp_path: Path) -> None:
+    """Through a real dataset (encoded images copied as they are, as other writers store them) and a
+    reader: a batch of a ``(None, None, 3)`` field held one ``(H, W, 1)`` image among ``(H, W, 3)`` ones."""
+    blobs = layouts()
+    schema = shardkit.Schema([Field("img", "uint8", (None, None, 3), codec=ImageCodec("png"))])
+    url = str(tmp_path / "ds")
+    column = [blobs["rgb png"], blobs["rgb png (opencv)"], blobs["grey png"], blobs["rgb jpeg"]]
+    table = pa.table({"img": pa.array(column, pa.binary())}, schema=schema.storage_schema())
+    shardkit.write_dataset(EncodedTables([table]), url, schema=schema)
+    refused = (r"field 'img': row 2 is a PNG image of 1 channel \(grey\) by its header .* holds RGB images "
+               r"of shape \(None, None, 3\)")
+    with shardkit.make_reader(url, batch_size=4, shuffle=False) as reader, pytest.raises(
+            ImageShapeError, match=refused):
+        list(reader)

@@ -1006,7 +1006,9 @@ def test_refused_credentials_are_a_permission_error_naming_the_url(iam: IAMServe
                                                                    user: str) -> None:
     """A key the store does not know, credentials that may do nothing, or only read objects: the write's
     first request (does the dataset exist?) raised s3fs's bare ``PermissionError: Forbidden`` (no URL, no
-    fix); now a `DatasetPermissionError` naming the URL and what the credentials need, nothing written."""
+    fix); now a `DatasetPermissionError` naming the URL and what the credentials need, nothing written.
+    What a write needs, not a read's "list the bucket and read objects" (credentials fixed to that would
+    be refused again at the first write)."""
     url = f"s3://{iam.bucket}/new-{uuid.uuid4().hex[:8]}"
     consumed: list[int] = []
 
@@ -1014,9 +1016,10 @@ def test_refused_credentials_are_a_permission_error_naming_the_url(iam: IAMServe
         consumed.append(0)
         yield {"x": 1}
 
-    with pytest.raises(DatasetPermissionError, match=rf"permission denied: cannot open '{iam.bucket}/new-"
-                                                     rf"[0-9a-f]+' \(.*\)\. Check that these credentials "
-                                                     rf"may list the bucket and read objects under '{url}'"):
+    with pytest.raises(DatasetPermissionError, match=rf"permission denied: cannot write to '{iam.bucket}/"
+                                                     rf"new-[0-9a-f]+' \(.*\)\. Check that these "
+                                                     rf"credentials may list the bucket and read, write and "
+                                                     rf"delete objects under '{url}'$"):
         shardkit.write_dataset(rows(), url, storage_options=iam.options(user))
     assert not consumed  # refused before any input was read
     import s3fs

@@ -14,7 +14,14 @@ row of a dataset. `claim` reads the size from the header alone, a PNG's ``IHDR``
   never writes) is refused (`ImageShapeError`, naming the fix) rather than read with its low bits
   dropped (Pillow's colour modes; OpenCV's ``IMREAD_COLOR``) or its values wrapped into uint8 (Pillow's
   16-bit grey). The codec promises the pixels it stored; scaling would be a silent, lossy choice the
-  user should make when converting the images (or keep every bit: uint16 arrays, ``codec='tensor'``).
+  user should make when converting the images (or keep every bit: uint16 arrays, ``codec='tensor'``);
+- the image's channels must be the field's (C, or 1 for ``(H, W)``), whatever its size: a grey image
+  in an RGB field is refused (`ImageShapeError`, naming the fix) in a field of varying size as in a
+  fixed-shape one, rather than read as ``(H, W, 1)`` beside ``(H, W, 3)`` images (a batch of mixed
+  channel counts, which no model takes). Expanding grey to RGB (OpenCV's ``IMREAD_COLOR``) or dropping
+  an alpha would be a choice the reader makes silently, as would turning colour into grey; the user
+  makes it when converting the images. A palette image is the exception: its colours are decoded to
+  the field's layout (`shardkit.dataset.codecs.image`), which is what its pixels are.
 
 Images in other formats (Pillow's fallback) are checked against the size Pillow's lazy open
 (`shardkit.dataset.codecs.image.open_image`) reads from their header, before ``load()`` allocates their
@@ -49,25 +56,44 @@ ENV_VAR = "SHARDKIT_MAX_IMAGE_PIXELS"
 MAX_IMAGE_PIXELS: int | None = None  # set (in this process) to override the environment and the default
 
 _PNG_CHANNELS = {0: 1, 2: 3, 3: 1, 4: 2, 6: 4}  # colour type -> channels (a palette: 1; image.py expands it)
+_PNG_PALETTE = 3  # the colour type of a palette PNG
+LAYOUTS = {1: "grey", 2: "grey+alpha", 3: "RGB", 4: "RGBA"}  # channels -> what they hold (a JPEG's 4: CMYK)
 _SOF = frozenset(range(0xC0, 0xD0)) - {0xC4, 0xC8, 0xCC}  # frame headers (C4, C8, CC: DHT, JPG, DAC)
 _NO_LENGTH = frozenset([0x01, *range(0xD0, 0xD8)])  # TEM and RSTn: markers without a segment
 
 
 class Claim(NamedTuple):
-    """The size an encoded image's header claims: its format, height, width, channels decoded and bits
-    per sample (a PNG's bit depth, a palette's index bits; a JPEG's precision)."""
+    """The size an encoded image's header claims: its format, height, width, channels decoded, bits
+    per sample (a PNG's bit depth, a palette's index bits; a JPEG's precision), and whether its samples
+    are indices into a palette (decoded to the field's layout, whatever ``channels`` says)."""
 
     format: str
     height: int
     width: int
     channels: int
     bits: int = 8
+    palette: bool = False
+
+    @property
+    def layout(self) -> str:
+        """What its pixels hold, in words: ``"grey"``, ``"RGB"``, ``"RGBA"``, ``"palette"``, ..."""
+        if self.palette:
+            return "palette"
+        if self.format == "JPEG" and self.channels == 4:
+            return "CMYK"
+        return LAYOUTS.get(self.channels, f"{self.channels}-channel")
 
     def shape(self, ndim: int) -> tuple[int, ...]:
         """The shape the image would decode to in a field of ``ndim`` dimensions (as `decode_image`)."""
         if ndim == 2 and self.channels == 1:
             return self.height, self.width
         return self.height, self.width, self.channels
+
+
+def field_channels(field: Field) -> int:
+    """The channels an image field holds: C of ``(H, W, C)`` (never None: `ImageCodec.check`), 1 for
+    ``(H, W)``."""
+    return int(field.shape[2] or 0) if len(field.shape) == 3 else 1
 
 
 def max_image_pixels() -> int:
@@ -106,7 +132,8 @@ def claim(blob: np.ndarray | bytes) -> Claim | None:
     view = memoryview(blob) if isinstance(blob, bytes) else blob.data  # no copy
     if len(view) >= 26 and view[:16] == png.START:  # the signature, then IHDR's length (13) and type
         width, height = struct.unpack_from(">II", view, 16)
-        return Claim("PNG", height, width, _PNG_CHANNELS.get(view[25], 1), view[24])
+        colour = view[25]
+        return Claim("PNG", height, width, _PNG_CHANNELS.get(colour, 1), view[24], colour == _PNG_PALETTE)
     if len(view) < 4 or view[0] != 0xFF or view[1] != 0xD8:
         return None
     at, end = 2, len(view) - 3
@@ -142,8 +169,9 @@ def over_limit(found: Claim, limit: int) -> str | None:
 def check_image(field: Field, row: int, found: Claim, limit: int) -> None:
     """Refuse an image of `ImageCodec` field ``field`` (row ``row`` of the column) by its header: another
     size than a fixed-shape field's (`ImageShapeError`), more than ``limit`` pixels in a field of varying
-    size (`CorruptDatasetError`), more than 8 bits per sample (`ImageShapeError`: the field holds uint8
-    pixels; see the module docstring)."""
+    size (`CorruptDatasetError`), more than 8 bits per sample or other channels than the field's, a
+    palette's aside (`ImageShapeError`: the field holds uint8 pixels of its layout; see the module
+    docstring)."""
     height, width = field.shape[0], field.shape[1]
     if height is not None and width is not None:
         if (found.height, found.width) != (height, width):
@@ -163,4 +191,14 @@ def check_image(field: Field, row: int, found: Claim, limit: int) -> None:
             f"decoded), but the field holds 8-bit (uint8) images: read as uint8 it would lose its low bits "
             f"(or wrap). Convert the images to 8 bits, or store the pixels as uint16 arrays "
             f"(Field({field.name!r}, 'uint16', {field.shape}, codec={codec!r}))"
+        )
+    channels = field_channels(field)
+    if found.channels != channels and not found.palette:
+        layout = LAYOUTS[channels]
+        raise ImageShapeError(
+            f"field {field.name!r}: row {row} is a {found.format} image of {found.channels} channel"
+            f"{'s' * (found.channels != 1)} ({found.layout}) by its header (not decoded), but the field "
+            f"holds {layout} images of shape {field.shape}; the row is corrupt or was written for another "
+            f"schema. Rewrite it with the images converted to {layout} (Pillow: image.convert("
+            f"{'L' if channels == 1 else layout!r})), or read with on_error='skip'"
         )

@@ -15,7 +15,9 @@ layout, every other image (JPEG, whose decoders may differ by a rounding, palett
 goes through Pillow. Where Pillow's layout is not libpng's, the pixels are made libpng's (OpenCV's, so
 Petastorm's): a 1-bit image is 0 and 255, not booleans; a palette image is its colours in the field's
 layout, not its indices (`_palette_colours`). Images of more than 8 bits per sample (16-bit PNGs) are
-refused by their header, naming the fix: the field holds uint8 (see `headers.check_image`).
+refused by their header, naming the fix: the field holds uint8 (see `headers.check_image`); so are
+images of other channels than the field's, in a field of varying size as in a fixed-shape one (a grey
+image in an RGB field is not expanded as OpenCV's ``IMREAD_COLOR`` would: see `headers`).
 
 Nothing is decoded before its header is checked (`shardkit.dataset.codecs.headers`): an image of a
 fixed-shape field must be the field's size, an image of varying size at most
@@ -121,13 +123,9 @@ def _opencv_png(blob: np.ndarray) -> np.ndarray | None:
 
 
 def _pillow(data: bytes, field: Field, row: int, limit: int) -> np.ndarray:
-    from PIL import ImageMode
-
     try:
         with open_image(data) as im:  # lazy: it reads the header only, whatever the format
-            bits = 8 * np.dtype(ImageMode.getmode(im.mode).typestr).itemsize  # "I;16": 16, "1": 8
-            found = headers.Claim(im.format or "image", im.height, im.width, len(im.getbands()), bits)
-            headers.check_image(field, row, found, limit)
+            headers.check_image(field, row, pillow_claim(im), limit)
             im.load()
             pixels = _palette_colours(im, field, row) if im.mode in ("P", "PA") else np.asarray(im)
     except CorruptDatasetError:  # refused by its header, or a palette of colours in a grey field
@@ -169,6 +167,17 @@ def _palette_colours(im: Image, field: Field, row: int) -> np.ndarray:
     )
 
 
+def pillow_claim(im: ImageFile) -> headers.Claim:
+    """What an image opened by `open_image` is, as `headers.claim` says it from a PNG's or a JPEG's header
+    (before ``load()``): its format, size, channels, bits per sample (by its mode: ``"I;16"`` 16, ``"1"``
+    8, as libpng expands it) and whether it is a palette image (modes ``"P"``, ``"PA"``)."""
+    from PIL import ImageMode
+
+    bits = 8 * np.dtype(ImageMode.getmode(im.mode).typestr).itemsize
+    return headers.Claim(im.format or "image", im.height, im.width, len(im.getbands()), bits,
+                         im.mode in ("P", "PA"))
+
+
 def open_image(data: bytes) -> ImageFile:
     """``data`` opened by Pillow, lazily (its header read, its pixels not), with no size limit of Pillow's.
 
@@ -182,7 +191,7 @@ def open_image(data: bytes) -> ImageFile:
 
     Example:
         >>> with open_image(blob) as im:
-        ...     headers.check_image(field, row, headers.Claim(im.format, im.height, im.width, 1), limit)
+        ...     headers.check_image(field, row, pillow_claim(im), limit)
         ...     im.load()
     """
     from PIL import Image, UnidentifiedImageError
@@ -318,10 +327,11 @@ def decode_images(field: Field, column: ArrowColumn) -> np.ndarray:
             if nulls is not None and nulls[i]:
                 continue
             im = decode_image(data[offsets[i] : offsets[i + 1]], field, i, limit)
-            if fixed and im.shape != shape:
-                raise ImageShapeError(
+            if im.ndim != len(field.shape) or any(
+                    d not in (None, g) for d, g in zip(field.shape, im.shape, strict=True)):
+                raise ImageShapeError(  # a layout its header did not tell (`headers.check_image`: the rest)
                     f"field {field.name!r}: row {i} decodes to an image of shape {im.shape}, "
-                    f"but the schema declares {shape}"
+                    f"but the schema declares {field.shape}"
                 )
             out[i] = im
 
