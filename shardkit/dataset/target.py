@@ -106,8 +106,15 @@ def _layout_free(schema: Schema) -> list[tuple[Any, ...]]:
 def check_existing(loc: Location, mode: Mode) -> Dataset | None:
     """Check ``mode`` against what is at ``loc``; returns the dataset to append to, if any.
 
-    The parts of a killed first write (shardkit parts, no ``_metadata``) are no dataset: any mode
-    writes there, and the parts are collected as garbage.
+    Shardkit parts with no ``_metadata`` beside them are no dataset (they do not open). They are the
+    parts of a write killed between moving them in and its commit, or a dataset whose summary was
+    deleted or not copied (a copy that skipped ``_`` files). With a ``_staging`` folder beside them
+    (what such a write leaves until its end: the parts not yet moved, or on local disks its empty
+    folder) they are a killed write's, and any mode collects them. Without one nothing tells the two
+    apart, so only ``mode="overwrite"`` replaces them: ``"error"`` and ``"append"``, which never
+    delete data, refuse with `DatasetExistsError` naming both fixes (as Spark's ``mode("error")``
+    refuses a path that holds files). They used to be garbage for every mode, so a write of either
+    deleted a dataset that had only lost its summary.
     """
     if not loc.fs.exists(loc.root):
         return None
@@ -116,7 +123,14 @@ def check_existing(loc: Location, mode: Mode) -> Dataset | None:
     has_summary = loc.exists(SUMMARY)
     files = data_files(loc) if not has_summary else ["_metadata"]
     if not has_summary and files and unfinished_write(loc, files):
-        files = []  # garbage of a killed first write (see shardkit.dataset.commit): collected below
+        if mode != "overwrite" and not loc.fs.exists(loc.join(STAGING)):
+            raise DatasetExistsError(
+                f"{loc.url!r} holds {len(files)} part file(s) written by shardkit but no _metadata: the "
+                "parts of a write killed before its commit, or a dataset whose _metadata was deleted or "
+                f"not copied. mode={mode!r} does not delete them: pass mode='overwrite' to replace them, "
+                "or adopt them as a dataset with shardkit.write_summary(url)"
+            )
+        files = []  # replaced: collected below
     if mode == "error" and files:
         raise DatasetExistsError(
             f"a dataset already exists at {loc.url!r}; pass mode='overwrite' to replace it or "

@@ -764,15 +764,28 @@ def test_mode_error_into_an_empty_folder_or_one_without_parquet(tmp_path: Path) 
 
 
 @pytest.mark.parametrize("mode", ["error", "append", "overwrite"])
-def test_any_mode_writes_over_an_unfinished_write(
+def test_only_overwrite_replaces_parts_without_a_summary(
     tmp_path: Path, helpers: SimpleNamespace, mode: str
 ) -> None:
+    """Parts with no _metadata and no _staging beside them: a dataset whose summary was deleted or not
+    copied (or a write killed after its last move). They used to be garbage for every mode: mode='error'
+    or 'append' deleted a dataset that had only lost its summary. Now only 'overwrite' replaces them;
+    the others name both fixes. (With _staging beside them: test_atomic's killed writes.)"""
     url = str(tmp_path / "ds")
     killed = shardkit.write_dataset(good_columns(8), url, row_group_size=2, file_size=1)
     for name in ("_metadata", "_common_metadata"):  # what a writer killed before its commit leaves
         os.remove(os.path.join(url, name))
-    with pytest.raises(shardkit.errors.NotADatasetError, match="did not finish"):
+    with pytest.raises(shardkit.errors.NotADatasetError, match="did not finish.*mode='overwrite'"):
         shardkit.open_dataset(url)
+    before = helpers.files_under(url)
+    if mode != "overwrite":
+        with pytest.raises(DatasetExistsError, match=rf"holds {len(killed.files)} part file\(s\) written by "
+                           rf"shardkit but no _metadata.*mode='{mode}' does not delete them: pass "
+                           r"mode='overwrite'.*shardkit.write_summary\(url\)"):
+            shardkit.write_dataset(good_columns(3), url, mode=mode)  # type: ignore[arg-type]
+        assert helpers.files_under(url) == before  # nothing deleted
+        assert shardkit.write_summary(url).num_rows == 8  # the parts were whole: adopted
+        return
     ds = shardkit.write_dataset(good_columns(3), url, mode=mode)  # type: ignore[arg-type]
     assert ds.num_rows == 3
     assert not set(killed.files) & helpers.files_under(url)
