@@ -210,8 +210,8 @@ def _index_footers(loc: Location) -> tuple[pa.Schema, tuple[RowGroup, ...], Foot
     if SCHEMA_KEY in (first_schema.metadata or {}):
         raise NotADatasetError(
             f"{loc.url!r} holds {len(files)} file(s) written by shardkit but no _metadata: a write did not "
-            "finish, or the summary was deleted. Rerun the write with mode='overwrite' (it replaces these files), "
-            "or adopt them with shardkit.write_summary(url)"
+            "finish, or the summary was deleted. Rerun the write with mode='overwrite' (it replaces these "
+            "files), or adopt them with shardkit.write_summary(url)"
         )
     warnings.warn(
         SummaryMissingWarning(

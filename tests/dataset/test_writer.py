@@ -775,7 +775,7 @@ def test_only_overwrite_replaces_parts_without_a_summary(
     killed = shardkit.write_dataset(good_columns(8), url, row_group_size=2, file_size=1)
     for name in ("_metadata", "_common_metadata"):  # what a writer killed before its commit leaves
         os.remove(os.path.join(url, name))
-    with pytest.raises(shardkit.errors.NotADatasetError, match="did not finish.*mode='overwrite'"):
+    with pytest.raises(shardkit.errors.NotADatasetError, match=r"did not finish.*mode='overwrite'"):
         shardkit.open_dataset(url)
     before = helpers.files_under(url)
     if mode != "overwrite":
