@@ -38,9 +38,23 @@ import pyarrow.parquet as pq
 from shardkit.dataset import lockfile
 from shardkit.dataset.access import is_denied, permission_error
 from shardkit.dataset.location import COMMON, STAGING, SUMMARY, Location
-from shardkit.errors import DatasetError
+from shardkit.errors import DatasetError, ShardkitError
 
 LOCK = "_write.lock"
+
+
+@contextlib.contextmanager
+def write_refusals(loc: Location) -> Iterator[None]:
+    """Raise a write or delete under ``loc`` that the store refuses as `DatasetPermissionError` naming
+    the URL and what a write needs (`permission_error`, action ``"write to"``); anything else goes
+    through as it is. s3fs raises a bare ``PermissionError: Access Denied`` (no path, no fix) for
+    credentials that may read a bucket but not write to it."""
+    try:
+        yield
+    except OSError as e:
+        if isinstance(e, ShardkitError) or not is_denied(e):
+            raise
+        raise permission_error(loc, loc.root, e, action="write to") from e
 
 
 def overlap_error(loc: Location, what: str) -> DatasetError:
@@ -116,8 +130,15 @@ def commit(
 
     ``keep`` are row groups of an existing summary that stay in the dataset (append), whose files are
     ``keep_files``; the data files ``replace`` (overwrite) and every other ``part-*`` in the root are
-    removed after the commit.
+    removed after the commit. A move, write or removal the store refuses raises
+    `DatasetPermissionError` (`write_refusals`).
     """
+    with write_refusals(loc):
+        _commit(loc, arrow_schema, staged, keep=keep, keep_files=keep_files, replace=replace)
+
+
+def _commit(loc: Location, arrow_schema: pa.Schema, staged: Sequence[tuple[str, pq.FileMetaData]], *,
+            keep: Sequence[pq.FileMetaData], keep_files: Sequence[str], replace: Sequence[str]) -> None:
     mds = list(keep)
     names = list(keep_files)
     for src, md in staged:

@@ -9,9 +9,11 @@ from __future__ import annotations
 
 import contextlib
 import re
+import uuid
 from typing import Any, Literal
 
-from shardkit.dataset.commit import collect_garbage
+from shardkit.dataset.access import is_denied
+from shardkit.dataset.commit import collect_garbage, write_refusals
 from shardkit.dataset.footers import data_files, read_footer
 from shardkit.dataset.index import Dataset, open_location
 from shardkit.dataset.location import STAGING, SUMMARY, Location
@@ -33,15 +35,49 @@ def check_bucket(loc: Location) -> None:
 
     Called before writing to a root that does not exist yet (one request; none off object stores).
     shardkit never creates a bucket (s3fs's ``makedirs`` would: a typo in the URL made a bucket in
-    the user's account), so a missing one fails here, before any input is consumed.
+    the user's account), so a missing one fails here, before any input is consumed, and with no write.
+
+    The bucket's ``HEAD`` is refused to credentials that may list and read it (moto asks for
+    ``s3:HeadBucket``, AWS for a ``ListBucket`` that a policy may scope to prefixes), which then took
+    the bucket for missing. Only then the bucket is listed (its top level): an answer, even an empty
+    one, says it exists (the write's probe, `check_writable`, says next whether they may write); the
+    store's "not found" says it does not; a refused listing keeps "or these credentials cannot see it".
     """
     bucket = loc.missing_bucket()
     if bucket is not None:
+        try:
+            loc.fs.ls(bucket.split("://", 1)[-1], detail=False)
+        except FileNotFoundError:
+            pass
+        except OSError as e:
+            if not is_denied(e):
+                raise
+        else:
+            return
         example = f" (e.g. `aws s3 mb {bucket}`)" if bucket.startswith(("s3://", "s3a://")) else ""
         raise DatasetNotFoundError(
             f"cannot write {loc.url!r}: the bucket {bucket!r} does not exist, or these credentials cannot "
             f"see it. shardkit does not create buckets: fix the URL, or create the bucket first{example}"
         )
+
+
+def check_writable(loc: Location) -> None:
+    """Raise `DatasetPermissionError` naming the URL and what a write needs when ``loc``'s object store
+    refuses these credentials a write or a delete: checked before a write consumes any input.
+
+    Credentials that may list and read a bucket pass every look a write takes first; their first
+    write was a staged part, after the input was consumed, and it failed with a bare
+    ``PermissionError: Access Denied``. So an empty object is written under ``_staging`` and deleted
+    (two requests; none off object stores, where `shardkit.dataset.commit.write_lock` creates its
+    lock file in the root first). A probe whose delete is refused stays in ``_staging``, which the
+    next write collects as a killed write's.
+    """
+    if not loc.is_object_store:
+        return
+    probe = loc.join(STAGING, f"probe-{uuid.uuid4().hex}")
+    with write_refusals(loc):
+        loc.fs.pipe_file(probe, b"")
+        loc.fs.rm_file(probe)
 
 
 def discard_staging(loc: Location, *, created_root: bool) -> None:

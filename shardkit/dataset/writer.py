@@ -22,7 +22,7 @@ import pyarrow.parquet as pq
 
 from shardkit.dataset.access import root_exists, storage_errors
 from shardkit.dataset.codecs import TensorCodec
-from shardkit.dataset.commit import commit, overlap_error, write_lock
+from shardkit.dataset.commit import commit, overlap_error, write_lock, write_refusals
 from shardkit.dataset.footers import data_files
 from shardkit.dataset.index import Dataset, open_location
 from shardkit.dataset.location import STAGING, Location
@@ -34,16 +34,18 @@ from shardkit.dataset.target import (
     Mode,
     check_bucket,
     check_existing,
+    check_writable,
     discard_staging,
     resolve_target,
     unfinished_write,
 )
-from shardkit.errors import SchemaError, SchemaMismatchError
+from shardkit.errors import DatasetPermissionError, SchemaError, SchemaMismatchError
 
 __all__ = [
     "AUTO_CODEC", "AUTO_MIN_SAVING", "AUTO_SAMPLE_BYTES", "PART_NAME", "EncodedTables", "Mode", "PartWriter",
-    "check_bucket", "check_compression", "check_existing", "column_codecs", "discard_staging",
-    "infer_schema", "parse_size", "resolve_target", "unfinished_write", "write_dataset", "write_summary",
+    "check_bucket", "check_compression", "check_existing", "check_writable", "column_codecs",
+    "discard_staging", "infer_schema", "parse_size", "resolve_target", "unfinished_write", "write_dataset",
+    "write_summary",
 ]
 
 AUTO_CODEC = "snappy"  # compression="auto": this codec, except where it barely shrinks a binary column
@@ -218,9 +220,10 @@ def write_dataset(
         DatasetNotFoundError: ``url`` is on an object store whose bucket does not exist (shardkit never
             creates buckets).
         NotADatasetError: ``url`` is a file.
-        DatasetPermissionError: the store refuses these credentials (a key it does not know, or one that
-            may not look at ``url``): the message names the URL and what they need, before any input is
-            consumed (`shardkit.dataset.access.root_exists`).
+        DatasetPermissionError: the store refuses these credentials (a key it does not know, one that
+            may not look at ``url``, or one that may read but not write there): the message names the
+            URL and what they need, before any input is consumed (`shardkit.dataset.access.root_exists`,
+            `shardkit.dataset.target.check_writable`).
         SchemaMismatchError: the data does not fit the schema; nothing is written.
         DatasetError: another write to ``url`` overlapped this one (see `shardkit.dataset.commit` for
             what is guaranteed where); this one committed nothing.
@@ -237,9 +240,10 @@ def write_dataset(
     check_compression(compression)
     loc = Location.of(url, storage_options)
     root_existed = root_exists(loc, action="write to")  # the first request: refused credentials named there
-    if not root_existed:
-        with storage_errors(loc.url):
+    with storage_errors(loc.url):
+        if not root_existed:
             check_bucket(loc)
+        check_writable(loc)  # credentials that may read but not write: refused here, not at the first part
     with write_lock(loc):
         existing, schema = resolve_target(loc, mode, schema)
         if schema is None and isinstance(data, EncodedTables):  # encoded columns tell no field's codec
@@ -267,7 +271,8 @@ def write_dataset(
                     if not offset:
                         raise
                     raise SchemaMismatchError(f"in the batch that starts at input row {offset}: {e}") from e
-                parts.add(table)
+                with write_refusals(loc):
+                    parts.add(table)
                 offset += n
                 if bar is not None:
                     bar.update(n)
@@ -276,7 +281,8 @@ def write_dataset(
                     raise SchemaError("the data has no rows and no schema was given; pass schema=...")
                 parts = PartWriter(loc, staging, schema, rg_bytes=rg_bytes, rg_rows=rg_rows,
                                    file_bytes=file_bytes, compression=compression)
-            staged = parts.finish()
+            with write_refusals(loc):
+                staged = parts.finish()
         except BaseException as e:
             if parts is not None:
                 parts.abort()
@@ -289,7 +295,12 @@ def write_dataset(
                 bar.close()
         keep = [existing.metadata] if existing is not None and existing.metadata is not None else []
         keep_files = existing.files if existing is not None else []
-        commit(loc, parts.arrow_schema, staged, keep=keep, keep_files=keep_files, replace=replaced)
+        try:
+            commit(loc, parts.arrow_schema, staged, keep=keep, keep_files=keep_files, replace=replaced)
+        except DatasetPermissionError:
+            with contextlib.suppress(OSError):  # what a refused delete leaves, the next write collects
+                discard_staging(loc, created_root=not root_existed)
+            raise
     return open_location(loc)
 
 

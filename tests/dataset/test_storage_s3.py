@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import pyarrow as pa
 import pytest
 
 import shardkit
@@ -139,8 +140,10 @@ class IAMServer:
 
 @pytest.fixture(scope="module")
 def iam(s3_server: S3Server, tmp_path_factory: pytest.TempPathFactory) -> Iterator[IAMServer]:
-    """Users ``admin`` (everything), ``nobody`` (nothing) and ``no-list`` (objects, no listing); a
-    summarized dataset at ``ds`` and a plain Parquet one (no summary) at ``plain``."""
+    """Users ``admin`` (everything), ``nobody`` (nothing), ``no-list`` (objects, no listing) and
+    ``read-only`` (list the bucket and read objects: what a read needs, not a write), ``staging-only``
+    (that, delete, and write only under a ``_staging`` folder: not what a commit needs); a summarized
+    dataset at ``ds`` and a plain Parquet one (no summary) at ``plain``."""
     import boto3
     import pyarrow as pa
     import pyarrow.parquet as pq
@@ -154,8 +157,19 @@ def iam(s3_server: S3Server, tmp_path_factory: pytest.TempPathFactory) -> Iterat
         boto3.client("s3", **login).create_bucket(Bucket=bucket)
         allow = json.dumps({"Version": "2012-10-17", "Statement": [
             {"Effect": "Allow", "Action": ["s3:GetObject"], "Resource": f"arn:aws:s3:::{bucket}/*"}]})
+        read = json.dumps({"Version": "2012-10-17", "Statement": [
+            {"Effect": "Allow", "Action": ["s3:GetObject"], "Resource": f"arn:aws:s3:::{bucket}/*"},
+            {"Effect": "Allow", "Action": ["s3:ListBucket"], "Resource": f"arn:aws:s3:::{bucket}"}]})
+        staging = json.dumps({"Version": "2012-10-17", "Statement": [
+            *json.loads(read)["Statement"],
+            {"Effect": "Allow", "Action": ["s3:PutObject"],
+             "Resource": f"arn:aws:s3:::{bucket}/*/_staging/*"},
+            # moto checks a bulk delete (s3fs's rm) against the bucket, AWS against each key
+            {"Effect": "Allow", "Action": ["s3:DeleteObject"],
+             "Resource": [f"arn:aws:s3:::{bucket}", f"arn:aws:s3:::{bucket}/*"]}]})
         policies = {"admin": json.dumps({"Version": "2012-10-17", "Statement": [
-            {"Effect": "Allow", "Action": ["*"], "Resource": "*"}]}), "nobody": None, "no-list": allow}
+            {"Effect": "Allow", "Action": ["*"], "Resource": "*"}]}), "nobody": None, "no-list": allow,
+            "read-only": read, "staging-only": staging}
         client, keys = boto3.client("iam", **login), {}
         for user, policy in policies.items():
             client.create_user(UserName=user)
@@ -205,3 +219,65 @@ def test_a_bucket_that_does_not_exist_is_no_permission_error(s3_server: S3Server
         shardkit.open_dataset(url, storage_options=s3_server.storage_options)
     with pytest.raises(shardkit.errors.DatasetNotFoundError, match=rf"no dataset at 's3://{s3_bucket}/no'"):
         shardkit.open_dataset(f"s3://{s3_bucket}/no", storage_options=s3_server.storage_options)
+
+
+
+def _keys(iam: IAMServer, prefix: str) -> list[str]:
+    import s3fs
+
+    fs = s3fs.S3FileSystem(**iam.options("admin"), skip_instance_cache=True)
+    return sorted(str(p).removeprefix(f"{iam.bucket}/") for p in fs.find(f"{iam.bucket}/{prefix}"))
+
+
+@pytest.mark.parametrize(("name", "mode"), [("ds", "overwrite"), ("ds", "append"), ("new", "error")])
+def test_a_write_with_credentials_that_may_read_but_not_write_is_refused_before_any_input_is_read(
+        iam: IAMServer, no_internet: None, name: str, mode: str) -> None:
+    """Overwrite or append: a bare ``PermissionError: Access Denied`` from the first staged part, once the
+    input was consumed; a new path: "the bucket ... does not exist, or these credentials cannot see it"
+    (its ``HEAD`` was refused), though they list it. Now both a `DatasetPermissionError` naming the URL and
+    what a write needs, before the input is read; the dataset is as it was and no staged file is left."""
+    url = f"s3://{iam.bucket}/{name}"
+    consumed: list[int] = []
+
+    def batches() -> Iterator[pa.Table]:
+        consumed.append(1)
+        yield pa.table({"x": np.arange(10)})
+
+    before = _keys(iam, "")
+    with pytest.raises(DatasetPermissionError, match=rf"permission denied: cannot write to '{iam.bucket}/"
+                                                     rf"{name}' \(.*Access Denied.*\)\. Check that these "
+                                                     rf"credentials may list the bucket and read, write and "
+                                                     rf"delete objects under '{url}'"):
+        shardkit.write_dataset(batches(), url, mode=mode, storage_options=iam.options("read-only"))
+    assert consumed == []
+    assert _keys(iam, "") == before
+    ds = shardkit.open_dataset(f"s3://{iam.bucket}/ds", storage_options=iam.options("read-only"))
+    assert ds.num_rows == ROWS
+
+
+def test_a_write_with_full_rights_still_writes_and_leaves_no_probe(iam: IAMServer, no_internet: None) -> None:
+    url = f"s3://{iam.bucket}/full-{uuid.uuid4().hex[:8]}"
+    opts = iam.options("admin")
+    shardkit.write_dataset({"x": np.arange(10)}, url, storage_options=opts)
+    shardkit.write_dataset({"x": np.arange(10, 15)}, url, mode="append", storage_options=opts)
+    ds = shardkit.write_dataset({"x": np.arange(7)}, url, mode="overwrite", storage_options=opts)
+    assert ds.num_rows == 7
+    assert not [k for k in _keys(iam, url.rsplit("/", 1)[-1]) if "_staging" in k]
+    missing = f"s3://missing-{iam.bucket}/ds"  # a bucket that is not there is still named as such
+    with pytest.raises(shardkit.errors.DatasetNotFoundError, match=rf"the bucket 's3://missing-{iam.bucket}' "
+                                                                   "does not exist"):
+        shardkit.write_dataset({"x": np.arange(3)}, missing, storage_options=opts)
+
+
+def test_a_write_refused_at_its_commit_names_the_url_and_leaves_no_staged_part(iam: IAMServer,
+                                                                                no_internet: None) -> None:
+    """Credentials that may write only under ``_staging`` pass the probe; the commit's move is refused:
+    a `DatasetPermissionError` (not a bare ``PermissionError``), and the staged parts are removed."""
+    url = f"s3://{iam.bucket}/ds"
+    with pytest.raises(DatasetPermissionError, match=rf"cannot write to '{iam.bucket}/ds' .* read, write and "
+                                                     rf"delete objects under '{url}'"):
+        shardkit.write_dataset({"x": np.arange(10)}, url, mode="append",
+                               storage_options=iam.options("staging-only"))
+    assert not [k for k in _keys(iam, "ds") if "_staging" in k]
+    assert shardkit.open_dataset(url, storage_options=iam.options("admin")).num_rows == ROWS
+
