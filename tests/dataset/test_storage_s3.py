@@ -6,15 +6,9 @@ and nothing is skipped: a reader's state resumes with every row once.
 
 from __future__ import annotations
 
-import contextlib
-import http.client
-import json
 import re
-import socket
-import threading
 import uuid
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -26,66 +20,15 @@ import shardkit
 from shardkit.errors import CorruptDatasetError, DatasetError, DatasetPermissionError
 from tests.reader import conftest as s3_fixtures
 from tests.reader.conftest import S3Server
+from tests.reader.s3_tools import FAST, IAMServer, Link, allow, iam_server, s3_options
 
 # the moto S3 server on loopback and a fresh bucket per test (tests/reader/conftest.py)
 s3_server, s3_bucket, no_internet = s3_fixtures.s3_server, s3_fixtures.s3_bucket, s3_fixtures.no_internet
 
 ROWS, GROUP = 2000, 50
-#: botocore's own retries off and short timeouts: a refused connection fails in well under a second
-FAST = {"retries": {"max_attempts": 1}, "connect_timeout": 2, "read_timeout": 10}
-
-
-def options(endpoint_url: str, key: str = "x", secret: str = "x") -> dict[str, Any]:
-    return {"key": key, "secret": secret, "config_kwargs": FAST,
-            "client_kwargs": {"endpoint_url": endpoint_url, "region_name": "us-east-1"}}
 
 
 # ------------------------------------------------------------------------------ an endpoint that goes down
-
-
-class Relay:
-    """``127.0.0.1:<port>`` relayed to ``target``; `down` refuses new connections and cuts open ones."""
-
-    def __init__(self, target: str) -> None:
-        host, port = target.removeprefix("http://").split(":")
-        self._target = (host, int(port))
-        self._open: set[socket.socket] = set()
-        self._lock = threading.Lock()
-        self._server = socket.create_server(("127.0.0.1", 0))
-        self.url = f"http://127.0.0.1:{self._server.getsockname()[1]}"
-        threading.Thread(target=self._accept, daemon=True).start()
-
-    def _accept(self) -> None:
-        while True:
-            try:
-                client, _ = self._server.accept()
-                upstream = socket.create_connection(self._target)
-            except OSError:  # closed by down()
-                return
-            with self._lock:
-                self._open |= {client, upstream}
-            for src, dst in ((client, upstream), (upstream, client)):
-                threading.Thread(target=self._pump, args=(src, dst), daemon=True).start()
-
-    @staticmethod
-    def _pump(src: socket.socket, dst: socket.socket) -> None:
-        with contextlib.suppress(OSError):
-            while data := src.recv(1 << 16):
-                dst.sendall(data)
-        for s in (src, dst):
-            with contextlib.suppress(OSError):
-                s.shutdown(socket.SHUT_RDWR)
-
-    def down(self) -> None:
-        with contextlib.suppress(OSError):
-            self._server.shutdown(socket.SHUT_RDWR)  # wakes accept()
-        self._server.close()
-        with self._lock:
-            sockets, self._open = self._open, set()
-        for s in sockets:
-            with contextlib.suppress(OSError):
-                s.shutdown(socket.SHUT_RDWR)
-            s.close()
 
 
 @pytest.mark.parametrize("on_error", ["raise", "skip"])
@@ -97,11 +40,12 @@ def test_an_endpoint_that_goes_down_mid_read_stops_the_read_and_loses_nothing(
     url = f"s3://{s3_bucket}/ds"
     shardkit.write_dataset({"x": np.arange(ROWS)}, url, storage_options=s3_server.storage_options,
                            row_group_size=GROUP)
-    relay = Relay(s3_server.endpoint_url)
+    relay = Link(s3_server.endpoint_url)
     kw: dict[str, Any] = {"cache": None, "shuffle": False, "batch_size": GROUP, "prefetch": 2, "workers": 2}
     seen: list[int] = []
     try:
-        first = shardkit.make_reader(url, storage_options=options(relay.url), on_error=on_error, **kw)
+        first = shardkit.make_reader(url, storage_options=s3_options(relay.url, **FAST), on_error=on_error,
+                                     **kw)
         batches = iter(first)
         for _ in range(3):
             seen.extend(next(batches)["x"].tolist())
@@ -117,7 +61,8 @@ def test_an_endpoint_that_goes_down_mid_read_stops_the_read_and_loses_nothing(
     state = first.state_dict()
     first.close()
 
-    with shardkit.make_reader(url, storage_options=options(s3_server.endpoint_url), **kw) as resumed:
+    back = s3_options(s3_server.endpoint_url, **FAST)
+    with shardkit.make_reader(url, storage_options=back, **kw) as resumed:
         resumed.load_state_dict(state)
         rest = [x for batch in resumed for x in batch["x"].tolist()]
     assert sorted(seen + rest) == list(range(ROWS))
@@ -126,70 +71,31 @@ def test_an_endpoint_that_goes_down_mid_read_stops_the_read_and_loses_nothing(
 # ------------------------------------------------------------------------------ credentials and permissions
 
 
-@dataclass
-class IAMServer:
-    """A moto server that checks credentials against its IAM users: ``keys[user]`` = (key, secret)."""
-
-    endpoint_url: str
-    bucket: str
-    keys: dict[str, tuple[str, str]]
-
-    def options(self, user: str) -> dict[str, Any]:
-        return options(self.endpoint_url, *self.keys.get(user, ("AKIANOSUCHKEY0000000", "nope")))
-
-
 @pytest.fixture(scope="module")
 def iam(s3_server: S3Server, tmp_path_factory: pytest.TempPathFactory) -> Iterator[IAMServer]:
     """Users ``admin`` (everything), ``nobody`` (nothing), ``no-list`` (objects, no listing) and
     ``read-only`` (list the bucket and read objects: what a read needs, not a write), ``staging-only``
     (that, delete, and write only under a ``_staging`` folder: not what a commit needs); a summarized
     dataset at ``ds`` and a plain Parquet one (no summary) at ``plain``."""
-    import boto3
     import pyarrow as pa
     import pyarrow.parquet as pq
     import s3fs
 
-    proc, url = s3_fixtures._start(tmp_path_factory.mktemp("moto-iam") / "requests.log")
-    try:
-        bucket = f"iam-{uuid.uuid4().hex[:12]}"
-        login = {"endpoint_url": url, "region_name": "us-east-1", "aws_access_key_id": "x",
-                 "aws_secret_access_key": "x"}
-        boto3.client("s3", **login).create_bucket(Bucket=bucket)
-        allow = json.dumps({"Version": "2012-10-17", "Statement": [
-            {"Effect": "Allow", "Action": ["s3:GetObject"], "Resource": f"arn:aws:s3:::{bucket}/*"}]})
-        read = json.dumps({"Version": "2012-10-17", "Statement": [
-            {"Effect": "Allow", "Action": ["s3:GetObject"], "Resource": f"arn:aws:s3:::{bucket}/*"},
-            {"Effect": "Allow", "Action": ["s3:ListBucket"], "Resource": f"arn:aws:s3:::{bucket}"}]})
-        staging = json.dumps({"Version": "2012-10-17", "Statement": [
-            *json.loads(read)["Statement"],
-            {"Effect": "Allow", "Action": ["s3:PutObject"],
-             "Resource": f"arn:aws:s3:::{bucket}/*/_staging/*"},
-            # moto checks a bulk delete (s3fs's rm) against the bucket, AWS against each key
-            {"Effect": "Allow", "Action": ["s3:DeleteObject"],
-             "Resource": [f"arn:aws:s3:::{bucket}", f"arn:aws:s3:::{bucket}/*"]}]})
-        policies = {"admin": json.dumps({"Version": "2012-10-17", "Statement": [
-            {"Effect": "Allow", "Action": ["*"], "Resource": "*"}]}), "nobody": None, "no-list": allow,
-            "read-only": read, "staging-only": staging}
-        client, keys = boto3.client("iam", **login), {}
-        for user, policy in policies.items():
-            client.create_user(UserName=user)
-            if policy is not None:
-                client.put_user_policy(UserName=user, PolicyName="test", PolicyDocument=policy)
-            key = client.create_access_key(UserName=user)["AccessKey"]
-            keys[user] = (key["AccessKeyId"], key["SecretAccessKey"])
-        host, port = url.removeprefix("http://").split(":")
-        conn = http.client.HTTPConnection(host, int(port), timeout=10)
-        conn.request("POST", "/moto-api/reset-auth", body=b"0")  # from now on every request is checked
-        assert conn.getresponse().status == 200
-        conn.close()
-        server = IAMServer(url, bucket, keys)
-        shardkit.write_dataset({"x": np.arange(ROWS)}, f"s3://{bucket}/ds", row_group_size=GROUP,
+    def policies(bucket: str) -> dict[str, str | None]:
+        objects, listing = f"arn:aws:s3:::{bucket}/*", f"arn:aws:s3:::{bucket}"
+        read = [(["s3:GetObject"], objects), (["s3:ListBucket"], listing)]
+        staging = [*read, (["s3:PutObject"], f"arn:aws:s3:::{bucket}/*/_staging/*"),
+                   # moto checks a bulk delete (s3fs's rm) against the bucket, AWS against each key
+                   (["s3:DeleteObject"], [listing, objects])]
+        return {"admin": allow((["*"], "*")), "nobody": None, "no-list": allow((["s3:GetObject"], objects)),
+                "read-only": allow(*read), "staging-only": allow(*staging)}
+
+    with iam_server(tmp_path_factory.mktemp("moto-iam"), policies) as server:
+        shardkit.write_dataset({"x": np.arange(ROWS)}, f"s3://{server.bucket}/ds", row_group_size=GROUP,
                                storage_options=server.options("admin"))
-        with s3fs.S3FileSystem(**server.options("admin")).open(f"{bucket}/plain/a.parquet", "wb") as f:
+        with s3fs.S3FileSystem(**server.options("admin")).open(f"{server.bucket}/plain/a.parquet", "wb") as f:
             pq.write_table(pa.table({"x": np.arange(ROWS)}), f)
         yield server
-    finally:
-        s3_fixtures._stop(proc)
 
 
 @pytest.mark.parametrize(("user", "name"), [("unknown key", "ds"), ("nobody", "ds"), ("nobody", "plain"),

@@ -27,8 +27,8 @@ from shardkit.dataset.schema import SCHEMA_KEY
 from shardkit.dataset.sources import BATCH_ROWS
 from shardkit.errors import DatasetExistsError, DatasetPermissionError, SchemaError, SchemaMismatchError
 from tests.dataset import test_storage_s3
-from tests.dataset.test_storage_s3 import IAMServer
 from tests.reader import conftest as s3_fixtures
+from tests.reader.s3_tools import IAMServer
 
 # a moto S3 server that checks credentials against its IAM users (tests/dataset/test_storage_s3.py)
 iam, s3_server, no_internet = test_storage_s3.iam, s3_fixtures.s3_server, s3_fixtures.no_internet

@@ -5,22 +5,16 @@ bucket, and a server that goes down before or during a restore, a save or the pr
 read as "no checkpoint" (a fresh start) or as a damaged checkpoint (skipped for an older one): each
 raises a shardkit error naming the URL and the fix, and the committed checkpoints stay as they were.
 
-A server "goes down" behind `Link`, a TCP forwarder on loopback that can refuse connections (or take
-them and never answer) and come back, so moto keeps what it stores meanwhile. Credentials are checked
-by a second moto server started with its IAM authentication on (`iam`).
+A server "goes down" behind `Link` (tests/reader/s3_tools.py), a TCP forwarder on loopback that can
+refuse connections (or take them and never answer) and come back, so moto keeps what it stores
+meanwhile. Credentials are checked by a second moto server started with its IAM authentication on
+(`iam`).
 """
 
 from __future__ import annotations
 
-import contextlib
-import dataclasses
-import http.client
-import json
-import socket
-import threading
-import uuid
 import warnings
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -32,23 +26,11 @@ from shardkit.trainer._store import Store
 from shardkit.trainer.checkpoint import CheckpointManager
 from tests.reader import conftest as s3_fixtures
 from tests.reader.conftest import S3Server
+from tests.reader.s3_tools import FAST, IAMServer, Link, allow, iam_server, s3_options
 from tests.trainer.helpers import linear, weight_of
 
 # the moto S3 server on loopback and a fresh bucket per test (tests/reader/conftest.py)
 s3_server, s3_bucket, no_internet = s3_fixtures.s3_server, s3_fixtures.s3_bucket, s3_fixtures.no_internet
-
-#: botocore's own retries off and short timeouts: a refused connection fails in well under a second
-FAST = {"retries": {"max_attempts": 1}, "connect_timeout": 2, "read_timeout": 10}
-
-
-def s3_options(endpoint_url: str, key: str | None = "x", secret: str | None = "x",
-               **config: Any) -> dict[str, Any]:
-    options: dict[str, Any] = {"client_kwargs": {"endpoint_url": endpoint_url, "region_name": "us-east-1"}}
-    if key is not None:
-        options.update(key=key, secret=secret)
-    if config:
-        options["config_kwargs"] = config
-    return options
 
 
 def committed(url: str, options: dict[str, Any]) -> list[int]:
@@ -56,94 +38,6 @@ def committed(url: str, options: dict[str, Any]) -> list[int]:
 
 
 # ------------------------------------------------------------------------------------ a server that dies
-
-
-class Link:
-    """``127.0.0.1:<port>`` forwarded to ``target``; `down` refuses new connections and cuts the open
-    ones, `hang` takes connections and never answers, `up` forwards again on the same port."""
-
-    def __init__(self, target: str) -> None:
-        host, port = target.removeprefix("http://").split(":")
-        self._target = (host, int(port))
-        self._lock = threading.Lock()
-        self._open: set[socket.socket] = set()
-        self._threads: list[threading.Thread] = []
-        self._hanging = False
-        self._server = socket.create_server(("127.0.0.1", 0))
-        self.port = int(self._server.getsockname()[1])
-        self.url = f"http://127.0.0.1:{self.port}"
-        self._serve()
-
-    def _serve(self) -> None:
-        self._spawn(self._accept, self._server)
-
-    def _spawn(self, target: Callable[..., None], *args: Any) -> None:
-        thread = threading.Thread(target=target, args=args, daemon=True)
-        thread.start()
-        self._threads.append(thread)
-
-    def _accept(self, server: socket.socket) -> None:
-        while True:
-            try:
-                client, _ = server.accept()
-            except OSError:  # closed by down()
-                return
-            with self._lock:
-                self._open.add(client)
-            if self._hanging:
-                continue  # held open, never read nor answered
-            try:
-                upstream = socket.create_connection(self._target)
-            except OSError:
-                self._close(client)
-                continue
-            with self._lock:
-                self._open.add(upstream)
-            self._spawn(self._pump, client, upstream)
-            self._spawn(self._pump, upstream, client)
-
-    def _pump(self, src: socket.socket, dst: socket.socket) -> None:
-        try:
-            while data := src.recv(1 << 16):
-                dst.sendall(data)
-        except OSError:
-            pass
-        finally:
-            for s in (src, dst):
-                with contextlib.suppress(OSError):
-                    s.shutdown(socket.SHUT_RDWR)
-
-    def _close(self, s: socket.socket) -> None:
-        with contextlib.suppress(OSError):
-            s.shutdown(socket.SHUT_RDWR)
-        s.close()
-
-    def _cut(self) -> None:
-        with self._lock:
-            sockets, self._open = self._open, set()
-        for s in sockets:
-            self._close(s)
-
-    def down(self) -> None:
-        with contextlib.suppress(OSError):  # wakes the accept() of _accept: a close alone would not, and
-            self._server.shutdown(socket.SHUT_RDWR)  # the socket would take one more connection
-        self._server.close()
-        self._cut()
-
-    def hang(self) -> None:
-        self._hanging = True
-        self._cut()
-
-    def up(self) -> None:
-        self._hanging = False
-        if self._server.fileno() == -1:
-            self._server = socket.create_server(("127.0.0.1", self.port))
-            self._serve()
-
-    def close(self) -> None:
-        self.down()
-        for thread in self._threads:
-            thread.join(10)
 
 
 @pytest.fixture
@@ -307,62 +201,26 @@ def test_missing_bucket_at_restore_is_no_fresh_start(s3_server: S3Server, s3_buc
 # ----------------------------------------------------------------------------- credentials and permissions
 
 
-@dataclasses.dataclass
-class IAMServer:
-    """A moto server that checks credentials against its IAM users: ``keys[user]`` = (key, secret)."""
-
-    endpoint_url: str
-    bucket: str
-    keys: dict[str, tuple[str, str]]
-
-    def options(self, user: str) -> dict[str, Any]:
-        return s3_options(self.endpoint_url, *self.keys.get(user, ("AKIANOSUCHKEY0000000", "nope")), **FAST)
-
-
-def _allow(*statements: tuple[list[str], str]) -> str:
-    return json.dumps({"Version": "2012-10-17", "Statement": [
-        {"Effect": "Allow", "Action": actions, "Resource": resource} for actions, resource in statements]})
-
-
 @pytest.fixture(scope="module")
 def iam(s3_server: S3Server, tmp_path_factory: pytest.TempPathFactory) -> Iterator[IAMServer]:
     """Users: ``admin`` (everything), ``nobody`` (nothing), ``no-list`` (objects, but no listing),
     ``list-only`` (listing, but no object), ``read-only`` (listing and reading). ``s3_server`` for its
     environment: no credentials or endpoints from outside the test."""
-    import boto3
 
-    proc, url = s3_fixtures._start(tmp_path_factory.mktemp("moto-iam") / "requests.log")
-    try:
-        bucket = f"iam-{uuid.uuid4().hex[:12]}"
-        login = {"endpoint_url": url, "region_name": "us-east-1", "aws_access_key_id": "x",
-                 "aws_secret_access_key": "x"}
-        boto3.client("s3", **login).create_bucket(Bucket=bucket)
+    def policies(bucket: str) -> dict[str, str | None]:
         objects, listing = f"arn:aws:s3:::{bucket}/*", f"arn:aws:s3:::{bucket}"
-        policies = {
-            "admin": _allow((["*"], "*")),
+        return {
+            "admin": allow((["*"], "*")),
             "nobody": None,
-            "no-list": _allow((["s3:GetObject", "s3:PutObject", "s3:DeleteObject"], objects)),
-            "list-only": _allow((["s3:ListBucket"], listing)),
-            "read-only": _allow((["s3:ListBucket"], listing), (["s3:GetObject"], objects)),
+            "no-list": allow((["s3:GetObject", "s3:PutObject", "s3:DeleteObject"], objects)),
+            "list-only": allow((["s3:ListBucket"], listing)),
+            "read-only": allow((["s3:ListBucket"], listing), (["s3:GetObject"], objects)),
         }
-        client, keys = boto3.client("iam", **login), {}
-        for user, policy in policies.items():
-            client.create_user(UserName=user)
-            if policy is not None:
-                client.put_user_policy(UserName=user, PolicyName="test", PolicyDocument=policy)
-            key = client.create_access_key(UserName=user)["AccessKey"]
-            keys[user] = (key["AccessKeyId"], key["SecretAccessKey"])
-        host, port = url.removeprefix("http://").split(":")
-        conn = http.client.HTTPConnection(host, int(port), timeout=10)
-        conn.request("POST", "/moto-api/reset-auth", body=b"0")  # from now on every request is checked
-        assert conn.getresponse().status == 200
-        conn.close()
-        server = IAMServer(url, bucket, keys)
-        CheckpointManager(f"s3://{bucket}/job", storage_options=server.options("admin")).save(
+
+    with iam_server(tmp_path_factory.mktemp("moto-iam"), policies) as server:
+        CheckpointManager(f"s3://{server.bucket}/job", storage_options=server.options("admin")).save(
             1, model=linear(1.0))
         yield server
-    finally:
-        s3_fixtures._stop(proc)
 
 
 @pytest.mark.parametrize("user", ["unknown key", "nobody", "no-list"])
