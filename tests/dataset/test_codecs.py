@@ -571,7 +571,7 @@ def _pillow_png(image: np.ndarray, **params: Any) -> bytes:
     return buf.getvalue()
 
 
-def _decode_both(field: Field, blobs: list[bytes | None], monkeypatch: pytest.MonkeyPatch
+def decode_both(field: Field, blobs: list[bytes | None], monkeypatch: pytest.MonkeyPatch
                  ) -> tuple[np.ndarray, np.ndarray]:
     """The column decoded with every fast path allowed (OpenCV when installed) and with Pillow only."""
     from shardkit.dataset.codecs import image as image_module
@@ -597,7 +597,7 @@ def test_png_decodes_to_the_same_pixels_with_opencv_and_pillow(data: st.DataObje
     field = Field("im", "uint8", shape, codec=ImageCodec("png"))
     blobs: list[bytes | None] = [_pillow_png(im, optimize=bool(k % 2)) for k, im in enumerate(images)]
     with pytest.MonkeyPatch.context() as mp:
-        fast, slow = _decode_both(field, blobs, mp)
+        fast, slow = decode_both(field, blobs, mp)
     np.testing.assert_array_equal(fast, images)
     np.testing.assert_array_equal(slow, images)
 
@@ -613,16 +613,16 @@ def test_images_opencv_does_not_take_go_through_pillow(monkeypatch: pytest.Monke
     buf = io.BytesIO()
     palette.save(buf, format="PNG")
     field = Field("im", "uint8", (8, 8, 3), codec="image")  # its colours (see test_decode_images.py)
-    fast, slow = _decode_both(field, [buf.getvalue(), None], monkeypatch)
+    fast, slow = decode_both(field, [buf.getvalue(), None], monkeypatch)
     np.testing.assert_array_equal(fast.data, slow.data)
     np.testing.assert_array_equal(np.ma.getmaskarray(fast), np.ma.getmaskarray(slow))
     np.testing.assert_array_equal(fast.data[0], np.asarray(palette.convert("RGB")))
-    fast, slow = _decode_both(Field("im", "uint8", (None, None, 3), codec="image"), [buf.getvalue()],
+    fast, slow = decode_both(Field("im", "uint8", (None, None, 3), codec="image"), [buf.getvalue()],
                               monkeypatch)
     np.testing.assert_array_equal(fast[0], slow[0])
     jpeg = Schema([Field("im", "uint8", (16, 16, 3), codec=ImageCodec("jpeg"))]).encode(
         {"im": list(smooth_images(2, (16, 16, 3)))}, 2)
-    fast, slow = _decode_both(Field("im", "uint8", (16, 16, 3), codec=ImageCodec("jpeg")),
+    fast, slow = decode_both(Field("im", "uint8", (16, 16, 3), codec=ImageCodec("jpeg")),
                               jpeg.column("im").to_pylist(), monkeypatch)
     np.testing.assert_array_equal(fast, slow)  # JPEG is always Pillow's: no decoder differences
 
@@ -667,7 +667,7 @@ def test_png_fast_path_mixed_with_nulls_and_other_images(monkeypatch: pytest.Mon
         else:
             blobs.append(_pillow_png(rng.integers(0, 256, (8, 8, 3), dtype=np.uint8)))
     field = Field("im", "uint8", (8, 8, 3), codec="image", nullable=True)
-    fast, slow = _decode_both(field, blobs, monkeypatch)
+    fast, slow = decode_both(field, blobs, monkeypatch)
     np.testing.assert_array_equal(np.ma.getmaskarray(fast), np.ma.getmaskarray(slow))
     np.testing.assert_array_equal(fast.filled(0), slow.filled(0))
     assert np.ma.getmaskarray(fast)[:, 0, 0, 0].tolist() == [k % 5 == 1 for k in range(300)]

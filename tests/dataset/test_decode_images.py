@@ -22,6 +22,7 @@ from shardkit import Field, ImageCodec
 from shardkit.dataset.codecs import image as image_module
 from shardkit.dataset.writer import EncodedTables
 from shardkit.errors import CorruptDatasetError, ImageShapeError, SchemaMismatchError
+from tests.dataset.test_codecs import decode_both
 
 cv2 = pytest.importorskip("cv2")
 H, W = 5, 11
@@ -48,17 +49,6 @@ def palette_png(indices: np.ndarray, palette: np.ndarray, alpha: list[int] | Non
     if alpha is not None:
         out += chunk(b"tRNS", bytes(alpha))
     return out + chunk(b"IDAT", zlib.compress(b"".join(rows))) + chunk(b"IEND", b"")
-
-
-def decode_both(field: Field, blobs: list[bytes], monkeypatch: pytest.MonkeyPatch) -> list[np.ndarray]:
-    """The column decoded with every fast path allowed (OpenCV) and with Pillow alone."""
-    column = pa.array(blobs, pa.binary())
-    fast = field.codec.decode(field, column)
-    with monkeypatch.context() as m:
-        m.setattr(image_module, "USE_OPENCV", False)
-        m.setattr(image_module, "USE_INFLATE", False)
-        slow = field.codec.decode(field, column)
-    return [fast, slow]
 
 
 def opencv(blob: bytes, flag: int) -> np.ndarray:
