@@ -12,6 +12,7 @@ import struct
 import zlib
 from pathlib import Path
 
+import cv2
 import numpy as np
 import pyarrow as pa
 import pytest
@@ -24,7 +25,6 @@ from shardkit.dataset.writer import EncodedTables
 from shardkit.errors import CorruptDatasetError, ImageShapeError, SchemaMismatchError
 from tests.dataset.test_codecs import decode_both
 
-cv2 = pytest.importorskip("cv2")
 H, W = 5, 11
 
 

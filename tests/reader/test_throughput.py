@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import _thread
 import gc
+import importlib
 import math
 import os
 import sys
@@ -136,7 +137,7 @@ def test_progress_line_on_stderr(url: str, capsys: pytest.CaptureFixture[str]) -
 
 
 def test_torch_adapter_counts_the_same(url: str) -> None:
-    pytest.importorskip("torch")
+    importlib.import_module("torch")
     r = measure(url, adapter="torch", batch_size=8, warmup_batches=3, epochs=1)
     assert (r.adapter, r.batches, r.rows, r.decoded_bytes) == ("torch", 8, N, N * ROW_BYTES)
     r = measure(url, adapter="torch", batch_size=8, warmup_batches=2, batches=5)  # full batches
@@ -147,7 +148,7 @@ def test_torch_adapter_counts_the_same(url: str) -> None:
 @pytest.mark.tf
 def test_tf_adapter_counts_the_same(url: str) -> None:
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-    pytest.importorskip("tensorflow")
+    importlib.import_module("tensorflow")
     r = measure(url, adapter="tf", batch_size=8, warmup_batches=3, epochs=2, shard=1, num_shards=2)
     assert (r.adapter, r.batches, r.rows, r.decoded_bytes) == ("tf", 8, N, N * ROW_BYTES)
     r = measure(url, adapter="tf", batch_size=8, warmup_batches=2, batches=5)  # full batches
@@ -186,7 +187,7 @@ def test_bad_arguments_raise_reader_error(url: str, kwargs: dict[str, Any], need
 
 
 def test_nbytes_of_each_kind_of_value() -> None:
-    torch = pytest.importorskip("torch")
+    torch = importlib.import_module("torch")
     assert nbytes(np.zeros((3, 4), np.float32)) == 48
     assert nbytes(np.array(["ab", "cde", None], dtype=object)) == 5
     assert nbytes(np.array(["é€", "a", None], dtype=object)) == 2 + 3 + 1  # UTF-8 bytes, not characters
@@ -237,7 +238,7 @@ def _ragged(n: int) -> np.ndarray:
 def test_sizing_a_batch_makes_no_python_call_per_row() -> None:
     """The sizes are read on the clock: one Python call per text or variable-shape value took half the
     measured time of such batches (numpy adapter), so it is a few calls per column, whatever its rows."""
-    torch = pytest.importorskip("torch")
+    torch = importlib.import_module("torch")
     text = [(f"t{i}" if i % 2 else f"é{i}") if i != 3 else None for i in range(2000)]
     for make in (_ragged, lambda n: np.array(text[:n], dtype=object), lambda n: text[:n],
                  lambda n: [None if i == 3 else torch.zeros(i % 5) for i in range(n)]):
@@ -316,8 +317,8 @@ def gone(tmp_path: Path) -> str:
 def _import_adapter(adapter: str) -> None:
     if adapter != "numpy":
         os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-        pytest.importorskip({"torch": "torch", "tf": "tensorflow"}[adapter])
-        pytest.importorskip(f"shardkit.{adapter}")
+        importlib.import_module({"torch": "torch", "tf": "tensorflow"}[adapter])
+        importlib.import_module(f"shardkit.{adapter}")
 
 
 @pytest.mark.parametrize("adapter", ["numpy", "torch", pytest.param("tf", marks=pytest.mark.tf)])
@@ -344,7 +345,7 @@ def test_an_interrupted_tf_measure_leaves_no_iterator(tmp_path: Path) -> None:
     threads again, and a script interrupted so hung at exit (the iterator freed by then waits for a
     generator call that can no longer take the GIL)."""
     _import_adapter("tf")
-    tf = pytest.importorskip("tensorflow")
+    tf = importlib.import_module("tensorflow")
     url = shardkit.write_dataset({"id": np.arange(60), "seq": [np.arange(i % 4) for i in range(60)]},
                                  tmp_path / "ds", row_group_size=7).url  # batches go one by one
 
