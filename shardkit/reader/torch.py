@@ -6,8 +6,11 @@ it without torch installed raises `MissingDependencyError` naming ``pip install 
 
 from __future__ import annotations
 
+import functools
+import os
 import warnings
 from collections.abc import Callable, Iterator, Mapping
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import numpy as np
@@ -84,12 +87,50 @@ def to_torch(prepared: Mapping[str, Any], writable: bool = True, text_lists: boo
 
 
 def _tensors(value: Any) -> list[torch.Tensor]:
-    """The tensors in a batch value: the tensor itself, or those in a list of row tensors."""
+    """The tensors in a batch value: the tensor itself, or those in a list of row tensors. A list holds
+    one kind of row (`Collate`: text, or tensors of a variable-shape field), so its first row tells."""
     if isinstance(value, torch.Tensor):
         return [value]
     if isinstance(value, list):
-        return [v for v in value if isinstance(v, torch.Tensor)]
+        first = next((v for v in value if v is not None), None)
+        if isinstance(first, torch.Tensor):
+            return [v for v in value if v is not None]
     return []
+
+_CHUNK = 16 << 20  # bytes: a larger tensor goes in chunks, each chunk's host copy overlapping a transfer
+_PARALLEL_MIN = 2 << 20  # bytes: a host copy at least this large is split over `_copy_pool`'s threads
+_COPY_THREADS = min(8, os.cpu_count() or 1)
+_PACK_MAX = 4 << 20  # bytes: tensors up to this size go together in one transfer per batch
+_ALIGN = 64  # bytes: where each tensor of a packed batch starts (any dtype's view of it is aligned)
+
+
+@functools.cache
+def _copy_pool() -> ThreadPoolExecutor:
+    return ThreadPoolExecutor(_COPY_THREADS, thread_name_prefix="shardkit-pin")
+
+
+def _flat_bytes(value: torch.Tensor) -> np.ndarray | None:
+    """A contiguous CPU tensor's bytes as a flat numpy uint8 view; None where numpy cannot view it."""
+    if value.device.type != "cpu" or not value.is_contiguous():
+        return None
+    try:
+        return value.detach().numpy().reshape(-1).view(np.uint8)
+    except (TypeError, RuntimeError, ValueError):  # bfloat16 and other dtypes numpy has no name for
+        return None
+
+
+def _host_copy(dst: np.ndarray, src: np.ndarray) -> None:
+    """``dst[:] = src`` for two flat uint8 arrays; large ones in parallel pieces."""
+    n = src.shape[0]
+    parts = min(_COPY_THREADS, n // _PARALLEL_MIN)  # pieces of 2 MiB or more: a thread's wake-up is dear
+    if parts < 2:
+        np.copyto(dst, src)
+        return
+    step = -(-n // parts)
+    pool = _copy_pool()
+    pieces = [pool.submit(np.copyto, dst[a:a + step], src[a:a + step]) for a in range(0, n, step)]
+    for piece in pieces:
+        piece.result()
 
 
 class _CudaStager:
@@ -99,6 +140,16 @@ class _CudaStager:
     Pinned slot ``i`` is rewritten only after the event of its previous copy has completed; device tensors
     are fresh (the caching allocator makes that cheap) and marked with ``record_stream`` for the stream that
     uses them, so neither host nor device memory is reused while a copy or a kernel still needs it.
+
+    The host copy into the pinned slot is numpy's (`_host_copy`), not ``Tensor.copy_``: torch's CPU copy
+    runs on its OpenMP pool, whose threads spin after every parallel region and took the cores the
+    reader's own threads decode on (a batch of 1 MB cost milliseconds, and the loader ran at a third of
+    the reader's speed on a 16-core host). A tensor larger than `_CHUNK` is copied chunk by chunk, each
+    chunk sent as soon as it is in pinned memory, so the host copy of chunk k+1 overlaps the transfer of
+    chunk k; a chunk is split over a few threads in pieces of `_PARALLEL_MIN` or more (numpy's copy
+    releases the GIL). The tensors of a batch up to `_PACK_MAX` each go together: one pinned buffer, one
+    transfer, the device tensors views of it (a transfer costs tens of microseconds of CPU, whatever its
+    size, and batches are usually a few small tensors).
     """
 
     def __init__(self, device: torch.device, slots: int = _STAGING_SLOTS) -> None:
@@ -108,12 +159,46 @@ class _CudaStager:
         self.done: list[torch.cuda.Event | None] = [None] * slots
         self.slot = 0
 
-    def _pinned(self, slot: int, key: str, like: torch.Tensor) -> torch.Tensor:
-        nbytes = like.numel() * like.element_size()
+    def _pinned(self, slot: int, key: str, nbytes: int) -> torch.Tensor:
+        """Slot ``slot``'s pinned bytes for ``key``: at least ``nbytes``, reused while large enough."""
         buf = self.buffers[slot].get(key)
         if buf is None or buf.numel() < nbytes:
             buf = self.buffers[slot][key] = torch.empty(max(nbytes, 1), dtype=torch.uint8, pin_memory=True)
-        return buf[:nbytes].view(like.dtype).view(like.shape)
+        return buf[:nbytes]
+
+    def _send(self, slot: int, key: str, value: torch.Tensor) -> torch.Tensor:
+        nbytes = value.numel() * value.element_size()
+        pinned = self._pinned(slot, key, nbytes)
+        src = _flat_bytes(value)
+        if src is None:  # a dtype numpy has no name for (bfloat16), or strided: torch copies it
+            staged = pinned.view(value.dtype).view(value.shape)
+            staged.copy_(value)
+            return staged.to(self.device, non_blocking=True)
+        dst = pinned.numpy()
+        if nbytes <= _CHUNK:
+            _host_copy(dst, src)
+            return pinned.view(value.dtype).view(value.shape).to(self.device, non_blocking=True)
+        out = torch.empty(nbytes, dtype=torch.uint8, device=self.device)
+        for start in range(0, nbytes, _CHUNK):
+            end = min(start + _CHUNK, nbytes)
+            _host_copy(dst[start:end], src[start:end])
+            out[start:end].copy_(pinned[start:end], non_blocking=True)
+        return out.view(value.dtype).view(value.shape)
+
+    def _send_packed(self, slot: int, parts: list[tuple[str, torch.Tensor, np.ndarray]]) -> Batch:
+        """Small tensors of one batch in one pinned buffer and one transfer (a transfer costs tens of
+        microseconds of CPU whatever its size)."""
+        offsets, total = [], 0
+        for _, _, src in parts:
+            offsets.append(total)
+            total += -(-src.nbytes // _ALIGN) * _ALIGN
+        pinned = self._pinned(slot, "", total)
+        dst = pinned.numpy()
+        for (_, _, src), start in zip(parts, offsets, strict=True):
+            np.copyto(dst[start:start + src.nbytes], src)
+        device = pinned.to(self.device, non_blocking=True)
+        return {key: device[start:start + src.nbytes].view(value.dtype).view(value.shape)
+                for (key, value, src), start in zip(parts, offsets, strict=True)}
 
     def stage(self, batch: Batch) -> tuple[Batch, torch.cuda.Event]:
         i = self.slot
@@ -123,19 +208,24 @@ class _CudaStager:
             previous.synchronize()
         out: Batch = {}
         with torch.cuda.device(self.device), torch.cuda.stream(self.stream):
+            packed: list[tuple[str, torch.Tensor, np.ndarray]] = []
             for key, value in batch.items():
                 if isinstance(value, torch.Tensor):
-                    pinned = self._pinned(i, key, value)
-                    pinned.copy_(value)
-                    out[key] = pinned.to(self.device, non_blocking=True)
+                    src = _flat_bytes(value)
+                    if src is not None and src.nbytes <= _PACK_MAX:
+                        packed.append((key, value, src))
+                    else:
+                        out[key] = self._send(i, key, value)
                 elif _tensors(value):  # rows of varying shape: pageable, copied one by one
                     out[key] = [None if v is None else v.to(self.device) for v in value]
                 else:
                     out[key] = value
+            if packed:
+                out.update(self._send_packed(i, packed))
             event = torch.cuda.Event()  # type: ignore[no-untyped-call]
             event.record(self.stream)
         self.done[i] = event
-        return out, event
+        return {key: out[key] for key in batch}, event
 
     def hand(self, staged: tuple[Batch, torch.cuda.Event]) -> Batch:
         out, event = staged

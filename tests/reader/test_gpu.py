@@ -23,6 +23,7 @@ if not torch.cuda.is_available():
     pytest.skip(f"needs a CUDA GPU: torch {torch.__version__} sees none", allow_module_level=True)
 
 import shardkit.torch as skt  # noqa: E402
+from shardkit.reader import torch as reader_torch  # noqa: E402
 from shardkit.reader.torch import _CudaStager  # noqa: E402
 
 SLEEP_CYCLES = 200_000_000  # torch.cuda._sleep: a kernel that keeps the GPU busy ~0.1 s
@@ -107,6 +108,36 @@ def test_the_copy_of_the_next_batch_overlaps_compute_on_this_one(big_ds: str) ->
         # the copy finished while the compute kernel still ran: it did not wait for it
         assert not compute_done.query()
         next(it)
+
+
+def test_every_size_and_dtype_arrives_intact_through_the_staging_path() -> None:
+    """Whole and chunked copies (past `_CHUNK`, not a multiple of it), the threaded host copy, empty
+    tensors, and what numpy cannot view (bfloat16, strided), through two reuses of each slot."""
+    rng = np.random.default_rng(7)
+    chunk = reader_torch._CHUNK
+    batches = []
+    for round_ in range(4):
+        batches.append({
+            "empty": torch.empty(0, dtype=torch.float32),
+            "one": torch.tensor([round_], dtype=torch.int64),
+            "chunked": torch.from_numpy(rng.integers(0, 256, 2 * chunk + 3 + round_, dtype=np.uint8)),
+            "floats": torch.from_numpy(rng.random((chunk // 4 + 5,), dtype=np.float32)),
+            "bf16": torch.from_numpy(rng.random((1000,), dtype=np.float32)).to(torch.bfloat16),
+            "strided": torch.from_numpy(rng.random((64, 32), dtype=np.float32)).t(),
+            "text": ["a", "b"],
+        })
+    stager = _CudaStager(torch.device("cuda", torch.cuda.current_device()))
+    staged = [stager.stage(b) for b in batches[:2]]
+    got = [stager.hand(staged[0]), stager.hand(staged[1])]
+    got += [stager.hand(stager.stage(b)) for b in batches[2:]]
+    torch.cuda.synchronize()
+    for want, out in zip(batches, got, strict=True):
+        assert out["text"] == want["text"]
+        for key, value in want.items():
+            if isinstance(value, torch.Tensor):
+                assert out[key].device.type == "cuda"
+                assert out[key].dtype == value.dtype
+                assert torch.equal(out[key].cpu(), value), key
 
 
 def _gbps(nbytes: int, ms: float) -> float:

@@ -713,3 +713,26 @@ def test_a_worker_killed_mid_epoch_fails_the_loader_and_leaves_its_batches_whole
     del it
     assert_exactly_once(np.concatenate(_dl_ids(ds, 2)), N_IDS)  # a new pass reads everything again
     assert str(worker.pid) not in {t.split("-")[0] for t in _tokens()}  # and its segments were let go
+
+
+@settings(max_examples=60, deadline=None)
+@given(n=st.integers(0, 3 << 20), offset=st.integers(0, 7))
+def test_the_staging_host_copy_copies_every_byte_in_pieces_or_whole(n: int, offset: int) -> None:
+    """The CUDA stager's host copy into pinned memory (numpy's, split over threads past 2 MiB)."""
+    src = np.random.default_rng(n).integers(0, 256, n + offset, dtype=np.uint8)[offset:]
+    dst = np.zeros(n + 3, np.uint8)
+    reader_torch._host_copy(dst[:n], src)
+    np.testing.assert_array_equal(dst[:n], src)
+    assert not dst[n:].any()  # nothing past the end
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.int64, torch.uint8, torch.bool, torch.float16])
+def test_the_stager_sends_numpy_dtypes_as_bytes_and_leaves_the_rest_to_torch(dtype: torch.dtype) -> None:
+    t = torch.arange(24).reshape(2, 3, 4).to(dtype)
+    flat = reader_torch._flat_bytes(t)
+    assert flat is not None
+    assert flat.dtype == np.uint8
+    assert flat.nbytes == t.numel() * t.element_size()
+    assert flat.tobytes() == t.numpy().tobytes()
+    assert reader_torch._flat_bytes(t.transpose(0, 2)) is None  # strided: torch's copy_
+    assert reader_torch._flat_bytes(t.to(torch.bfloat16)) is None  # no numpy dtype
