@@ -238,7 +238,9 @@ def main(argv: list[str] | None = None) -> None:
              f"{'/'.join(f'{v:.1f}' for v in os.getloadavg())}")
     print(text)
     if not args.quick:
-        path = save_results("gpu", {"device": device, "torch": torch.__version__, "rows": rows,
+        path = save_results("gpu", {"command": f"python -m benchmarks.gpu --rows {rows} --repeat {repeat} "
+                                               f"--epochs {args.epochs}",  # not --results-dir's path
+                                    "device": device, "torch": torch.__version__, "rows": rows,
                                     "repeat": repeat, "epochs": args.epochs, "seconds": seconds,
                                     "h2d": copies, "table": text, "targets": verdicts, "results": results},
                             directory=args.results_dir)

@@ -75,3 +75,19 @@ def test_adapters_benchmark_compares_each_case_with_the_reader_of_the_same_colum
                "4 columns"] == ("PASS", "4.25x")
     tf_line = next(line for line in text.splitlines() if "make_dataset" in line)
     assert "NO (999)" in tf_line  # an epoch that ended early is shown
+
+
+def test_gpu_benchmark_reports_each_copy_and_case_against_its_target() -> None:
+    from benchmarks import gpu
+
+    copies = [{"mib": 16, "loader_gbps": 50.0, "torch_gbps": 52.0, "ratio": 0.96},
+              {"mib": 64, "loader_gbps": 20.0, "torch_gbps": 50.0, "ratio": 0.4}]
+    res = lambda rate: {"rows": 1000, "seconds": 1000 / rate, "cpu_seconds": 1.0,  # noqa: E731
+                        "first_batch_seconds": 0.1, "rss": 1 << 20}
+    results = {"reader": res(100.0), "torch-loader": res(95.0), "torch-loader-cuda": res(40.0),
+               "torch-dataloader": {"case": "torch-dataloader", "error": "boom"}}
+    text, verdicts = gpu.report(copies, results, "a GPU")
+    assert verdicts == {"h2d-16mib": True, "h2d-64mib": False, "torch-loader": True,
+                        "torch-loader-cuda": False, "torch-dataloader": False}
+    assert "| torch-loader-cuda | 40 |" in text
+    assert "0.40x" in text
