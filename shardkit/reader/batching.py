@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import sys
 import threading
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 
 import numpy as np
 
@@ -133,6 +133,10 @@ def runs(batches: Iterable[Columns], batch_size: int, max_bytes: int, max_batche
         yield _joined(run)
 
 
+def _host_bytes(nbytes: int) -> np.ndarray:
+    return np.empty(nbytes, np.uint8)
+
+
 class Recycler:
     """Window-sized arrays used again once nothing refers to them any more.
 
@@ -148,10 +152,14 @@ class Recycler:
     it reused). Object arrays are never kept (they hold references). Arrays start at a multiple of
     `ALIGN` bytes: TensorFlow takes such an array as a tensor without copying it (measured: an aligned
     run of batches costs tf.data half the CPU of one 16 bytes off).
+
+    ``allocate(nbytes)`` makes a new array (a flat uint8 array of that many bytes; default: ordinary
+    memory): `shardkit.torch` gives page-locked memory for a CUDA device (`Reader.set_batch_memory`).
     """
 
-    def __init__(self, keep_bytes: int) -> None:
+    def __init__(self, keep_bytes: int, allocate: Callable[[int], np.ndarray] | None = None) -> None:
         self.keep_bytes = keep_bytes
+        self.allocate = allocate or _host_bytes
         self._arrays: list[np.ndarray] = []  # oldest first
         self._lock = threading.Lock()
         self.reused = 0  # arrays handed out again
@@ -178,7 +186,7 @@ class Recycler:
                 self.reused += 1
             else:
                 # room for a somewhat larger window next time (windows differ by some rows)
-                a = np.empty(-(-nbytes * 9 // 8 // ALIGN) * ALIGN + ALIGN, np.uint8)
+                a = self.allocate(-(-nbytes * 9 // 8 // ALIGN) * ALIGN + ALIGN)
                 self.allocated += 1
                 kept = sum(x.nbytes for x in self._arrays) + a.nbytes
                 dropped = set()

@@ -30,7 +30,7 @@ import functools
 import hashlib
 import warnings
 from collections import deque
-from collections.abc import Generator, Iterator, Mapping, Sequence
+from collections.abc import Callable, Generator, Iterator, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, Literal
 
@@ -303,6 +303,17 @@ class Reader:
         return part
 
     # ---- state -------------------------------------------------------------------------------
+    def set_batch_memory(self, allocate: Callable[[int], np.ndarray]) -> None:
+        """Where the memory of shuffled batches comes from: ``allocate(nbytes)`` returns a new flat uint8
+        numpy array of ``nbytes`` bytes. `shardkit.torch` passes page-locked (pinned) memory for a CUDA
+        device, so that a shuffled batch goes to the GPU straight from where the shuffle put it, without
+        a copy into a staging buffer. The arrays are reused as before (`batching.Recycler`); those made
+        already are let go (batches that use them keep them alive). Unshuffled batches are views of the
+        decoded row groups and are not affected.
+        """
+        self._recycler.clear()
+        self._recycler.allocate = allocate
+
     def state_dict(self) -> dict[str, Any]:
         """Position in the epoch (JSON-able). Any rank's state describes a data-parallel job.
 

@@ -119,6 +119,11 @@ def _flat_bytes(value: torch.Tensor) -> np.ndarray | None:
         return None
 
 
+def _pinned_bytes(nbytes: int) -> np.ndarray:
+    """Page-locked host memory from torch's caching host allocator, as a numpy array."""
+    return torch.empty(nbytes, dtype=torch.uint8, pin_memory=True).numpy()
+
+
 def _host_copy(dst: np.ndarray, src: np.ndarray) -> None:
     """``dst[:] = src`` for two flat uint8 arrays; large ones in parallel pieces."""
     n = src.shape[0]
@@ -141,12 +146,14 @@ class _CudaStager:
     are fresh (the caching allocator makes that cheap) and marked with ``record_stream`` for the stream that
     uses them, so neither host nor device memory is reused while a copy or a kernel still needs it.
 
-    The host copy into the pinned slot is numpy's (`_host_copy`), not ``Tensor.copy_``: torch's CPU copy
-    runs on its OpenMP pool, whose threads spin after every parallel region and took the cores the
-    reader's own threads decode on (a batch of 1 MB cost milliseconds, and the loader ran at a third of
-    the reader's speed on a 16-core host). A tensor larger than `_CHUNK` is copied chunk by chunk, each
-    chunk sent as soon as it is in pinned memory, so the host copy of chunk k+1 overlaps the transfer of
-    chunk k; a chunk is split over a few threads in pieces of `_PARALLEL_MIN` or more (numpy's copy
+    A shuffled batch is already in pinned memory (the loader asks its reader for it:
+    `Reader.set_batch_memory`) and goes to the device without a host copy; the others are copied into the
+    slot first. The host copy into the pinned slot is numpy's (`_host_copy`), not ``Tensor.copy_``:
+    torch's CPU copy runs on its OpenMP pool, whose threads spin after every parallel region and took the
+    cores the reader's own threads decode on (a batch of 1 MB cost milliseconds, and the loader ran at a
+    third of the reader's speed on a 16-core host). A tensor larger than `_CHUNK` is copied chunk by
+    chunk, each chunk sent as soon as it is in pinned memory, so the host copy of chunk k+1 overlaps the
+    transfer of chunk k; a chunk is split over a few threads in pieces of `_PARALLEL_MIN` or more (numpy's copy
     releases the GIL). The tensors of a batch up to `_PACK_MAX` each go together: one pinned buffer, one
     transfer, the device tensors views of it (a transfer costs tens of microseconds of CPU, whatever its
     size, and batches are usually a few small tensors).
@@ -157,6 +164,7 @@ class _CudaStager:
         self.stream = torch.cuda.Stream(device)  # type: ignore[no-untyped-call]
         self.buffers: list[dict[str, torch.Tensor]] = [{} for _ in range(slots)]
         self.done: list[torch.cuda.Event | None] = [None] * slots
+        self.held: list[list[torch.Tensor]] = [[] for _ in range(slots)]  # pinned sources being copied
         self.slot = 0
 
     def _pinned(self, slot: int, key: str, nbytes: int) -> torch.Tensor:
@@ -206,11 +214,17 @@ class _CudaStager:
         previous = self.done[i]
         if previous is not None:
             previous.synchronize()
+        held = self.held[i] = []
         out: Batch = {}
-        with torch.cuda.device(self.device), torch.cuda.stream(self.stream):
+        with torch.cuda.stream(self.stream):
             packed: list[tuple[str, torch.Tensor, np.ndarray]] = []
             for key, value in batch.items():
-                if isinstance(value, torch.Tensor):
+                if isinstance(value, torch.Tensor) and value.is_contiguous() and value.is_pinned():
+                    # already page-locked (a shuffled batch: `Reader.set_batch_memory`): sent as it is, and
+                    # kept alive (out of the reader's reuse) until this slot's copy is done
+                    out[key] = value.to(self.device, non_blocking=True)
+                    held.append(value)
+                elif isinstance(value, torch.Tensor):
                     src = _flat_bytes(value)
                     if src is not None and src.nbytes <= _PACK_MAX:
                         packed.append((key, value, src))
@@ -266,6 +280,8 @@ class Loader(LoaderBase):
         self.pin_memory = pin
         self._stager = _stager if _stager is not None else (_CudaStager(device) if cuda and pin and device
                                                              else None)
+        if isinstance(self._stager, _CudaStager):
+            reader.set_batch_memory(_pinned_bytes)
 
     def __iter__(self) -> Iterator[Batch]:
         if self._stager is None:

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import hypothesis.strategies as st
 import numpy as np
 from hypothesis import given, settings
 
+import shardkit
 from shardkit.reader import batching
 
 
@@ -235,3 +238,28 @@ def test_scatter_of_masked_columns_falls_back() -> None:
     scatter.place([{"x": np.arange(2.0)}], np.array([0, 1]))
     scatter.place([{"x": masked}], np.array([2, 3]))
     assert scatter.placed([[{"x": np.arange(2.0)}], [{"x": masked}]]) is None
+
+
+def test_a_reader_puts_shuffled_batches_in_the_memory_it_is_given(tmp_path: Path) -> None:
+    """`Reader.set_batch_memory`: what shardkit.torch uses to shuffle straight into pinned memory."""
+    url = str(tmp_path / "ds")
+    shardkit.write_dataset({"id": np.arange(2000), "x": np.random.default_rng(0).random((2000, 8))}, url,
+                           row_group_size=100)
+    made: list[np.ndarray] = []
+
+    def allocate(nbytes: int) -> np.ndarray:
+        made.append(np.empty(nbytes, np.uint8))
+        return made[-1]
+
+    with shardkit.make_reader(url, batch_size=50, seed=3) as plain:
+        want = [b["id"].copy() for b in plain]
+    with shardkit.make_reader(url, batch_size=50, seed=3) as reader:
+        reader.set_batch_memory(allocate)
+        got, inside = [], 0
+        for batch in reader:
+            got.append(batch["id"].copy())
+            inside += any(np.shares_memory(batch["id"], a) for a in made)
+    assert made
+    assert inside >= len(got) // 2  # batches that span two windows are joined in ordinary memory
+    np.testing.assert_array_equal(np.concatenate(got), np.concatenate(want))
+    assert len(made) < len(got)  # the arrays are reused, not made per batch
