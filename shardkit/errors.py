@@ -15,9 +15,11 @@
     │   └── UnknownArgumentError      (also TypeError)          a keyword a reader function does not take
     ├── AdapterError                  (also ValueError)         a field or device an adapter cannot serve
     ├── ConfigError                   (also ValueError)         a job config key missing, unknown or wrong
+    │   └── EngineUnreachableError                              a cluster engine's address does not answer
     ├── CheckpointError               (also OSError)            no checkpoint can be written or restored
     │   └── CorruptCheckpointError                              a commit or file that does not verify
     ├── JobError                      (also RuntimeError)       a job that failed (restarts exhausted)
+    │   └── LostJobError                                        a node cut off from its job (store silent)
     ├── UnsupportedURLError           (also ValueError)         a URL whose protocol no filesystem serves
     ├── StorageOptionsError           (also ValueError)         a storage option its filesystem does not take
     └── MissingDependencyError        (also ImportError)        an optional extra is not installed
@@ -29,6 +31,7 @@
     ColumnsLeftOutWarning             (a UserWarning)           plain Parquet columns with no field type
     FilesLeftOutWarning               (a UserWarning)           files of a converted folder not in its format
     TimeZoneWarning                   (a UserWarning)           converted times with a zone stored as UTC
+    SecretTooShortWarning             (a UserWarning)           a secret too short to be masked in output
 
 Each message names the bad value, where it came from (URL, file, row group, field) and what to do.
 Every class also subclasses the matching built-in, so ``except FileNotFoundError`` keeps working.
@@ -47,9 +50,11 @@ __all__ = [
     "DatasetExistsError",
     "DatasetNotFoundError",
     "DatasetPermissionError",
+    "EngineUnreachableError",
     "FilesLeftOutWarning",
     "ImageShapeError",
     "JobError",
+    "LostJobError",
     "MissingDependencyError",
     "MissingFilesystemError",
     "NotADatasetError",
@@ -58,6 +63,7 @@ __all__ = [
     "ReaderError",
     "SchemaError",
     "SchemaMismatchError",
+    "SecretTooShortWarning",
     "ShardkitError",
     "StorageOptionsError",
     "TimeZoneWarning",
@@ -113,7 +119,15 @@ class SchemaError(ShardkitError, ValueError):
 
 
 class SchemaMismatchError(SchemaError):
-    """Raised when data does not fit the declared schema (missing column, wrong dtype/shape, null)."""
+    """Raised when data does not fit the declared schema (missing column, wrong dtype/shape, null).
+
+    Where the message is a problem and its fix, ``problem`` holds the first alone: a caller for whom the
+    fix does not apply (an append, which keeps the dataset's schema) says the problem with its own fix.
+    """
+
+    def __init__(self, message: str, *, problem: str | None = None) -> None:
+        super().__init__(message)
+        self.problem = problem
 
 
 class ImageShapeError(CorruptDatasetError, SchemaMismatchError):
@@ -188,8 +202,20 @@ class TimeZoneWarning(UserWarning):
     message names the column and the zone."""
 
 
+class SecretTooShortWarning(UserWarning):
+    """Warned when a job's secret is empty or shorter than 4 characters: its value is not masked in the
+    roles' output (masking it would mask ordinary text everywhere). The message names the secret, never
+    its value."""
+
+
 class JobError(ShardkitError, RuntimeError):
     """Raised when a training job fails for good (restarts exhausted); the message holds the history."""
+
+
+class LostJobError(JobError):
+    """Raised on a torchrun node that lost its job: the rendezvous store (node 0) did not answer for
+    ``fault_tolerance.lost_job_timeout`` seconds (a partition, node 0 gone). Its workers were stopped;
+    the message names the store's address, how long it was silent and what to do."""
 
 
 class StorageOptionsError(ShardkitError, ValueError):
@@ -223,6 +249,12 @@ class MissingFilesystemError(MissingDependencyError):
 
 class UnsupportedURLError(ShardkitError, ValueError):
     """Raised when no filesystem serves a URL's protocol (``foo://``, a typo); the message names the URL."""
+
+
+class EngineUnreachableError(ConfigError):
+    """Raised within seconds when a cluster engine's address does not answer (``engine.master`` of a Spark
+    standalone cluster, ``engine.address`` of a Ray cluster): the message names the address, the engine
+    option and the fix. A `ConfigError`: nothing of the job has started."""
 
 
 def require(module: str, *, extra: str, purpose: str) -> object:

@@ -118,16 +118,15 @@ class Schema(Sequence[Field]):
         """Encode a batch of columns into an Arrow table of this schema; raise on any mismatch."""
         missing = [n for n in self.names if n not in columns]
         if missing:
-            raise SchemaMismatchError(
-                f"the data has no column(s) {missing} declared in the schema; add them, or leave them "
-                f"out of the schema (data columns: {sorted(columns)})"
-            )
+            problem = (f"the data has no column(s) {missing} declared in the schema (data columns: "
+                       f"{sorted(columns)})")
+            raise SchemaMismatchError(f"{problem}; add them, or leave them out of the schema",
+                                      problem=problem)
         extra = sorted(set(columns) - set(self.names))
         if extra:
-            raise SchemaMismatchError(
-                f"the data has column(s) {extra} that the schema does not declare; add a Field for each "
-                "or drop them before writing"
-            )
+            problem = f"the data has column(s) {extra} that the schema does not declare"
+            raise SchemaMismatchError(f"{problem}; add a Field for each or drop them before writing",
+                                      problem=problem)
         arrays = []
         for f in self._fields:
             arr = f.codec.encode(f, columns[f.name])

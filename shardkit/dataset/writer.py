@@ -174,6 +174,25 @@ class PartWriter:
             self.loc.fs.rm(self.staging, recursive=True)
 
 
+def _append_mismatch(url: str, schema: Schema, problem: str, offset: int) -> SchemaMismatchError:
+    """An append's mismatch, with the fixes an append can take (its schema is the dataset's)."""
+    fields = ", ".join(f"{f.name}: {f.dtype_name}{list(f.shape) if f.shape else ''}" for f in schema)
+    where = f"in the batch that starts at input row {offset}: " if offset else ""
+    return SchemaMismatchError(
+        f"cannot append to {url!r}: {where}{problem}; an append keeps the dataset's schema ({fields}), so "
+        "cast the new data to it (drop the columns it does not have, convert the dtypes, e.g. "
+        "df.astype({...})), or write every row again with the new columns or dtypes: mode='overwrite' "
+        "(or a new URL)", problem=problem)
+
+
+def _require_fields(schema: Schema | None, url: str) -> None:
+    """A dataset without a field is refused, as `shardkit write` refuses input without a column."""
+    if schema is not None and len(schema) == 0:
+        raise SchemaError(f"cannot write {url!r}: the data has no columns (and so the dataset no fields), so "
+                          "there is nothing to write; pass data with at least one column (a DataFrame "
+                          "with columns, {'id': [...]}) or a schema with at least one field")
+
+
 def write_dataset(
     data: Any,
     url: str | os.PathLike[str],
@@ -251,6 +270,7 @@ def write_dataset(
         replaced = data_files(loc) if mode == "overwrite" and root_existed else []
         if schema is None and (whole := whole_columns(data)) is not None:
             schema = infer_schema(whole)
+        _require_fields(schema, loc.url)
         staging = loc.join(STAGING, uuid.uuid4().hex)
         loc.makedirs(staging)  # none on object stores, where it would create a missing bucket
         parts: PartWriter | None = None
@@ -262,12 +282,15 @@ def write_dataset(
             for columns, n in batches:
                 if schema is None:
                     schema = infer_schema(columns)
+                    _require_fields(schema, loc.url)
                 if parts is None:
                     parts = PartWriter(loc, staging, schema, rg_bytes=rg_bytes, rg_rows=rg_rows,
                                        file_bytes=file_bytes, compression=compression)
                 try:
                     table = columns if encoded else schema.encode(columns, n)
                 except SchemaMismatchError as e:
+                    if existing is not None and mode == "append" and e.problem:
+                        raise _append_mismatch(loc.url, schema, e.problem, offset) from e
                     if not offset:
                         raise
                     raise SchemaMismatchError(f"in the batch that starts at input row {offset}: {e}") from e

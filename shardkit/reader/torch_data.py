@@ -37,7 +37,7 @@ from typing import Any
 
 import numpy as np
 
-from shardkit.errors import AdapterError, require
+from shardkit.errors import AdapterError, ReaderError, require
 from shardkit.reader.api import make_reader
 from shardkit.reader.collate import Collate, Passes, jump_to_epoch, plan_fields, prepare
 from shardkit.reader.reader import Reader
@@ -309,6 +309,7 @@ class ShardkitIterableDataset(torch.utils.data.IterableDataset[Batch]):
                                    "(each DataLoader worker reads shard rank * num_workers + worker id)")
         with make_reader(url, shard=rank, num_shards=world_size, **reader_kwargs) as probe:
             self.rank, self.world_size, self.schema = probe.shard, probe.num_shards, probe.schema
+            self.num_samples = probe.num_samples
         self.url, self.reader_kwargs = url, reader_kwargs
         self.collate: Collate | CollateFn = Collate() if collate is None else collate
         if isinstance(self.collate, Collate):
@@ -345,7 +346,20 @@ class ShardkitIterableDataset(torch.utils.data.IterableDataset[Batch]):
         made = False  # a reader made now, in this process
         if reader is None or passes is None or self._reader_pid != os.getpid() or reader.shard != shard \
                 or reader.num_shards != num_shards:
-            reader = make_reader(self.url, shard=shard, num_shards=num_shards, **self.reader_kwargs)
+            if num_shards > self.num_samples:
+                fits = max(1, self.num_samples // self.world_size)
+                raise AdapterError(
+                    f"DataLoader num_workers={workers} on {self.world_size} rank(s) makes {num_shards} "
+                    f"shards (each rank's workers read shards rank * num_workers + worker), more than the "
+                    f"{self.num_samples} samples of {self.url!r}, and every worker needs one; use "
+                    f"num_workers <= {fits}" + (" (or fewer ranks)" if self.world_size > 1 else "")
+                    + ", or num_workers=0 to read in the main process")
+            try:
+                reader = make_reader(self.url, shard=shard, num_shards=num_shards, **self.reader_kwargs)
+            except ReaderError as e:
+                raise AdapterError(f"DataLoader worker {worker} of num_workers={workers} on rank {self.rank} "
+                                   f"of {self.world_size} reads shard {shard} of {num_shards}: {e}; fewer "
+                                   "workers give each one more samples") from e
             passes = Passes(reader)
             self._reader, self._reader_pid, self._passes, made = reader, os.getpid(), passes, True
         if self._pending is not None:

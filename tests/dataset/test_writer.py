@@ -1038,3 +1038,34 @@ def test_refused_credentials_are_a_permission_error_naming_the_url(iam: IAMServe
     import s3fs
 
     assert not s3fs.S3FileSystem(**iam.options("admin")).exists(url)
+
+
+@pytest.mark.parametrize("data", [pd.DataFrame(), pd.DataFrame(index=range(3)), pa.table({}), {},
+                                  iter([pd.DataFrame(index=range(2))])],
+                         ids=["empty-frame", "rows-no-columns", "arrow", "dict", "stream"])
+def test_data_without_columns_is_refused_as_the_cli_refuses_it(tmp_path: Path, data: Any) -> None:
+    url = str(tmp_path / "none")
+    with pytest.raises(SchemaError, match="has no columns") as caught:
+        shardkit.write_dataset(data, url)
+    assert "at least one column" in str(caught.value)
+    assert not os.path.exists(url)
+
+
+@pytest.mark.parametrize(("frame", "problem"), [
+    (pd.DataFrame({"id": np.arange(3, dtype=np.int32), "new": [1, 2, 3]}), r"column\(s\) \['new'\]"),
+    (pd.DataFrame({"id": np.array([2**40], dtype=np.int64)}), "outside its range"),
+    (pd.DataFrame({"id": [0.5]}), "the data has dtype float64"),
+], ids=["new-column", "wider-integers", "floats"])
+def test_an_append_that_does_not_fit_offers_the_fixes_an_append_can_take(
+        tmp_path: Path, frame: pd.DataFrame, problem: str) -> None:
+    url = str(tmp_path / "ds")
+    shardkit.write_dataset(pd.DataFrame({"id": np.arange(3, dtype=np.int32)}), url)
+    with pytest.raises(SchemaMismatchError, match=problem) as caught:
+        shardkit.write_dataset(frame, url, mode="append")
+    message = str(caught.value)
+    assert "add a Field" not in message
+    fixes = message.split("; ", 1)[1]
+    assert "declare" not in fixes  # no fix an append cannot take
+    assert "an append keeps the dataset's schema (id: int32)" in message
+    assert "mode='overwrite'" in message
+    assert len(shardkit.open_dataset(url).files) == 1  # nothing appended

@@ -736,3 +736,28 @@ def test_the_stager_sends_numpy_dtypes_as_bytes_and_leaves_the_rest_to_torch(dty
     assert flat.tobytes() == t.numpy().tobytes()
     assert reader_torch._flat_bytes(t.transpose(0, 2)) is None  # strided: torch's copy_
     assert reader_torch._flat_bytes(t.to(torch.bfloat16)) is None  # no numpy dtype
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.usefixtures("reap")
+@pytest.mark.parametrize(("world", "workers", "fits"), [(1, 6, "num_workers <= 5"),
+                                                        (2, 3, "num_workers <= 2 (or fewer ranks)")])
+def test_more_dataloader_workers_than_rows_names_num_workers_the_ranks_and_what_fits(
+        tmp_path: Path, world: int, workers: int, fits: str) -> None:
+    url = str(tmp_path / "five")
+    shardkit.write_dataset({"id": np.arange(5)}, url)
+    ds = skt.ShardkitIterableDataset(url, rank=0, world_size=world, batch_size=1)
+    with warnings.catch_warnings():  # more workers than this machine's suggested maximum: the point here
+        warnings.filterwarnings("ignore", "This DataLoader will create", UserWarning)
+        loader = torch.utils.data.DataLoader(ds, batch_size=None, num_workers=workers)
+        iterator = iter(loader)
+    with pytest.raises(AdapterError) as caught:
+        list(iterator)
+    iterator._shutdown_workers()  # the others, still waiting for work (reap would SIGKILL them)
+    message = str(caught.value)
+    assert f"num_workers={workers}" in message
+    assert f"on {world} rank(s)" in message
+    assert f"{world * workers} shards" in message
+    assert "5 samples" in message
+    assert fits in message
+    assert "num_workers=0" in message

@@ -136,28 +136,26 @@ def cast_array(field: Field, arr: np.ndarray, where: str) -> np.ndarray:
         else:
             found = {"U": "str", "S": "bytes"}.get(arr.dtype.kind, arr.dtype.name)
             fix = f"convert the data, or declare Field({field.name!r}, {found!r}, ...)"
-        raise SchemaMismatchError(
-            f"field {field.name!r} ({where}) is declared {field.dtype_name} but the data has dtype "
-            f"{arr.dtype}; {fix}"
-        )
+        problem = (f"field {field.name!r} ({where}) is declared {field.dtype_name} but the data has dtype "
+                   f"{arr.dtype}")
+        raise SchemaMismatchError(f"{problem}; {fix}", problem=problem)
     if arr.dtype.kind in "iub" and target.kind in "iu" and arr.size:
         info = np.iinfo(target)
         lo, hi = arr.min(), arr.max()
         if lo < info.min or hi > info.max:
-            raise SchemaMismatchError(
-                f"field {field.name!r} ({where}) is declared {field.dtype_name} but holds values in "
-                f"[{lo}, {hi}], outside its range [{info.min}, {info.max}]; declare a wider dtype"
-            )
+            problem = (f"field {field.name!r} ({where}) is declared {field.dtype_name} but holds values in "
+                       f"[{lo}, {hi}], outside its range [{info.min}, {info.max}]")
+            raise SchemaMismatchError(f"{problem}; declare a wider dtype", problem=problem)
     with np.errstate(all="ignore"):  # overflows are found below, and named
         out = arr.astype(target, copy=False)
         lossy = _lost(arr, out)
     if lossy is not None and lossy.any():
         bad = ", ".join(str(v) for v in arr[lossy][:3]) + (", ..." if lossy.sum() > 3 else "")
-        raise SchemaMismatchError(
-            f"field {field.name!r} ({where}) is declared {field.dtype_name} but its data ({arr.dtype}) holds "
-            f"values that {field.dtype_name} cannot hold, which the cast would change: [{bad}]; declare "
-            f"Field({field.name!r}, {arr.dtype.name!r}, ...) or convert the values first"
-        )
+        problem = (f"field {field.name!r} ({where}) is declared {field.dtype_name} but its data "
+                   f"({arr.dtype}) holds values that {field.dtype_name} cannot hold, which the cast would "
+                   f"change: [{bad}]")
+        raise SchemaMismatchError(f"{problem}; declare Field({field.name!r}, {arr.dtype.name!r}, ...) or "
+                                  "convert the values first", problem=problem)
     return out
 
 
