@@ -8,9 +8,15 @@ Ray instance started by the engine), measured like every engine of the table (se
                      its Ray actor) to the first step of the restarted attempt (detection, stopping the
                      group, new actors and processes, restoring the checkpoint)
 
+`multihost` measures the same on a real Ray cluster of two hosts (network namespaces, needs root): the
+head and the driver on h0, a worker node on h1, one worker per node; the fault is h1 lost (every process
+of its namespace SIGKILLed: raylet, actor, role), and recovery runs from that kill to the first step of
+the attempt restarted on h0 (Ray's default node health checks notice the node's death).
+
 Usage (from the repository root):
-    python -m benchmarks.engine_ray            # one clean run and one run with a kill; saves the result
-    python -m benchmarks.engine_ray --quick    # 3 epochs, not saved (smoke test)
+    python -m benchmarks.engine_ray                # one clean run and one run with a kill; saves the result
+    python -m benchmarks.engine_ray --quick        # 3 epochs, not saved (smoke test)
+    python -m benchmarks.engine_ray --multihost    # the same on a 2-host Ray cluster (as root)
 """
 
 from __future__ import annotations
@@ -26,11 +32,15 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import yaml
 
 from benchmarks.common import ROOT, SCRATCH, descendants, save_results, table
+
+if TYPE_CHECKING:  # imported where used: the multi-host harness is a test tool
+    from tests.multihost.netns import Host
+    from tests.multihost.raycluster import RayCluster
 
 EXAMPLE = ROOT / "examples" / "digits.yaml"
 _STATS = re.compile(r"TRAIN_STATS (\{.*\})")
@@ -148,6 +158,80 @@ def measure_ray(epochs: int | None = None) -> dict[str, Any]:
     return measure_engine("ray", epochs=epochs, kill="parent")
 
 
+def _on_host(host: Host, cluster: RayCluster, run_dir: Path, *, epochs: int | None,
+             lose: Host | None = None) -> dict[str, Any]:
+    """`run_train`'s measure of ``shardkit train`` started on ``host`` against ``cluster``; with ``lose`` (a
+    `tests.multihost.netns.Host`), every process of that host is SIGKILLed once the first checkpoint is
+    committed while a worker runs there."""
+    shutil.rmtree(run_dir, ignore_errors=True)
+    run_dir.mkdir(parents=True)
+    config = _config(run_dir, {"name": "ray", "address": cluster.address, "grace": 2}, epochs)
+    job_dir = run_dir / "job"
+    log = run_dir / "train.out"
+    started_unix = time.time()
+    with open(log, "wb") as out:
+        proc = host.popen([sys.executable, "-m", "shardkit.cli", "train", str(config)], cwd=ROOT,
+                          env=cluster.env, stdout=out, stderr=subprocess.STDOUT)
+    killed: dict[str, Any] = {}
+    try:
+        deadline = time.monotonic() + _RUN_TIMEOUT_S
+        while proc.poll() is None and time.monotonic() < deadline:
+            if lose is not None and not killed and any((job_dir / "checkpoints").glob("step-*/COMMIT")) \
+                    and _runs_a_worker(lose, job_dir):
+                lose.kill_all()
+                killed = {"unix": time.time(), "what": f"host {lose.name} (raylet, actor, worker)"}
+            time.sleep(0.02)
+        proc.wait(max(1.0, deadline - time.monotonic()))
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    text = log.read_text(errors="replace")
+    found = _STATS.findall(text)
+    if proc.returncode != 0 or not found or (lose is not None and not killed):
+        raise RuntimeError(f"ray on 2 hosts failed ({proc.returncode}, killed={killed}):\n{text[-4000:]}")
+    stats = json.loads(found[-1])
+    summary = json.loads((job_dir / "summary.json").read_text())
+    result = {"first_step_s": stats["first_step_unix"] - started_unix,
+              "samples_per_s": stats["samples_per_s"], "wall_s": time.time() - started_unix,
+              "steps": stats["steps"], "test_accuracy": stats["test_accuracy"],
+              "restarts": summary["restarts"], "load_1m": os.getloadavg()[0]}
+    if killed:
+        result.update(recovery_s=stats["first_step_unix"] - killed["unix"], killed=killed["what"])
+    return result
+
+
+def _runs_a_worker(host: Host, job_dir: Path) -> bool:
+    """Whether a worker of the job in ``job_dir`` runs in ``host``'s namespace."""
+    want = (f"SHARDKIT_JOB_DIR={job_dir}".encode(), b"SHARDKIT_ROLE=worker")
+    for pid in host.pids():
+        with contextlib.suppress(OSError):
+            env = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+            if all(w in env for w in want):
+                return True
+    return False
+
+
+def multihost(epochs: int | None = None) -> dict[str, Any]:
+    """The Ray row on two hosts: a Ray cluster with its head on h0 and a worker node on h1 (network
+    namespaces joined by a bridge, `tests.multihost.netns`; needs root), ``shardkit train`` on h0 with
+    ``engine: {name: ray, address: h0:6379}``, one worker per node. A clean run (first step s,
+    samples/s), then a run where h1 is lost after the first checkpoint (recovery s: from the kill to the
+    first step of the group restarted on h0). Ray's default node health checks; both runs on one
+    cluster, one after the other."""
+    from tests.multihost.netns import Network
+    from tests.multihost.raycluster import ray_cluster
+
+    folder = SCRATCH / "engines"
+    with Network(2) as net, ray_cluster(net, cpus=(2, 2)) as cluster:
+        h0, h1 = net.hosts
+        clean = _on_host(h0, cluster, folder / "ray-2hosts-clean", epochs=epochs)
+        faulty = _on_host(h0, cluster, folder / "ray-2hosts-kill", epochs=epochs, lose=h1)
+    return {"engine": "ray, 2 hosts", "first_step_s": clean["first_step_s"],
+            "samples_per_s": clean["samples_per_s"], "recovery_s": faulty["recovery_s"],
+            "killed": faulty["killed"], "clean": clean, "kill": faulty}
+
+
 def report(row: dict[str, Any]) -> str:
     return table(["engine", "first step s", "samples/s", "recovery s", "killed", "test accuracy"],
                  [[row["engine"], f"{row['first_step_s']:.1f}", f"{row['samples_per_s']:,.0f}",
@@ -157,7 +241,11 @@ def report(row: dict[str, Any]) -> str:
 def main(measure: Any = measure_ray, name: str = "engine-ray", doc: str | None = __doc__) -> None:
     parser = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="3 epochs, results not saved")
+    if measure is measure_ray:
+        parser.add_argument("--multihost", action="store_true", help="on a Ray cluster of 2 hosts (root)")
     args = parser.parse_args()
+    if getattr(args, "multihost", False):
+        measure, name = multihost, "engine-ray-multihost"
     row = measure(epochs=3 if args.quick else None)
     print(report(row))
     if not args.quick:

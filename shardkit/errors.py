@@ -8,6 +8,8 @@
     │   ├── CorruptDatasetError       (also OSError)            a file or row group that cannot be read
     │   │   └── ImageShapeError       (also SchemaMismatchError) an image not its field's size or pixel type
     │   ├── DatasetPermissionError    (also PermissionError)    a file or folder this user may not read/write
+    │   ├── TableVersionError         (also LookupError)        a version or snapshot id a table lacks
+    │   ├── UnsupportedTableError     (also ValueError)         a table feature shardkit cannot read
     │   └── UnsafePickleError         (also ValueError)         a Petastorm schema pickle with foreign content
     ├── SchemaError                   (also ValueError)         a schema, field or codec invalid in itself
     │   └── SchemaMismatchError                                 data that does not fit the declared schema
@@ -66,8 +68,10 @@ __all__ = [
     "SecretTooShortWarning",
     "ShardkitError",
     "StorageOptionsError",
+    "TableVersionError",
     "TimeZoneWarning",
     "UnknownArgumentError",
+    "UnsupportedTableError",
     "UnsafePickleError",
     "UnsupportedURLError",
     "one_line",
@@ -112,6 +116,17 @@ class UnsafePickleError(DatasetError, ValueError):
     The pickle is never executed: shardkit interprets its opcodes itself and refuses the first
     reference to a class that is not a Petastorm schema/codec class, a Spark type or a numpy dtype.
     """
+
+
+class TableVersionError(DatasetError, LookupError):
+    """Raised when a Delta version or Iceberg snapshot id asked for (``version=``, a resume state) is not
+    one of the table's; the message lists the versions it has."""
+
+
+class UnsupportedTableError(DatasetError, ValueError):
+    """Raised when a Delta or Iceberg table needs what shardkit does not read: a protocol version or
+    table feature it does not know, or deleted rows (deletion vectors, delete files) it cannot apply
+    exactly. The message names the table, the version and the fix."""
 
 
 class SchemaError(ShardkitError, ValueError):

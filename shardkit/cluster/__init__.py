@@ -39,8 +39,9 @@ def run_job(config: JobConfig, *, node_rank: int | None = None, echo: bool = Tru
       the other roles (parameter servers, ...) are then stopped. A process that reported ``done`` and
       then aborted (SIGABRT, seen with gloo at exit) counts as finished, with a note in the summary.
     - At the end ``<logdir>/summary.json`` is written and a summary printed; TensorBoard scalars
-      (metrics, samples/s, restarts) are in ``<logdir>/tensorboard``. Secret values are replaced by
-      ``<redacted>`` in everything the supervisor prints or writes.
+      (metrics, samples/s, restarts) are in ``<logdir>/tensorboard``. Secret values (4 characters or
+      more) are masked as ``***`` in the roles' logs and in everything the supervisor prints or writes
+      (`shardkit.cluster.masking`).
     - Ctrl-C, SIGTERM or SIGHUP stops every process (no orphans), writes the summary and raises
       KeyboardInterrupt (its ``signum`` attribute says which; ``shardkit train`` exits 128 + it). If the
       trainer is SIGKILLed, the roles die with it (parent-death signal) and a watcher process stops

@@ -32,6 +32,7 @@ from shardkit.cluster.config_sections import (
 )
 from shardkit.cluster.config_values import NO_VALUE as _NO_VALUE
 from shardkit.cluster.config_values import Problem, plain_data_problems
+from shardkit.cluster.masking import warn_short_secrets
 from shardkit.cluster.protocol import ALL_ENV
 from shardkit.errors import ConfigError
 
@@ -101,6 +102,7 @@ class JobConfig(_Model):
     secrets: dict[str, SecretRef] = Field(default_factory=dict)
 
     _source: Path | None = PrivateAttr(default=None)
+    _short_secrets_warned: bool = PrivateAttr(default=False)  # `secret_values` warns once per config
     # where each key path was set (``line 5``, ``from --set engine.x``), for errors found after loading
     _where: dict[tuple[str, ...], str] = PrivateAttr(default_factory=dict)
 
@@ -247,6 +249,10 @@ class JobConfig(_Model):
     def secret_values(self) -> dict[str, str]:
         """Read every secret now: ``{NAME: value}`` for the roles' environment. Never log the result.
 
+        A value shorter than 4 characters (or empty) is warned about (`SecretTooShortWarning`, naming
+        the secret; once per config, the first time): it is not masked in the roles' output
+        (`shardkit.cluster.masking`).
+
         Raises:
             ConfigError: a variable that is not set or a file that cannot be read (the message names
                 the secret, the variable or file, and never a value).
@@ -273,6 +279,9 @@ class JobConfig(_Model):
                 raise _error(self._source, [(("secrets", name), _NO_VALUE, "the value holds a NUL character",
                                              "an environment variable cannot hold NUL; fix the value")])
             values[name] = value.removesuffix("\r")
+        if not self._short_secrets_warned:  # read at the start and again for each attempt: said once
+            self._short_secrets_warned = True
+            warn_short_secrets(values)
         return values
 
     def redacted(self) -> dict[str, Any]:

@@ -27,7 +27,9 @@ __all__ = [
     "MAX_CPUS",
     "MAX_GPUS",
     "MAX_PROCESSES",
+    "MIN_COLLECTIVE_TIMEOUT",
     "MIN_HEARTBEAT_INTERVAL",
+    "MIN_LOST_JOB_TIMEOUT",
     "Resources",
     "RoleConfig",
     "SecretRef",
@@ -42,6 +44,8 @@ _MEMORY = re.compile(r"\s*(\d+(?:\.\d*)?|\.\d+)\s*([kmgtp]?)(i?)(b?)\s*\Z", re.I
 MAX_CPUS, MAX_GPUS = 4096, 256
 #: Seconds: heartbeats more often are no more use (the supervisor polls every 0.1 s), only more datagrams.
 MIN_HEARTBEAT_INTERVAL = 0.01
+#: Seconds: below these, a loaded machine's pauses would end healthy nodes and collectives (`FaultTolerance`).
+MIN_LOST_JOB_TIMEOUT, MIN_COLLECTIVE_TIMEOUT = 3.0, 1.0
 #: The most processes a role, and a whole job, may have (see `RoleConfig`).
 MAX_PROCESSES = 10_000
 # Keys of make_reader that the trainer sets itself (from the job and the process's shard).
@@ -208,12 +212,30 @@ class CheckpointConfig(_Model):
 
 class FaultTolerance(_Model):
     """Restart policy: a role silent for ``heartbeat_timeout`` seconds after its first heartbeat (or
-    ``startup_timeout`` before it), or dead, stops the group, which restarts up to ``max_restarts``."""
+    ``startup_timeout`` before it), or dead, stops the group, which restarts up to ``max_restarts``.
+
+    Across machines, two more bounds (seconds):
+
+    - ``lost_job_timeout`` (default 60, at least 3): a torchrun node whose rendezvous store (hosted by
+      node 0) has not answered for this long, once the job has started (a partition, node 0's machine
+      or agent gone), has lost the job: it stops its workers and exits with code 1 a few seconds later
+      (``engine.grace`` for its workers to stop, and a connection attempt of up to 2 s), its summary
+      and last line naming the store and what to do. The other nodes go on without it where
+      ``nnodes`` allows. Short enough that a cut-off node frees its GPUs soon; long enough to ride
+      out a brief network blip.
+    - ``collective_timeout`` (default 300): torch.distributed's timeout for one collective (gloo,
+      NCCL), given to ``init_process_group`` in every worker of every engine, instead of torch's 30
+      minutes: a worker blocked in an allreduce whose peers vanished fails in bounded time. Longer
+      than the longest legitimate wait of one rank for the others (rank 0 writing a large
+      checkpoint while the others wait in the next allreduce).
+    """
 
     max_restarts: int = Field(default=3, ge=0)
     heartbeat_interval: float = Field(default=1.0, ge=MIN_HEARTBEAT_INTERVAL)
     heartbeat_timeout: float = Field(default=30.0, gt=0)
     startup_timeout: float = Field(default=120.0, gt=0)
+    lost_job_timeout: float = Field(default=60.0, ge=MIN_LOST_JOB_TIMEOUT)
+    collective_timeout: float = Field(default=300.0, ge=MIN_COLLECTIVE_TIMEOUT)
 
     @model_validator(mode="after")
     def _timeout_after_interval(self) -> FaultTolerance:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import os
 import re
 import secrets
@@ -16,20 +17,38 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from shardkit.cluster.addresses import collective_env, is_loopback, local_addresses, resolve, route_source
 from shardkit.cluster.engine_spark_group import SparkGroup
 from shardkit.cluster.mirror import MirrorProcess, Options
 from shardkit.cluster.remote import NodeRunner, Update, free_port, place
 from shardkit.cluster.spec import ClusterSpec, ProcessSpec
-from shardkit.errors import ConfigError, require
+from shardkit.errors import ConfigError, EngineUnreachableError, require
 
 if TYPE_CHECKING:
     from shardkit.cluster.config import JobConfig
 
-__all__ = ["SparkEngine"]
+__all__ = ["SparkEngine", "check_master"]
 
-_OPTIONS = ("master", "conf", "grace")
+_OPTIONS = ("master", "conf", "grace", "connect_timeout", "slots_timeout")
 _POLL_S = 0.1
 _LOCAL = re.compile(r"local(?:\[(\d+|\*)(?:,\s*\d+)?\])?\Z")
+_STANDALONE = "spark://"
+_SLOTS_CHECK_S = 2  # how often Spark looks again for the slots of a barrier stage (its default: 15 s)
+
+
+def _own_address(executor_host: str, driver_host: str) -> str:
+    """The address this task's processes bind their collectives to and advertise to their peers.
+
+    The executor's own address as Spark knows it (the worker's ``--host``) when this node holds it
+    (loopback only with a loopback driver: a local master); else, as for a worker started under a host
+    name that resolves to loopback here, the address of the interface that routes to the driver, which
+    the other executors reach too.
+    """
+    with contextlib.suppress(OSError, ValueError):
+        addr = resolve(executor_host)
+        if is_loopback(addr) if is_loopback(driver_host) else addr in local_addresses():
+            return addr
+    return route_source(driver_host)
 
 
 @dataclass(frozen=True)
@@ -46,11 +65,12 @@ class _BarrierTask:
 
         ctx = BarrierTaskContext.get()
         i = ctx.partitionId()
-        host = ctx.getTaskInfos()[i].address.rpartition(":")[0]
+        host = _own_address(ctx.getTaskInfos()[i].address.rpartition(":")[0].strip("[]"), self.relay[0])
         where = [tuple(json.loads(m)) for m in ctx.allGather(json.dumps([host, free_port()]))]
         gpus = ctx.resources().get("gpu")
         envs = place(self.processes, where, [gpus is not None] * len(where))  # type: ignore[arg-type]
         env = envs[i] if gpus is None else {**envs[i], "CUDA_VISIBLE_DEVICES": ",".join(gpus.addresses)}
+        env.update(collective_env(host, {**os.environ, **env}))  # gloo/NCCL on this node's interface
         with socket.create_connection(self.relay, timeout=60) as conn:
             conn.sendall((json.dumps({"token": self.token, "index": i, "host": host}) + "\n").encode())
             answer = b""
@@ -111,6 +131,43 @@ def _slots(master: str) -> int | None:
     return 1 if threads is None else (os.cpu_count() or 1) if threads == "*" else int(threads)
 
 
+def _masters(master: str) -> list[tuple[str, int]]:
+    """Each ``(host, port)`` of a standalone master URL, ``spark://H:P`` or ``spark://H1:P1,H2:P2`` (HA)."""
+    out = []
+    for part in master[len(_STANDALONE):].split(","):
+        host, _, port = part.strip().rpartition(":")
+        if not host or not port.isdigit():
+            raise ConfigError(f"engine.master={master!r}: {part.strip()!r} is not HOST:PORT. Fix: "
+                              "engine: {name: spark, master: 'spark://HOST:7077'}")
+        out.append((host.strip("[]"), int(port)))
+    return out
+
+
+def check_master(master: str, *, timeout: float) -> str:
+    """Connect to the standalone master(s) of ``master``; return this host's address that reached the first
+    that answered (the driver's address: the executors connect back to it).
+
+    Example:
+        >>> check_master("spark://10.0.0.5:7077", timeout=5.0)
+        '10.0.0.7'
+
+    Raises:
+        EngineUnreachableError: no master accepts a connection within ``timeout`` seconds each (without
+            this, Spark's client retries its registration for a minute and then leaves a dead context).
+    """
+    problems = []
+    for host, port in _masters(master):
+        try:
+            with socket.create_connection((host, port), timeout=timeout) as conn:
+                return str(conn.getsockname()[0])
+        except OSError as e:
+            problems.append(f"{host}:{port}: {e.strerror or e or type(e).__name__}")
+    raise EngineUnreachableError(
+        f"engine.master={master!r}: no Spark master answers there ({'; '.join(problems)}; each given "
+        f"{timeout:g} s, engine.connect_timeout). Fix: start the master (pyspark's bin/spark-class "
+        "org.apache.spark.deploy.master.Master --host HOST --port PORT), or correct engine.master")
+
+
 def _check_slots(master: str, task_cpus: str, n: int) -> None:
     """`ConfigError` when a local ``master`` runs fewer than ``n`` tasks at a time with ``spark.task.cpus``
     = ``task_cpus`` (a cluster's slots are Spark's to check)."""
@@ -142,9 +199,12 @@ class SparkEngine:
 
     Options: ``master`` (``spark://HOST:7077``, ``yarn``, ``k8s://...``, ``local[N]``; default ``local[N]``
     for the job's N processes), ``conf`` (more Spark settings for a session the engine creates),
-    ``grace`` (seconds between SIGTERM and SIGKILL when stopping a process, default 5). If a
-    SparkSession is already active in this process it is used as it is, and not stopped: a program
-    can materialize the dataset with `shardkit.write_spark` and then train in the same session.
+    ``grace`` (seconds between SIGTERM and SIGKILL when stopping a process, default 5),
+    ``connect_timeout`` (seconds a ``spark://`` master has to accept a connection, default 5),
+    ``slots_timeout`` (seconds a barrier stage waits for the cluster to have a task slot for every
+    process, default 60). If a SparkSession is already active in this process it is used as it is, and
+    not stopped: a program can materialize the dataset with `shardkit.write_spark` and then train in
+    the same session.
 
     Choices:
     - One barrier stage, one task per process (``sc.parallelize(range(n), n).barrier().mapPartitions``):
@@ -166,6 +226,26 @@ class SparkEngine:
     - A session the engine creates runs the tasks with this interpreter (``PYSPARK_PYTHON``, unless
       set; the executors need shardkit) and, for a local master, on 127.0.0.1; the role processes run
       with ``python:`` from the config. The environment, secrets included, travels in the task.
+    - Across machines (a standalone ``spark://`` master), nothing is taken from the host name, which
+      often resolves to loopback: the master must accept a TCP connection within ``connect_timeout``
+      (else `EngineUnreachableError` names it and ``engine.master``, instead of Spark's minute of silent
+      registration retries and a dead context), and the address of this host that reached it becomes
+      ``spark.driver.host`` and ``spark.driver.bindAddress`` (unless ``conf`` or ``SPARK_LOCAL_IP`` say
+      otherwise): the executors connect back to it, and so do the tasks to the relay. Each task takes
+      its executor's address (the worker's ``--host``, from ``BarrierTaskContext``; the address that
+      routes to the driver where this node does not hold it): rank 0's becomes every process's
+      ``MASTER_ADDR`` and TensorFlow's ``TF_CONFIG`` lists each member at its own, and each process's
+      gloo and NCCL are pinned to that address's interface (``GLOO_SOCKET_IFNAME``,
+      ``NCCL_SOCKET_IFNAME``, unless the job's ``env:`` or the executor set them).
+    - A lost worker (its machine down, its executor gone) fails the stage: Spark's own answer in
+      barrier mode is to run the whole stage again, and so does the supervisor, from the newest
+      checkpoint, with the same number of processes (a barrier stage's size is the job's world; the
+      reader resumes the epoch exactly). The new stage runs as soon as Spark has a slot for every task:
+      at once on the workers that remain when they have free cores, or once workers join (the lost
+      machine back, a spare started); Spark's slot check looks every 2 s for up to ``slots_timeout``,
+      after which the attempt fails with a message naming the slots it lacked, and when
+      ``max_restarts`` is spent, the job. Waiting longer is a matter of ``slots_timeout``: Spark's own
+      default (15 s x 40 checks) is set down so that too few workers is an error in about a minute.
     """
 
     name = "spark"
@@ -175,6 +255,8 @@ class SparkEngine:
         self.master = opts.text("master", "local[2]")
         self.conf = {k: str(v) for k, v in opts.mapping("conf", "{spark.executor.memory: 4g}").items()}
         self.grace = opts.number("grace", 5.0) or 0.0
+        self.connect_timeout = opts.number("connect_timeout", 5.0, minimum=0.1) or 5.0
+        self.slots_timeout = opts.number("slots_timeout", 60.0, minimum=1.0) or 60.0
         require("pyspark", extra="spark", purpose="engine: spark (Spark barrier mode)")
         self._own: Any = None
 
@@ -206,11 +288,20 @@ class SparkEngine:
         # Read when the session starts: the tasks' Python (else the system's, without shardkit), and
         # for a local master, loopback only.
         env = {"PYSPARK_PYTHON": sys.executable}
+        settings = {"spark.scheduler.barrier.maxConcurrentTasksCheck.interval": f"{_SLOTS_CHECK_S}s",
+                    "spark.scheduler.barrier.maxConcurrentTasksCheck.maxFailures":
+                        str(max(1, math.ceil(self.slots_timeout / _SLOTS_CHECK_S)))}
         if _LOCAL.match(master):
             env["SPARK_LOCAL_IP"] = "127.0.0.1"
-            builder = builder.config("spark.driver.host", "127.0.0.1").config(
-                "spark.driver.bindAddress", "127.0.0.1")
-        for key, value in self.conf.items():
+            settings.update({"spark.driver.host": "127.0.0.1", "spark.driver.bindAddress": "127.0.0.1"})
+        elif master.startswith(_STANDALONE):
+            driver = check_master(master, timeout=self.connect_timeout)
+            if not {"spark.driver.host", "spark.driver.bindAddress"} & self.conf.keys() and not (
+                    os.environ.get("SPARK_LOCAL_IP") or os.environ.get("SPARK_LOCAL_HOSTNAME")):
+                # never the host name's resolution (often loopback): the executors could not reach it
+                env["SPARK_LOCAL_IP"] = driver
+                settings.update({"spark.driver.host": driver, "spark.driver.bindAddress": driver})
+        for key, value in {**settings, **self.conf}.items():
             builder = builder.config(key, value)
         with _environ_defaults(env):
             self._own = builder.getOrCreate()
@@ -241,7 +332,8 @@ class SparkEngine:
         mirrors = [MirrorProcess(proc, log_dir / f"{proc.name}.log") for proc in spec.processes]
         host = sc.getConf().get("spark.driver.host") or "127.0.0.1"
         token = secrets.token_hex(16)
-        group = SparkGroup(mirrors, spec.heartbeat_addr, host=host, token=token, grace=self.grace)
+        group = SparkGroup(mirrors, spec.heartbeat_addr, host=host, token=token, grace=self.grace,
+                           slots_timeout=self.slots_timeout)
         try:
             task = _BarrierTask(list(spec.processes), (host, group.port), token, self.grace)
             group.begin(sc, task, f"shardkit-{spec.job_dir.name}-{spec.attempt}-{token[:8]}")

@@ -15,6 +15,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+from shardkit.cluster.addresses import local_addresses
 from shardkit.cluster.local import group_members
 from shardkit.cluster.mirror import MirrorGroup, MirrorProcess, describe_error, is_local
 from shardkit.cluster.remote import Update
@@ -29,6 +30,8 @@ _DRAIN_S = 5.0
 # The last Python exception in a Spark error (its text holds the worker's traceback among JVM frames).
 _PYTHON_ERROR = re.compile(r"^(?!java|org|scala|py4j)([A-Za-z_][\w.]*(?:Error|Exception)): (.+)$",
                            re.MULTILINE)
+# Spark's error when a barrier stage's slot check gave up (its class, and its message's words).
+_NO_SLOTS = ("BarrierJobSlotsNumberCheckFailed", "more slots than the total number of slots")
 
 
 def _python_error(error: BaseException) -> str:
@@ -60,9 +63,9 @@ class SparkGroup(MirrorGroup):
     """
 
     def __init__(self, processes: list[MirrorProcess], heartbeat_addr: str | None, *, host: str, token: str,
-                 grace: float) -> None:
+                 grace: float, slots_timeout: float = 60.0) -> None:
         super().__init__(processes, heartbeat_addr)
-        self.token, self.grace = token, grace
+        self.token, self.grace, self.slots_timeout = token, grace, slots_timeout
         # A loopback driver listens on loopback only; a cluster's driver on every interface.
         bind = host if is_local(host) and host.startswith("127.") else ""
         self.listener = socket.create_server((bind, 0))
@@ -92,6 +95,12 @@ class SparkGroup(MirrorGroup):
                 sc.parallelize(range(n), n).barrier().mapPartitions(task).collect()
             except Exception as e:  # the job failed or was cancelled: what has not ended is lost
                 why = _python_error(e)
+                if any(text in str(e) for text in _NO_SLOTS):  # Spark's check of the slots, given up
+                    why = (f"the cluster ({sc.master}) did not have the {n} task slots that a barrier stage "
+                           f"of this job's {n} processes needs (executor cores / spark.task.cpus, at once) "
+                           f"within {self.slots_timeout:g} s (engine.slots_timeout): too few workers remain, "
+                           "or they lack the cores or the memory (spark.executor.memory) an executor asks. "
+                           "Fix: start or restart workers, give them more cores, or run fewer processes")
                 for i in range(n):  # exit code 1: never started, or went down with the stage
                     self.lost(i, f"the Spark job of this attempt ended: {why}", code=1)
 
@@ -176,7 +185,8 @@ class SparkGroup(MirrorGroup):
                     self._job.join(_CANCEL_WAIT_S)
         finally:
             for proc in self.processes:  # a task Spark could not end: its process, if on this machine
-                if proc.pid and is_local(proc.host) and group_members(proc.pid):
+                here = is_local(proc.host) or proc.host in local_addresses()
+                if proc.pid and here and group_members(proc.pid):
                     with contextlib.suppress(OSError):
                         os.killpg(proc.pid, signal.SIGKILL)
             self._drained_by = time.monotonic() + _DRAIN_S

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import atexit
 import ctypes
+import dataclasses
 import difflib
 import importlib.util
 import ipaddress
@@ -17,6 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn, TextIO
 
+from shardkit.cluster import addresses
 from shardkit.cluster import protocol as p
 from shardkit.cluster.config import MAX_PROCESSES
 from shardkit.cluster.config_load import located
@@ -28,7 +30,7 @@ if TYPE_CHECKING:
     from shardkit.cluster.spec import ClusterSpec
 
 __all__ = ["RDZV_CONF", "TorchrunEngine", "TorchrunOptions", "check_job", "check_node", "main",
-           "parse_options", "run_node", "worker_log"]
+           "node_address", "parse_options", "run_node", "worker_log"]
 
 DEFAULT_ENDPOINT = "127.0.0.1:29400"
 #: c10d rendezvous settings ``engine.rdzv_conf`` may hold (torch's names; seconds unless said).
@@ -234,15 +236,24 @@ class TorchrunEngine:
     ``roles.worker.count``), ``rdzv_endpoint`` (``host:port`` of node 0, default 127.0.0.1:29400),
     ``rdzv_id`` (default the job's name; use a new one per run), ``rdzv_conf`` (c10d settings, see
     `RDZV_CONF`), ``node_rank`` (the ``--node-rank`` default), ``local_addr`` (the address other nodes
-    reach this one at; default 127.0.0.1 when the endpoint is loopback, else torch's FQDN lookup),
-    ``max_restarts`` (per node, default ``fault_tolerance.max_restarts``), ``monitor_interval``
-    (seconds, 0.1), ``grace`` (seconds between SIGTERM and SIGKILL when workers stop, 5).
+    reach this one at, and its workers' collectives bind to; default 127.0.0.1 when the endpoint is
+    loopback, else the address of the interface that routes to the endpoint), ``max_restarts`` (per
+    node, default ``fault_tolerance.max_restarts``), ``monitor_interval`` (seconds, 0.1), ``grace``
+    (seconds between SIGTERM and SIGKILL when workers stop, 5).
 
     Choices: torch's own agent (``LocalElasticAgent``) starts, restarts and re-ranks the workers; the
     c10d rendezvous decides the group ranks, so ``node_rank`` only says which node hosts the
     rendezvous store (node 0: losing it ends the job, as with torchrun) and writes ``summary.json``
     and TensorBoard. ``TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1``: restarted gloo workers hung with the
     shared store (ENGINES.md). There is no `start` per attempt: restarts belong to torch's agent.
+
+    Across machines: a node never advertises its host name's resolution (often 127.0.x.1): it uses
+    ``local_addr`` (see above) for the rendezvous and ``MASTER_ADDR``, and its workers' gloo and NCCL
+    bind to that address's interface (``GLOO_SOCKET_IFNAME``, ``NCCL_SOCKET_IFNAME``, unless the
+    environment or ``env:`` sets them). A node other than 0 whose rendezvous store stops answering
+    for ``fault_tolerance.lost_job_timeout`` seconds once the job has started (a partition, node 0
+    gone) stops its workers and exits with code 1 (`LostJobError`), its summary saying so; a node 0
+    that lost every other node waits for them as the rendezvous does (``rdzv_conf.join_timeout``).
     """
 
     name = "torchrun"
@@ -278,18 +289,39 @@ def run_node(config: JobConfig, *, node_rank: int | None = None, echo: bool = Tr
     written (``<logdir>/summary.json`` by node 0, ``logs/node-<K>/summary.json`` by the others).
 
     Raises:
-        ConfigError: bad engine options, a job the torchrun engine cannot run, a local ``data.url``
-            with no dataset, or a logdir this node rank already uses (or cannot write).
+        ConfigError: bad engine options, a job the torchrun engine cannot run, an address problem
+            (`node_address`), a local ``data.url`` with no dataset, or a logdir this node rank already
+            uses (or cannot write).
         JobError: the workers failed more than ``max_restarts`` times on this node, or the rendezvous
             failed (closed by another node, timed out).
+        LostJobError: this node lost the job (its rendezvous store silent past
+            ``fault_tolerance.lost_job_timeout``); where torch's agent is stuck in a store call, the
+            process exits with code 1 instead once the summary is written.
         KeyboardInterrupt: SIGINT, SIGTERM or SIGHUP, at any point (in the rendezvous too): the workers
             were stopped (``signum`` attribute), the summary says ``interrupted``.
     """
     opts = check_node(config, node_rank=node_rank)
+    opts = dataclasses.replace(opts, local_addr=node_address(opts))
     require("torch.distributed.elastic", extra="torch", purpose=_PURPOSE)
     from shardkit.cluster.torchrun_agent import launch
 
     return launch(config, opts, echo=echo, console=console if console is not None else sys.stdout)
+
+
+def node_address(opts: TorchrunOptions) -> str:
+    """The address this node binds to and advertises (`shardkit.cluster.addresses.node_address`):
+    ``engine.local_addr`` checked, or the one that routes to ``engine.rdzv_endpoint``.
+
+    Raises:
+        ConfigError: the endpoint does not resolve or no interface routes to it; ``local_addr`` is not
+            an address of this host, or cannot reach the endpoint.
+    """
+    host = p.parse_addr(opts.rdzv_endpoint)[0]
+    return addresses.node_address(
+        "127.0.0.1" if opts.endpoint_is_loopback else host, opts.local_addr,
+        endpoint_key=f"engine.rdzv_endpoint = {opts.rdzv_endpoint!r}", local_key="engine.local_addr",
+        fix="set engine.local_addr: ADDR in the job's engine options (on this node only: "
+            "`--set engine.local_addr=ADDR`)")
 
 
 def worker_log(node_dir: Path, attempt: int, rank: int) -> Path:
@@ -320,10 +352,9 @@ def _worker(argv: list[str]) -> NoReturn:
     _die_with_agent()
     log = worker_log(Path(env[ENV_LOG_DIR]), int(attempt), int(rank))
     log.parent.mkdir(parents=True, exist_ok=True)
-    fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
-    for stream in (1, 2):
-        os.dup2(fd, stream)
-    os.close(fd)
+    from shardkit.cluster.masking import job_masker, redirect_output
+
+    redirect_output(log, job_masker(env))  # the job's secrets masked as *** on the way to the log
     try:
         if argv[0] == "-m":
             sys.argv = argv[1:]

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from shardkit.cluster import protocol
+from shardkit.cluster.masking import Masker, OutputPump
 from shardkit.cluster.output import LineSplitter
 from shardkit.cluster.spec import ClusterSpec, ProcessSpec
 from shardkit.cluster.watcher import GroupWatcher
@@ -22,6 +23,7 @@ __all__ = ["LocalEngine", "LocalGroup", "LocalProcess", "group_members"]
 DEFAULT_GRACE = 5.0
 _PR_SET_PDEATHSIG = 1
 _TAIL_BYTES = 64 << 10
+_PUMP_WAIT = 0.5  # seconds an exit waits for the process's last output to reach the log
 
 
 def _libc() -> Any:
@@ -56,8 +58,9 @@ class LocalProcess:
     """
 
     def __init__(self, spec: ProcessSpec, popen: subprocess.Popen[bytes], log_path: Path,
-                 started: float) -> None:
+                 started: float, pump: OutputPump | None = None) -> None:
         self.spec, self.popen, self.log_path, self.started = spec, popen, log_path, started
+        self.pump = pump  # copies its output to the log, secrets masked (None: it writes the log itself)
         self.reported = False
         self._exit: int | None = None
         self._reader: IO[bytes] | None = None
@@ -75,6 +78,10 @@ class LocalProcess:
             return self.popen.returncode
         if self._exit is None:
             self._exit = self._peek(block=False)
+            if self._exit is not None and self.pump is not None:
+                # what it wrote last is in the log before its exit is reported (a failure's last lines),
+                # unless something it started still holds its output open
+                self.pump.wait(_PUMP_WAIT)
         return self._exit
 
     def _peek(self, *, block: bool) -> int | None:
@@ -209,6 +216,9 @@ class LocalGroup:
                     p.wait_exit()
                 self._reap_groups()
                 self._release()
+                for p in self.processes:
+                    if p.pump is not None:
+                        p.pump.close()
                 self._rest += [(p, line) for p in self.processes for line in p.new_lines(final=True)]
                 break
             except KeyboardInterrupt as e:
@@ -275,10 +285,12 @@ class LocalEngine:
     parent-death signal: for that, each group of processes has a `GroupWatcher`, a small process
     outside the trainer's session that stops the groups still running when the trainer dies without
     stopping them (SIGKILL: SIGTERM, then SIGKILL after ``grace``). stdout and stderr go to one
-    file per process, ``<log_dir>/<role>-<index>.log``. The environment is the trainer's, without any
-    variable the trainer sets itself (``RANK``, ``TF_CONFIG``, ...: from an enclosing job they would
-    mislead the roles), plus the spec's. Options: ``grace`` (seconds between SIGTERM and SIGKILL when
-    stopping, default 5).
+    file per process, ``<log_dir>/<role>-<index>.log``: straight, or, when the process has secrets (of 4
+    characters or more), through a pipe and a thread of the trainer that masks their values as ``***``
+    on the way (`shardkit.cluster.masking.OutputPump`), so that no value reaches the file. The
+    environment is the trainer's, without any variable the trainer sets itself (``RANK``,
+    ``TF_CONFIG``, ...: from an enclosing job they would mislead the roles), plus the spec's.
+    Options: ``grace`` (seconds between SIGTERM and SIGKILL when stopping, default 5).
 
     Why not torch's elastic agent: it starts only torch workers (no TensorFlow, no parameter servers),
     it knows exits but not hangs, and its restarts reuse a rendezvous store that hung restarted gloo
@@ -312,16 +324,30 @@ class LocalEngine:
         try:
             for proc in spec.processes:
                 log_path = log_dir / f"{proc.name}.log"
-                with open(log_path, "wb") as log:
-                    popen = subprocess.Popen(
-                        proc.argv, env={**base, **proc.env}, stdin=subprocess.DEVNULL, stdout=log,
-                        stderr=subprocess.STDOUT, start_new_session=True, close_fds=True,
-                        preexec_fn=_child_setup(os.getpid()),  # noqa: PLW1509 - no lock is taken in it
-                    )
-                processes.append(LocalProcess(proc, popen, log_path, time.monotonic()))
+                masker = Masker(proc.env[name] for name in proc.secret_names if name in proc.env)
+                pump: OutputPump | None = None
+                if masker:  # through a pipe and a pump that masks the secrets, to the log
+                    read_fd, write_fd = os.pipe()
+                    pump = OutputPump(read_fd, log_path, masker)
+                    try:
+                        popen = self._popen(proc, base, write_fd)
+                    finally:  # the child holds its own copy: the pump ends with the child (or at once)
+                        os.close(write_fd)
+                else:
+                    with open(log_path, "wb") as log:
+                        popen = self._popen(proc, base, log.fileno())
+                processes.append(LocalProcess(proc, popen, log_path, time.monotonic(), pump))
                 if group.watcher is not None:
                     group.watcher.started(popen.pid)
         except BaseException:
             group.stop(0)
             raise
         return group
+
+    @staticmethod
+    def _popen(proc: ProcessSpec, base: Mapping[str, str], out: int) -> subprocess.Popen[bytes]:
+        return subprocess.Popen(
+            proc.argv, env={**base, **proc.env}, stdin=subprocess.DEVNULL, stdout=out,
+            stderr=subprocess.STDOUT, start_new_session=True, close_fds=True,
+            preexec_fn=_child_setup(os.getpid()),  # noqa: PLW1509 - no lock is taken in it
+        )

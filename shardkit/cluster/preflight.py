@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import fcntl
+import importlib.util
 import json
 import os
 import re
@@ -19,12 +20,14 @@ from pathlib import Path
 
 from shardkit.cluster import protocol
 from shardkit.cluster.config import JobConfig
-from shardkit.errors import ConfigError, ShardkitError
+from shardkit.errors import ConfigError, MissingDependencyError, ShardkitError
 
-__all__ = ["LOCK_FILE", "LogdirLock", "check_here", "check_local_data", "check_local_gpus",
-           "check_local_python", "local_gpus", "local_path", "prepare_logdir"]
+__all__ = ["FRAMEWORKS", "LOCK_FILE", "LogdirLock", "check_here", "check_local_data", "check_local_framework",
+           "check_local_gpus", "check_local_python", "local_gpus", "local_path", "prepare_logdir"]
 
 LOCK_FILE = ".lock"
+#: ``framework:`` -> (the package its roles import, the shardkit extra that installs it)
+FRAMEWORKS: dict[str, tuple[str, str]] = {"torch": ("torch", "torch"), "tensorflow": ("tensorflow", "tf")}
 _NO_LOCKS = {errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS, errno.EINVAL}
 
 
@@ -78,11 +81,12 @@ def check_local_data(config: JobConfig) -> None:
 def check_here(config: JobConfig, processes: Mapping[str, int] | None = None) -> None:
     """What is checked on the machine where a job's roles run, before the first one starts: the local
     data (`check_local_data`), the GPUs ``processes`` ask for (`check_local_gpus`) and the roles'
-    interpreter (`check_local_python`). The supervisor calls it for an engine whose roles run here, a
-    torchrun node's agent for its own workers."""
+    interpreter (`check_local_python`) with the job's framework in it (`check_local_framework`). The
+    supervisor calls it for an engine whose roles run here, a torchrun node's agent for its own workers."""
     check_local_data(config)
     check_local_gpus(config, processes)
     check_local_python(config)
+    check_local_framework(config)
 
 
 def local_gpus(dev: str = "/dev", env: Mapping[str, str] | None = None) -> int | None:
@@ -201,6 +205,87 @@ def check_local_python(config: JobConfig, *, timeout: float = 120.0) -> None:
     raise _error(config, ("python",), python, f"it cannot import shardkit: {said}",
                  f"install shardkit into that environment ({python} -m pip install shardkit), or leave "
                  f"python out to run the roles with {sys.executable}")
+
+
+_FIND = """\
+import importlib.util, sys
+sys.path.pop(0)
+name = sys.argv[1]
+try:
+    spec = importlib.util.find_spec(name)
+except (ImportError, ValueError):
+    spec = None
+if spec is None:
+    print("missing")
+elif spec.origin in (None, "namespace") and spec.submodule_search_locations is not None:
+    print("folder", *spec.submodule_search_locations, sep="\\n")
+else:
+    print("found")
+"""
+
+
+def _find_here(module: str) -> tuple[str, list[str]]:
+    """`_FIND` in this process: ``("found" | "missing" | "folder", [the folders of a namespace package])``."""
+    if module in sys.modules:  # imported already, or blocked (``sys.modules[name] = None``)
+        return ("found" if sys.modules[module] is not None else "missing"), []
+    try:
+        spec = importlib.util.find_spec(module)
+    except (ImportError, ValueError):  # a meta path finder that refuses it
+        return "missing", []
+    if spec is None:
+        return "missing", []
+    if spec.origin in (None, "namespace") and spec.submodule_search_locations is not None:
+        return "folder", list(spec.submodule_search_locations)
+    return "found", []
+
+
+def check_local_framework(config: JobConfig, *, timeout: float = 120.0) -> None:
+    """Fail before anything starts when the roles' interpreter cannot import the job's ``framework``
+    (torch, TensorFlow): every role would die at its first import, and the job would spend its
+    restarts on it.
+
+    Example:
+        >>> check_local_framework(config)     # framework: torch, in a Python without torch
+
+    Choices: the package is looked up (``importlib.util.find_spec``), not imported: importing TensorFlow
+    takes seconds and memory the trainer has no use for. So a package that is missing (or blocked, or
+    only a leftover folder without modules, as an uninstall can leave: a namespace package) is refused;
+    one that is installed but fails at import (a missing shared library) is left to the roles, whose
+    failure and log tail the summary shows. It is looked up where the roles would import it: in this
+    process when they run this interpreter with the same import settings, else in the roles' ``python``
+    with the job's ``env`` (``PYTHONPATH``, ...), run once. Not in ``shardkit validate``, which may run
+    where the job's interpreter is not.
+
+    Raises:
+        MissingDependencyError: naming ``framework``, the config, the interpreter and the extra to
+            install (``pip install 'shardkit[torch]'``, ``shardkit[tf]``).
+    """
+    module, extra = FRAMEWORKS[config.framework]
+    python = os.fspath(config.python)
+    here = os.path.abspath(python) == os.path.abspath(sys.executable)
+    if here and not any(key.startswith("PYTHON") for key in config.env):
+        found, folders = _find_here(module)
+    else:
+        try:
+            done = subprocess.run([python, "-c", _FIND, module], capture_output=True, text=True, check=False,
+                                  timeout=timeout, env={**os.environ, **config.env}, errors="replace")
+        except (OSError, subprocess.TimeoutExpired):
+            return  # not a Python that runs: `check_local_python` says so
+        found, *folders = done.stdout.strip().splitlines() or ["?"]
+        if found not in ("missing", "folder"):
+            return
+    if found == "found":
+        return
+    where = f"{config.source}: " if config.source is not None else ""
+    purpose = f"{where}framework: {config.framework} (the roles run {python})"
+    error = MissingDependencyError(module, extra, purpose)
+    left = (f"; only a folder without modules is there ({', '.join(folders)}), left by an uninstall: "
+            "remove it and reinstall") if found == "folder" else ""
+    pip = "pip" if here else f"{python} -m pip"
+    ImportError.__init__(error, f"{purpose} needs the package {module!r}, which it cannot import{left}. "
+                                f"Fix: {pip} install 'shardkit[{extra}]' (or set framework: to the one "
+                                "the entrypoint uses)")
+    raise error
 
 
 class LogdirLock:

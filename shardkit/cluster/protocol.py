@@ -12,6 +12,7 @@ from typing import Any, Final, Literal, get_args
 __all__ = [
     "ALL_ENV",
     "ENV_ATTEMPT",
+    "ENV_COLLECTIVE_TIMEOUT",
     "ENV_DATA_NUM_SHARDS",
     "ENV_DATA_SHARD",
     "ENV_HEARTBEAT_ADDR",
@@ -44,6 +45,8 @@ ENV_ROLE: Final = "SHARDKIT_ROLE"  # worker | ps | chief | evaluator
 ENV_ROLE_INDEX: Final = "SHARDKIT_ROLE_INDEX"  # 0-based index within the role
 ENV_ATTEMPT: Final = "SHARDKIT_ATTEMPT"  # 0, then 1 after the first restart, ...
 ENV_HEARTBEAT_ADDR: Final = "SHARDKIT_HEARTBEAT_ADDR"  # "127.0.0.1:PORT" (UDP); absent: heartbeats off
+# Seconds one torch.distributed collective may wait (fault_tolerance.collective_timeout); absent: torch's.
+ENV_COLLECTIVE_TIMEOUT: Final = "SHARDKIT_COLLECTIVE_TIMEOUT"
 # Set only for the roles that read the job's data (see shardkit.cluster.spec).
 ENV_DATA_SHARD: Final = "SHARDKIT_DATA_SHARD"
 ENV_DATA_NUM_SHARDS: Final = "SHARDKIT_DATA_NUM_SHARDS"
@@ -61,7 +64,7 @@ ALL_ENV: Final = frozenset(
     {
         ENV_JOB_CONFIG, ENV_JOB_DIR, ENV_ROLE, ENV_ROLE_INDEX, ENV_ATTEMPT, ENV_HEARTBEAT_ADDR,
         ENV_DATA_SHARD, ENV_DATA_NUM_SHARDS, MASTER_ADDR, MASTER_PORT, RANK, WORLD_SIZE, LOCAL_RANK,
-        LOCAL_WORLD_SIZE, TF_CONFIG,
+        LOCAL_WORLD_SIZE, TF_CONFIG, ENV_COLLECTIVE_TIMEOUT,
     }
 )
 """Every variable the trainer sets itself; a job config's `env`/`secrets` may not override them."""

@@ -10,10 +10,11 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any, Literal
 
+from shardkit.cluster.masking import Masker
+
 __all__ = ["AttemptRecord", "CheckpointRecord", "Failure", "JobResult", "Status", "exit_reason", "scrub"]
 
 Status = Literal["succeeded", "failed", "interrupted"]
-REDACTED = "<redacted>"
 
 
 def exit_reason(returncode: int) -> str:
@@ -26,11 +27,11 @@ def exit_reason(returncode: int) -> str:
     return f"exit code {returncode}"
 
 
-def scrub(text: str, secrets: Iterable[str]) -> str:
-    """``text`` with every secret value (of 4 characters or more) replaced by ``<redacted>``."""
-    for value in sorted((s for s in secrets if len(s) >= 4), key=len, reverse=True):
-        text = text.replace(value, REDACTED)
-    return text
+def scrub(text: str, secrets: Iterable[str] | Masker) -> str:
+    """``text`` with every secret value (of 4 characters or more) replaced by ``***``
+    (`shardkit.cluster.masking.Masker`; pass one to reuse it)."""
+    masker = secrets if isinstance(secrets, Masker) else Masker(secrets)
+    return masker.text(text)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -165,10 +166,12 @@ class JobResult:
         data["version"] = 1
         return data
 
-    def write(self) -> Path:
-        """Write ``<logdir>/summary.json`` atomically (a temporary file renamed over it)."""
+    def write(self, masker: Masker | None = None) -> Path:
+        """Write ``<logdir>/summary.json`` atomically (a temporary file renamed over it); with ``masker``,
+        any secret value in it (a role's output in a failure's last lines) masked."""
         tmp = self.summary_path.with_suffix(".json.tmp")
-        tmp.write_text(json.dumps(self.to_json(), indent=2, default=str) + "\n")
+        data = self.to_json() if masker is None else masker.deep(self.to_json())
+        tmp.write_text(json.dumps(data, indent=2, default=str) + "\n")
         os.replace(tmp, self.summary_path)
         return self.summary_path
 

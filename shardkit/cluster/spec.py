@@ -162,7 +162,8 @@ def build_spec(
 
     Environment of each process, in this order (later wins; the config cannot override trainer
     variables): ``SHARDKIT_*`` (job config ``<job_dir>/job.json``, job dir, role, index, attempt,
-    heartbeat address when given, data shard for data-reading roles, see `layout`); for torch
+    the collectives' timeout (``fault_tolerance.collective_timeout``), heartbeat address when given,
+    data shard for data-reading roles, see `layout`); for torch
     ``MASTER_ADDR/MASTER_PORT/RANK/WORLD_SIZE/LOCAL_RANK/LOCAL_WORLD_SIZE`` (processes in the process
     group; one machine, so local rank = rank); for tensorflow ``TF_CONFIG`` (the cluster of chief,
     worker and ps addresses, and this process's task; an evaluator is only a task, never in the
@@ -204,6 +205,7 @@ def build_spec(
             p.ENV_ROLE: slot.role,
             p.ENV_ROLE_INDEX: str(slot.index),
             p.ENV_ATTEMPT: str(attempt),
+            p.ENV_COLLECTIVE_TIMEOUT: f"{config.fault_tolerance.collective_timeout:g}",
         }
         if heartbeat_addr is not None:
             env[p.ENV_HEARTBEAT_ADDR] = heartbeat_addr

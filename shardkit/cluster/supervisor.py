@@ -21,6 +21,7 @@ from shardkit.cluster.config import JobConfig
 from shardkit.cluster.config_load import located
 from shardkit.cluster.engines import Engine, ProcessGroup, RoleProcess, check_job, get_engine
 from shardkit.cluster.heartbeats import HeartbeatReceiver, SampleLedger, apply_beat
+from shardkit.cluster.masking import Masker
 from shardkit.cluster.preflight import LogdirLock, check_here, prepare_logdir
 from shardkit.cluster.progress import Progress
 from shardkit.cluster.report import (
@@ -83,7 +84,7 @@ class Supervisor:
         self.lead = "chief-0" if "chief" in config.roles else "worker-0"
         self.logdir = Path(config.logdir)
         self.progress = Progress(self.logdir / "tensorboard", self._say, progress_interval)
-        self._secrets: list[str] = []
+        self._masker = Masker([])  # the secrets' values, read when the job starts
         self._group: ProcessGroup | None = None
         self._t0 = time.monotonic()
         self._checkpoints: list[CheckpointRecord] = []
@@ -100,7 +101,7 @@ class Supervisor:
         if self._console_lost:
             return
         try:
-            print(scrub(text, self._secrets), file=self.console, flush=True)
+            print(scrub(text, self._masker), file=self.console, flush=True)
         except OSError:  # the terminal is gone (a hangup) or the pipe closed: the job and its files go on
             self._console_lost = True
 
@@ -121,7 +122,7 @@ class Supervisor:
             self._close_engine()
 
     def _run(self) -> JobResult:
-        self._secrets = list(self.config.secret_values().values())  # a missing secret fails before any start
+        self._masker = Masker(self.config.secret_values().values())  # a missing secret fails before any start
         if getattr(self.engine, "runs_here", False):  # the roles run on this machine
             check_here(self.config)
         lock = self._prepare_logdir()
@@ -163,7 +164,7 @@ class Supervisor:
                 self._close_attempt(receiver)
                 self.progress.close()
                 result = self._result(status)
-                result.write()
+                result.write(self._masker)
                 self._say(f"[shardkit] {result.format()}")
         return result
 
@@ -193,8 +194,8 @@ class Supervisor:
                           heartbeat_addr=receiver.addr)
         log_dir = self.logdir / "logs" / f"attempt-{attempt}"
         log_dir.mkdir(parents=True, exist_ok=True)
-        (log_dir / "processes.json").write_text(json.dumps(
-            [{"name": p.name, "argv": p.argv, "env": p.redacted_env()} for p in spec.processes], indent=2))
+        (log_dir / "processes.json").write_text(json.dumps(self._masker.deep(
+            [{"name": p.name, "argv": p.argv, "env": p.redacted_env()} for p in spec.processes]), indent=2))
         step = record.resumed_from
         resumed = f"from checkpoint step {step}" if step is not None else "no checkpoint yet"
         self._say(f"[shardkit] attempt {attempt} ({resumed}): starting "
@@ -358,7 +359,7 @@ class Supervisor:
 
     def _failure(self, attempt: int, w: _Watch, reason: str, code: int | None,
                  silent: float | None) -> Failure:
-        lines = [scrub(line, self._secrets) for line in w.proc.tail(20)]
+        lines = [scrub(line, self._masker) for line in w.proc.tail(20)]
         return Failure(attempt, w.proc.role, w.proc.index, reason, code, silent, w.step,
                        str(w.proc.log_path), lines)
 

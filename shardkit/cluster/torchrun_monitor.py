@@ -303,6 +303,29 @@ class NodeMonitor:
             if self.attempts:
                 self.progress.tick(self.attempts[-1].steps, self._samples(), self.metrics)
 
+    # -- the job lost (`shardkit.cluster.torchrun_agent.LostJobWatch`, from its thread) -----------------
+    def job_lost(self, message: str) -> None:
+        """Record that this node lost the job: a note for the summary, the attempt's outcome, a line."""
+        with self.lock:
+            self.notes.append(message)
+            if self.attempts and self.attempts[-1].outcome == "running":
+                self.attempts[-1].outcome = "lost the job"
+            self.say(f"{self.tag} {message}")
+
+    def stop_workers(self, grace: float) -> None:
+        """SIGTERM this node's workers (each in its own session, as torch starts them), SIGKILL those
+        left after ``grace`` seconds."""
+        with self.lock:
+            pids = [w.pid for w in self.workers.values() if w.pid]
+        for sig in (signal.SIGTERM, signal.SIGKILL):
+            for pid in pids:
+                with contextlib.suppress(OSError):
+                    os.killpg(pid, sig)  # never 0: that would be this agent's own process group
+            deadline = time.monotonic() + grace
+            while pids and time.monotonic() < deadline:
+                pids = [pid for pid in pids if procstate.os_state(pid) not in (None, "Z")]
+                time.sleep(0.05)
+
     # -- lifecycle -------------------------------------------------------------------------------------
     def start(self) -> None:
         self._thread.start()

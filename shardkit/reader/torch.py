@@ -153,10 +153,10 @@ class _CudaStager:
     cores the reader's own threads decode on (a batch of 1 MB cost milliseconds, and the loader ran at a
     third of the reader's speed on a 16-core host). A tensor larger than `_CHUNK` is copied chunk by
     chunk, each chunk sent as soon as it is in pinned memory, so the host copy of chunk k+1 overlaps the
-    transfer of chunk k; a chunk is split over a few threads in pieces of `_PARALLEL_MIN` or more (numpy's copy
-    releases the GIL). The tensors of a batch up to `_PACK_MAX` each go together: one pinned buffer, one
-    transfer, the device tensors views of it (a transfer costs tens of microseconds of CPU, whatever its
-    size, and batches are usually a few small tensors).
+    transfer of chunk k; a chunk is split over a few threads in pieces of `_PARALLEL_MIN` or more
+    (numpy's copy releases the GIL). The tensors of a batch up to `_PACK_MAX` each go together: one
+    pinned buffer, one transfer, the device tensors views of it (a transfer costs tens of microseconds
+    of CPU, whatever its size, and batches are usually a few small tensors).
     """
 
     def __init__(self, device: torch.device, slots: int = _STAGING_SLOTS) -> None:

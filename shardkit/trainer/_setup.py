@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import json
+import math
 import os
 import sys
+from datetime import timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -15,8 +17,8 @@ from shardkit.errors import ConfigError
 if TYPE_CHECKING:
     from shardkit.trainer.context import TrainContext
 
-__all__ = ["CONFIG_ENV", "check_place", "init_torch_allreduce", "int_env", "load_job_config",
-           "serve_if_server"]
+__all__ = ["CONFIG_ENV", "check_place", "collective_timeout", "init_torch_allreduce", "int_env",
+           "load_job_config", "serve_if_server"]
 
 CONFIG_ENV = "SHARDKIT_CONFIG"  # a job YAML for a script started by hand (python / torchrun)
 
@@ -93,6 +95,25 @@ def serve_if_server(ctx: TrainContext, cfg: JobConfig) -> None:
     sys.exit(0)
 
 
+def collective_timeout() -> timedelta | None:
+    """How long one torch.distributed collective may wait: ``SHARDKIT_COLLECTIVE_TIMEOUT`` seconds (set
+    by every engine from ``fault_tolerance.collective_timeout``), so that a worker blocked in an
+    allreduce whose peers vanished fails in bounded time; None (torch's default) in a script started
+    without shardkit."""
+    value = os.environ.get(p.ENV_COLLECTIVE_TIMEOUT)
+    if not value:
+        return None
+    try:
+        seconds = float(value)
+    except ValueError:
+        seconds = math.nan
+    if not math.isfinite(seconds) or seconds <= 0:
+        raise ConfigError(f"the environment variable {p.ENV_COLLECTIVE_TIMEOUT}={value!r} is not a number "
+                          "of seconds > 0; it is set by `shardkit train` from "
+                          "fault_tolerance.collective_timeout: set that instead, or unset the variable")
+    return timedelta(seconds=seconds)
+
+
 def init_torch_allreduce(ctx: TrainContext, backend: str | None) -> None:
     import torch
     import torch.distributed as dist
@@ -107,13 +128,14 @@ def init_torch_allreduce(ctx: TrainContext, backend: str | None) -> None:
         ctx.device = torch.device("cpu")
     if dist.is_initialized():
         return
+    timeout = collective_timeout()
     if p.MASTER_ADDR in os.environ and p.WORLD_SIZE in os.environ:
-        dist.init_process_group(backend)
+        dist.init_process_group(backend, timeout=timeout)
     elif ctx.world_size == 1:  # a script started alone: a one-process group, so DDP works unchanged
         from shardkit.cluster.spec import free_ports
 
         dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{free_ports(1)[0]}", rank=0,
-                                world_size=1)
+                                world_size=1, timeout=timeout)
     else:
         raise ConfigError(f"WORLD_SIZE={ctx.world_size} without {p.MASTER_ADDR}: start the script with "
                           "`shardkit train job.yaml` or torchrun, which set the rendezvous variables")

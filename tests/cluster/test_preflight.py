@@ -1,6 +1,6 @@
 """Before a job starts: the logdir lock (one run per logdir, torchrun nodes sharing one), an uncreatable
 logdir, a local data.url that holds no dataset, GPUs asked for that this machine does not have, and a
-roles' interpreter that cannot import shardkit."""
+roles' interpreter that cannot import shardkit or the job's framework."""
 
 from __future__ import annotations
 
@@ -17,14 +17,16 @@ import yaml
 import shardkit
 from shardkit.cluster.config import JobConfig
 from shardkit.cluster.preflight import (
+    FRAMEWORKS,
     LogdirLock,
     check_local_data,
+    check_local_framework,
     check_local_gpus,
     check_local_python,
     local_gpus,
     prepare_logdir,
 )
-from shardkit.errors import ConfigError
+from shardkit.errors import ConfigError, MissingDependencyError
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -200,3 +202,87 @@ def test_shardkit_train_refuses_a_python_that_is_not_one(tmp_path: Path) -> None
     assert done.returncode != 0
     assert "python = '/bin/sh': it is not a Python 3 interpreter" in done.stderr, done.stderr
     assert not (tmp_path / "job").exists()
+
+
+# -- the job's framework ----------------------------------------------------------------------------
+
+BLOCKER = '''\
+"""Blocks the modules named in BLOCK_MODULES, as a Python without them installed: ``import`` raises
+ModuleNotFoundError."""
+import os
+import sys
+
+for name in os.environ.get("BLOCK_MODULES", "").split(","):
+    if name:
+        sys.modules[name] = None
+'''
+STARTS = "import os, pathlib; pathlib.Path(os.environ['SHARDKIT_JOB_DIR'], 'started').touch()\n"
+
+
+def blocker(folder: Path) -> Path:
+    """A folder whose ``sitecustomize`` (on PYTHONPATH) blocks ``BLOCK_MODULES`` in every Python started."""
+    folder.mkdir(exist_ok=True)
+    (folder / "sitecustomize.py").write_text(BLOCKER)
+    return folder
+
+
+@pytest.mark.parametrize(("framework", "module", "extra"), [("torch", "torch", "torch"),
+                                                             ("tensorflow", "tensorflow", "tf")])
+def test_shardkit_train_refuses_a_framework_that_does_not_import_before_anything_starts(
+        tmp_path: Path, framework: str, module: str, extra: str) -> None:
+    """As measured from the wheel without torch: the workers started, then died with ModuleNotFoundError."""
+    (tmp_path / "train.py").write_text(STARTS)
+    job = {"name": "fw", "entrypoint": str(tmp_path / "train.py"), "framework": framework,
+           "roles": {"worker": {"count": 2}}, "logdir": str(tmp_path / "job")}
+    (tmp_path / "job.yaml").write_text(yaml.safe_dump(job))
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SHARDKIT_")}
+    env.update(PYTHONPATH=os.pathsep.join([str(blocker(tmp_path / "block")), str(REPO)]),
+               BLOCK_MODULES=module)
+    done = subprocess.run([sys.executable, "-m", "shardkit.cli", "train", str(tmp_path / "job.yaml")],
+                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120, check=False)
+    assert done.returncode == 2, done.stderr
+    for word in (str(tmp_path / "job.yaml"), f"framework: {framework}", f"package {module!r}",
+                 f"pip install 'shardkit[{extra}]'"):
+        assert word in done.stderr, (word, done.stderr)
+    assert "Traceback" not in done.stderr
+    assert not (tmp_path / "job").exists()  # no worker started, nothing written
+    # the same job where the framework imports runs its workers
+    env.pop("BLOCK_MODULES")
+    done = subprocess.run([sys.executable, "-m", "shardkit.cli", "train", str(tmp_path / "job.yaml"),
+                           "--quiet"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120,
+                          check=False)
+    assert done.returncode == 0, done.stderr
+    assert (tmp_path / "job" / "started").exists()
+
+
+def test_the_framework_is_looked_up_where_the_roles_import_it(tmp_path: Path) -> None:
+    """With the job's ``env`` changing the roles' import path, or another interpreter, it is looked up
+    in that interpreter with that environment, not in the trainer."""
+    block = str(blocker(tmp_path / "block"))
+    check_local_framework(config(tmp_path, framework="torch", env={"PYTHONPATH": block}))  # blocks nothing
+    job = config(tmp_path, framework="torch", env={"PYTHONPATH": block, "BLOCK_MODULES": "torch"})
+    with pytest.raises(MissingDependencyError) as info:
+        check_local_framework(job)
+    assert "pip install 'shardkit[torch]'" in str(info.value)
+    wrapper = tmp_path / "wrapped-python"  # another interpreter path: its own pip is named
+    wrapper.write_text(f'#!/bin/sh\nexec {sys.executable} "$@"\n')
+    wrapper.chmod(0o755)
+    job = config(tmp_path, framework="tensorflow", python=str(wrapper),
+                 env={"PYTHONPATH": block, "BLOCK_MODULES": "tensorflow"})
+    with pytest.raises(MissingDependencyError) as info:
+        check_local_framework(job)
+    assert f"{wrapper} -m pip install 'shardkit[tf]'" in str(info.value)
+    check_local_framework(config(tmp_path, framework="tensorflow", python=str(wrapper)))
+
+
+def test_a_folder_left_by_an_uninstall_is_not_a_framework(tmp_path: Path,
+                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """An uninstall can leave the package's folder with no module in it: it imports as an empty namespace
+    package, and the roles' first ``torch.nn`` fails."""
+    (tmp_path / "site" / "leftover_fw" / "__pycache__").mkdir(parents=True)
+    monkeypatch.syspath_prepend(str(tmp_path / "site"))
+    monkeypatch.setitem(FRAMEWORKS, "torch", ("leftover_fw", "torch"))
+    with pytest.raises(MissingDependencyError) as info:
+        check_local_framework(config(tmp_path, framework="torch"))
+    assert "only a folder without modules" in str(info.value)
+    assert str(tmp_path / "site" / "leftover_fw") in str(info.value)

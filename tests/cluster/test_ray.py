@@ -22,10 +22,12 @@ import pytest
 import yaml
 
 from shardkit.cluster.config import JobConfig, load_config
+from shardkit.cluster.engine_ray import bundle, check_answers, shortfall
 from shardkit.cluster.engines import get_engine
 from shardkit.cluster.report import JobResult
+from shardkit.cluster.spec import free_ports
 from shardkit.cluster.supervisor import Supervisor
-from shardkit.errors import ConfigError, MissingDependencyError
+from shardkit.errors import ConfigError, EngineUnreachableError, MissingDependencyError
 from tests.trainer.scripts import proctree
 
 REPO = Path(__file__).resolve().parents[2]
@@ -114,6 +116,38 @@ def test_options_and_missing_ray(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setitem(sys.modules, "ray", None)  # as if it were not installed: `import ray` fails
     with pytest.raises(MissingDependencyError, match=r"pip install 'shardkit\[ray\]'"):
         get_engine("ray", {"address": "auto"})
+
+
+def test_placement_option_and_what_the_alive_nodes_can_never_hold(tmp_path: Path, digits: str) -> None:
+    with pytest.raises(ConfigError, match=r"engine\.placement = 'sprad': .*use one of: spread, strict_"):
+        get_engine("ray", {"placement": "sprad"})
+    config = digits_config(tmp_path, digits, {"name": "ray", "placement": "strict_spread"}, epochs=1,
+                           every_steps=10)
+    one_node = (r"engine\.placement=strict_spread: .* the local Ray instance is one node and the job has 2 "
+                r"processes\. Fix: engine\.placement: spread")
+    with pytest.raises(ConfigError, match=one_node):
+        get_engine("ray", config.engine.options).check_job(config)  # type: ignore[attr-defined]
+    cpu, node = {"CPU": 1.0}, {"CPU": 2.0, "memory": 8.0 * 2**30}
+    assert shortfall([cpu, cpu], "spread", [node]) is None  # both on the one node
+    assert shortfall([cpu, cpu], "strict_spread", [node]) == "a node per process: 2 needed, 1 can hold one"
+    assert shortfall([cpu, cpu], "strict_spread", [node, node]) is None
+    assert shortfall([cpu, cpu], "strict_pack", [cpu, cpu]) == "one node for all: none has 2 CPU"
+    assert shortfall([{"GPU": 1.0}], "pack", [node]) == "no alive node has 1 GPU for one process"
+    assert shortfall([cpu] * 3, "spread", [cpu, cpu]) == "CPUs: 3 CPU asked, 2 CPU on the alive nodes"
+    assert shortfall([{"memory": 4.0 * 2**30}] * 3, "spread", [node]) == (
+        "memory: 12.0 GiB asked, 8.0 GiB on the alive nodes")
+    assert bundle({"cpus": 1, "gpus": 0, "memory": 2**30}) == {"CPU": 1.0, "memory": 2.0**30}
+    assert bundle({"cpus": 0}) == {"CPU": 0.01}  # Ray refuses an empty bundle
+
+
+def test_an_address_that_refuses_is_an_error_naming_it_at_once() -> None:
+    address = f"127.0.0.1:{free_ports(1)[0]}"
+    began = time.monotonic()
+    refused = rf"engine\.address='{address}': no Ray cluster answers at {address} \(Connection refused, after"
+    with pytest.raises(EngineUnreachableError, match=refused):
+        check_answers(address)
+    assert time.monotonic() - began < 10
+    check_answers("auto")  # Ray's to find: nothing is checked
 
 
 @pytest.mark.slow

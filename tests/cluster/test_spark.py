@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import io
 import os
+import socket
 import sys
 import threading
 from collections.abc import Iterator
@@ -22,10 +23,11 @@ import numpy as np
 import pytest
 
 from shardkit import Field, Schema
+from shardkit.cluster.engine_spark import check_master
 from shardkit.cluster.engines import get_engine
 from shardkit.cluster.report import JobResult
 from shardkit.cluster.supervisor import Supervisor
-from shardkit.errors import ConfigError, MissingDependencyError
+from shardkit.errors import ConfigError, EngineUnreachableError, MissingDependencyError
 from tests.cluster.test_ray import digits_config, kill_after_first_checkpoint
 from tests.trainer.scripts import proctree
 
@@ -91,6 +93,29 @@ def test_options_and_missing_pyspark(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setitem(sys.modules, "pyspark", None)
     with pytest.raises(MissingDependencyError, match=r"pip install 'shardkit\[spark\]'"):
         get_engine("spark")
+
+
+def test_a_standalone_master_must_answer_within_the_connect_timeout() -> None:
+    """The check `SparkEngine.session` makes before it starts a session on a ``spark://`` master (across
+    hosts: tests/multihost/test_spark.py)."""
+    with pytest.raises(ConfigError, match=r"engine\.connect_timeout = -1"):
+        get_engine("spark", {"master": "spark://127.0.0.1:7077", "connect_timeout": -1})
+    with pytest.raises(ConfigError, match=r"engine\.slots_timeout = 0"):
+        get_engine("spark", {"master": "spark://127.0.0.1:7077", "slots_timeout": 0})
+    with pytest.raises(ConfigError, match=r"engine\.master='spark://nohost': 'nohost' is not HOST:PORT"):
+        check_master("spark://nohost", timeout=1.0)
+    with socket.create_server(("127.0.0.1", 0)) as master:
+        port = master.getsockname()[1]
+        with socket.socket() as closed:
+            closed.bind(("127.0.0.1", 0))  # bound, never listening: refused
+            gone = closed.getsockname()[1]
+            with pytest.raises(EngineUnreachableError, match=(
+                    rf"engine\.master='spark://127\.0\.0\.1:{gone}': no Spark master answers there "
+                    rf"\(127\.0\.0\.1:{gone}: Connection refused; each given 1 s, "
+                    r"engine\.connect_timeout\)\. Fix: start the master")):
+                check_master(f"spark://127.0.0.1:{gone}", timeout=1.0)
+            # high availability: the masters are tried in turn; the driver's address is the one that answered
+            assert check_master(f"spark://127.0.0.1:{gone},127.0.0.1:{port}", timeout=1.0) == "127.0.0.1"
 
 
 @pytest.mark.slow

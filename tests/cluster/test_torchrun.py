@@ -1,8 +1,6 @@
 """The torchrun engine with real elastic agents: two "nodes" on 127.0.0.1 (one agent process each, one
-worker each), a worker SIGKILLed, a whole node removed (world 2 -> 1), and sample-by-sample checks.
-
-The worker script is ``tests/cluster/torchrun_scripts/ids.py``: every process logs the ids it trained on,
-per step, under ``<logdir>/ids/attempt<a>-rank<r>.jsonl``.
+worker each), a worker SIGKILLed, a whole node removed (world 2 -> 1), and sample-by-sample checks
+(the helpers and the ids script: `tests.cluster.torchrun_tools`).
 """
 
 from __future__ import annotations
@@ -16,33 +14,40 @@ import subprocess
 import sys
 import time
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import numpy as np
 import pytest
 import yaml
 from hypothesis import given
 from hypothesis import strategies as st
 
-import shardkit
 from shardkit.cluster.config import JobConfig, load_config
 from shardkit.cluster.engine_torchrun import TorchrunEngine, check_job, parse_options
 from shardkit.cluster.engines import get_engine
-from shardkit.cluster.spec import free_ports
 from shardkit.errors import ConfigError
+from tests.cluster.torchrun_tools import (
+    EVERY,
+    IDS,
+    REPO,
+    ROWS,
+    effective_ids,
+    finish,
+    ids_config,
+    max_step,
+    output,
+    records,
+    start_nodes,
+    summary,
+    wait_until,
+    write_config,
+    write_ids_dataset,
+)
 from tests.trainer.scripts import proctree
 
 if TYPE_CHECKING:  # imported where used: it imports torch's elastic agent
     from shardkit.cluster.torchrun_agent import NodeMonitor
-
-REPO = Path(__file__).resolve().parents[2]
-IDS = REPO / "tests" / "cluster" / "torchrun_scripts" / "ids.py"
-ROWS, BATCH, EVERY = 160, 4, 4  # world 2: 20 steps, a checkpoint every 4
-# Fast membership changes: a dead node is noticed after 3 s, a 1:2 rendezvous waits 4 s for a second node.
-FAST_RDZV = {"last_call_timeout": 4, "keep_alive_interval": 1, "keep_alive_max_attempt": 3,
-             "join_timeout": 60}
 
 
 @pytest.fixture(autouse=True)
@@ -53,117 +58,7 @@ def _no_orphans() -> Iterator[None]:
 
 @pytest.fixture(scope="module")
 def ids_dataset(tmp_path_factory: pytest.TempPathFactory) -> str:
-    rng = np.random.default_rng(0)
-    x = rng.normal(size=(ROWS, 4)).astype(np.float32)
-    y = (x @ np.array([1.0, -2.0, 0.5, 3.0], np.float32)).astype(np.float32)
-    schema = shardkit.Schema([shardkit.Field("id", "int64"), shardkit.Field("x", "float32", (4,)),
-                              shardkit.Field("y", "float32")])
-    url = str(tmp_path_factory.mktemp("data") / "ids")
-    shardkit.write_dataset({"id": np.arange(ROWS), "x": list(x), "y": y}, url, schema=schema,
-                           row_group_size=8)
-    return url
-
-
-def write_config(folder: Path, *, data: dict[str, Any], entrypoint: Path, nnodes: str, params: dict[str, Any],
-                 checkpoint: dict[str, Any] | None = None, heartbeat_timeout: float = 30.0) -> Path:
-    config = {
-        "name": "trun", "entrypoint": str(entrypoint), "framework": "torch",
-        "roles": {"worker": {"count": 1}}, "data": data,
-        "checkpoint": checkpoint or {"every_steps": EVERY, "keep": 3},
-        "fault_tolerance": {"max_restarts": 2, "heartbeat_interval": 0.2,
-                            "heartbeat_timeout": heartbeat_timeout, "startup_timeout": 90.0},
-        "engine": {"name": "torchrun", "nnodes": nnodes, "rdzv_endpoint": f"127.0.0.1:{free_ports(1)[0]}",
-                   "rdzv_id": folder.name, "rdzv_conf": FAST_RDZV, "grace": 2},
-        "logdir": str(folder / "job"), "params": params, "env": {"OMP_NUM_THREADS": "1"},
-    }
-    path = folder / "job.yaml"
-    path.write_text(yaml.safe_dump(config))
-    return path
-
-
-def ids_config(folder: Path, data_url: str, nnodes: str, **params: Any) -> Path:
-    data = {"url": data_url, "batch_size": BATCH, "seed": 3, "num_epochs": 1,
-            "options": {"shuffle_buffer": 24, "workers": 1}}
-    timeout = params.pop("heartbeat_timeout", 30.0)
-    return write_config(folder, data=data, entrypoint=IDS, nnodes=nnodes, params={"sleep": 0.15, **params},
-                        heartbeat_timeout=timeout)
-
-
-def start_nodes(config: Path, count: int = 2) -> list[subprocess.Popen[bytes]]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("SHARDKIT_")}
-    procs = []
-    for node in range(count):
-        with open(config.parent / f"node-{node}.out", "wb") as out:
-            procs.append(subprocess.Popen(
-                [sys.executable, "-m", "shardkit.cli", "train", str(config), "--node-rank", str(node)],
-                cwd=REPO, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True))
-    return procs
-
-
-def output(config: Path, node: int) -> str:
-    return (config.parent / f"node-{node}.out").read_text(errors="replace")
-
-
-def wait_until(what: str, condition: Callable[[], bool], procs: list[subprocess.Popen[bytes]],
-               timeout: float = 90.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        exited = [p.returncode for p in procs if p.poll() is not None]
-        if exited or time.monotonic() > deadline:
-            why = f"agents exited with {exited}" if exited else "timeout"
-            raise AssertionError(f"waiting for {what}: {why}")
-        time.sleep(0.05)
-
-
-def finish(procs: list[subprocess.Popen[bytes]], timeout: float = 90.0) -> list[int]:
-    deadline = time.monotonic() + timeout
-    return [p.wait(max(1.0, deadline - time.monotonic())) for p in procs]
-
-
-def records(job_dir: Path) -> dict[tuple[int, int], list[dict[str, Any]]]:
-    """(attempt, rank) -> the process's log lines (the first one is its start record)."""
-    out = {}
-    for path in (job_dir / "ids").glob("attempt*-rank*.jsonl"):
-        attempt, rank = map(int, re.findall(r"\d+", path.name))
-        out[(attempt, rank)] = [json.loads(line) for line in path.read_text().splitlines()]
-    return out
-
-
-def max_step(job_dir: Path, *, world: int) -> int:
-    """The highest step logged by an attempt of ``world`` processes that had a checkpoint behind it."""
-    best = 0
-    for lines in records(job_dir).values():
-        if lines and lines[0]["world"] == world and any(r.get("saved") for r in lines[1:]):
-            best = max(best, *(r["step"] for r in lines[1:]))
-    return best
-
-
-def effective_ids(job_dir: Path) -> tuple[Counter[int], list[tuple[int, int, int]]]:
-    """The ids of the steps that count (each attempt's steps up to the checkpoint the next attempt resumed
-    from), and (attempt, world, start step) per attempt."""
-    recs = records(job_dir)
-    starts: dict[int, tuple[int, int]] = {}
-    for (attempt, rank), lines in recs.items():
-        head = lines[0]
-        assert head["shard"] == [rank, head["world"]], f"attempt {attempt} rank {rank} read the wrong shard"
-        assert head["env"]["RANK"] == str(rank)
-        assert starts.setdefault(attempt, (head["world"], head["start"])) == (head["world"], head["start"]), \
-            f"the ranks of attempt {attempt} resumed from different steps or disagree on the world"
-    attempts = sorted(starts)
-    ids: Counter[int] = Counter()
-    for (attempt, _), lines in recs.items():
-        later = [a for a in attempts if a > attempt]
-        resumed_next = starts[later[0]][1] if later else None
-        for rec in lines[1:]:
-            assert rec["step"] > starts[attempt][1], f"attempt {attempt} retrained step {rec['step']}"
-            if resumed_next is None or rec["step"] <= resumed_next:
-                ids.update(rec["ids"])
-    return ids, [(a, *starts[a]) for a in attempts]
-
-
-def summary(job_dir: Path, node: int) -> dict[str, Any]:
-    path = job_dir / ("summary.json" if node == 0 else f"logs/node-{node}/summary.json")
-    return dict(json.loads(path.read_text()))
+    return write_ids_dataset(tmp_path_factory.mktemp("data"))
 
 
 # -- end to end -------------------------------------------------------------------------------------
@@ -217,6 +112,9 @@ def test_a_killed_worker_restarts_the_group_from_the_checkpoint(tmp_path: Path, 
     assert failures[0]["index"] == rank
     assert summary(job, 0)["status"] == "succeeded"
     assert summary(job, 0)["restarts"] >= 1
+    envs = [lines[0]["env"] for lines in records(job).values()]
+    assert {(env["MASTER_ADDR"], env["GLOO_SOCKET_IFNAME"]) for env in envs} == {("127.0.0.1", None)}, \
+        "a loopback endpoint: 127.0.0.1 as before, no interface pinned"
 
 
 @pytest.mark.distributed
@@ -288,9 +186,11 @@ def test_a_stopped_or_killed_agent_leaves_no_worker_behind(tmp_path: Path, ids_d
         folder.mkdir()
         config = ids_config(folder, ids_dataset, nnodes="1")
         (agent,) = start_nodes(config, count=1)
-        wait_until("step 2", lambda folder=folder: max(
-            [r.get("step", 0) for lines in records(folder / "job").values() for r in lines], default=0) >= 2,
-            [agent])
+        def at_step_2(folder: Path = folder) -> bool:
+            steps = [r.get("step", 0) for lines in records(folder / "job").values() for r in lines]
+            return max(steps, default=0) >= 2
+
+        wait_until("step 2", at_step_2, [agent])
         workers = proctree.descendants(agent.pid)
         assert workers
         agent.send_signal(how)
@@ -436,7 +336,7 @@ def test_the_node_monitor_kills_the_stopped_worker_not_the_one_waiting_for_it(tm
 def test_a_workers_progress_bar_and_long_line_are_echoed_with_bounded_work(tmp_path: Path) -> None:
     """What the node monitor echoes of a worker's log: a ``\\r`` bar as its newest finished redraw, and
     an unterminated line in 64 KiB pieces (not kept, and copied, whole on every poll)."""
-    from shardkit.cluster.torchrun_agent import _Worker
+    from shardkit.cluster.torchrun_monitor import _Worker
 
     log = tmp_path / "worker-0.log"
     worker = _Worker(0, log, time.monotonic())
@@ -455,7 +355,7 @@ def test_options_are_validated_with_key_paths_and_hints(tmp_path: Path) -> None:
     assert opts.rdzv_conf == {"last_call_timeout": 5}
     assert not opts.endpoint_is_loopback
     assert parse_options({}).endpoint_is_loopback
-    cases = {
+    cases: dict[str, dict[str, Any]] = {
         "engine.nnode": {"nnode": 2},
         "did you mean 'nnodes'": {"nnode": 2},
         "quote it": {"nnodes": 62},  # what YAML makes of an unquoted 1:2
@@ -506,3 +406,109 @@ def test_node_ranges_parse_for_all_quoted_ranges(low: int, extra: int) -> None:
     if extra:
         with pytest.raises(ConfigError):
             parse_options({"nnodes": f"{high}:{low}"})
+
+
+@pytest.mark.timeout(60)
+def test_a_node_whose_store_stops_answering_notices_within_the_bound() -> None:
+    """The watch counts only once armed (the job started), then fires once, within lost_job_timeout and
+    a probe, naming the store's address and what to do."""
+    import socket
+    import threading
+
+    from shardkit.cluster.torchrun_agent import LostJobWatch
+
+    server = socket.create_server(("127.0.0.1", 0))
+    endpoint = f"127.0.0.1:{server.getsockname()[1]}"
+    fired: list[tuple[float, str]] = []
+    event = threading.Event()
+
+    def on_lost(message: str) -> None:
+        fired.append((time.monotonic(), message))
+        event.set()
+
+    watch = LostJobWatch(endpoint, timeout=3.0, on_lost=on_lost)
+    watch.start()
+    try:
+        assert watch.probe() is None
+        time.sleep(1.5)
+        server.close()  # node 0's agent is gone: refused (a partition is silence: tests/multihost)
+        time.sleep(4.0)
+        assert not fired, "not armed: before the first attempt the rendezvous's join_timeout governs"
+        armed = time.monotonic()
+        watch.arm()
+        assert event.wait(3.0 + 2 * watch.probe_timeout + 2 * watch.interval + 5.0)
+    finally:
+        watch.stop()
+        server.close()
+    (at, message), = fired
+    assert at - armed >= 3.0
+    assert message.startswith(f"lost the job: the rendezvous store at {endpoint} (node 0) did not answer")
+    assert "Connection refused" in message
+    assert "fault_tolerance.lost_job_timeout 3 s" in message
+    assert "Fix:" in message
+    assert watch.lost == message
+
+
+def test_the_node_address_is_checked_before_anything_starts() -> None:
+    from shardkit.cluster.addresses import local_addresses
+    from shardkit.cluster.engine_torchrun import node_address
+
+    assert node_address(parse_options({})) == "127.0.0.1"
+    assert node_address(parse_options({"local_addr": "localhost"})) == "localhost"  # as given, as before
+    mine = sorted(local_addresses())
+    elsewhere = next(f"203.0.113.{i}" for i in range(1, 255) if f"203.0.113.{i}" not in mine)
+    with pytest.raises(ConfigError) as info:
+        node_address(parse_options({"local_addr": elsewhere}))
+    message = str(info.value)
+    assert f"engine.local_addr = '{elsewhere}' is not an address of this host" in message
+    assert "127.0.0.1 (lo)" in message
+    assert "--set engine.local_addr=127.0.0.1" in message
+
+
+def test_lost_job_and_collective_timeouts_are_validated_and_reach_the_workers(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    from datetime import timedelta
+
+    from shardkit.cluster import protocol as p
+    from shardkit.cluster.spec import build_spec
+    from shardkit.trainer._setup import collective_timeout
+
+    base = {"name": "j", "entrypoint": str(IDS), "framework": "torch", "roles": {"worker": {"count": 2}}}
+    ft = JobConfig.from_dict(base).fault_tolerance
+    assert (ft.lost_job_timeout, ft.collective_timeout) == (60.0, 300.0)
+    for key, value in (("lost_job_timeout", 1), ("collective_timeout", 0), ("lost_job_timeout", "10")):
+        with pytest.raises(ConfigError, match=rf"fault_tolerance\.{key}"):
+            JobConfig.from_dict({**base, "fault_tolerance": {key: value}})
+    config = JobConfig.from_dict({**base, "fault_tolerance": {"collective_timeout": 45}})
+    assert {proc.env[p.ENV_COLLECTIVE_TIMEOUT] for proc in build_spec(config).processes} == {"45"}
+
+    monkeypatch.delenv(p.ENV_COLLECTIVE_TIMEOUT, raising=False)
+    assert collective_timeout() is None  # a script started by hand: torch's default
+    monkeypatch.setenv(p.ENV_COLLECTIVE_TIMEOUT, "45")
+    assert collective_timeout() == timedelta(seconds=45)
+    monkeypatch.setenv(p.ENV_COLLECTIVE_TIMEOUT, "soon")
+    with pytest.raises(ConfigError, match=r"fault_tolerance\.collective_timeout"):
+        collective_timeout()
+
+
+@pytest.mark.distributed
+@pytest.mark.timeout(150)
+def test_a_node_that_lost_node_0_leaves_with_a_summary_saying_so(tmp_path: Path, ids_dataset: str) -> None:
+    """Node 0 (it hosts the rendezvous store) is gone, its machine up: node 1 stops its worker and
+    exits 1 within lost_job_timeout (here the store refuses at once; silence is tests/multihost's)."""
+    config = ids_config(tmp_path, ids_dataset, nnodes="1:2", fault_tolerance={"lost_job_timeout": 5})
+    job = tmp_path / "job"
+    procs = start_nodes(config)
+    wait_until("a 2-node attempt at step 6 after a checkpoint", lambda: max_step(job, world=2) >= 6, procs)
+    tree = proctree.descendants(procs[0].pid) | {procs[0].pid}
+    proctree.kill(tree)
+    assert proctree.wait_gone(tree, 10) == set()
+    assert procs[1].wait(5 + 30) == 1, output(config, 1)
+    procs[0].wait(5)
+    result = summary(job, 1)
+    assert result["status"] == "failed"
+    (note,) = [n for n in result["notes"] if "lost the job" in n]
+    endpoint = yaml.safe_load(config.read_text())["engine"]["rdzv_endpoint"]
+    assert f"node 1: lost the job: the rendezvous store at {endpoint} (node 0)" in note
+    assert "Fix:" in note
+    assert "shardkit train: job trun, node 1: lost the job" in output(config, 1)

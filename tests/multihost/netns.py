@@ -168,7 +168,8 @@ class Network:
             self._made.append(ns)
             # a different interface name on every host: one GLOO_SOCKET_IFNAME for all cannot fit them
             ifname, port = f"sk{i}net", f"port{i}"
-            _ip("link", "add", ifname, "netns", ns, "type", "veth", "peer", "name", port, "netns", self.switch)
+            _ip("link", "add", ifname, "netns", ns, "type", "veth", "peer", "name", port, "netns",
+                self.switch)
             _ip("-n", self.switch, "link", "set", port, "master", "br0")
             _ip("-n", self.switch, "link", "set", port, "up")
             addr = f"{SUBNET}.{i + 1}"

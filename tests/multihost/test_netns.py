@@ -3,9 +3,9 @@ everything made is removed, also when the test body fails."""
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -15,7 +15,8 @@ pytestmark = pytest.mark.timeout(60)
 
 SERVE = ("import socket,sys;s=socket.socket();s.bind((sys.argv[1],9000));s.listen();"
          "c,_=s.accept();c.sendall(b'hi');c.recv(1)")
-CONNECT = "import socket,sys;s=socket.create_connection((sys.argv[1],9000),timeout=float(sys.argv[2]));print(s.recv(2).decode())"
+CONNECT = ("import socket,sys;s=socket.create_connection((sys.argv[1],9000),timeout=float(sys.argv[2]));"
+           "print(s.recv(2).decode())")
 
 
 def test_hosts_reach_each_other_by_address_and_the_host_name_is_loopback(net2: Network) -> None:
@@ -51,15 +52,22 @@ def test_a_cut_host_is_silent_and_heals(net2: Network) -> None:
 
 
 def test_everything_is_removed_also_when_the_test_fails() -> None:
-    pids = []
-    with pytest.raises(RuntimeError, match="boom"), Network(2) as net:
-        pids = [h.popen(["sleep", "600"]).pid for h in net.hosts]
-        made = Network.leftover()
-        assert len(made) == 3  # two hosts and the switch
-        raise RuntimeError("boom")
+    pids: list[int] = []
+    made: list[str] = []
+
+    def fail_inside() -> None:
+        with Network(2) as net:
+            pids.extend(h.popen(["sleep", "600"]).pid for h in net.hosts)
+            made.extend(Network.leftover())
+            raise RuntimeError("boom")
+
+    with pytest.raises(RuntimeError, match="boom"):
+        fail_inside()
+    assert len(made) == 3  # two hosts and the switch
     assert Network.leftover() == []
     for pid in pids:
-        assert not os.path.exists(f"/proc/{pid}") or "Z" in open(f"/proc/{pid}/stat").read().split()[2]
+        stat = Path(f"/proc/{pid}/stat")
+        assert not stat.exists() or stat.read_text().split()[2] == "Z"
 
 
 def test_a_killed_runs_namespaces_are_removed_by_the_next() -> None:
@@ -71,4 +79,5 @@ def test_a_killed_runs_namespaces_are_removed_by_the_next() -> None:
         assert ns in remove_stale()
     finally:
         subprocess.run(["ip", "netns", "delete", ns], check=False, capture_output=True)
-    assert ns not in subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+    listed = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True, check=True)
+    assert ns not in listed.stdout

@@ -34,7 +34,8 @@ def main() -> None:
     folder.mkdir(exist_ok=True)
     log = open(folder / f"attempt{ctx.attempt}-rank{ctx.rank}.jsonl", "a")  # noqa: SIM115
     seen = {k: os.environ.get(k) for k in ("SHARDKIT_DATA_SHARD", "SHARDKIT_DATA_NUM_SHARDS", "RANK",
-                                           "WORLD_SIZE", "TORCHELASTIC_RESTART_COUNT")}
+                                           "WORLD_SIZE", "TORCHELASTIC_RESTART_COUNT", "MASTER_ADDR",
+                                           "GLOO_SOCKET_IFNAME", "SHARDKIT_COLLECTIVE_TIMEOUT")}
     log.write(json.dumps({"start": start, "world": ctx.world_size, "pid": os.getpid(), "env": seen,
                           "shard": [ctx.data_shard, ctx.num_data_shards]}) + "\n")
     log.flush()

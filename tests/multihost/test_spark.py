@@ -1,0 +1,250 @@
+"""The ``spark`` engine on a Spark standalone cluster across hosts (`tests.multihost.netns` namespaces).
+
+The cluster is started with PySpark's own launcher (`tests.multihost.spark_cluster`): a master in h0 and
+one worker of one core per host, each bound to its host's address, each with its own work folder under
+the test's ``tmp_path``. ``shardkit train`` is the driver,
+run in h0: the engine must give Spark the driver's own address (the host name resolves to 127.0.0.1 in
+every namespace, which no executor could reach), and every barrier task must bind its process's
+collectives to its own host's address (gloo's ``connectFullMesh`` fails across hosts otherwise).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import yaml
+
+import shardkit
+from tests.multihost.netns import Host, Network
+from tests.multihost.spark_cluster import PORT, role_processes, start_cluster, wait_for
+
+REPO = Path(__file__).resolve().parents[2]
+IDS = REPO / "tests" / "cluster" / "torchrun_scripts" / "ids.py"
+ROWS, BATCH = 160, 4  # world 2: 20 steps per epoch
+
+pytestmark = pytest.mark.spark  # -m 'not spark' deselects every test that starts Spark
+
+
+def engine(master: str, **options: Any) -> dict[str, Any]:
+    return {"name": "spark", "master": master, "grace": 2, "slots_timeout": 30,
+            "conf": {"spark.executor.memory": "512m"}, **options}
+
+
+def digits_job(folder: Path, data_url: str, master: str) -> Path:
+    """``examples/digits.yaml`` (2 DDP workers) for 3 epochs on the cluster at ``master``."""
+    config = yaml.safe_load((REPO / "examples" / "digits.yaml").read_text())
+    config.update(entrypoint=str(REPO / "examples" / config["entrypoint"]), logdir=str(folder / "job"),
+                  engine=engine(master))
+    config["data"].update(url=data_url, num_epochs=3)
+    config["checkpoint"] = {"every_steps": 30, "keep": 2}
+    config["fault_tolerance"].update(max_restarts=0, startup_timeout=120.0)
+    path = folder / "job.yaml"
+    path.write_text(yaml.safe_dump(config))
+    return path
+
+
+def ids_job(folder: Path, data_url: str, master: str) -> Path:
+    """``ids.py`` (each process logs the ids it trained per step) for 2 epochs, a checkpoint every 4 steps."""
+    config = {
+        "name": "sparkids", "entrypoint": str(IDS), "framework": "torch", "roles": {"worker": {"count": 2}},
+        "data": {"url": data_url, "batch_size": BATCH, "seed": 3, "num_epochs": 2,
+                 "options": {"shuffle_buffer": 24, "workers": 1}},
+        "checkpoint": {"every_steps": 4, "keep": 3},
+        "fault_tolerance": {"max_restarts": 2, "heartbeat_interval": 0.5, "heartbeat_timeout": 30.0,
+                            "startup_timeout": 120.0},
+        "engine": engine(master), "logdir": str(folder / "job"), "params": {"sleep": 0.2},
+        "env": {"OMP_NUM_THREADS": "1"},
+    }
+    path = folder / "job.yaml"
+    path.write_text(yaml.safe_dump(config))
+    return path
+
+
+@pytest.fixture(scope="module")
+def ids_dataset(tmp_path_factory: pytest.TempPathFactory) -> str:
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(ROWS, 4)).astype(np.float32)
+    y = (x @ np.array([1.0, -2.0, 0.5, 3.0], np.float32)).astype(np.float32)
+    schema = shardkit.Schema([shardkit.Field("id", "int64"), shardkit.Field("x", "float32", (4,)),
+                              shardkit.Field("y", "float32")])
+    url = str(tmp_path_factory.mktemp("data") / "ids")
+    shardkit.write_dataset({"id": np.arange(ROWS), "x": list(x), "y": y}, url, schema=schema,
+                           row_group_size=8)
+    return url
+
+
+def train(host: Host, config: Path) -> subprocess.Popen[bytes]:
+    """``shardkit train config`` on ``host`` (the Spark driver); its output to ``train.out`` beside it."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("SHARDKIT_", "SPARK_", "PYSPARK_"))}
+    with open(config.parent / "train.out", "wb") as out:
+        return host.popen([sys.executable, "-m", "shardkit.cli", "train", str(config)], env=env, cwd=REPO,
+                          stdout=out, stderr=subprocess.STDOUT)
+
+
+def finish(proc: subprocess.Popen[bytes], config: Path, timeout: float) -> tuple[int, str]:
+    """The exit code of `train`'s ``proc`` (-1: still running after ``timeout`` s) and its output."""
+    try:
+        code = proc.wait(timeout)
+    except subprocess.TimeoutExpired:
+        code = -1
+    out = (config.parent / "train.out").read_text(errors="replace")
+    return code, out
+
+
+def check_bound_to_own_hosts(found: dict[int, tuple[Host, dict[str, str]]]) -> None:
+    """Each process advertises its own host's address: rank 0's address as MASTER_ADDR, its own interface
+    for gloo and NCCL, and the two ran on different hosts."""
+    (h0, env0), (h1, env1) = found[0], found[1]
+    assert h0 is not h1, "the barrier stage ran both tasks on one host"
+    for host, env in (found[0], found[1]):
+        assert env["MASTER_ADDR"] == h0.addr, env["MASTER_ADDR"]
+        assert (env["GLOO_SOCKET_IFNAME"], env["NCCL_SOCKET_IFNAME"]) == (host.ifname, host.ifname)
+    assert env0["WORLD_SIZE"] == env1["WORLD_SIZE"] == "2"
+
+
+def records(job_dir: Path) -> dict[tuple[int, int], list[dict[str, Any]]]:
+    out = {}
+    for path in (job_dir / "ids").glob("attempt*-rank*.jsonl"):
+        attempt, rank = map(int, re.findall(r"\d+", path.name))
+        out[(attempt, rank)] = [json.loads(line) for line in path.read_text().splitlines()]
+    return out
+
+
+def effective_ids(job_dir: Path) -> tuple[Counter[int], dict[int, tuple[int, int]]]:
+    """The ids of the steps along the checkpointed lineage (each attempt's steps up to the checkpoint the
+    next attempt resumed from), and ``{attempt: (world, start step)}``."""
+    recs = records(job_dir)
+    starts: dict[int, tuple[int, int]] = {}
+    for (attempt, rank), lines in recs.items():
+        head = lines[0]
+        assert head["shard"] == [rank, head["world"]]
+        assert starts.setdefault(attempt, (head["world"], head["start"])) == (head["world"], head["start"])
+    ids: Counter[int] = Counter()
+    for (attempt, _), lines in recs.items():
+        later = [a for a in sorted(starts) if a > attempt]
+        resumed_next = starts[later[0]][1] if later else None
+        for rec in lines[1:]:
+            assert rec["step"] > starts[attempt][1], f"attempt {attempt} retrained step {rec['step']}"
+            if resumed_next is None or rec["step"] <= resumed_next:
+                ids.update(rec["ids"])
+    return ids, starts
+
+
+@pytest.mark.timeout(200)
+def test_digits_on_a_standalone_cluster_across_two_hosts(net2: Network, tmp_path: Path, digits: str) -> None:
+    h0, h1 = net2.hosts
+    url = start_cluster(h0, [h0, h1], tmp_path / "spark")
+    config = digits_job(tmp_path, digits, url)
+    driver = train(h0, config)
+    found: dict[int, tuple[Host, dict[str, str]]] = {}
+
+    def both() -> bool:
+        found.update(role_processes(net2, tmp_path / "job", 0))
+        return len(found) == 2 or driver.poll() is not None
+
+    wait_for("both role processes", both, 120)
+    code, out = finish(driver, config, 120)
+    assert code == 0, out[-4000:]
+    check_bound_to_own_hosts(found)
+    summary = json.loads((tmp_path / "job" / "summary.json").read_text())
+    assert (summary["status"], summary["restarts"], summary["steps"]) == ("succeeded", 0, 72), summary
+    stats = json.loads(re.findall(r"TRAIN_STATS (\{.*\})", out)[-1])
+    assert stats["world"] == 2
+    assert stats["test_accuracy"] > 0.5  # chance is 0.1
+
+
+@pytest.mark.timeout(240)
+def test_a_lost_worker_host_restarts_the_stage_from_the_checkpoint_on_what_remains(
+        net3: Network, tmp_path: Path, ids_dataset: str) -> None:
+    h0 = net3.hosts[0]
+    url = start_cluster(h0, net3.hosts, tmp_path / "spark")  # three one-core workers for two processes
+    config = ids_job(tmp_path, ids_dataset, url)
+    job = tmp_path / "job"
+    driver = train(h0, config)
+    found: dict[int, tuple[Host, dict[str, str]]] = {}
+
+    def checkpointed() -> bool:
+        found.update(role_processes(net3, job, 0))
+        done = len(found) == 2 and any((job / "checkpoints").glob("step-*/COMMIT"))
+        return done or driver.poll() is not None
+
+    wait_for("the first checkpoint", checkpointed, 150)
+    assert driver.poll() is None, finish(driver, config, 1)[1][-4000:]
+    check_bound_to_own_hosts(found)
+    # a worker host loses power: its Spark worker, executor, Python workers and role process, all at once
+    lost = next(host for host, _ in (found[1], found[0]) if host is not h0)  # not the master's and driver's
+    lost.kill_all()
+    restarted: dict[int, tuple[Host, dict[str, str]]] = {}
+
+    def again() -> bool:
+        restarted.update(role_processes(net3, job, 1))
+        return len(restarted) == 2 or driver.poll() is not None
+
+    wait_for("the restarted stage's processes", again, 120)
+    code, out = finish(driver, config, 150)
+    assert code == 0, out[-4000:]
+    summary = json.loads((job / "summary.json").read_text())
+    assert summary["status"] == "succeeded", summary
+    assert summary["restarts"] >= 1, summary
+    ids, starts = effective_ids(job)
+    assert ids == Counter(dict.fromkeys(range(ROWS), 2)), "every sample of both epochs exactly once"
+    assert starts[0] == (2, 0)
+    assert starts[1][0] == 2
+    assert starts[1][1] >= 4, "the restarted stage resumed from a checkpoint"
+    assert re.search("Spark task ended without reporting|Spark job of this attempt ended", out), out[-4000:]
+    check_bound_to_own_hosts(restarted)  # on the two hosts that remain
+    assert lost.name not in {host.name for host, _ in restarted.values()}
+
+
+@pytest.mark.timeout(180)
+def test_too_few_workers_left_for_the_barrier_stage_is_an_error_naming_the_slots(
+        net2: Network, tmp_path: Path, ids_dataset: str) -> None:
+    h0, h1 = net2.hosts
+    url = start_cluster(h0, [h0, h1], tmp_path / "spark")
+    config = ids_job(tmp_path, ids_dataset, url)
+    settings = yaml.safe_load(config.read_text())
+    settings["engine"]["slots_timeout"] = 6
+    settings["fault_tolerance"]["max_restarts"] = 1
+    config.write_text(yaml.safe_dump(settings))
+    job = tmp_path / "job"
+    driver = train(h0, config)
+    wait_for("the first checkpoint", lambda: any((job / "checkpoints").glob("step-*/COMMIT"))
+             or driver.poll() is not None, 150)
+    h1.kill_all()  # one one-core worker remains for a stage of two tasks
+    code, out = finish(driver, config, 120)
+    assert code == 1, out[-4000:]
+    assert f"the cluster ({url}) did not have the 2 task slots" in out, out[-4000:]
+    assert "within 6 s (engine.slots_timeout): too few workers remain" in out
+    summary = json.loads((job / "summary.json").read_text())
+    assert (summary["status"], summary["restarts"]) == ("failed", 1), summary
+
+
+@pytest.mark.timeout(90)
+def test_a_master_that_does_not_answer_is_an_error_naming_it_within_seconds(net2: Network,
+                                                                              tmp_path: Path) -> None:
+    h0, h1 = net2.hosts
+    h1.cut()  # silence: connecting would wait for ever without a timeout
+    for name, master in (("cut", f"spark://{h1.addr}:{PORT}"), ("refused", f"spark://{h0.addr}:{PORT}")):
+        folder = tmp_path / name
+        folder.mkdir()
+        config = ids_job(folder, str(folder / "no-data"), master)
+        started = time.monotonic()
+        code, out = finish(train(h0, config), config, 60)
+        took = time.monotonic() - started
+        assert code == 2, out[-3000:]
+        assert f"engine.master={master!r}: no Spark master answers there" in out, out[-3000:]
+        assert "engine.connect_timeout" in out
+        assert took < 45, f"{took:.0f} s"  # the 5 s connect timeout, and the CLI's start, with slack
+    cut = (tmp_path / "cut" / "train.out").read_text()
+    assert re.search(r"timed out|No route to host", cut), cut  # silence, or ARP gave up first
+    assert "Connection refused" in (tmp_path / "refused" / "train.out").read_text()
