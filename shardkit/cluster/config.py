@@ -258,27 +258,32 @@ class JobConfig(_Model):
                 the secret, the variable or file, and never a value).
         """
         values: dict[str, str] = {}
+        problems: list[tuple[tuple[str | int, ...], object, str, str]] = []  # every one, said at once
         for name, ref in self.secrets.items():
             if ref.env is not None:
                 value = os.environ.get(ref.env)
                 if value is None:
-                    raise _error(self._source, [(("secrets", name, "env"), ref.env,
-                                 f"the environment variable {ref.env} is not set",
-                                 f"export {ref.env}=... before starting the job, or point secrets.{name} "
-                                 "at a file")])
+                    problems.append((("secrets", name, "env"), ref.env,
+                                     f"the environment variable {ref.env} is not set",
+                                     f"export {ref.env}=... before starting the job, or point secrets.{name} "
+                                     "at a file"))
+                    continue
             else:
                 try:
                     value = Path(str(ref.file)).read_text(encoding="utf-8").removesuffix("\n")
                 except (OSError, UnicodeDecodeError) as e:
                     why = f"{type(e).__name__}: {e.strerror}" if isinstance(e, OSError) else "not UTF-8 text"
-                    raise _error(self._source, [(("secrets", name, "file"), str(ref.file),
-                                 f"cannot read the file ({why})",
-                                 "create the file with the secret as its only content, or fix the path")],
-                                 ) from None
+                    problems.append((("secrets", name, "file"), str(ref.file),
+                                     f"cannot read the file ({why})",
+                                     "create the file with the secret as its only content, or fix the path"))
+                    continue
             if "\0" in value:
-                raise _error(self._source, [(("secrets", name), _NO_VALUE, "the value holds a NUL character",
-                                             "an environment variable cannot hold NUL; fix the value")])
+                problems.append((("secrets", name), _NO_VALUE, "the value holds a NUL character",
+                                 "an environment variable cannot hold NUL; fix the value"))
+                continue
             values[name] = value.removesuffix("\r")
+        if problems:
+            raise _error(self._source, problems)
         if not self._short_secrets_warned:  # read at the start and again for each attempt: said once
             self._short_secrets_warned = True
             warn_short_secrets(values)

@@ -141,7 +141,9 @@ def check_engine(config: JobConfig, *, node_rank: int | None = None) -> None:
     the supervisor builds it (`get_engine`: a known engine, one shardkit runs rather than renders, its
     options, its package installed) and closed again, or for ``engine: torchrun`` the node's checks
     (`shardkit.cluster.engine_torchrun.check_node`: options, with ``node_rank`` as ``--node-rank``,
-    and a job torch's elastic agent can run). Nothing is started, connected, read or written: the data
+    and a job torch's elastic agent can run), and a ``module:function`` entrypoint's module located by
+    the roles' Python (`shardkit.cluster.preflight.check_entrypoint`, which runs it once without
+    running any of the job's code). Nothing else is started, connected, read or written: the data
     and the logdir are `run_job`'s to check (they may exist only where the job runs), and so are
     secrets' values.
 
@@ -150,6 +152,9 @@ def check_engine(config: JobConfig, *, node_rank: int | None = None) -> None:
             engine option the engine does not take or a bad value, or a job the engine cannot run.
         MissingDependencyError: the engine's package (torch, ray, pyspark) is not installed.
     """
+    from shardkit.cluster.preflight import check_entrypoint
+
+    check_entrypoint(config)  # as train does: a module:function the roles' Python cannot find
     if config.engine.name == "torchrun":  # as run_job: one node's agent, not an engine the supervisor builds
         from shardkit.cluster.engine_torchrun import check_node
 

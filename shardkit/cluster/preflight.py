@@ -22,8 +22,9 @@ from shardkit.cluster import protocol
 from shardkit.cluster.config import JobConfig
 from shardkit.errors import ConfigError, MissingDependencyError, ShardkitError
 
-__all__ = ["FRAMEWORKS", "LOCK_FILE", "LogdirLock", "check_here", "check_local_data", "check_local_framework",
-           "check_local_gpus", "check_local_python", "local_gpus", "local_path", "prepare_logdir"]
+__all__ = ["FRAMEWORKS", "LOCK_FILE", "LogdirLock", "check_entrypoint", "check_here", "check_local_data",
+           "check_local_framework", "check_local_gpus", "check_local_python", "local_gpus", "local_path",
+           "prepare_logdir"]
 
 LOCK_FILE = ".lock"
 #: ``framework:`` -> (the package its roles import, the shardkit extra that installs it)
@@ -81,12 +82,14 @@ def check_local_data(config: JobConfig) -> None:
 def check_here(config: JobConfig, processes: Mapping[str, int] | None = None) -> None:
     """What is checked on the machine where a job's roles run, before the first one starts: the local
     data (`check_local_data`), the GPUs ``processes`` ask for (`check_local_gpus`) and the roles'
-    interpreter (`check_local_python`) with the job's framework in it (`check_local_framework`). The
+    interpreter (`check_local_python`) with the job's framework in it (`check_local_framework`) and
+    the entrypoint's module (`check_entrypoint`). The
     supervisor calls it for an engine whose roles run here, a torchrun node's agent for its own workers."""
     check_local_data(config)
     check_local_gpus(config, processes)
     check_local_python(config)
     check_local_framework(config)
+    check_entrypoint(config)
 
 
 def local_gpus(dev: str = "/dev", env: Mapping[str, str] | None = None) -> int | None:
@@ -286,6 +289,79 @@ def check_local_framework(config: JobConfig, *, timeout: float = 120.0) -> None:
                                 f"Fix: {pip} install 'shardkit[{extra}]' (or set framework: to the one "
                                 "the entrypoint uses)")
     raise error
+
+
+_LOCATE = """\
+import importlib.machinery, importlib.util, sys
+sys.path.pop(0)
+sys.path.insert(0, "")  # as a role runs it (shardkit.trainer.run): the current folder first
+parts = sys.argv[1].split(".")
+search = None
+for i in range(len(parts)):
+    name = ".".join(parts[:i + 1])
+    try:
+        if i == 0:
+            spec = importlib.util.find_spec(name)  # a top-level name: located, nothing executed
+        else:  # a submodule: looked up in its package's folders, without importing the package
+            spec = importlib.machinery.PathFinder.find_spec(name, search)
+    except (ImportError, ValueError):
+        spec = None
+    if spec is None:
+        print("missing", name)
+        break
+    search = spec.submodule_search_locations
+    if search is None and i < len(parts) - 1:
+        print("module", name)
+        break
+else:
+    print("found")
+"""
+
+
+def check_entrypoint(config: JobConfig, *, timeout: float = 60.0) -> None:
+    """Fail before anything starts when a ``module:function`` entrypoint's module cannot be found by the
+    roles' Python: every role would fail at its first line, each attempt, ``max_restarts`` times.
+
+    Example:
+        >>> check_entrypoint(config)     # entrypoint: nopkg.mod:main
+        ConfigError: ... entrypoint = 'nopkg.mod:main': the roles' Python (...) cannot import nopkg ...
+
+    Choices: the module is located, not imported: each package on its dotted path is looked up in
+    its parent's folders (``importlib.machinery.PathFinder``), so none of the job's code runs here (a
+    module's import may start threads or read data). It is looked up as a role would: by the roles'
+    ``python``, with the job's ``env`` and the current folder first on ``sys.path``. Whether the module
+    defines the function is left to the role (the module would have to be run to know). A script
+    entrypoint (``train.py``) is checked when the config loads. A ``python`` that does not run is
+    `check_local_python`'s to name; here it is passed over. ``shardkit validate`` and ``shardkit
+    train`` both call it.
+
+    Raises:
+        ConfigError: naming ``entrypoint``, the missing module (or the module that is no package), the
+            interpreter and the fix.
+    """
+    if config.entrypoint_kind != "function":
+        return
+    module = config.entrypoint.partition(":")[0]
+    python = os.fspath(config.python)
+    try:
+        done = subprocess.run([python, "-c", _LOCATE, module], capture_output=True, text=True, check=False,
+                              timeout=timeout, env={**os.environ, **config.env}, errors="replace")
+    except (OSError, subprocess.TimeoutExpired):
+        return
+    found, _, name = done.stdout.strip().partition(" ")
+    if found == "missing":
+        problem = (f"the roles' Python ({python}) cannot import {name!r}"
+                   + (f", the package of {module!r}" if name != module else "")
+                   + f", from {os.getcwd()} (the folder the roles start in)")
+    elif found == "module":
+        problem = (f"{name!r} is a module, not a package, so {module!r} cannot be imported (roles' "
+                   f"Python: {python})")
+    else:
+        return
+    raise _error(config, ("entrypoint",), config.entrypoint, problem,
+                 f"install the package that holds {module!r} into {python} (pip install -e . in its "
+                 "project), start from the folder that holds it, add that folder to env.PYTHONPATH, or "
+                 "give a script: entrypoint: train.py")
 
 
 class LogdirLock:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
 import sys
 from pathlib import Path
 from typing import Any
@@ -463,6 +464,30 @@ def test_secret_from_missing_file(job_dir: Path) -> None:
     line = problem_line(str(info.value), "secrets.TOKEN.file")
     assert str(job_dir / "no" / "such" / "token") in line
     assert "FileNotFoundError" in line
+
+
+def test_every_missing_secret_is_listed_at_once(job_dir: Path, monkeypatch: pytest.MonkeyPatch,
+                                                tmp_path: Path) -> None:
+    for var in ("SHARDKIT_TEST_NO_A", "SHARDKIT_TEST_NO_B"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv("SHARDKIT_TEST_SET", "a-value-that-is-set")
+    secrets = {"A": {"env": "SHARDKIT_TEST_NO_A"}, "OK": {"env": "SHARDKIT_TEST_SET"},
+               "B": {"env": "SHARDKIT_TEST_NO_B"}, "C": {"file": "no/such/token"}}
+    config = load_config(write(job_dir, base(secrets=secrets)))
+    with pytest.raises(ConfigError) as info:
+        config.secret_values()
+    message = str(info.value)
+    assert "3 problems" in message
+    assert "SHARDKIT_TEST_NO_A is not set" in problem_line(message, "secrets.A.env")
+    assert "SHARDKIT_TEST_NO_B is not set" in problem_line(message, "secrets.B.env")
+    assert "FileNotFoundError" in problem_line(message, "secrets.C.file")
+    assert "secrets.OK" not in message
+    assert "a-value-that-is-set" not in message
+    run = subprocess.run([sys.executable, "-m", "shardkit.cli", "train", str(job_dir / "job.yaml")],
+                         capture_output=True, text=True, timeout=120, check=False, cwd=tmp_path)
+    assert run.returncode == 2, run.stderr
+    for key in ("secrets.A.env", "secrets.B.env", "secrets.C.file"):  # one run lists them all
+        assert key in run.stderr
 
 
 def test_secret_file_unreadable(job_dir: Path) -> None:

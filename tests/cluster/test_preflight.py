@@ -286,3 +286,56 @@ def test_a_folder_left_by_an_uninstall_is_not_a_framework(tmp_path: Path,
         check_local_framework(config(tmp_path, framework="torch"))
     assert "only a folder without modules" in str(info.value)
     assert str(tmp_path / "site" / "leftover_fw") in str(info.value)
+
+
+# -- a module:function entrypoint -------------------------------------------------------------------
+
+
+def _entrypoint_job(tmp_path: Path, entrypoint: str, **changes: Any) -> Path:
+    job = {"name": "ep", "entrypoint": entrypoint, "framework": "torch", "roles": {"worker": {"count": 2}},
+           "logdir": str(tmp_path / "job"), **changes}
+    path = tmp_path / "job.yaml"
+    path.write_text(yaml.safe_dump(job))
+    return path
+
+
+def _shardkit(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "shardkit.cli", *args], cwd=cwd, capture_output=True,
+                          text=True, timeout=120, check=False)
+
+
+@pytest.mark.parametrize("command", ["validate", "train"])
+def test_an_entrypoint_module_that_cannot_import_is_refused_before_anything_starts(
+        tmp_path: Path, command: str) -> None:
+    path = _entrypoint_job(tmp_path, "nopkg.mod:main")
+    done = _shardkit(command, str(path), cwd=tmp_path)
+    assert done.returncode == 2, done.stderr
+    assert "entrypoint = 'nopkg.mod:main'" in done.stderr
+    assert "cannot import 'nopkg', the package of 'nopkg.mod'" in done.stderr
+    assert sys.executable in done.stderr  # the Python it was looked up with
+    assert "Traceback" not in done.stderr
+    assert not (tmp_path / "job").exists()  # no process, no logdir
+
+
+def test_an_entrypoint_is_located_without_running_any_of_the_jobs_code(tmp_path: Path) -> None:
+    pkg = tmp_path / "mypkg"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("raise SystemExit('the package was imported')\n")
+    (pkg / "train.py").write_text("def main():\n    raise SystemExit('the module was imported')\n")
+    missing = _shardkit("validate", str(_entrypoint_job(tmp_path, "mypkg.nomod:main")), cwd=tmp_path)
+    assert missing.returncode == 2
+    assert "cannot import 'mypkg.nomod'" in missing.stderr
+    assert "was imported" not in missing.stderr + missing.stdout
+    module = _shardkit("validate", str(_entrypoint_job(tmp_path, "mypkg.train.main:f")), cwd=tmp_path)
+    assert module.returncode == 2
+    assert "'mypkg.train' is a module, not a package" in module.stderr
+    found = _shardkit("validate", str(_entrypoint_job(tmp_path, "mypkg.train:main")), cwd=tmp_path)
+    assert found.returncode == 0, found.stderr
+    assert "was imported" not in found.stderr + found.stdout
+    # from another folder it is not found, unless the job's env puts the package's folder on the path
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    assert _shardkit("validate", str(_entrypoint_job(tmp_path, "mypkg.train:main")), cwd=elsewhere
+                     ).returncode == 2
+    with_path = _entrypoint_job(tmp_path, "mypkg.train:main", env={"PYTHONPATH": str(tmp_path)})
+    assert _shardkit("validate", str(with_path), cwd=elsewhere).returncode == 0
