@@ -241,7 +241,10 @@ def save_results(name: str, payload: dict[str, Any], *, directory: Path = RESULT
            "command": " ".join(["python", *sys.orig_argv[1:]]), **payload}
     directory.mkdir(parents=True, exist_ok=True)
     path = directory / f"{name}-{machine_id(info)}.json"
-    path.write_text(json.dumps(doc, indent=2, sort_keys=False) + "\n")
+    text = json.dumps(doc, indent=2, sort_keys=False) + "\n"
+    # paths inside the repository as the repository names them: results speak of the project, not of
+    # the machine it was checked out on
+    path.write_text(text.replace(json.dumps(f"{ROOT}/")[1:-1], ""))
     return path
 
 

@@ -24,6 +24,7 @@ Usage (from the repository root):
 from __future__ import annotations
 
 import argparse
+import os
 from collections.abc import Callable
 from typing import Any
 
@@ -73,6 +74,7 @@ def main() -> None:
     parser.add_argument("--only", nargs="+", choices=list(MEASURES), default=list(MEASURES))
     args = parser.parse_args()
     epochs = 3 if args.quick else None
+    load_before = os.getloadavg()
     rows = []
     for name in args.only:
         print(f"--- {name}", flush=True)
@@ -80,7 +82,9 @@ def main() -> None:
         print(report(rows[-1:]), flush=True)
     print(report(rows))
     if not args.quick:
-        print(f"saved {save_results('engines', {'rows': rows}).relative_to(ROOT)}")
+        payload = {"rows": rows, "load_before": load_before, "load_after": os.getloadavg(),
+                   "table": report(rows)}
+        print(f"saved {save_results('engines', payload).relative_to(ROOT)}")
 
 
 if __name__ == "__main__":
