@@ -173,7 +173,7 @@ def _train(args: argparse.Namespace) -> int:
 
     config = _load(args)
     try:
-        run_job(config, node_rank=args.node_rank, echo=not args.quiet)
+        run_job(config, node_rank=args.node_rank, echo=not args.quiet, rerun=args.rerun)
     except JobError as e:
         print(f"shardkit train: {e}", file=sys.stderr)
         return 1
@@ -228,6 +228,13 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("train", help="run a training job: start its processes, watch, restart, summarize")
     _add_config(p)
     p.add_argument("--quiet", action="store_true", help="show progress lines only, not the processes' output")
+    rerun = p.add_mutually_exclusive_group()  # a logdir that holds a completed run is refused without one
+    rerun.add_argument("--resume", action="store_const", const="resume", dest="rerun", default="refuse",
+                       help="continue the completed run in the logdir from its last checkpoint (more epochs, "
+                            "a longer schedule); an interrupted or failed run resumes without it")
+    rerun.add_argument("--fresh", action="store_const", const="fresh", dest="rerun",
+                       help="start a new run from step 0: the earlier run's checkpoints and logs are moved "
+                            "to <logdir>/previous/<time>/ (nothing is deleted)")
     p.add_argument("--node-rank", type=int, default=None, metavar="K",
                    help="engine torchrun: this node's rank (node 0 hosts the rendezvous); "
                         "default engine.node_rank, else 0")

@@ -17,7 +17,8 @@
     │   └── UnknownArgumentError      (also TypeError)          a keyword a reader function does not take
     ├── AdapterError                  (also ValueError)         a field or device an adapter cannot serve
     ├── ConfigError                   (also ValueError)         a job config key missing, unknown or wrong
-    │   └── EngineUnreachableError                              a cluster engine's address does not answer
+    │   ├── EngineUnreachableError                              a cluster engine's address does not answer
+    │   └── CompletedRunError                                   a completed run started again without a choice
     ├── CheckpointError               (also OSError)            no checkpoint can be written or restored
     │   └── CorruptCheckpointError                              a commit or file that does not verify
     ├── JobError                      (also RuntimeError)       a job that failed (restarts exhausted)
@@ -45,6 +46,7 @@ __all__ = [
     "AdapterError",
     "CheckpointError",
     "CheckpointWarning",
+    "CompletedRunError",
     "ConfigError",
     "CorruptCheckpointError",
     "CorruptDatasetError",
@@ -270,6 +272,14 @@ class EngineUnreachableError(ConfigError):
     """Raised within seconds when a cluster engine's address does not answer (``engine.master`` of a Spark
     standalone cluster, ``engine.address`` of a Ray cluster): the message names the address, the engine
     option and the fix. A `ConfigError`: nothing of the job has started."""
+
+
+class CompletedRunError(ConfigError):
+    """Raised before anything starts (``shardkit train``, exit 2; ``ctx.checkpoint.restore`` by hand) when
+    the job's checkpoint folder holds a run that completed and the new run did not choose what to do with
+    it: the message names the logdir, when the run completed, the overrides that would change what a
+    resumed run trains, and the choices (``--resume``, ``--fresh``, another logdir; by hand
+    ``SHARDKIT_RERUN=resume`` / ``fresh``)."""
 
 
 def require(module: str, *, extra: str, purpose: str) -> object:

@@ -7,12 +7,13 @@ from typing import TYPE_CHECKING, TextIO
 if TYPE_CHECKING:
     from shardkit.cluster.config import JobConfig
     from shardkit.cluster.report import JobResult
+    from shardkit.trainer.rerun import Rerun
 
 __all__ = ["run_job"]
 
 
 def run_job(config: JobConfig, *, node_rank: int | None = None, echo: bool = True,
-            console: TextIO | None = None) -> JobResult:
+            console: TextIO | None = None, rerun: Rerun = "refuse") -> JobResult:
     """Run a job to its end: start every process, watch them, restart from checkpoints, summarize.
 
     Example:
@@ -20,13 +21,21 @@ def run_job(config: JobConfig, *, node_rank: int | None = None, echo: bool = Tru
         >>> result = run_job(load_config("examples/digits.yaml"))
         >>> result.steps, result.restarts, result.samples_per_s
 
+    Running a job again (``rerun``; `shardkit.trainer.rerun` has the model): where the logdir's
+    checkpoint folder holds a run that completed, ``"refuse"`` (the default, as ``shardkit train``)
+    raises `CompletedRunError` before anything starts, naming the run, when it completed, the overrides
+    that would change what it trains, and the choices; ``"resume"`` continues it from its last
+    checkpoint (``shardkit train --resume``); ``"fresh"`` moves the earlier run's checkpoints and logs to
+    ``<logdir>/previous/<time>/`` and starts from step 0 (``--fresh``; also for an unfinished run). An
+    interrupted or failed run resumes by default. A torchrun job: node 0 decides.
+
     Policy (the job config's ``fault_tolerance``):
     - Before anything starts: the secrets are read; a ``data.url`` on this machine's filesystem is
       opened as a dataset when the roles run here (local engine, a local Ray instance, a local Spark
       master); the logdir is locked for this run (``<logdir>/.lock``: a second run with the same
       logdir is refused); ``<logdir>/job.json`` (the config without secret values) is written, and
       ``<logdir>/logs`` and ``<logdir>/tensorboard`` from an earlier run are cleared. Checkpoints are
-      kept: a job started again resumes from its newest one.
+      kept: a job started again resumes from its newest one (a completed one: see ``rerun`` above).
     - Each attempt starts every process with fresh ports (`shardkit.cluster.spec.build_spec`); output
       goes to ``<logdir>/logs/attempt-<k>/<role>-<i>.log`` and, with ``echo``, to the console prefixed
       with ``[role-i]``. A progress line (step, samples/s, metrics, restarts) shows every few seconds.
@@ -59,11 +68,12 @@ def run_job(config: JobConfig, *, node_rank: int | None = None, echo: bool = Tru
             `JobResult` is its ``result`` attribute), or the processes could not start.
         ConfigError: an unknown engine or engine option, a secret that cannot be read, a local
             ``data.url`` with no dataset, or a logdir in use by another run or that cannot be written.
+        CompletedRunError: the logdir holds a completed run and ``rerun`` is ``"refuse"``.
     """
     if config.engine.name == "torchrun":  # one node's elastic agent; torch's agent does the restarts
         from shardkit.cluster.engine_torchrun import run_node
 
-        return run_node(config, node_rank=node_rank, echo=echo, console=console)
+        return run_node(config, node_rank=node_rank, echo=echo, console=console, rerun=rerun)
     from shardkit.cluster.supervisor import Supervisor
 
-    return Supervisor(config, echo=echo, console=console).run()
+    return Supervisor(config, echo=echo, console=console, rerun=rerun).run()

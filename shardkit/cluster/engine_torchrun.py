@@ -28,6 +28,7 @@ if TYPE_CHECKING:
     from shardkit.cluster.config import JobConfig
     from shardkit.cluster.report import JobResult
     from shardkit.cluster.spec import ClusterSpec
+    from shardkit.trainer.rerun import Rerun
 
 __all__ = ["RDZV_CONF", "TorchrunEngine", "TorchrunOptions", "check_job", "check_node", "main",
            "node_address", "parse_options", "run_node", "worker_log"]
@@ -269,13 +270,13 @@ class TorchrunEngine:
                           "node (Python: shardkit.cluster.run_job(config, node_rank=K))")
 
     def run(self, config: JobConfig, *, node_rank: int | None = None, echo: bool = True,
-            console: TextIO | None = None) -> JobResult:
+            console: TextIO | None = None, rerun: Rerun = "refuse") -> JobResult:
         """Run this node's agent for ``config`` (see `run_node`)."""
-        return run_node(config, node_rank=node_rank, echo=echo, console=console)
+        return run_node(config, node_rank=node_rank, echo=echo, console=console, rerun=rerun)
 
 
 def run_node(config: JobConfig, *, node_rank: int | None = None, echo: bool = True,
-             console: TextIO | None = None) -> JobResult:
+             console: TextIO | None = None, rerun: Rerun = "refuse") -> JobResult:
     """Run one node of a torchrun job until the job ends: the elastic agent, its workers, their logs.
 
     Example:
@@ -288,7 +289,13 @@ def run_node(config: JobConfig, *, node_rank: int | None = None, echo: bool = Tr
     restarts. Logs: ``<logdir>/logs/node-<K>/attempt-<a>/worker-<rank>.log``; a summary is printed and
     written (``<logdir>/summary.json`` by node 0, ``logs/node-<K>/summary.json`` by the others).
 
+    ``rerun`` (see `shardkit.cluster.run_job`): node 0 decides, before it joins the rendezvous, what the
+    job does with a completed run in its checkpoint folder (refuse, resume, or move it aside); the
+    other nodes ignore it, and their workers, which start only once node 0 has joined, resume what
+    node 0 left.
+
     Raises:
+        CompletedRunError: node 0, a completed run and ``rerun="refuse"``.
         ConfigError: bad engine options, a job the torchrun engine cannot run, an address problem
             (`node_address`), a local ``data.url`` with no dataset, or a logdir this node rank already
             uses (or cannot write).
@@ -305,7 +312,8 @@ def run_node(config: JobConfig, *, node_rank: int | None = None, echo: bool = Tr
     require("torch.distributed.elastic", extra="torch", purpose=_PURPOSE)
     from shardkit.cluster.torchrun_agent import launch
 
-    return launch(config, opts, echo=echo, console=console if console is not None else sys.stdout)
+    return launch(config, opts, echo=echo, console=console if console is not None else sys.stdout,
+                  rerun=rerun)
 
 
 def node_address(opts: TorchrunOptions) -> str:
@@ -386,11 +394,16 @@ def main(argv: Sequence[str] | None = None) -> int:
                         help="this node (0 hosts the rendezvous store); default engine.node_rank or 0")
     parser.add_argument("--set", action="append", default=[], metavar="KEY.PATH=VALUE")
     parser.add_argument("--quiet", action="store_true", help="progress lines only, not the workers' output")
+    choice = parser.add_mutually_exclusive_group()
+    choice.add_argument("--resume", action="store_const", const="resume", dest="rerun", default="refuse",
+                        help="node 0: continue a completed run from its last checkpoint")
+    choice.add_argument("--fresh", action="store_const", const="fresh", dest="rerun",
+                        help="node 0: start a new run; the earlier one is moved to <logdir>/previous/<time>/")
     ns = parser.parse_args(args)
     from shardkit.cluster.config import load_config
 
     try:
-        run_node(load_config(ns.config, ns.set), node_rank=ns.node_rank, echo=not ns.quiet)
+        run_node(load_config(ns.config, ns.set), node_rank=ns.node_rank, echo=not ns.quiet, rerun=ns.rerun)
     except ShardkitError as e:  # the exit codes of `shardkit train`: 1 the job failed, 2 it could not start
         print(f"shardkit train: {e}", file=sys.stderr)
         return 1 if isinstance(e, JobError) else 2

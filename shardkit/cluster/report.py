@@ -12,9 +12,14 @@ from typing import Any, Literal
 
 from shardkit.cluster.masking import Masker
 
-__all__ = ["AttemptRecord", "CheckpointRecord", "Failure", "JobResult", "Status", "exit_reason", "scrub"]
+__all__ = ["NO_STEP", "AttemptRecord", "CheckpointRecord", "Failure", "JobResult", "Status",
+           "exit_reason", "reached_step", "scrub"]
 
 Status = Literal["succeeded", "failed", "interrupted"]
+#: Said of a process that never reported a step: what ends the startup window, and what to look at.
+NO_STEP = ("; it never reported a training step: a script's heartbeat starts with its first ctx.step() "
+           "(`with shardkit.trainer.init() as ctx: ... ctx.step(loss=...)`), so a script that never calls "
+           "it, or one stuck before it (imports, a rendezvous, loading data), ends here")
 
 
 def exit_reason(returncode: int) -> str:
@@ -87,6 +92,13 @@ class AttemptRecord:
     unreported: list[str] = dataclasses.field(default_factory=list)
 
 
+def reached_step(attempts: Iterable[AttemptRecord]) -> int:
+    """The highest step a job reached: the last step an attempt's lead reported, or the checkpoint an
+    attempt resumed from, if that is higher (an attempt that fails before its first step has
+    reported none, but it started at its checkpoint)."""
+    return max((max(a.steps, a.resumed_from or 0) for a in attempts), default=0)
+
+
 @dataclasses.dataclass
 class JobResult:
     """How a job ended: returned by `shardkit.cluster.run_job` (failed: carried by its `JobError`).
@@ -156,6 +168,24 @@ class JobResult:
     def summary_path(self) -> Path:
         return self.logdir / "summary.json"
 
+    @property
+    def newest_checkpoint(self) -> int | None:
+        """The step of the newest checkpoint the job wrote or resumed from (None: there is none)."""
+        steps = [c.step for c in self.checkpoints] + [a.resumed_from for a in self.attempts
+                                                      if a.resumed_from is not None]
+        return max(steps, default=None)
+
+    @property
+    def warnings(self) -> list[str]:
+        """What a finished job should not have done without a word (printed and in ``summary.json``)."""
+        out = []
+        if self.ok and self.steps == 0:
+            out.append("the job succeeded without reporting a training step: its scripts exited 0 but never "
+                       "called ctx.step() (`with shardkit.trainer.init() as ctx: ... ctx.step(loss=...)`), "
+                       "so nothing says that they trained; check that the script reaches its training loop "
+                       "and reports each step")
+        return out
+
     def to_json(self) -> dict[str, Any]:
         data = dataclasses.asdict(self)
         data["logdir"] = os.fspath(self.logdir)
@@ -163,6 +193,8 @@ class JobResult:
         data["samples_kept"] = self.samples_kept
         data["samples_exact"] = self.samples_exact
         data["first_step_s"] = self.first_step_s
+        data["newest_checkpoint"] = self.newest_checkpoint
+        data["warnings"] = self.warnings
         data["version"] = 1
         return data
 
@@ -185,8 +217,14 @@ class JobResult:
         last_ckpt = max((c.step for c in self.checkpoints), default=None)
         metrics = ", ".join(f"{k} {v:.4g}" for k, v in sorted(self.metrics.items()))
         at_least = "at least " if self.samples_exact is False else ""
+        if self.ok:
+            reached = f"{self.steps} steps"
+        else:  # where it got to, and where a new run would resume from
+            newest = self.newest_checkpoint
+            reached = (f"reached step {self.steps}, newest checkpoint "
+                       + (f"step {newest}" if newest is not None else "none"))
         lines = [
-            f"job {self.name} {self.status} in {self.wall_s:.1f} s: {self.steps} steps, "
+            f"job {self.name} {self.status} in {self.wall_s:.1f} s: {reached}, "
             f"{at_least}{self.samples:,} samples trained, {self.samples_per_s:,.0f} samples/s",
             f"  restarts: {self.restarts}" + (f" ({why})" if why else ""),
         ]
@@ -207,6 +245,7 @@ class JobResult:
         if metrics:
             lines.append(f"  last metrics: {metrics}")
         lines += [f"  note: {n}" for n in self.notes]
+        lines += [f"  warning: {w}" for w in self.warnings]
         lines.append(f"  logs: {self.logdir / 'logs'}, TensorBoard: {self.logdir / 'tensorboard'}, "
                      f"summary: {self.summary_path}")
         return "\n".join(lines)

@@ -31,12 +31,15 @@ from shardkit.cluster.report import (
     JobResult,
     Status,
     exit_reason,
+    reached_step,
     scrub,
 )
+from shardkit.cluster.rerun import prepare_rerun
 from shardkit.cluster.spec import build_spec
 from shardkit.cluster.stop_signals import STOP_SIGNALS, signals_raise
 from shardkit.cluster.supervisor_watch import _Watch, lingering, silence, unreported
 from shardkit.errors import JobError
+from shardkit.trainer.rerun import Rerun, check_rerun
 
 __all__ = ["STOP_SIGNALS", "HeartbeatReceiver", "Supervisor", "driver_roles", "signals_raise"]
 
@@ -69,8 +72,10 @@ class Supervisor:
     """
 
     def __init__(self, config: JobConfig, *, echo: bool = True, console: TextIO | None = None,
-                 engine: Engine | None = None, progress_interval: float = 5.0) -> None:
+                 engine: Engine | None = None, progress_interval: float = 5.0,
+                 rerun: Rerun = "refuse") -> None:
         self.config = config
+        self.rerun = check_rerun(rerun)  # what to do with the run the logdir holds (`prepare_rerun`)
         self._owns_engine = engine is None
         if engine is None:
             with located(config):
@@ -125,6 +130,7 @@ class Supervisor:
         self._masker = Masker(self.config.secret_values().values())  # a missing secret fails before any start
         if getattr(self.engine, "runs_here", False):  # the roles run on this machine
             check_here(self.config)
+        prepare_rerun(self.config, self.rerun, say=self._say)  # a completed run: refused, resumed or moved
         lock = self._prepare_logdir()
         try:
             result = self._attempts_and_summary()
@@ -372,7 +378,7 @@ class Supervisor:
                 a.ended_s, a.outcome = end, status
         return JobResult(
             name=self.config.name, status=status, logdir=self.logdir,
-            steps=self._attempts[-1].steps if self._attempts else 0,
+            steps=reached_step(self._attempts),
             restarts=max(0, len(self._attempts) - 1), failures=list(self._failures),
             checkpoints=list(self._checkpoints), attempts=list(self._attempts),
             samples=sum(a.samples for a in self._attempts), wall_s=end,

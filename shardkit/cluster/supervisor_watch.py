@@ -15,7 +15,7 @@ from shardkit.cluster import procstate
 from shardkit.cluster.config import FaultTolerance
 from shardkit.cluster.engines import RoleProcess
 from shardkit.cluster.heartbeats import Quiet, suspects
-from shardkit.cluster.report import exit_reason
+from shardkit.cluster.report import NO_STEP, exit_reason
 
 __all__ = ["lingering", "quiet", "silence", "unreported"]
 
@@ -74,7 +74,8 @@ def quiet(w: _Watch, now: float, ft: FaultTolerance) -> Quiet[_Watch]:
     `lingering`'s)."""
     if w.last_beat is None:
         limit, since = ft.startup_timeout, w.proc.started
-        what = f"no heartbeat in {{:.1f}} s since its start (startup_timeout {ft.startup_timeout:g} s)"
+        what = (f"no heartbeat in {{:.1f}} s since its start (startup_timeout {ft.startup_timeout:g} s)"
+                + NO_STEP)
     else:
         limit, since = ft.heartbeat_timeout, w.last_beat
         what = f"silent for {{:.1f}} s (heartbeat_timeout {ft.heartbeat_timeout:g} s)"

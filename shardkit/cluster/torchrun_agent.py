@@ -31,9 +31,11 @@ from shardkit.cluster.heartbeats import HeartbeatReceiver
 from shardkit.cluster.masking import Masker
 from shardkit.cluster.preflight import check_here, prepare_logdir
 from shardkit.cluster.report import JobResult, Status, scrub
+from shardkit.cluster.rerun import prepare_rerun
 from shardkit.cluster.supervisor import signals_raise
 from shardkit.cluster.torchrun_monitor import NodeMonitor
 from shardkit.errors import JobError, LostJobError
+from shardkit.trainer.rerun import Rerun
 
 __all__ = ["LostJobWatch", "NodeInterrupted", "NodeMonitor", "ShardkitAgent", "launch"]
 
@@ -237,19 +239,26 @@ def _latest(config: JobConfig) -> Callable[[], int | None]:
     return latest
 
 
-def launch(config: JobConfig, opts: TorchrunOptions, *, echo: bool, console: TextIO) -> JobResult:
+def launch(config: JobConfig, opts: TorchrunOptions, *, echo: bool, console: TextIO,
+           rerun: Rerun = "refuse") -> JobResult:
     """Run this node's agent to the end of the job (`shardkit.cluster.engine_torchrun.run_node`).
 
     Before anything starts: the secrets are read, a local ``data.url`` is checked (this node's workers
     read it), so are the GPUs this node's workers ask for and their interpreter (`check_here`), and
     the logdir is locked for this node (`shardkit.cluster.preflight.LogdirLock`: nodes may share it,
-    two agents of one node rank may not) and this node's logs of an earlier run cleared.
+    two agents of one node rank may not) and this node's logs of an earlier run cleared. Node 0 first
+    decides what to do with a completed run (``rerun``, `shardkit.cluster.rerun.prepare_rerun`).
     """
     secrets = config.secret_values()  # first: a missing secret fails before anything starts
     check_here(config, {"worker": opts.nproc_per_node or config.roles["worker"].count})
     logdir = Path(config.logdir)
     node_dir = logdir / "logs" / f"node-{opts.node_rank}"
     clear = [node_dir] + ([logdir / "tensorboard"] if opts.node_rank == 0 else [])
+    if opts.node_rank == 0:
+        hidden = Masker(secrets.values())
+        tag = "[shardkit node 0]"
+        prepare_rerun(config, rerun, node=0,
+                      say=lambda text: _print(text.replace("[shardkit]", tag), console, hidden))
     lock = prepare_logdir(config, clear=clear, node=opts.node_rank)
     try:
         node_dir.mkdir(parents=True, exist_ok=True)
@@ -394,6 +403,11 @@ def _run_agent(config: JobConfig, opts: TorchrunOptions, monitor: NodeMonitor, n
     finally:
         if handler is not None and not interrupted:
             handler.shutdown()
+
+
+def _print(text: str, console: TextIO, hidden: Masker) -> None:
+    with contextlib.suppress(OSError):  # the terminal is gone: the job goes on
+        print(scrub(text, hidden), file=console, flush=True)
 
 
 def _write_node_summary(result: JobResult, node_dir: Path) -> Path:

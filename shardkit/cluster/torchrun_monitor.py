@@ -19,7 +19,16 @@ from shardkit.cluster.engine_torchrun import TorchrunOptions, worker_log
 from shardkit.cluster.heartbeats import HeartbeatReceiver, Quiet, apply_beat, suspects
 from shardkit.cluster.output import LineSplitter
 from shardkit.cluster.progress import Progress
-from shardkit.cluster.report import AttemptRecord, CheckpointRecord, Failure, JobResult, Status, exit_reason
+from shardkit.cluster.report import (
+    NO_STEP,
+    AttemptRecord,
+    CheckpointRecord,
+    Failure,
+    JobResult,
+    Status,
+    exit_reason,
+    reached_step,
+)
 
 __all__ = ["NodeMonitor"]
 
@@ -232,7 +241,7 @@ class NodeMonitor:
         states = {q.who.rank: procstate.os_state(q.who.pid) if q.who.pid else None for q in found}
         held = [q for q in found if states[q.who.rank] in procstate.STOPPED_STATES]
         w, silent, limit, what = (held or found)[0]
-        reason = what.format(silent) + f" (limit {limit:g} s)"
+        reason = what.format(silent) + f" (limit {limit:g} s)" + ("" if w.last_beat is not None else NO_STEP)
         others = [f"worker-{q.who.rank} ({q.silent:.1f} s)" for q in found if q.who is not w]
         if held:
             state = states[w.rank] or ""
@@ -346,7 +355,7 @@ class NodeMonitor:
                           if a.first_step_s is not None and a.last_step_s is not None)
             return JobResult(
                 name=self.config.name, status=status, logdir=Path(self.config.logdir),
-                steps=self.attempts[-1].steps if self.attempts else 0,
+                steps=reached_step(self.attempts),
                 restarts=max(0, len(self.attempts) - 1), failures=list(self.failures),
                 checkpoints=list(self.checkpoints), attempts=list(self.attempts), samples=self._samples(),
                 wall_s=self._elapsed(), train_s=train_s, metrics=dict(self.metrics),

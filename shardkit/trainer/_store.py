@@ -278,6 +278,48 @@ class Store:
                 self.sync_dir(self.path(step))
             self.loc.fs.rm(self.path(step), recursive=True)
 
+    def read_marker(self, name: str) -> bytes | None:
+        """The bytes of the file ``name`` at the root (a marker such as ``COMPLETED``); None when absent."""
+        path = self.loc.join(name)
+        try:
+            with self._access("read", path):
+                return bytes(self.loc.fs.cat_file(path))
+        except FileNotFoundError:
+            return None
+
+    def write_marker(self, name: str, data: bytes) -> None:
+        """Write the file ``name`` at the root atomically (locally: a temporary file renamed over it)."""
+        with self._access("write in", self.loc.root):
+            if self.loc.is_local:
+                os.makedirs(self.loc.root, exist_ok=True)
+            self._write(self.loc.join(name), data)
+
+    def remove_marker(self, name: str) -> None:
+        """Delete the file ``name`` at the root, if it is there."""
+        path = self.loc.join(name)
+        with self._access("write in", self.loc.root):
+            if self.loc.fs.exists(path):
+                self.loc.fs.rm_file(path)
+
+    def move_to(self, dest: str, names: list[str]) -> list[str]:
+        """Move every step folder and each of ``names`` (markers) found at the root into the folder
+        ``dest`` (a path on the same filesystem); returns what was moved. Nothing is copied locally: each
+        entry is renamed, so a crash midway leaves every checkpoint whole, in one place or the other."""
+        moved = []
+        markers = [n for n in names if self.loc.fs.exists(self.loc.join(n))]
+        entries = [step_name(s) for s in self.steps()] + markers
+        with self._access("write in", self.loc.root):
+            if entries and self.loc.is_local:
+                os.makedirs(dest, exist_ok=True)
+            for entry in entries:
+                target = f"{dest.rstrip('/')}/{entry}"
+                if self.loc.is_local:
+                    os.replace(self.loc.join(entry), target)
+                else:
+                    self.loc.fs.mv(self.loc.join(entry), target, recursive=True)
+                moved.append(entry)
+        return moved
+
     def sync_dir(self, path: str) -> None:
         """fsync a local folder so the names moved into it survive a power cut (no-op elsewhere)."""
         if not self.loc.is_local:

@@ -7,6 +7,7 @@ Layout (``docs/design/trainer.md``)::
     <dir>/step-000000050/tf/ckpt.*       a tf.train.Checkpoint written with its own format
     <dir>/step-000000050/state.json      step, reader state, RNG states, user extra (JSON)
     <dir>/step-000000050/COMMIT          written LAST: {"version", "step", "time", "framework", "files"}
+    <dir>/COMPLETED                      the run ended (ctx.finish): {"version", "step", "time", "checkpoint"}
 
 A checkpoint exists only when its ``COMMIT`` exists and every file it lists has the listed size (and
 sha256, checked before anything is loaded). Saving a step that has a folder already (a restart that
@@ -17,6 +18,7 @@ leaves an uncommitted folder (the older checkpoints serve), never a commit that 
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 import shutil
 import tempfile
@@ -38,7 +40,11 @@ if TYPE_CHECKING:
     import tensorflow as tf
     import torch
 
-__all__ = ["CheckpointInfo", "CheckpointManager", "Restored", "Schedule", "Stateful"]
+__all__ = ["COMPLETED", "CheckpointInfo", "CheckpointManager", "Completion", "Restored", "Schedule",
+           "Stateful"]
+
+COMPLETED = "COMPLETED"
+_COMPLETED_VERSION = 1
 
 
 class Stateful(Protocol):
@@ -64,6 +70,16 @@ class Restored:
     extra: Mapping[str, Any]
     reader_state: Mapping[str, Any] | None
     reader_shards: tuple[Mapping[str, Any] | None, ...] | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class Completion:
+    """A run that ended (`CheckpointManager.completed`): its last step, when (``time.time()``), and the
+    URL of its last checkpoint."""
+
+    step: int
+    time: float
+    checkpoint: str
 
 
 @dataclasses.dataclass
@@ -318,6 +334,47 @@ class CheckpointManager:
             return
         if mine is not None:
             restore_rng(mine)
+
+    def completed(self) -> Completion | None:
+        """The run whose end `mark_completed` recorded, when its last step is the newest checkpoint
+        folder's; else None: a checkpoint saved since (a run resumed from it and interrupted) or its
+        last checkpoint gone (deleted, or never saved: ``finish(save=False)``) leave something to train.
+
+        A marker that does not parse is taken for none: the newest checkpoint is resumed, as for an
+        interrupted run.
+        """
+        raw = self._store.read_marker(COMPLETED)
+        if raw is None:
+            return None
+        try:
+            doc = json.loads(raw.decode())
+            done = Completion(int(doc["step"]), float(doc["time"]), str(doc["checkpoint"]))
+        except (UnicodeDecodeError, ValueError, KeyError, TypeError):
+            return None
+        steps = self._store.steps()
+        return done if steps and steps[-1] == done.step else None
+
+    def mark_completed(self, step: int) -> None:
+        """Record that the run ended at ``step`` (``<dir>/COMPLETED``), so that starting it again does not
+        resume it silently (`shardkit.trainer.rerun`). The writer (chief) calls it after its last save."""
+        doc = {"version": _COMPLETED_VERSION, "step": step, "time": time.time(),
+               "checkpoint": self._store.url(step)}
+        self._store.write_marker(COMPLETED, json.dumps(doc).encode())
+
+    def forget_completed(self) -> None:
+        """Remove the record of `mark_completed`: the run goes on (``--resume``), and until it ends again
+        it resumes by default, as an interrupted run does."""
+        self._store.remove_marker(COMPLETED)
+
+    def move_aside(self, dest: str) -> list[str]:
+        """Move every checkpoint folder and the ``COMPLETED`` marker into the folder ``dest`` on the same
+        filesystem (``--fresh``: a new run starts from step 0, the old one's checkpoints are kept there);
+        returns the names moved."""
+        try:
+            return self._store.move_to(dest, [COMPLETED])
+        except OSError as e:
+            raise CheckpointError(f"could not move the checkpoints under {self.url} to {dest} ({e}); check "
+                                  "that both are writable (nothing was deleted)") from e
 
     def list(self) -> list[CheckpointInfo]:
         """Committed checkpoints whose files have the committed sizes, oldest first."""

@@ -4,15 +4,20 @@ from __future__ import annotations
 
 import json
 import math
+import os
+import sys
 import time
+import warnings
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
-from shardkit.errors import ConfigError
+from shardkit.cluster import protocol as p
+from shardkit.errors import CheckpointError, CheckpointWarning, ConfigError
 
 if TYPE_CHECKING:
     from shardkit.trainer.checkpoint import CheckpointManager, Restored
     from shardkit.trainer.context import TrainContext
+    from shardkit.trainer.rerun import Rerun
 
 __all__ = ["Checkpoints"]
 
@@ -124,9 +129,24 @@ class Checkpoints:
         resumes with another number of processes; in other jobs, where only the chief's states are
         saved, every process but the chief. See `CheckpointManager.restore` for which checkpoint is
         chosen (a broken newer one is skipped with a warning).
+
+        A run that completed (`shardkit.trainer.rerun`): inside ``shardkit train`` the supervisor has
+        decided already (refused it, or left it to resume), so its checkpoint is restored. In a script
+        started by hand, a completed run is not resumed silently: `CompletedRunError` names it, when it
+        ended and the choices, unless ``SHARDKIT_RERUN`` says ``resume`` (continue it) or ``fresh`` (the
+        chief moves its checkpoints to ``<logdir>/previous/<time>/``; every process starts at step 0,
+        whatever was there). Started by hand, the chief prints the checkpoint it resumed on stderr.
+
+        Raises:
+            CompletedRunError: by hand, a completed run and no ``SHARDKIT_RERUN``.
         """
         self.track(model=model, optimizer=optimizer, reader=reader, tf_checkpoint=tf_checkpoint)
         if self.manager is None:
+            return 0
+        by_hand = p.ENV_ROLE not in os.environ
+        done = self._by_hand_rerun() if by_hand else None
+        if done == "fresh":
+            self._ctx._beat("alive", checkpoint="", paced=False)
             return 0
         rank, world = self._rng_place()
         ctx = self._ctx
@@ -145,7 +165,58 @@ class Checkpoints:
         self.extra = dict(restored.extra)
         self._ctx.step_count = restored.step
         self._ctx._beat("alive", checkpoint=restored.url, paced=False)  # which one, for the supervisor
+        if by_hand and self._ctx.is_chief:
+            what = ("the run that completed there (SHARDKIT_RERUN=resume)" if done == "resume"
+                    else "an unfinished run")
+            print(f"shardkit: resumed checkpoint step {restored.step} ({restored.url}) of {what}",
+                  file=sys.stderr, flush=True)
         return restored.step
+
+    def _by_hand_rerun(self) -> Rerun | None:
+        """A script started by hand: what ``$SHARDKIT_RERUN`` says to do with a completed run, done.
+
+        Returns ``"fresh"`` (start at step 0: the chief moved the checkpoints aside), ``"resume"`` (a
+        completed run goes on: the chief removed its marker) or None (nothing completed: resume as usual).
+        """
+        from shardkit.trainer import rerun
+
+        config, manager = self._ctx.config, self.manager
+        if config is None or manager is None:
+            return None
+        choice = rerun.rerun_from_env()
+        if choice == "fresh":
+            if self._ctx.is_chief:
+                dest = rerun.checkpoints_aside(config, rerun.aside_dir(config))
+                if manager.move_aside(dest):
+                    print(f"shardkit: SHARDKIT_RERUN=fresh: a new run from step 0; the earlier run's "
+                          f"checkpoints are in {dest}", file=sys.stderr, flush=True)
+            return "fresh"
+        done = manager.completed()
+        if done is None:
+            return None
+        if choice == "refuse":
+            changed = rerun.changes(rerun.previous_job(config.logdir), config.redacted())
+            raise rerun.refusal(config, done, changed, by_hand=True)
+        if self._ctx.is_chief:
+            manager.forget_completed()
+        return "resume"
+
+    def mark_completed(self) -> None:
+        """The chief records that the run ended at the current step (`CheckpointManager.mark_completed`),
+        when its last save (or restore) is of that step: a run that ends past its last checkpoint
+        (``finish(save=False)``) has something left to train from it. A failure to write it is a
+        `CheckpointWarning` (the run's checkpoints stand, but starting it again would then resume the
+        last one silently)."""
+        step = self._ctx.step_count
+        if (self.manager is None or not self.objects or not self._ctx.is_chief or step <= 0
+                or self.manager.schedule.last_step != step):
+            return
+        try:
+            self.manager.mark_completed(step)
+        except (CheckpointError, OSError) as e:
+            warnings.warn(f"could not record that the run completed at step {step} under {self.manager.url} "
+                          f"({e}); started again, it would resume its last checkpoint: start it with "
+                          "--fresh then", CheckpointWarning, stacklevel=2)
 
     def due(self, step: int) -> bool:
         """Whether ``ctx.step`` saves at ``step``; the same answer on every process of the job.

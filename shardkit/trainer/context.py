@@ -176,9 +176,11 @@ class TrainContext:
     def finish(self, *, save: bool = True) -> None:
         """End training: run the `on_finish` callbacks, save a last checkpoint of the current step (unless
         ``save=False``, or it was just saved and no callback says the objects changed since, or nothing
-        is tracked), send the final ``done`` heartbeat, close the readers made by `reader` and end the
-        torch process group `init` started once every rank has finished (a barrier: a rank that
-        finishes first waits there for the others' last saves). Called by ``with ctx:`` on success.
+        is tracked), record on the chief that the run completed (``<checkpoint dir>/COMPLETED``: started
+        again, it is not resumed silently, see `shardkit.trainer.rerun`), send the final ``done``
+        heartbeat, close the readers made by `reader` and end the torch process group `init` started
+        once every rank has finished (a barrier: a rank that finishes first waits there for the others'
+        last saves). Called by ``with ctx:`` on success.
 
         If a callback or the save raises, the process is failing: as `__exit__` on an exception, it sends
         the count it trained, and the exception goes on (no ``done``)."""
@@ -191,6 +193,7 @@ class TrainContext:
                 url = self.checkpoint.save(self.step_count)
                 if url is not None:
                     self._beat("checkpoint", checkpoint=url)
+            self.checkpoint.mark_completed()  # started again, the run is not resumed silently
         except BaseException:
             restored = self.checkpoint.restored
             if self.step_count > (restored.step if restored is not None else 0):
