@@ -72,9 +72,15 @@ def describe(ds: Dataset) -> dict[str, Any]:
         entry["row_groups"] += 1
         entry["rows"] += rg.num_rows
         entry["bytes"] += rg.num_bytes
+    snapshot = None
+    if ds.snapshot is not None:
+        time = ds.snapshot.time
+        snapshot = {"format": ds.snapshot.format, "version": ds.snapshot.version,
+                    "time": None if time is None else time.isoformat(), "versions": len(ds.snapshot.versions)}
     return {
         "url": ds.url,
         "kind": ds.kind,
+        "snapshot": snapshot,
         "rows": ds.num_rows,
         "bytes": ds.num_bytes,
         "row_groups": len(ds.row_groups),
@@ -104,7 +110,13 @@ def format_description(info: dict[str, Any]) -> str:
         for f in info["fields"]
     ]
     files = [[f["file"], str(f["row_groups"]), f"{f['rows']:,}", _human(f["bytes"])] for f in info["files"]]
-    head = (f"{info['url']}  ({info['kind']} dataset)\n"
+    snap = info.get("snapshot")
+    what = f"{info['kind']} dataset"
+    if snap:
+        word = "version" if snap["format"] == "delta" else "snapshot"
+        what = (f"{'Delta Lake' if snap['format'] == 'delta' else 'Iceberg'} table, {word} {snap['version']}"
+                f"{' of ' + snap['time'] if snap['time'] else ''}, {snap['versions']} {word}s in its history")
+    head = (f"{info['url']}  ({what})\n"
             f"{info['rows']:,} rows in {info['row_groups']:,} row groups, "
             f"{len(info['files']):,} files, {_human(info['bytes'])} uncompressed")
     return "\n\n".join([head, _table(fields, ["field", "dtype", "shape", "codec", "nullable"]),
@@ -136,7 +148,7 @@ def _inspect(args: argparse.Namespace) -> int:
     from shardkit.dataset import SummaryMissingWarning, open_dataset
 
     with _warnings_after(SummaryMissingWarning):
-        ds = open_dataset(args.url)
+        ds = open_dataset(args.url, version=args.table_version)
     info = describe(ds)
     print(json.dumps(info, indent=2) if args.json else format_description(info))
     return 0
@@ -220,6 +232,9 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("inspect", help="print a dataset's schema, files and row groups")
     p.add_argument("url", help="the dataset's folder (any fsspec URL, e.g. s3://bucket/ds)")
     p.add_argument("--json", action="store_true", help="machine-readable output")
+    p.add_argument("--table-version", type=int, default=None, metavar="VERSION",
+                   help="a Delta table's version or an Iceberg table's snapshot id (default: the "
+                        "current one)")
     p.set_defaults(func=_inspect, parser=p)
     p = sub.add_parser("index", help="write the _metadata summary of a plain Parquet folder")
     p.add_argument("url", help="the folder of Parquet files (any fsspec URL)")

@@ -115,7 +115,10 @@ def open_source(loc: Location, declared: dict[str, Field]) -> Source:
                                    f"reads ({sorted(set(FORMATS))}, CSV and JSON also {list(COMPRESSED)}); "
                                    "rename it, or point at its folder if it is part of a dataset")
         return _files_source(loc, Files([loc.root], fmt, None, [loc.root]), declared)
-    summary = not pattern and (loc.exists(SUMMARY) or loc.exists(COMMON))
+    from shardkit.dataset.tables import detect
+
+    # a Delta or Iceberg table converts at its current snapshot: its folder holds older snapshots' files
+    summary = not pattern and (loc.exists(SUMMARY) or loc.exists(COMMON) or detect(loc) is not None)
     files = None if summary else listed(loc, pattern=pattern)
     if files is None:  # a dataset: its files are the ones its summary lists (else: no data, it says so)
         with warnings.catch_warnings():  # read once, all columns: no summary needed, nothing left out

@@ -24,6 +24,7 @@ from __future__ import annotations
 import contextlib
 import os
 import warnings
+from collections.abc import Sequence
 from typing import Any
 
 import pyarrow as pa
@@ -40,7 +41,7 @@ from shardkit.dataset.footers import (
 from shardkit.dataset.footers import summary as _summary
 from shardkit.dataset.location import COMMON, SUMMARY, Location
 from shardkit.dataset.opened import FOOTERS_KEPT, SLICE_ROWS, Dataset, partition_keys
-from shardkit.dataset.schema import SCHEMA_KEY, Schema, field_from_arrow, schema_from_arrow
+from shardkit.dataset.schema import SCHEMA_KEY, Field, Schema, field_from_arrow, schema_from_arrow
 from shardkit.errors import (
     ColumnsLeftOutWarning,
     CorruptDatasetError,
@@ -48,6 +49,7 @@ from shardkit.errors import (
     NotADatasetError,
     PartitionColumnsWarning,
     SchemaError,
+    TableVersionError,
 )
 
 PETASTORM_KEY = b"dataset-toolkit.unischema.v1"
@@ -62,12 +64,23 @@ class UncommittedFilesWarning(UserWarning):
     parts of a write that did not commit)."""
 
 
-def open_dataset(url: str | os.PathLike[str], *, storage_options: dict[str, Any] | None = None) -> Dataset:
+def open_dataset(url: str | os.PathLike[str] | Any, *, storage_options: dict[str, Any] | None = None,
+                 version: int | None = None, schema: Schema | Sequence[Field] | None = None) -> Dataset:
     """Open the dataset at ``url`` without reading its data.
 
     Example:
         >>> ds = shardkit.open_dataset("s3://bucket/train")
         >>> ds.schema, ds.num_rows, len(ds.row_groups)
+        >>> shardkit.open_dataset("s3://bucket/delta_table", version=3).snapshot
+
+    ``url`` is a shardkit dataset, a Petastorm dataset, a plain Parquet folder, a Delta Lake table (a
+    folder with ``_delta_log/``), an Iceberg table (a folder with ``metadata/*.metadata.json``, or the URL
+    of a metadata file), or a ``deltalake.DeltaTable`` / ``pyiceberg.table.Table`` object
+    (`shardkit.dataset.tables`). A table opens at its current snapshot, or at ``version`` (a Delta
+    version, an Iceberg snapshot id); its `Dataset` lists that snapshot's files only.
+
+    ``schema`` declares fields for columns of data shardkit did not write (a fixed shape for a list
+    column, an image codec for a binary one): `shardkit.dataset.hints`.
 
     Raises:
         DatasetNotFoundError: nothing exists at ``url``.
@@ -76,27 +89,63 @@ def open_dataset(url: str | os.PathLike[str], *, storage_options: dict[str, Any]
         DatasetPermissionError: this user may not list the folder or read a file it needs.
         DatasetError: the store cannot be reached (no credentials, no connection: the message says
             which and what to set).
-        UnsupportedURLError, MissingDependencyError: no filesystem serves ``url`` here.
+        UnsupportedURLError, MissingDependencyError: no filesystem serves ``url`` here, or a table's
+            library is not installed (the message names the extra: ``shardkit[delta]``,
+            ``shardkit[iceberg]``).
+        TableVersionError: ``version`` is not one of the table's (the message lists them), or is given
+            for a dataset that is no table.
+        UnsupportedTableError: a table needs a feature shardkit does not read, or has deleted rows it
+            does not apply (deletion vectors, delete files): the message names the version and the fix.
     """
-    loc = Location.of(url, storage_options)
-    with storage_errors(loc.url):
-        return open_location(loc)
+    if version is not None and (not isinstance(version, int) or isinstance(version, bool)):
+        raise TableVersionError(f"version={version!r} must be an int: a Delta table's version or an "
+                                "Iceberg table's snapshot id")
+    from shardkit.dataset.tables import is_table_object, open_table_object
+
+    if is_table_object(url) is not None:
+        ds = open_table_object(url, version=version, storage_options=storage_options)
+    else:
+        loc = Location.of(url, storage_options)
+        with storage_errors(loc.url):
+            ds = open_location(loc, version=version, storage_options=storage_options)
+    if schema is None:
+        return ds
+    from shardkit.dataset.hints import apply_hints
+
+    return apply_hints(ds, schema)
 
 
-def open_location(loc: Location) -> Dataset:
+def open_location(loc: Location, *, version: int | None = None,
+                  storage_options: dict[str, Any] | None = None) -> Dataset:
     """`open_dataset` of a `Location` (keeps the filesystem, and so its storage options).
 
     A dataset with a ``_metadata`` summary opens by reading it, and nothing else (on an object store:
-    the summary's size and bytes, two requests); the root is checked only when there is none.
+    the summary's size and bytes, two requests); the root is checked only when there is none, and then
+    whether it holds a table's log or metadata (`shardkit.dataset.tables.detect`: two requests), which
+    its table format opens: a table's folder is never read as a plain folder (the files of its old
+    snapshots are there too).
     """
     md = _summary(loc)
     if md is None:
         if not root_exists(loc):
             raise _not_found(loc)
+        from shardkit.dataset.tables import detect, enclosing, open_table
+
+        table_format = detect(loc)
+        if table_format is not None:
+            return open_table(table_format, loc, version=version, storage_options=storage_options)
+        if (inside := enclosing(loc)) is not None:
+            raise NotADatasetError(
+                f"{loc.url!r} is a folder of the {inside[0]} table {inside[1]!r}: it holds the data files of "
+                "every version of the table, including rows deleted or overwritten since, so it is not read "
+                f"as a plain Parquet folder. Open the table itself: shardkit.make_reader({inside[1]!r})")
         if loc.fs.isfile(loc.root):
             raise NotADatasetError(f"{loc.url!r} is a file; a dataset is a folder of Parquet files")
         if loc.exists(SUMMARY):  # there after all (written meanwhile): read it, or say why it cannot be
             md = read_footer(loc, SUMMARY)
+    if version is not None:
+        raise TableVersionError(f"version={version!r} was given for {loc.url!r}, which is a dataset folder, "
+                                "not a Delta or Iceberg table: it has one version. Leave version= out")
     groups_from_summary = md is not None
     if md is not None:
         arrow_schema, groups = md.schema.to_arrow_schema(), tuple(summary_row_groups(md))
@@ -117,12 +166,12 @@ def open_location(loc: Location) -> Dataset:
         schema = Schema([f for f in schema if f.name not in keys])
         ds = Dataset(loc, schema, arrow_schema, groups, "petastorm", md)
     else:
-        schema, left_out = _plain_schema(loc, arrow_schema)
+        schema, left_out = plain_schema(loc, arrow_schema)
         ds = Dataset(loc, schema, arrow_schema, groups, "parquet", md, left_out=left_out)
     for name, footer in footers[:FOOTERS_KEPT]:  # read already: the first reads need not fetch them again
         ds.keep_footer(name, footer)
-    _warn_partitions(ds)
-    _warn_left_out(ds)
+    warn_partitions(ds)
+    warn_left_out(ds)
     return ds
 
 
@@ -138,7 +187,7 @@ def _not_found(loc: Location) -> DatasetNotFoundError:
                                 "credentials), or write one first with shardkit.write_dataset(data, url)")
 
 
-def _plain_schema(loc: Location, arrow_schema: pa.Schema) -> tuple[Schema, dict[str, str]]:
+def plain_schema(loc: Location, arrow_schema: pa.Schema) -> tuple[Schema, dict[str, str]]:
     """The fields of a plain Parquet dataset's columns, and the columns of no field type left out.
 
     A table from a data lake often holds a column shardkit does not map (a decimal, a struct, a map, a
@@ -158,7 +207,7 @@ def _plain_schema(loc: Location, arrow_schema: pa.Schema) -> tuple[Schema, dict[
     return Schema(fields), left_out
 
 
-def _warn_left_out(ds: Dataset) -> None:
+def warn_left_out(ds: Dataset) -> None:
     """Warn (once per opening) which columns of a plain Parquet dataset are left out, and why."""
     if ds.left_out:
         warnings.warn(ColumnsLeftOutWarning(
@@ -167,7 +216,7 @@ def _warn_left_out(ds: Dataset) -> None:
             "usual; to read these, rewrite them with the cast (shardkit.write_dataset)"), stacklevel=3)
 
 
-def _warn_partitions(ds: Dataset) -> None:
+def warn_partitions(ds: Dataset) -> None:
     """Warn (once per opening) that the partition columns of a Hive-partitioned folder are not read."""
     keys = ds.partition_keys
     if not keys:

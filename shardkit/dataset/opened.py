@@ -10,12 +10,13 @@ every reader holds once the dataset is open, and it imports nothing of the openi
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import re
 import threading
 from collections import OrderedDict
 from collections.abc import Iterable, Iterator, Sequence
 from functools import cached_property
-from typing import Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 import pyarrow as pa
@@ -24,8 +25,11 @@ import pyarrow.parquet as pq
 from shardkit.dataset.access import is_denied, permission_error
 from shardkit.dataset.footers import RowGroup
 from shardkit.dataset.location import Location
-from shardkit.dataset.schema import Schema
-from shardkit.errors import CorruptDatasetError, one_line
+from shardkit.dataset.schema import Field, Schema
+from shardkit.errors import CorruptDatasetError, SchemaMismatchError, one_line
+
+if TYPE_CHECKING:
+    from shardkit.dataset.tables.snapshot import Snapshot
 
 #: Rows Parquet decodes at a time. A whole row group at once needs several times its decoded size in
 #: scratch buffers (uint8 tensors go through int32 values plus repetition and definition levels), and
@@ -44,8 +48,20 @@ class Dataset:
     schema: Schema
     arrow_schema: pa.Schema
     row_groups: tuple[RowGroup, ...]
-    kind: Literal["shardkit", "petastorm", "parquet"]
+    kind: Literal["shardkit", "petastorm", "parquet", "delta", "iceberg"]
     metadata: pq.FileMetaData | None = dataclasses.field(default=None, repr=False)
+    #: the table version a Delta or Iceberg dataset lists the files of (None for folders)
+    snapshot: Snapshot | None = None
+    #: rows of a table deleted without rewriting their file (Delta's deletion vectors): row group (its
+    #: index in ``row_groups``) -> which of its stored rows are kept. Its ``num_rows`` counts those kept.
+    kept: dict[int, np.ndarray] = dataclasses.field(default_factory=dict, repr=False, compare=False)
+    #: columns read as another type than stored (``schema=`` hints: `shardkit.dataset.hints`)
+    casts: dict[str, pa.DataType] = dataclasses.field(default_factory=dict, repr=False, compare=False)
+    #: columns a table keeps in its log, not in its files (Delta's partition columns): file -> column ->
+    #: the value of every row of that file (None: null)
+    constants: dict[str, dict[str, Any]] = dataclasses.field(default_factory=dict, repr=False, compare=False)
+    #: the ``schema=`` hints applied (a reader reopening another snapshot applies them again)
+    hints: tuple[Field, ...] = dataclasses.field(default=(), repr=False, compare=False)
     _footers: OrderedDict[str, pq.FileMetaData] = dataclasses.field(
         default_factory=OrderedDict, init=False, repr=False, compare=False)
     _footer_lock: threading.Lock = dataclasses.field(
@@ -101,6 +117,13 @@ class Dataset:
             pf = pq.ParquetFile(self.location.open_ranges(path), metadata=footer,
                                 pre_buffer=not self.location.is_local)
         except FileNotFoundError as e:
+            if self.snapshot is not None:
+                raise CorruptDatasetError(
+                    f"data file {path!r} of the {self.snapshot.format} table {self.url!r} at version "
+                    f"{self.snapshot.version} is gone from storage (removed by a vacuum or an expiry of old "
+                    "snapshots, or by hand). Read a version whose files are kept "
+                    f"(version=, of {list(self.snapshot.versions)}), or restore the file"
+                ) from e
             raise CorruptDatasetError(
                 f"data file {path!r} of dataset {self.url!r} is missing; the dataset was changed outside "
                 "shardkit. Rewrite it, or run shardkit.write_summary(url) to index the files that remain"
@@ -142,8 +165,18 @@ class Dataset:
             raise CorruptDatasetError(f"{where} cannot be read: {e}") from e
         names = list(columns) if columns is not None else None
         try:
-            yield from pf.iter_batches(batch_size=batch_size, row_groups=[self.row_group_index(i)],
-                                       columns=names, use_threads=False)
+            batches = pf.iter_batches(batch_size=batch_size, row_groups=[self.row_group_index(i)],
+                                      columns=names if self.snapshot is None else _present(pf, names),
+                                      use_threads=False)
+            if self.snapshot is None and not self.casts:
+                yield from batches
+            elif self.snapshot is None:
+                yield from (self._cast(b, where) for b in batches)
+            else:
+                # most files of a table hold its columns as they are: their batches pass untouched
+                tables = batches if self._fits(pf, names) else (
+                    self._as_table_schema(b, names, where, rg.file) for b in batches)
+                yield from tables if i not in self.kept else self._without_deleted(self.kept[i], tables)
         except (pa.ArrowInvalid, OSError) as e:
             if is_denied(e):
                 raise permission_error(self.location, self.location.join(rg.file), e) from e
@@ -151,6 +184,78 @@ class Dataset:
                 f"{where} cannot be read ({one_line(e)}); the file is truncated or corrupt: "
                 "rewrite the dataset, or read with on_error='skip'"
             ) from e
+
+    def deletions_tag(self, i: int) -> str:
+        """A digest of the rows of row group ``i`` deleted by the table's log ('' when none are): what a
+        cache key of the row group's rows needs besides its file's version (another version of the
+        table may delete other rows of the same file)."""
+        keep = self.kept.get(i)
+        if keep is None:
+            return ""
+        return hashlib.sha256(np.packbits(keep).tobytes()).hexdigest()[:16]
+
+    @staticmethod
+    def _without_deleted(keep: np.ndarray, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        start = 0
+        for batch in batches:
+            mask = keep[start:start + batch.num_rows]
+            start += batch.num_rows
+            if mask.all():
+                yield batch
+            elif mask.any():
+                yield batch.filter(pa.array(mask))
+
+    def _cast(self, batch: pa.RecordBatch, where: str) -> pa.RecordBatch:
+        """``batch`` with the hinted columns cast (`casts`)."""
+        arrays = [self._cast_column(c, self.casts[f.name], f.name, where) if f.name in self.casts else c
+                  for f, c in zip(batch.schema, batch.columns, strict=True)]
+        schema = pa.schema([pa.field(f.name, self.casts.get(f.name, f.type), nullable=f.nullable)
+                            for f in batch.schema])
+        return pa.RecordBatch.from_arrays(arrays, schema=schema)
+
+    def _cast_column(self, column: pa.Array, target: pa.DataType, name: str, where: str) -> pa.Array:
+        try:
+            return column.cast(target)
+        except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as e:
+            hinted = f" (the schema= hint of {name!r})" if name in self.casts else ""
+            raise SchemaMismatchError(
+                f"column {name!r} of {where} cannot be read as {target}{hinted}: {one_line(e)}. A row of "
+                "another length or type than the field says: fix the hint's shape, or the data"
+            ) from e
+
+    def _fits(self, pf: pq.ParquetFile, names: list[str] | None) -> bool:
+        """Whether the file's columns ``names`` (None: all of the table's) are the table's, in its
+        order and types, so that its batches need no change."""
+        wanted = names if names is not None else self.arrow_schema.names
+        stored = pf.schema_arrow
+        if [n for n in stored.names if n in set(wanted)] != list(wanted):
+            return False
+        for name in wanted:
+            k = stored.get_field_index(name)
+            if k < 0 or stored.field(k).type != self.arrow_schema.field(name).type:
+                return False
+        return True
+
+    def _as_table_schema(self, batch: pa.RecordBatch, names: list[str] | None, where: str,
+                         file: str) -> pa.RecordBatch:
+        """A batch of a table's data file in the table's schema: a column the table keeps in its log
+        (`constants`) holds the file's value, the columns a file written before they were added (schema
+        evolution) lacks are nulls, and types widened since are cast."""
+        wanted = names if names is not None else self.arrow_schema.names
+        constants = self.constants.get(file, {})
+        arrays = []
+        for name in wanted:
+            target = self.arrow_schema.field(name).type
+            k = batch.schema.get_field_index(name)
+            if k < 0:
+                nulls = pa.nulls(batch.num_rows, target)
+                value = constants.get(name)
+                arrays.append(nulls if value is None else nulls.fill_null(pa.scalar(value, target)))
+                continue
+            column = batch.column(k)
+            arrays.append(column if column.type == target else self._cast_column(column, target, name, where))
+        schema = pa.schema([self.arrow_schema.field(n) for n in wanted])
+        return pa.RecordBatch.from_arrays(arrays, schema=schema)
 
     def read_row_group(self, i: int, columns: Sequence[str] | None = None) -> pa.Table:
         """Read row group ``i`` of the index (Arrow, not decoded): a table of `SLICE_ROWS`-row chunks."""
@@ -204,6 +309,14 @@ class Dataset:
     def decode(self, table: pa.Table | pa.RecordBatch) -> dict[str, np.ndarray]:
         """Decode an Arrow table of this dataset's columns to numpy."""
         return self.schema.decode(table)
+
+
+def _present(pf: pq.ParquetFile, names: list[str] | None) -> list[str] | None:
+    """The columns of ``names`` (None: all) that the file ``pf`` has."""
+    if names is None:
+        return None
+    have = set(pf.schema_arrow.names)
+    return [n for n in names if n in have]
 
 
 def partition_keys(files: Iterable[str]) -> list[str]:

@@ -2,8 +2,14 @@
 
 Accepted: a pandas DataFrame, an Arrow Table or RecordBatch, a mapping of column name -> values (one
 columnar batch), or an iterable of DataFrames, Arrow tables or batches, mappings of column name -> Arrow
-array, or row dicts. Inside an iterable a mapping is a row unless all its values are Arrow arrays
-(`is_row`): a row's values may be arrays (tensor fields), so a mapping of numpy columns there is a row.
+array, mappings of column name -> numpy array (batches: what a shardkit reader, Ray Data and Hugging Face
+datasets yield), or row dicts.
+
+Inside an iterable a mapping is a batch when all its values are Arrow arrays, and a row when any value
+is no array (a number, a string) or the arrays differ in their first dimension. A mapping whose values
+are all numpy arrays of one first dimension ``n`` reads two ways: one row whose fields are tensors of
+shape ``(n, ...)``, or a batch of ``n`` rows (`item_kind`). The schema decides, by each field's number of
+dimensions; without one the input is refused, naming both readings and the fix.
 Large inputs are cut into batches of at most ``BATCH_ROWS`` rows so that memory stays bounded by a row
 group, not by the input.
 """
@@ -13,8 +19,10 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
 
+from shardkit.dataset.schema import Schema
 from shardkit.errors import SchemaError, SchemaMismatchError
 
 BATCH_ROWS = 4096
@@ -82,7 +90,8 @@ def _from_mapping(columns: Mapping[str, Any]) -> Iterator[Batch]:
 _END = object()  # the end of an input iterable (None is an item, and an error)
 
 
-def _from_rows(first: Mapping[str, Any], rest: Iterator[Any], offset: int) -> tuple[Batch, Any]:
+def _from_rows(first: Mapping[str, Any], rest: Iterator[Any], offset: int,
+               schema: Schema | None = None) -> tuple[Batch, Any]:
     """Gather up to BATCH_ROWS row dicts into columns; returns the batch and the next item (or _END)."""
     names = list(first)
     cols: dict[str, list[Any]] = {n: [] for n in names}
@@ -99,12 +108,48 @@ def _from_rows(first: Mapping[str, Any], rest: Iterator[Any], offset: int) -> tu
             cols[n].append(row[n])
         count += 1
         row = next(rest, _END)
-        if count >= BATCH_ROWS or not is_row(row):
+        if count >= BATCH_ROWS or item_kind(row, schema, offset + count) != "row":
             return (cols, count), row
 
 
-def iter_batches(data: Any) -> Iterator[Batch]:
-    """Yield ``(columns, num_rows)`` for every batch in ``data`` (see the module docstring)."""
+def item_kind(item: Any, schema: Schema | None, offset: int = 0) -> str:
+    """``"row"`` or ``"batch"`` for a mapping inside an iterable input (``"other"`` for anything else);
+    see the module docstring.
+
+    Raises:
+        SchemaError: a mapping of numpy arrays of one first dimension, and no schema to tell a row of
+            tensors from a batch of rows (the message names both readings and the fix).
+    """
+    if not isinstance(item, Mapping) or not item:
+        return "other"
+    values = list(item.values())
+    if _of_arrow(item):
+        return "batch"
+    if not all(isinstance(v, np.ndarray) and v.ndim >= 1 for v in values):
+        return "row"
+    if len({len(v) for v in values}) > 1:
+        return "row"
+    n = len(values[0])
+    if schema is not None:
+        dims = {name: len(schema[name].shape) for name in item if name in schema}
+        if dims and all(item[name].ndim > k for name, k in dims.items()):
+            return "batch"
+        return "row"
+    first, array = next(iter(item.items()))
+    shape = tuple(array.shape)
+    raise SchemaError(
+        f"item {offset} of the input is a dict of numpy arrays with {n} values each (e.g. {first!r}: "
+        f"{array.dtype}{list(shape)}), which reads two ways: one row whose field {first!r} is a "
+        f"{array.dtype}{list(shape)} tensor, or a batch of {n} rows whose {first!r} is "
+        f"{array.dtype}{list(shape[1:]) if len(shape) > 1 else ''}. Pass schema= to say which (for a "
+        "shardkit reader's batches: write_dataset(iter(reader), url, schema=reader.schema)), or give "
+        "batches as Arrow tables or record batches, or rows as dicts with one row's values"
+    )
+
+
+def iter_batches(data: Any, schema: Schema | None = None) -> Iterator[Batch]:
+    """Yield ``(columns, num_rows)`` for every batch in ``data`` (see the module docstring); ``schema``
+    (when known before the data is read) tells rows from batches of numpy arrays (`item_kind`)."""
     if isinstance(data, pa.Table | pa.RecordBatch):
         yield from _from_table(data)
     elif _is_dataframe(data):
@@ -114,15 +159,19 @@ def iter_batches(data: Any) -> Iterator[Batch]:
     elif isinstance(data, Iterable) and not isinstance(data, str | bytes):
         it = iter(data)
         item: Any = next(it, _END)
-        offset = 0
+        count = 0  # items read: what a message names
         while item is not _END:
-            if is_row(item):
-                (cols, n), item = _from_rows(item, it, offset)
-                offset += n
+            kind = item_kind(item, schema, count)
+            if kind == "row":
+                (cols, n), item = _from_rows(item, it, count, schema)
+                count += n
                 yield cols, n
+            elif kind == "batch" and not _of_arrow(item):  # numpy columns
+                yield from _from_mapping(item)
+                item, count = next(it, _END), count + 1
             else:
                 yield from iter_batches(item)  # a None item raises here rather than end the input
-                item = next(it, _END)
+                item, count = next(it, _END), count + 1
     else:
         raise SchemaError(
             f"write_dataset cannot read a {type(data).__name__}; pass a pandas DataFrame, an Arrow Table, "
@@ -145,6 +194,10 @@ def whole_columns(data: Any) -> Mapping[str, Any] | None:
     return None
 
 
+def _of_arrow(item: Mapping[str, Any]) -> bool:
+    return all(isinstance(v, pa.Array | pa.ChunkedArray) for v in item.values())
+
+
 def is_row(item: Any) -> bool:
     """A dict inside an iterable is a row, unless all its values are Arrow arrays (a batch)."""
     return (
@@ -154,4 +207,4 @@ def is_row(item: Any) -> bool:
     )
 
 
-__all__ = ["BATCH_ROWS", "column_names", "is_row", "iter_batches", "whole_columns"]
+__all__ = ["BATCH_ROWS", "column_names", "is_row", "item_kind", "iter_batches", "whole_columns"]

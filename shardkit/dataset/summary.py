@@ -38,6 +38,15 @@ def write_summary(url: str | os.PathLike[str], *, storage_options: dict[str, Any
     if loc.fs.isfile(loc.root):
         raise NotADatasetError(f"cannot index {loc.url!r}: it is a file; a dataset is a folder of Parquet "
                                "files. Point at the folder that holds it")
+    from shardkit.dataset.tables import detect, enclosing
+
+    table = detect(loc)
+    inside = (table, loc.url) if table is not None else enclosing(loc)
+    if inside is not None:  # a summary of every file there would list old snapshots' files as data
+        raise NotADatasetError(
+            f"cannot index {loc.url!r}: it is (in) the {inside[0]} table {inside[1]!r}, whose log says which "
+            "of its files make a snapshot; open the table itself, it needs no summary: "
+            f"shardkit.make_reader({inside[1]!r})")
     with write_lock(loc):
         _write_summary(loc)
     return open_location(loc)

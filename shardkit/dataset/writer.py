@@ -217,9 +217,10 @@ def write_dataset(
     Args:
         data: a pandas DataFrame, an Arrow Table or RecordBatch, a mapping of column -> values, or an
             iterable (streamed: only one row group is held in memory) of DataFrames, Arrow tables or
-            record batches, mappings of column -> Arrow array, or row dicts. Inside an iterable a
-            mapping is one row unless all its values are Arrow arrays (``{"id": np.arange(3)}`` there
-            is one row whose ``id`` is an array).
+            record batches, mappings of column -> Arrow or numpy array (batches, as a reader yields
+            them: ``write_dataset(iter(reader), url, schema=reader.schema)``), or row dicts. A mapping
+            of numpy arrays with one first dimension could be a row of tensors or a batch: the schema
+            decides, and without one it is refused (`shardkit.dataset.sources.item_kind`).
         url: a folder on any fsspec filesystem.
         schema: the fields; when omitted, inferred from the whole input if it is in memory (a
             DataFrame, table or dict of columns), else from its first batch (images must be declared).
@@ -278,7 +279,7 @@ def write_dataset(
         try:
             offset = 0
             encoded = isinstance(data, EncodedTables)
-            batches = ((t, t.num_rows) for t in data.tables) if encoded else iter_batches(data)
+            batches = ((t, t.num_rows) for t in data.tables) if encoded else iter_batches(data, schema)
             for columns, n in batches:
                 if schema is None:
                     schema = infer_schema(columns)

@@ -11,6 +11,7 @@ from typing import Any, Literal
 import numpy as np
 
 from shardkit.dataset.index import Dataset, open_dataset
+from shardkit.dataset.schema import Field, Schema
 from shardkit.errors import CacheWarning, ReaderError
 from shardkit.reader.arguments import explained
 from shardkit.reader.filter import Filter
@@ -20,7 +21,7 @@ from shardkit.reader.reader import WINDOW_BYTES, Reader
 
 @explained
 def make_reader(
-    url: str | os.PathLike[str] | Dataset,
+    url: str | os.PathLike[str] | Dataset | Any,
     *,
     shard: int | None = None,
     num_shards: int | None = None,
@@ -38,6 +39,8 @@ def make_reader(
     workers: int | None = None,
     on_error: Literal["raise", "skip"] = "raise",
     storage_options: dict[str, Any] | None = None,
+    version: int | None = None,
+    schema: Schema | Sequence[Field] | None = None,
 ) -> Reader:
     """Read one shard of a dataset as batches (dicts of column name -> numpy array).
 
@@ -52,8 +55,9 @@ def make_reader(
     or a different number of shards, without repeating or skipping a sample.
 
     Args:
-        url: a shardkit dataset, a Petastorm dataset or a plain Parquet folder (any fsspec URL), or an
-            opened `Dataset`.
+        url: a shardkit dataset, a Petastorm dataset, a plain Parquet folder, a Delta Lake or an Iceberg
+            table (any fsspec URL), an opened `Dataset`, or a ``deltalake.DeltaTable`` /
+            ``pyiceberg.table.Table``. A table is read at one snapshot (see ``version``).
         shard, num_shards: this worker's rank and the number of workers. ``make_reader(url,
             shard=rank)`` takes ``num_shards`` from the job (``WORLD_SIZE`` or an initialized
             ``torch.distributed``); with neither given, a single shard outside a job.
@@ -62,8 +66,9 @@ def make_reader(
         filter: a ``pyarrow.compute`` expression or DNF tuples (``[("label", "<", 5)]``), pushed down
             to row-group statistics; matching rows are counted before reading so shards stay equal.
             It may name the Hive partition keys of a partitioned folder (``year`` of ``year=2024/``),
-            typed as ``pyarrow.dataset``'s Hive partitioning types them; files whose folders rule the
-            filter out are not read.
+            typed as ``pyarrow.dataset``'s Hive partitioning types them, and a Delta table's partition
+            columns (their values from its log); files whose partition values rule the filter out are
+            not read.
         shuffle, seed: shuffle row groups per epoch, then rows within a window of ``shuffle_buffer``
             rows (default: about 32 MiB of decoded rows), reproducibly from ``seed`` and the epoch.
         num_epochs: epochs to iterate; None for forever.
@@ -82,7 +87,14 @@ def make_reader(
             `shardkit.reader.lost.substitutes`), so a shard still yields ``len(reader)`` batches, every
             rank's state is the same, and a resumed reader yields what the uninterrupted one would have.
             A row group is then read whole before its rows are used (so it is lost whole or not at all).
-        storage_options: passed to fsspec (credentials, endpoint).
+        storage_options: passed to fsspec (credentials, endpoint), and to a table's library.
+        version: a Delta table's version or an Iceberg table's snapshot id (time travel); default the
+            current one when the reader opens. ``state_dict()`` names it, and ``load_state_dict()`` goes
+            on with that snapshot's rows even after the table moved on (logged once).
+        schema: fields for columns of data shardkit did not write (a plain Parquet folder, a table):
+            ``[Field("emb", "float32", (16,)), Field("image", "uint8", (64, 64, 3), codec=ImageCodec())]``
+            for Spark's arrays and binary images; the other columns keep the fields their Arrow types
+            give (`shardkit.dataset.hints`).
 
     Raises:
         ReaderError: a bad argument (shard, columns, filter, sizes) — before anything is read.
@@ -108,7 +120,17 @@ def make_reader(
     workers = _positive("workers", workers) if workers is not None else max(2, min(4, os.cpu_count() or 2))
     prefetch = _positive("prefetch", prefetch, 0) if prefetch is not None else 2 * workers
 
-    dataset = url if isinstance(url, Dataset) else open_dataset(url, storage_options=storage_options)
+    if isinstance(url, Dataset):
+        if version is not None and (url.snapshot is None or url.snapshot.version != version):
+            raise ReaderError(f"version={version!r} was given with an opened Dataset of {url.url!r}; open "
+                              "it at that version (shardkit.open_dataset(url, version=...)) or pass its URL")
+        dataset = url
+        if schema is not None:
+            from shardkit.dataset.hints import apply_hints
+
+            dataset = apply_hints(dataset, schema)
+    else:
+        dataset = open_dataset(url, storage_options=storage_options, version=version, schema=schema)
     names = dataset.schema.names
     if columns is None:
         columns = names

@@ -209,6 +209,8 @@ def _prunable(ds: Dataset, expr: pc.Expression, partitions: Partitions | None = 
     for file, idxs in by_file.items():
         path = ds.location.join(file)
         guarantee = pc.scalar(True) if partitions is None else partitions.expressions[file]
+        for key, value in ds.constants.get(file, {}).items():  # a table's partition values, from its log
+            guarantee = guarantee & (pc.field(key).is_null() if value is None else pc.field(key) == value)
         try:
             frag = fmt.make_fragment(path, filesystem=ds.location.arrow_fs, partition_expression=guarantee,
                                      row_groups=[ds.row_groups[i].index for i in idxs])

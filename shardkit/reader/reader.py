@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import logging
 import warnings
 from collections import deque
 from collections.abc import Callable, Generator, Iterator, Mapping, Sequence
@@ -57,6 +58,7 @@ from shardkit.reader.plan import (
 from shardkit.reader.source import Columns, Part, RowGroupSource
 
 STATE_VERSION = 1
+logger = logging.getLogger(__name__)
 WINDOW_BYTES = 32 << 20  # default shuffle window: about this many decoded bytes of rows
 #: Most decoded bytes of rows one task reads: a row group is read and decoded in tasks of about this
 #: size, so its first rows are decoded (and can be emitted) while its later slices are still read.
@@ -77,6 +79,12 @@ class Reader:
                  batch_size: int, shuffle: bool, seed: int, num_epochs: int | None, remainder: Remainder,
                  drop_last: bool, shuffle_buffer: int, filter: Filter | None, cache: Any, prefetch: int,
                  workers: int, on_error: Literal["raise", "skip"], row_bytes: int) -> None:
+        # kept to open the reader again on another snapshot of a table (`load_state_dict`)
+        self._arguments: dict[str, Any] = {
+            "columns": columns, "shard": shard, "num_shards": num_shards, "batch_size": batch_size,
+            "shuffle": shuffle, "seed": seed, "num_epochs": num_epochs, "remainder": remainder,
+            "drop_last": drop_last, "shuffle_buffer": shuffle_buffer, "filter": filter, "cache": cache,
+            "prefetch": prefetch, "workers": workers, "on_error": on_error, "row_bytes": row_bytes}
         self.dataset = dataset
         self.schema: Schema = dataset.schema.select(columns)
         self.shard, self.num_shards = shard, num_shards
@@ -327,17 +335,21 @@ class Reader:
             epoch, history = epoch + 1, []
         elif self._consumed:
             history.append((self.num_shards, self._consumed))
-        return {
+        state = {
             "version": STATE_VERSION, "fingerprint": self.fingerprint, "seed": self.seed,
             "shuffle": self.shuffle, "shuffle_buffer": self.shuffle_buffer, "remainder": self.remainder,
             "drop_last": self.drop_last, "batch_size": self.batch_size, "epoch": epoch,
             "history": [[w, c] for w, c in history],
         }
+        if self.dataset.snapshot is not None:  # a table: the snapshot a resume reads (see load_state_dict)
+            state["snapshot"] = self.dataset.snapshot.state()
+        return state
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Continue from ``state`` (from a reader with the same or a different ``num_shards``)."""
         if not isinstance(state, Mapping) or state.get("version") != STATE_VERSION:
             raise ReaderError(f"not a shardkit reader state (version {STATE_VERSION}): {state!r:.200}")
+        self._pin(state.get("snapshot"))
         mine = self.state_dict()
         for key in ("fingerprint", "seed", "shuffle", "shuffle_buffer", "remainder", "drop_last"):
             if state.get(key) != mine[key]:
@@ -364,6 +376,37 @@ class Reader:
         self.epoch, self._history, self._consumed, self._steps = epoch, history, 0, 0
         self._repeated_before = self.stats["repeated_rows"]
         self._generation += 1
+
+    def _pin(self, saved: Any) -> None:
+        """Read the table snapshot a state was saved on, whatever this reader opened.
+
+        A job restarted from a checkpoint must go on with the rows it started with: a table that moved
+        on since (appends, overwrites, deletes) has other rows, and mixing the two would repeat some and
+        skip others. So a state naming another snapshot of the same table reopens the reader on it (its
+        files' footers are cached across openings), and says so once in the log.
+        """
+        mine = self.dataset.snapshot
+        if saved is None or mine is None:
+            return  # a folder, or a state from one: the fingerprint check tells a mismatch
+        if not isinstance(saved, Mapping) or saved.get("format") != mine.format or not isinstance(
+                saved.get("version"), int):
+            raise ReaderError(f"the reader state was saved on {saved!r:.200}, this reader reads the "
+                              f"{mine.format} table {mine.table_url!r}; resume with the same table")
+        version = int(saved["version"])
+        if version == mine.version:
+            return
+        dataset = mine.reopen(version)
+        if self.dataset.hints:
+            from shardkit.dataset.hints import apply_hints
+
+            dataset = apply_hints(dataset, self.dataset.hints)
+        logger.warning("resuming on %s version %d of %r, as the reader state was saved on it (the table is "
+                       "at %d now); the rest of the epoch reads that version's rows", mine.format, version,
+                       mine.table_url, mine.version)
+        generation = self._generation
+        self.close()
+        Reader.__init__(self, dataset, **self._arguments)
+        self._generation = generation + 1  # ends a live iteration of the previous snapshot
 
     # ---- lifecycle ---------------------------------------------------------------------------
     def close(self) -> None:

@@ -132,6 +132,8 @@ class RowGroupSource:
             return self._stream(row_group)
         key = "|".join([self.dataset.url, rg.file, version, str(rg.index), str(rg.num_rows),
                         str(rg.num_bytes), ",".join(self.columns)])
+        if tag := self.dataset.deletions_tag(row_group):  # a table's deleted rows: per version, not per file
+            key += "|" + tag
         cache = self.cache
         table = cache.get(key)
         return table if table is not None else self._stream(row_group, lambda t: cache.put(key, t))

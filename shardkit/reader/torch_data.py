@@ -37,6 +37,7 @@ from typing import Any
 
 import numpy as np
 
+from shardkit.dataset.index import Dataset
 from shardkit.errors import AdapterError, ReaderError, require
 from shardkit.reader.api import make_reader
 from shardkit.reader.collate import Collate, Passes, jump_to_epoch, plan_fields, prepare
@@ -310,6 +311,15 @@ class ShardkitIterableDataset(torch.utils.data.IterableDataset[Batch]):
         with make_reader(url, shard=rank, num_shards=world_size, **reader_kwargs) as probe:
             self.rank, self.world_size, self.schema = probe.shard, probe.num_shards, probe.schema
             self.num_samples = probe.num_samples
+            # A table: every DataLoader worker reads the snapshot the probe saw, even if the table moves on
+            # before the workers open it. Forked workers read the opened table itself: deltalake's
+            # runtime does not survive a fork (it panics); spawned ones open the snapshot again.
+            self._table: Dataset | None = None
+            self._table_pid = os.getpid()
+            if probe.dataset.snapshot is not None:
+                self._table = probe.dataset
+                if reader_kwargs.get("version") is None:
+                    reader_kwargs = {**reader_kwargs, "version": probe.dataset.snapshot.version}
         self.url, self.reader_kwargs = url, reader_kwargs
         self.collate: Collate | CollateFn = Collate() if collate is None else collate
         if isinstance(self.collate, Collate):
@@ -355,7 +365,11 @@ class ShardkitIterableDataset(torch.utils.data.IterableDataset[Batch]):
                     f"num_workers <= {fits}" + (" (or fewer ranks)" if self.world_size > 1 else "")
                     + ", or num_workers=0 to read in the main process")
             try:
-                reader = make_reader(self.url, shard=shard, num_shards=num_shards, **self.reader_kwargs)
+                if self._table is not None:  # the table's snapshot, opened already (see __init__)
+                    kwargs = {k: v for k, v in self.reader_kwargs.items() if k != "storage_options"}
+                    reader = make_reader(self._table, shard=shard, num_shards=num_shards, **kwargs)
+                else:
+                    reader = make_reader(self.url, shard=shard, num_shards=num_shards, **self.reader_kwargs)
             except ReaderError as e:
                 raise AdapterError(f"DataLoader worker {worker} of num_workers={workers} on rank {self.rank} "
                                    f"of {self.world_size} reads shard {shard} of {num_shards}: {e}; fewer "
@@ -410,6 +424,7 @@ class ShardkitIterableDataset(torch.utils.data.IterableDataset[Batch]):
             raise AdapterError(f"not a ShardkitIterableDataset state: {state!r:.200}")
         if state.get("kind") != STATE_KIND:  # a plain reader state (e.g. make_loader's): the job's position
             self._pending, self._pending_pass, self._epoch = dict(state), None, None
+            self._pin_table(self._pending)
             return
         if state.get("worker") is not None:
             worker, workers = _worker()
@@ -423,15 +438,44 @@ class ShardkitIterableDataset(torch.utils.data.IterableDataset[Batch]):
                     "into the dataset before making the DataLoader"
                 )
         self._pending = None if state.get("reader") is None else dict(state["reader"])
+        self._pin_table(self._pending)
         started = state.get("pass")
         self._pending_pass = started if isinstance(started, int) and not isinstance(started, bool) else None
         self._epoch = state.get("epoch")
         if self._pending is None and self._epoch is None:
             self._epoch = 0  # saved before its worker read anything: the start of the first epoch
 
+    def _pin_table(self, reader_state: Mapping[str, Any] | None) -> None:
+        """A table's reader state saved on another snapshot: open that snapshot here, once, for every
+        worker (the workers' readers would each reopen it; a forked worker cannot run deltalake)."""
+        saved = (reader_state or {}).get("snapshot")
+        table = self._table
+        if table is None or table.snapshot is None or not isinstance(saved, Mapping):
+            return
+        version = saved.get("version")
+        if not isinstance(version, int) or version == table.snapshot.version:
+            return
+        if table.snapshot.format == "delta" and os.getpid() != self._table_pid:
+            raise AdapterError(
+                f"this DataLoader worker resumes the Delta table {table.url!r} on version {version} (the "
+                f"dataset was made on version {table.snapshot.version}), and deltalake cannot run in a "
+                "forked worker. Load the state into the dataset before making the DataLoader "
+                "(dataset.load_state_dict(shardkit.torch.job_state(saved))), or make the DataLoader with "
+                "multiprocessing_context='spawn'")
+        self._table = table.snapshot.reopen(version)
+        if table.hints:
+            from shardkit.dataset.hints import apply_hints
+
+            self._table = apply_hints(self._table, table.hints)
+        self.reader_kwargs = {**self.reader_kwargs, "version": version}
+        if self._reader is not None and self._reader_pid == os.getpid():
+            self._reader.close()
+        self._reader, self._passes = None, None  # a reader of the other snapshot is made on the next pass
+
     def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)  # a reader (and its threads) never travels to a worker
         state["_reader"], state["_reader_pid"], state["_passes"] = None, 0, None
+        state["_table"] = None  # a spawned worker opens the table's snapshot by its URL and version
         return state
 
 

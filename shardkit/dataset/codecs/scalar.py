@@ -205,8 +205,7 @@ class ScalarCodec(Codec):
             raise SchemaMismatchError(
                 f"field {field.name!r} holds one value per row (shape ()) but its data has the shape "
                 f"{src.shape}, {src.shape[1:]} per row; declare Field({field.name!r}, {field.dtype_name!r}, "
-                f"{src.shape[1:]}) for a tensor, or give one value per row. (Inside an iterable, a dict is "
-                "one row unless all its values are Arrow arrays: give columns as an Arrow table or DataFrame)"
+                f"{src.shape[1:]}) for a tensor, or give one value per row"
             )
         if field.dtype.kind in "US":
             out = self._encode_text(field, src, target)
