@@ -45,13 +45,12 @@ from typing import Any
 
 from benchmarks import data
 from benchmarks.common import (
-    CaseFailed,
     descendants_peak_rss,
     fmt_bytes,
     machine_id,
     machine_info,
-    median_of,
     phase_peak_rss,
+    round_robin,
     run_case,
     save_results,
     table,
@@ -151,29 +150,15 @@ def run(rows: int, repeat: int, petastorm: bool, epochs: int) -> dict[str, dict[
         ensure_venv(with_tf=True)
         listed = materialize_list_copy(rows).as_uri()
         cases += PETASTORM
-    runs: dict[str, list[dict[str, Any]]] = {c: [] for c in cases}
-    errors: dict[str, str] = {}
-    for i in range(repeat):  # round-robin: drift on a shared machine hits every case alike
-        for name in cases:
-            if name in errors:
-                continue
-            try:
-                if name in PETASTORM:
-                    res = _petastorm(name, listed, epochs)
-                else:
-                    params = {"kind": name, "url": url, "epochs": epochs,
-                              **({"columns": FOUR} if name in FOUR_COLUMN_CASES else {})}
-                    res = run_case("benchmarks.adapters:case", params)
-            except (CaseFailed, RuntimeError, OSError) as e:
-                errors[name] = str(e)[-3000:]
-                _log(f"  {name}: FAILED\n{errors[name]}")
-                continue
-            runs[name].append(res)
-            _log(f"  [{i + 1}/{repeat}] {name:<17} {res['rows'] / res['seconds']:>10,.0f} rows/s  "
-                 f"RSS {fmt_bytes(res['rss'])}  load {res.get('load_1m', 0):.1f}")
-    out = {name: {"case": name, **median_of(r)} for name, r in runs.items() if r}
-    out.update({name: {"case": name, "error": e} for name, e in errors.items()})
-    return out
+
+    def one(name: str) -> dict[str, Any]:
+        if name in PETASTORM:
+            return _petastorm(name, listed, epochs)
+        params = {"kind": name, "url": url, "epochs": epochs,
+                  **({"columns": FOUR} if name in FOUR_COLUMN_CASES else {})}
+        return run_case("benchmarks.adapters:case", params)
+
+    return round_robin(cases, one, repeat, _log)
 
 
 def _rate(res: dict[str, Any] | None) -> float | None:

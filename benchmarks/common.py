@@ -74,6 +74,32 @@ def median_of(runs: Sequence[dict[str, Any]]) -> dict[str, Any]:
     return out
 
 
+def round_robin(cases: Sequence[str], run: Callable[[str], dict[str, Any]], repeat: int,
+                log: Callable[[str], None]) -> dict[str, dict[str, Any]]:
+    """Run every case once, then every case again, ``repeat`` times (drift on a shared machine hits every
+    case alike): ``{case: {"case": case, **median_of(its runs)}}``, or ``{"case": case, "error": ...}``
+    for a case whose run failed (not run again). ``run(case)`` runs one case in a fresh process."""
+    runs: dict[str, list[dict[str, Any]]] = {c: [] for c in cases}
+    errors: dict[str, str] = {}
+    width = max(map(len, cases), default=0) + 1
+    for i in range(repeat):
+        for name in cases:
+            if name in errors:
+                continue
+            try:
+                res = run(name)
+            except (CaseFailed, RuntimeError, OSError) as e:
+                errors[name] = str(e)[-3000:]
+                log(f"  {name}: FAILED\n{errors[name]}")
+                continue
+            runs[name].append(res)
+            log(f"  [{i + 1}/{repeat}] {name:<{width}} {res['rows'] / res['seconds']:>10,.0f} rows/s  "
+                f"RSS {fmt_bytes(res['rss'])}  load {res.get('load_1m', 0):.1f}")
+    out = {name: {"case": name, **median_of(r)} for name, r in runs.items() if r}
+    out.update({name: {"case": name, "error": e} for name, e in errors.items()})
+    return out
+
+
 def repeat_case(target: str, params: dict[str, Any], k: int, **kwargs: Any) -> dict[str, Any]:
     """`run_case` ``k`` times (each a fresh process); the median of them (see `median_of`)."""
     return median_of([run_case(target, params, **kwargs) for _ in range(k)])

@@ -38,13 +38,12 @@ from typing import Any
 from benchmarks import data
 from benchmarks.common import (
     RESULTS,
-    CaseFailed,
     descendants_peak_rss,
     fmt_bytes,
     machine_id,
     machine_info,
-    median_of,
     phase_peak_rss,
+    round_robin,
     run_case,
     save_results,
     tree_cpu_seconds,
@@ -155,24 +154,8 @@ def _log(msg: str) -> None:
 
 def run(rows: int, repeat: int, epochs: int) -> dict[str, dict[str, Any]]:
     url = str(data.materialize_shardkit(rows, "tensor"))
-    runs: dict[str, list[dict[str, Any]]] = {c: [] for c in CASES}
-    errors: dict[str, str] = {}
-    for i in range(repeat):
-        for name in CASES:
-            if name in errors:
-                continue
-            try:
-                res = run_case("benchmarks.gpu:case", {"kind": name, "url": url, "epochs": epochs})
-            except (CaseFailed, RuntimeError, OSError) as e:
-                errors[name] = str(e)[-3000:]
-                _log(f"  {name}: FAILED\n{errors[name]}")
-                continue
-            runs[name].append(res)
-            _log(f"  [{i + 1}/{repeat}] {name:<18} {res['rows'] / res['seconds']:>10,.0f} rows/s  "
-                 f"RSS {fmt_bytes(res['rss'])}")
-    out = {name: {"case": name, **median_of(r)} for name, r in runs.items() if r}
-    out.update({name: {"case": name, "error": e} for name, e in errors.items()})
-    return out
+    return round_robin(CASES, lambda name: run_case("benchmarks.gpu:case", {"kind": name, "url": url,
+                                                                          "epochs": epochs}), repeat, _log)
 
 
 def report(copies: list[dict[str, float]], results: dict[str, dict[str, Any]], device: str

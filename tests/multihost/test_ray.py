@@ -21,31 +21,21 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import pytest
 import yaml
 
-import shardkit
+from tests.cluster.torchrun_tools import BATCH, EVERY, ROWS, write_ids_dataset
 from tests.multihost.netns import Host, Network
 from tests.multihost.raycluster import QUICK_HEALTH, RayCluster, ray_cluster
 
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLES = REPO / "examples"
 IDS = REPO / "tests" / "cluster" / "torchrun_scripts" / "ids.py"  # logs the ids each rank trained, per step
-ROWS, BATCH, EVERY = 160, 4, 4  # world 2: 20 steps, a checkpoint every 4
 
 
 @pytest.fixture(scope="module")
 def ids_dataset(tmp_path_factory: pytest.TempPathFactory) -> str:
-    rng = np.random.default_rng(0)
-    x = rng.normal(size=(ROWS, 4)).astype(np.float32)
-    y = (x @ np.array([1.0, -2.0, 0.5, 3.0], np.float32)).astype(np.float32)
-    schema = shardkit.Schema([shardkit.Field("id", "int64"), shardkit.Field("x", "float32", (4,)),
-                              shardkit.Field("y", "float32")])
-    url = str(tmp_path_factory.mktemp("data") / "ids")
-    shardkit.write_dataset({"id": np.arange(ROWS), "x": list(x), "y": y}, url, schema=schema,
-                           row_group_size=8)
-    return url
+    return write_ids_dataset(tmp_path_factory.mktemp("data"))
 
 
 def write_config(folder: Path, config: dict[str, Any], engine: dict[str, Any], name: str = "job") -> Path:

@@ -20,17 +20,15 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import pytest
 import yaml
 
-import shardkit
+from tests.cluster.torchrun_tools import BATCH, ROWS, write_ids_dataset
 from tests.multihost.netns import Host, Network
 from tests.multihost.spark_cluster import PORT, role_processes, start_cluster, wait_for
 
 REPO = Path(__file__).resolve().parents[2]
 IDS = REPO / "tests" / "cluster" / "torchrun_scripts" / "ids.py"
-ROWS, BATCH = 160, 4  # world 2: 20 steps per epoch
 
 pytestmark = pytest.mark.spark  # -m 'not spark' deselects every test that starts Spark
 
@@ -72,15 +70,7 @@ def ids_job(folder: Path, data_url: str, master: str) -> Path:
 
 @pytest.fixture(scope="module")
 def ids_dataset(tmp_path_factory: pytest.TempPathFactory) -> str:
-    rng = np.random.default_rng(0)
-    x = rng.normal(size=(ROWS, 4)).astype(np.float32)
-    y = (x @ np.array([1.0, -2.0, 0.5, 3.0], np.float32)).astype(np.float32)
-    schema = shardkit.Schema([shardkit.Field("id", "int64"), shardkit.Field("x", "float32", (4,)),
-                              shardkit.Field("y", "float32")])
-    url = str(tmp_path_factory.mktemp("data") / "ids")
-    shardkit.write_dataset({"id": np.arange(ROWS), "x": list(x), "y": y}, url, schema=schema,
-                           row_group_size=8)
-    return url
+    return write_ids_dataset(tmp_path_factory.mktemp("data"))
 
 
 def train(host: Host, config: Path) -> subprocess.Popen[bytes]:

@@ -159,39 +159,15 @@ def test_every_size_and_dtype_arrives_intact_through_the_staging_path() -> None:
                 assert torch.equal(out[key].cpu(), value), key
 
 
-def _gbps(nbytes: int, ms: float) -> float:
-    return nbytes / (ms / 1e3) / 1e9
-
-
 def test_host_to_device_bandwidth_vs_a_plain_pinned_copy(capsys: pytest.CaptureFixture[str]) -> None:
-    """The loader's copy path (pinned slot -> device, non_blocking, side stream) vs torch alone."""
-    n, repeat = 64 << 20, 20  # 64 MiB
-    host = {"x": torch.from_numpy(np.random.default_rng(0).random(n // 4, dtype=np.float32))}
-    stager = _CudaStager(torch.device("cuda", torch.cuda.current_device()))
-    stager.hand(stager.stage(host))  # warm: buffers allocated
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    with torch.cuda.stream(stager.stream):
-        start.record()
-    for _ in range(repeat):
-        staged = stager.stage(host)
-    with torch.cuda.stream(stager.stream):
-        end.record()
-    end.synchronize()
-    stager.hand(staged)
-    loader_ms = start.elapsed_time(end) / repeat
-    pinned = host["x"].pin_memory()
-    pinned.to("cuda", non_blocking=True)
-    start.record()
-    for _ in range(repeat):
-        pinned.to("cuda", non_blocking=True)
-    end.record()
-    end.synchronize()
-    plain_ms = start.elapsed_time(end) / repeat
-    ratio = plain_ms / loader_ms
-    with capsys.disabled():
-        print(f"\nH2D {n >> 20} MiB: loader path {_gbps(n, loader_ms):.1f} GB/s (host copy into the "
-              f"pinned slot included), torch pinned copy alone {_gbps(n, plain_ms):.1f} GB/s: {ratio:.2f}x "
-              f"on {torch.cuda.get_device_name()}")
-    assert loader_ms > 0
-    assert plain_ms > 0
+    """The loader's copy path (pinned slot -> device, non_blocking, side stream) vs torch alone, measured
+    as `benchmarks.gpu` measures it (the figure lives in its results; nothing is asserted of speed)."""
+    from benchmarks.gpu import h2d
 
+    got = h2d(64, repeat=20)
+    with capsys.disabled():
+        print(f"\nH2D 64 MiB: loader path {got['loader_gbps']:.1f} GB/s (host copy into the pinned slot "
+              f"included), torch pinned copy alone {got['torch_gbps']:.1f} GB/s: {got['ratio']:.2f}x on "
+              f"{torch.cuda.get_device_name()}")
+    assert got["loader_gbps"] > 0
+    assert got["torch_gbps"] > 0
