@@ -31,6 +31,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -107,30 +108,50 @@ def run_train(engine: str | dict[str, Any], run_dir: Path, *, epochs: int | None
     with open(log, "wb") as out:
         proc = subprocess.Popen([sys.executable, "-m", "shardkit.cli", "train", str(config)], cwd=ROOT,
                                 env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+
+    def kill_one() -> dict[str, Any] | None:
+        pid = _role_process(proc.pid, job_dir, 1)
+        if pid is None:
+            return None
+        target = pid if kill == "role" else int(
+            Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+        what = _command(target)
+        os.kill(target, signal.SIGKILL)
+        return {"unix": time.time(), "pid": target, "what": what}
+
+    return follow_run(proc, run_dir, started_unix, label=str(engine), kill=kill_one if kill else None)
+
+
+def follow_run(proc: subprocess.Popen[bytes], run_dir: Path, started_unix: float, *, label: str,
+               kill: Callable[[], dict[str, Any] | None] | None = None,
+               stop: Callable[[], None] | None = None) -> dict[str, Any]:
+    """Wait for the ``shardkit train`` process ``proc`` (its output in ``run_dir/train.out``, its logdir
+    ``run_dir/job``) and measure it; with ``kill``, called once the first checkpoint is committed until
+    it returns what it killed (``{"unix": ..., "what": ...}``; None: not yet). ``stop`` ends what is left
+    (default: ``proc``'s process tree). Raises RuntimeError naming ``label`` when the run failed."""
+    job_dir, log = run_dir / "job", run_dir / "train.out"
     killed: dict[str, Any] = {}
     try:
         deadline = time.monotonic() + _RUN_TIMEOUT_S
         while proc.poll() is None and time.monotonic() < deadline:
-            if kill and not killed and any((job_dir / "checkpoints").glob("step-*/COMMIT")):
-                pid = _role_process(proc.pid, job_dir, 1)
-                if pid is not None:
-                    target = pid if kill == "role" else int(
-                        Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
-                    what = _command(target)
-                    os.kill(target, signal.SIGKILL)
-                    killed = {"unix": time.time(), "pid": target, "what": what}
+            if kill is not None and not killed and any((job_dir / "checkpoints").glob("step-*/COMMIT")):
+                killed = kill() or {}
             time.sleep(0.02)
         proc.wait(max(1.0, deadline - time.monotonic()))
+    except subprocess.TimeoutExpired:
+        pass
     finally:
-        left = descendants(proc.pid) | {proc.pid}
-        for pid in left:  # a run that timed out, or a Ray/Spark process that outlived the trainer
-            with contextlib.suppress(OSError):
-                os.kill(pid, signal.SIGKILL)
+        if stop is not None:
+            stop()
+        else:
+            for pid in descendants(proc.pid) | {proc.pid}:  # timed out, or a Ray/Spark process left behind
+                with contextlib.suppress(OSError):
+                    os.kill(pid, signal.SIGKILL)
         proc.wait()
     text = log.read_text(errors="replace")
     found = _STATS.findall(text)
-    if proc.returncode != 0 or not found or (kill and not killed):
-        raise RuntimeError(f"{engine} run failed ({proc.returncode}, killed={killed}):\n{text[-4000:]}")
+    if proc.returncode != 0 or not found or (kill is not None and not killed):
+        raise RuntimeError(f"{label} run failed ({proc.returncode}, killed={killed}):\n{text[-4000:]}")
     stats = json.loads(found[-1])
     summary = json.loads((job_dir / "summary.json").read_text())
     result = {"first_step_s": stats["first_step_unix"] - started_unix,
@@ -172,33 +193,19 @@ def _on_host(host: Host, cluster: RayCluster, run_dir: Path, *, epochs: int | No
     with open(log, "wb") as out:
         proc = host.popen([sys.executable, "-m", "shardkit.cli", "train", str(config)], cwd=ROOT,
                           env=cluster.env, stdout=out, stderr=subprocess.STDOUT)
-    killed: dict[str, Any] = {}
-    try:
-        deadline = time.monotonic() + _RUN_TIMEOUT_S
-        while proc.poll() is None and time.monotonic() < deadline:
-            if lose is not None and not killed and any((job_dir / "checkpoints").glob("step-*/COMMIT")) \
-                    and _runs_a_worker(lose, job_dir):
-                lose.kill_all()
-                killed = {"unix": time.time(), "what": f"host {lose.name} (raylet, actor, worker)"}
-            time.sleep(0.02)
-        proc.wait(max(1.0, deadline - time.monotonic()))
-    finally:
+
+    def lose_host() -> dict[str, Any] | None:
+        if lose is None or not _runs_a_worker(lose, job_dir):
+            return None
+        lose.kill_all()
+        return {"unix": time.time(), "what": f"host {lose.name} (raylet, actor, worker)"}
+
+    def stop() -> None:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-    text = log.read_text(errors="replace")
-    found = _STATS.findall(text)
-    if proc.returncode != 0 or not found or (lose is not None and not killed):
-        raise RuntimeError(f"ray on 2 hosts failed ({proc.returncode}, killed={killed}):\n{text[-4000:]}")
-    stats = json.loads(found[-1])
-    summary = json.loads((job_dir / "summary.json").read_text())
-    result = {"first_step_s": stats["first_step_unix"] - started_unix,
-              "samples_per_s": stats["samples_per_s"], "wall_s": time.time() - started_unix,
-              "steps": stats["steps"], "test_accuracy": stats["test_accuracy"],
-              "restarts": summary["restarts"], "load_1m": os.getloadavg()[0]}
-    if killed:
-        result.update(recovery_s=stats["first_step_unix"] - killed["unix"], killed=killed["what"])
-    return result
+
+    return follow_run(proc, run_dir, started_unix, label="ray on 2 hosts",
+                      kill=lose_host if lose is not None else None, stop=stop)
 
 
 def _runs_a_worker(host: Host, job_dir: Path) -> bool:

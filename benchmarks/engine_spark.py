@@ -18,7 +18,6 @@ Usage (from the repository root):
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import shutil
@@ -31,13 +30,12 @@ from typing import TYPE_CHECKING, Any
 import yaml
 
 from benchmarks.common import ROOT, SCRATCH
-from benchmarks.engine_ray import EXAMPLE, digits_data, main, measure_engine
+from benchmarks.engine_ray import EXAMPLE, digits_data, follow_run, main, measure_engine
 
 if TYPE_CHECKING:
     from tests.multihost.netns import Network
 
 _STATS = re.compile(r"TRAIN_STATS (\{.*\})")
-_RUN_TIMEOUT_S = 600.0
 
 
 def measure_spark(epochs: int | None = None) -> dict[str, Any]:
@@ -95,32 +93,20 @@ def _run_on(net: Network, engine: dict[str, Any], run_dir: Path, *, epochs: int 
     with open(log, "wb") as out:
         proc = h0.popen([sys.executable, "-m", "shardkit.cli", "train", str(path)], env=env, cwd=ROOT,
                         stdout=out, stderr=subprocess.STDOUT)
-    killed: dict[str, Any] = {}
-    deadline = time.monotonic() + _RUN_TIMEOUT_S
-    while proc.poll() is None and time.monotonic() < deadline:
-        if kill and not killed and any((job_dir / "checkpoints").glob("step-*/COMMIT")):
-            hosts = [host for host, _ in role_processes(net, job_dir, 0).values() if host is not h0]
-            if hosts:
-                hosts[0].kill_all()
-                killed = {"unix": time.time(), "what": f"host {hosts[0].name} (every process)"}
-        time.sleep(0.05)
-    if proc.poll() is None:
-        proc.kill()
-    proc.wait()
-    text = log.read_text(errors="replace")
-    found = _STATS.findall(text)
-    if proc.returncode != 0 or not found or (kill and not killed):
-        raise RuntimeError(f"spark multihost run failed ({proc.returncode}, killed={killed}):\n"
-                           f"{text[-4000:]}")
-    stats = json.loads(found[-1])
-    summary = json.loads((job_dir / "summary.json").read_text())
-    result = {"first_step_s": stats["first_step_unix"] - started_unix,
-              "samples_per_s": stats["samples_per_s"], "wall_s": time.time() - started_unix,
-              "steps": stats["steps"], "test_accuracy": stats["test_accuracy"],
-              "restarts": summary["restarts"], "load_1m": os.getloadavg()[0]}
-    if killed:
-        result.update(recovery_s=stats["first_step_unix"] - killed["unix"], killed=killed["what"])
-    return result
+
+    def lose_host() -> dict[str, Any] | None:
+        hosts = [host for host, _ in role_processes(net, job_dir, 0).values() if host is not h0]
+        if not hosts:
+            return None
+        hosts[0].kill_all()
+        return {"unix": time.time(), "what": f"host {hosts[0].name} (every process)"}
+
+    def stop() -> None:
+        if proc.poll() is None:
+            proc.kill()
+
+    return follow_run(proc, run_dir, started_unix, label="spark multihost", kill=lose_host if kill else None,
+                      stop=stop)
 
 
 if __name__ == "__main__":
