@@ -92,7 +92,7 @@ def _run_on(net: Network, engine: dict[str, Any], run_dir: Path, *, epochs: int 
     started_unix = time.time()
     with open(log, "wb") as out:
         proc = h0.popen([sys.executable, "-m", "shardkit.cli", "train", str(path)], env=env, cwd=ROOT,
-                        stdout=out, stderr=subprocess.STDOUT)
+                        clean_env=True, stdout=out, stderr=subprocess.STDOUT)
 
     def lose_host() -> dict[str, Any] | None:
         hosts = [host for host, _ in role_processes(net, job_dir, 0).values() if host is not h0]

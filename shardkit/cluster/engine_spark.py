@@ -168,6 +168,24 @@ def check_master(master: str, *, timeout: float) -> str:
         "org.apache.spark.deploy.master.Master --host HOST --port PORT), or correct engine.master")
 
 
+def _check_driver_address(master: str, driver: str, conf: dict[str, Any]) -> None:
+    """`ConfigError` when the driver was told to listen on loopback (``SPARK_LOCAL_IP``, or
+    ``engine.conf``'s ``spark.driver.host``) while the master, and so its executors, are on another host:
+    they would connect back to their own loopback, and the barrier stage would wait for executors that
+    never register (``engine.slots_timeout`` later, a misleading "too few slots")."""
+    if is_loopback(driver):
+        return
+    for where, value in (("engine.conf spark.driver.host", conf.get("spark.driver.host")),
+                         ("engine.conf spark.driver.bindAddress", conf.get("spark.driver.bindAddress")),
+                         ("the environment's SPARK_LOCAL_IP", os.environ.get("SPARK_LOCAL_IP"))):
+        if value and is_loopback(str(value)):
+            raise ConfigError(
+                f"engine.master={master!r} is another host, but {where} = {value!r} puts the driver on "
+                "loopback, where the executors there cannot reach it. Fix: leave it out (shardkit then "
+                f"uses {driver}, this host's address that reaches the master) or set it to this host's "
+                "address")
+
+
 def _check_slots(master: str, task_cpus: str, n: int) -> None:
     """`ConfigError` when a local ``master`` runs fewer than ``n`` tasks at a time with ``spark.task.cpus``
     = ``task_cpus`` (a cluster's slots are Spark's to check)."""
@@ -296,6 +314,7 @@ class SparkEngine:
             settings.update({"spark.driver.host": "127.0.0.1", "spark.driver.bindAddress": "127.0.0.1"})
         elif master.startswith(_STANDALONE):
             driver = check_master(master, timeout=self.connect_timeout)
+            _check_driver_address(master, driver, self.conf)
             if not {"spark.driver.host", "spark.driver.bindAddress"} & self.conf.keys() and not (
                     os.environ.get("SPARK_LOCAL_IP") or os.environ.get("SPARK_LOCAL_HOSTNAME")):
                 # never the host name's resolution (often loopback): the executors could not reach it

@@ -87,10 +87,12 @@ class Host:
         """``argv`` run inside this host's namespace."""
         return ["ip", "netns", "exec", self.ns, *argv]
 
-    def popen(self, argv: Sequence[str], *, env: Mapping[str, str] | None = None, **kwargs: Any
-              ) -> subprocess.Popen[Any]:
-        """Start ``argv`` on this host in a session of its own (`Network.close` kills it)."""
-        full = {**os.environ, **(env or {})}
+    def popen(self, argv: Sequence[str], *, env: Mapping[str, str] | None = None, clean_env: bool = False,
+              **kwargs: Any) -> subprocess.Popen[Any]:
+        """Start ``argv`` on this host in a session of its own (`Network.close` kills it). ``env`` adds to
+        this process's environment, or with ``clean_env`` is the whole of it (what this test process
+        holds, a local Spark session's ``SPARK_LOCAL_IP=127.0.0.1`` say, is then left out)."""
+        full = dict(env or {}) if clean_env else {**os.environ, **(env or {})}
         proc = subprocess.Popen(self.argv(argv), env=full, start_new_session=True, **kwargs)
         self._procs.append(proc)
         return proc

@@ -25,7 +25,7 @@ import yaml
 
 from tests.cluster.torchrun_tools import BATCH, ROWS, write_ids_dataset
 from tests.multihost.netns import Host, Network
-from tests.multihost.spark_cluster import PORT, role_processes, start_cluster, wait_for
+from tests.multihost.spark_cluster import PORT, role_processes, start_cluster, start_daemon, wait_for
 
 REPO = Path(__file__).resolve().parents[2]
 IDS = REPO / "tests" / "cluster" / "torchrun_scripts" / "ids.py"
@@ -73,12 +73,15 @@ def ids_dataset(tmp_path_factory: pytest.TempPathFactory) -> str:
     return write_ids_dataset(tmp_path_factory.mktemp("data"))
 
 
-def train(host: Host, config: Path) -> subprocess.Popen[bytes]:
-    """``shardkit train config`` on ``host`` (the Spark driver); its output to ``train.out`` beside it."""
+def train(host: Host, config: Path, **env_vars: str) -> subprocess.Popen[bytes]:
+    """``shardkit train config`` on ``host`` (the Spark driver), with none of this process's Spark
+    settings (a local session of earlier tests sets ``SPARK_LOCAL_IP=127.0.0.1``) but ``env_vars``; its
+    output to ``train.out`` beside it."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("SHARDKIT_", "SPARK_", "PYSPARK_"))}
+    env.update(env_vars)
     with open(config.parent / "train.out", "wb") as out:
         return host.popen([sys.executable, "-m", "shardkit.cli", "train", str(config)], env=env, cwd=REPO,
-                          stdout=out, stderr=subprocess.STDOUT)
+                          clean_env=True, stdout=out, stderr=subprocess.STDOUT)
 
 
 def finish(proc: subprocess.Popen[bytes], config: Path, timeout: float) -> tuple[int, str]:
@@ -238,3 +241,20 @@ def test_a_master_that_does_not_answer_is_an_error_naming_it_within_seconds(net2
     cut = (tmp_path / "cut" / "train.out").read_text()
     assert re.search(r"timed out|No route to host", cut), cut  # silence, or ARP gave up first
     assert "Connection refused" in (tmp_path / "refused" / "train.out").read_text()
+
+
+@pytest.mark.timeout(120)
+def test_a_driver_told_to_listen_on_loopback_for_a_remote_master_is_refused_naming_it(
+        net2: Network, tmp_path: Path) -> None:
+    """SPARK_LOCAL_IP=127.0.0.1 (common in a laptop's shell profile) with a master on another host: the
+    executors could never connect back, and the stage would wait slots_timeout for them."""
+    h0, h1 = net2.hosts
+    log = start_daemon(h1, "Master", tmp_path / "spark", "--port", str(PORT), "--webui-port", "0")
+    wait_for("the Spark master", lambda: "I have been elected leader" in log.read_text(errors="replace"), 90)
+    config = ids_job(tmp_path, str(tmp_path / "no-data"), f"spark://{h1.addr}:{PORT}")
+    started = time.monotonic()
+    code, out = finish(train(h0, config, SPARK_LOCAL_IP="127.0.0.1"), config, 90)
+    assert code == 2, out[-3000:]
+    assert "the environment's SPARK_LOCAL_IP = '127.0.0.1' puts the driver on loopback" in out, out[-3000:]
+    assert f"uses {h0.addr}" in out
+    assert time.monotonic() - started < 60
