@@ -24,7 +24,7 @@ from typing import Any
 import pytest
 import yaml
 
-from tests.cluster.torchrun_tools import BATCH, EVERY, ROWS, write_ids_dataset
+from tests.cluster.torchrun_tools import BATCH, EVERY, ROWS, effective_ids, records, write_ids_dataset
 from tests.multihost.netns import Host, Network
 from tests.multihost.raycluster import QUICK_HEALTH, RayCluster, ray_cluster
 
@@ -109,33 +109,6 @@ def watch(condition: Callable[[], bool], proc: subprocess.Popen[bytes], timeout:
             return True
         time.sleep(0.05)
     return False
-
-
-def records(job_dir: Path) -> dict[tuple[int, int], list[dict[str, Any]]]:
-    out = {}
-    for path in sorted((job_dir / "ids").glob("attempt*-rank*.jsonl")):
-        attempt, rank = path.stem.removeprefix("attempt").split("-rank")
-        out[int(attempt), int(rank)] = [json.loads(line) for line in path.read_text().splitlines() if line]
-    return out
-
-
-def effective_ids(job_dir: Path) -> tuple[Counter[int], list[tuple[int, int, int]]]:
-    """The ids of the steps that count (each attempt's steps up to the checkpoint the next one resumed
-    from), and (attempt, world, start step) per attempt."""
-    recs = records(job_dir)
-    starts: dict[int, tuple[int, int]] = {}
-    for (attempt, _), lines in recs.items():
-        head = lines[0]
-        assert starts.setdefault(attempt, (head["world"], head["start"])) == (head["world"], head["start"])
-    ids: Counter[int] = Counter()
-    for (attempt, _), lines in recs.items():
-        later = sorted(a for a in starts if a > attempt)
-        resumed_next = starts[later[0]][1] if later else None
-        for rec in lines[1:]:
-            assert rec["step"] > starts[attempt][1], f"attempt {attempt} retrained step {rec['step']}"
-            if resumed_next is None or rec["step"] <= resumed_next:
-                ids.update(rec["ids"])
-    return ids, [(a, *starts[a]) for a in sorted(starts)]
 
 
 def max_step(job_dir: Path) -> int:

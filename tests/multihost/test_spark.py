@@ -23,7 +23,7 @@ from typing import Any
 import pytest
 import yaml
 
-from tests.cluster.torchrun_tools import BATCH, ROWS, write_ids_dataset
+from tests.cluster.torchrun_tools import BATCH, ROWS, effective_ids, write_ids_dataset
 from tests.multihost.netns import Host, Network
 from tests.multihost.spark_cluster import PORT, role_processes, start_cluster, start_daemon, wait_for
 
@@ -105,35 +105,6 @@ def check_bound_to_own_hosts(found: dict[int, tuple[Host, dict[str, str]]]) -> N
     assert env0["WORLD_SIZE"] == env1["WORLD_SIZE"] == "2"
 
 
-def records(job_dir: Path) -> dict[tuple[int, int], list[dict[str, Any]]]:
-    out = {}
-    for path in (job_dir / "ids").glob("attempt*-rank*.jsonl"):
-        attempt, rank = map(int, re.findall(r"\d+", path.name))
-        out[(attempt, rank)] = [json.loads(line) for line in path.read_text().splitlines()]
-    return out
-
-
-def effective_ids(job_dir: Path) -> tuple[Counter[int], dict[int, tuple[int, int]]]:
-    """The ids of the steps along the checkpointed lineage (each attempt's steps up to the checkpoint the
-    next attempt resumed from), and ``{attempt: (world, start step)}``."""
-    recs = records(job_dir)
-    starts: dict[int, tuple[int, int]] = {}
-    for (attempt, rank), lines in recs.items():
-        head = lines[0]
-        assert head["shard"] == [rank, head["world"]]
-        assert starts.setdefault(attempt, (head["world"], head["start"])) == (head["world"], head["start"])
-    ids: Counter[int] = Counter()
-    for (attempt, _), lines in recs.items():
-        later = [a for a in sorted(starts) if a > attempt]
-        resumed_next = starts[later[0]][1] if later else None
-        for rec in lines[1:]:
-            assert rec["step"] > starts[attempt][1], f"attempt {attempt} retrained step {rec['step']}"
-            if resumed_next is None or rec["step"] <= resumed_next:
-                ids.update(rec["ids"])
-    return ids, starts
-
-
-@pytest.mark.timeout(200)
 def test_digits_on_a_standalone_cluster_across_two_hosts(net2: Network, tmp_path: Path, digits: str) -> None:
     h0, h1 = net2.hosts
     url = start_cluster(h0, [h0, h1], tmp_path / "spark")
@@ -189,8 +160,9 @@ def test_a_lost_worker_host_restarts_the_stage_from_the_checkpoint_on_what_remai
     summary = json.loads((job / "summary.json").read_text())
     assert summary["status"] == "succeeded", summary
     assert summary["restarts"] >= 1, summary
-    ids, starts = effective_ids(job)
+    ids, attempts = effective_ids(job)
     assert ids == Counter(dict.fromkeys(range(ROWS), 2)), "every sample of both epochs exactly once"
+    starts = {attempt: (world, start) for attempt, world, start in attempts}
     assert starts[0] == (2, 0)
     assert starts[1][0] == 2
     assert starts[1][1] >= 4, "the restarted stage resumed from a checkpoint"
