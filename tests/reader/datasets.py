@@ -20,7 +20,8 @@ import pyarrow.parquet as pq
 import shardkit
 from shardkit import Field, ImageCodec, Schema
 
-PETASTORM_TENSORS = Path("/work/shared/fixtures/petastorm/tensors")
+#: the repository's own copy of a dataset the real Petastorm wrote (tests/fixtures/petastorm/README.md)
+PETASTORM_TENSORS = Path(__file__).resolve().parents[1] / "fixtures" / "petastorm" / "tensors"
 
 ALL_CODECS = Schema([
     Field("id", "int64"),
