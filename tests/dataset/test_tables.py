@@ -5,17 +5,16 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import deltalake  # noqa: F401  (installed by [dev]: a missing one is a broken install, not a skip)
 import numpy as np
 import pyarrow.compute as pc
+import pyiceberg  # noqa: F401
 import pytest
 
 import shardkit
 from shardkit.dataset.tables import Snapshot
 from shardkit.errors import NotADatasetError, ReaderError
 from tests.dataset.tables import History, make_history, read_ids
-
-pytest.importorskip("deltalake")
-pytest.importorskip("pyiceberg")
 
 FORMATS = ["delta", "iceberg"]
 #: 1,000 rows, overwritten by 500, 100 appended, the lowest 20 deleted, a column added with 50 rows

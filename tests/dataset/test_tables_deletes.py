@@ -6,12 +6,11 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import deltalake  # noqa: F401  (installed by [dev]: a missing one is a broken install, not a skip)
 import pytest
 
 import shardkit
 from tests.dataset.tables import DeltaHistory, add_deletion_vector, read_ids
-
-pytest.importorskip("deltalake")
 
 
 @pytest.fixture(scope="module")

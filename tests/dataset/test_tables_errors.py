@@ -6,6 +6,8 @@ import json
 import sys
 from pathlib import Path
 
+import deltalake  # noqa: F401  (installed by [dev]: a missing one is a broken install, not a skip)
+import pyiceberg  # noqa: F401
 import pytest
 
 import shardkit
@@ -16,9 +18,6 @@ from shardkit.errors import (
     UnsupportedTableError,
 )
 from tests.dataset.tables import History, make_history
-
-pytest.importorskip("deltalake")
-pytest.importorskip("pyiceberg")
 
 OPS = [("append", 200), ("overwrite", 100), ("append", 50)]
 

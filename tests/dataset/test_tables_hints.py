@@ -54,7 +54,7 @@ def test_hints_read_a_plain_folders_lists_as_tensors_and_bytes_as_images(tmp_pat
 
 
 def test_hints_read_a_delta_table(tmp_path: Path) -> None:
-    pytest.importorskip("deltalake")
+    import deltalake  # noqa: F401
     from deltalake import write_deltalake
 
     url = str(tmp_path / "t")

@@ -10,6 +10,8 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
+import deltalake  # noqa: F401  (installed by [dev]: a missing one is a broken install, not a skip)
+import pyiceberg  # noqa: F401
 import pytest
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
@@ -18,9 +20,6 @@ import shardkit
 from shardkit.errors import TableVersionError
 from tests.dataset.tables import make_history
 from tests.reader.datasets import assert_exactly_once
-
-pytest.importorskip("deltalake")
-pytest.importorskip("pyiceberg")
 
 ops = st.tuples(st.sampled_from(["append", "overwrite", "delete"]), st.integers(5, 150))
 first_ops = st.lists(ops, min_size=0, max_size=2)

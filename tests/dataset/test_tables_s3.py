@@ -6,17 +6,16 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import deltalake  # noqa: F401  (installed by [dev]: a missing one is a broken install, not a skip)
 import numpy as np
 import pyarrow as pa
+import pyiceberg  # noqa: F401
 import pytest
 
 import shardkit
 from tests.dataset.tables import rows
 from tests.reader import conftest as s3_fixtures
 from tests.reader.conftest import S3Server
-
-pytest.importorskip("deltalake")
-pytest.importorskip("pyiceberg")
 
 s3_server, s3_bucket, no_internet = s3_fixtures.s3_server, s3_fixtures.s3_bucket, s3_fixtures.no_internet
 

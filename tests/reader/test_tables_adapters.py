@@ -5,12 +5,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import deltalake  # noqa: F401  (installed by [dev]: a missing one is a broken install, not a skip)
 import pytest
+import torch
 
 from tests.dataset.tables import make_history
-
-pytest.importorskip("deltalake")
-torch = pytest.importorskip("torch")
 
 
 def test_torch_workers_read_the_snapshot_the_dataset_was_made_on(tmp_path: Path) -> None:

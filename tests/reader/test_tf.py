@@ -302,3 +302,20 @@ def test_missing_tensorflow_names_the_extra() -> None:
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True)
     assert "MissingDependencyError" in out.stdout
     assert "shardkit[tf]" in out.stdout
+
+
+@pytest.mark.parametrize("fmt", ["delta", "iceberg"])
+def test_a_lakehouse_table_feeds_tf_data_at_its_snapshot(tmp_path: Path, fmt: str) -> None:
+    """make_dataset takes a Delta or Iceberg table unchanged: the rows of the version it opened, once,
+    even when the table moves on while the dataset is read (and a pinned old version by version=)."""
+    from tests.dataset.tables import make_history
+
+    history = make_history(fmt, tmp_path / "t", [("append", 70), ("overwrite", 50)])
+    first_version = next(iter(history.snapshots))
+    want = sorted(history.ids())
+    ds = stf.make_dataset(history.url, batch_size=16, seed=2, remainder="uneven")
+    history.apply(("append", 30))
+    got = sorted(int(i) for batch in ds for i in batch["id"].numpy())
+    assert got == want
+    old = stf.make_dataset(history.url, batch_size=16, version=first_version, remainder="uneven")
+    assert sorted(int(i) for batch in old for i in batch["id"].numpy()) == list(range(70))
