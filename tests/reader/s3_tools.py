@@ -81,10 +81,11 @@ class Link:
                 dst.sendall(data)
         except OSError:
             pass
-        finally:
-            for s in (src, dst):
-                with contextlib.suppress(OSError):
-                    s.shutdown(socket.SHUT_RDWR)
+        finally:  # closed here, not only by _cut: a connection accepted as the link went down would be
+            for s in (src, dst):  # left to the garbage collector, whose ResourceWarning fails a later test
+                self._close(s)
+                with self._lock:
+                    self._open.discard(s)
 
     def _close(self, s: socket.socket) -> None:
         with contextlib.suppress(OSError):
