@@ -13,7 +13,7 @@ import warnings
 from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
-from shardkit.errors import JobError, ShardkitError
+from shardkit.errors import JobError, ShardkitError, interrupt_behind
 
 # Only the standard library and shardkit.errors at import: the console script imports this module before
 # it calls `main`, and a Ctrl-C during an import outside `main` would end in a traceback (see `main`).
@@ -315,6 +315,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         if extra:
             _unrecognized(getattr(args, "parser", parser), args.command, extra)
         return _run(args)
+    except Exception as e:  # a Ctrl-C that a library turned into its own error is still one
+        if (interrupt := interrupt_behind(e)) is None:
+            raise
+        print(_interrupted(sys.argv[1:] if argv is None else argv), file=sys.stderr)
+        return 128 + int(getattr(interrupt, "signum", signal.SIGINT))
     except KeyboardInterrupt as e:
         print(_interrupted(sys.argv[1:] if argv is None else argv), file=sys.stderr)
         return 128 + int(getattr(e, "signum", signal.SIGINT))

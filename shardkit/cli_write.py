@@ -14,7 +14,7 @@ from typing import Any
 
 from shardkit.cli import _human, _names, _warnings_after, describe, format_description
 from shardkit.cli_flags import in_flags
-from shardkit.errors import DatasetError, SchemaError, ShardkitError
+from shardkit.errors import DatasetError, SchemaError, ShardkitError, interrupt_behind
 
 # convert's `columns=` followed by the names of --columns it is about (absent from the source, or too few
 # for the dataset appended to): `in_flags` alone would write `--columns ['zz']`, a Python list after a flag
@@ -73,8 +73,13 @@ def run(args: argparse.Namespace) -> int:
             before = open_dataset(args.dest).num_rows
     start = time.perf_counter()
     try:
-        with _warnings_after(UserWarning, worded=lambda message: worded(message, args.parser, kwargs)):
-            ds = convert(args.src, args.dest, **kwargs)
+        try:
+            with _warnings_after(UserWarning, worded=lambda message: worded(message, args.parser, kwargs)):
+                ds = convert(args.src, args.dest, **kwargs)
+        except Exception as e:  # a Ctrl-C that pyarrow turned into its own error (`interrupt_behind`)
+            if (interrupt := interrupt_behind(e)) is not None:
+                raise interrupt from e
+            raise
     except (DatasetError, SchemaError) as e:
         message = worded(str(e), args.parser, kwargs)
         if message == str(e):

@@ -302,3 +302,19 @@ def one_line(text: object) -> str:
     """
     words = " ".join(str(text).split())
     return "".join(c if c.isprintable() else f"\\x{ord(c):02x}" for c in words)
+
+
+def interrupt_behind(error: BaseException) -> KeyboardInterrupt | None:
+    """The Ctrl-C (``KeyboardInterrupt``) that ``error`` was raised from or while handling, if any;
+    ``None`` for a ``KeyboardInterrupt`` itself. A SIGINT that lands in a Python file object that pyarrow
+    reads or writes through from C++ can come out as pyarrow's own error with the interrupt as its
+    context (a CI run of ``shardkit write``: ``ValueError: I/O operation on closed file``): the work was
+    interrupted, and the caller says so rather than print a traceback."""
+    seen: set[int] = set()
+    cause = None if isinstance(error, KeyboardInterrupt) else error.__cause__ or error.__context__
+    while cause is not None and id(cause) not in seen:
+        if isinstance(cause, KeyboardInterrupt):
+            return cause
+        seen.add(id(cause))
+        cause = cause.__cause__ or cause.__context__
+    return None

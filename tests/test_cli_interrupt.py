@@ -147,3 +147,55 @@ def test_ctrl_c_while_a_command_waits(tmp_path: Path) -> None:
             os.close(writer)
         _end(proc)
     _interrupted(code, lines, "validate")
+
+
+def _interrupted_then(error: type[Exception]) -> Exception:
+    """``error`` raised while a real SIGINT's ``KeyboardInterrupt`` is handled, as pyarrow raises its
+    own error when the interrupt lands in a file object it calls from C++."""
+    handler = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        try:
+            os.kill(os.getpid(), signal.SIGINT)
+            time.sleep(5)  # the signal's handler runs at the next bytecode
+            raise AssertionError("SIGINT did not arrive")
+        except KeyboardInterrupt:
+            try:
+                raise error("I/O operation on closed file")
+            except Exception as e:
+                return e
+    finally:
+        signal.signal(signal.SIGINT, handler)
+
+
+def test_an_interrupt_behind_another_error_is_found() -> None:
+    from shardkit.errors import interrupt_behind
+
+    chained = _interrupted_then(ValueError)
+    assert isinstance(interrupt_behind(chained), KeyboardInterrupt)
+    with pytest.raises(RuntimeError) as outer:
+        raise RuntimeError("outer") from chained
+    assert interrupt_behind(outer.value) is chained.__context__
+    assert interrupt_behind(ValueError("plain")) is None
+    assert interrupt_behind(KeyboardInterrupt()) is None  # the interrupt itself: the caller's own except
+
+
+@pytest.mark.parametrize("command", ["write", "inspect"])
+def test_an_interrupt_that_pyarrow_turned_into_its_error_ends_as_ctrl_c(
+        command: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The CI run where ``shardkit write`` printed a traceback and exited 1: the command says
+    ``interrupted`` and exits 130."""
+    from shardkit import cli
+    from shardkit.dataset import convert as convert_module
+
+    def interrupted(*args: object, **kwargs: object) -> None:
+        raise _interrupted_then(ValueError)
+
+    monkeypatch.setattr(convert_module, "convert", interrupted)
+    monkeypatch.setattr("shardkit.dataset.open_dataset", interrupted)
+    argv = ["write", str(tmp_path / "src.parquet"), str(tmp_path / "out")] if command == "write" else [
+        "inspect", str(tmp_path)]
+    assert cli.main(argv) == 130
+    err = capsys.readouterr().err
+    assert "interrupted" in err, err
+    assert "Traceback" not in err, err

@@ -39,7 +39,7 @@ from shardkit.dataset.target import (
     resolve_target,
     unfinished_write,
 )
-from shardkit.errors import DatasetPermissionError, SchemaError, SchemaMismatchError
+from shardkit.errors import DatasetPermissionError, SchemaError, SchemaMismatchError, interrupt_behind
 
 __all__ = [
     "AUTO_CODEC", "AUTO_MIN_SAVING", "AUTO_SAMPLE_BYTES", "PART_NAME", "EncodedTables", "Mode", "PartWriter",
@@ -313,6 +313,8 @@ def write_dataset(
             discard_staging(loc, created_root=not root_existed)
             if isinstance(e, FileNotFoundError) and staging in str(e):  # not one of the input's own
                 raise overlap_error(loc, "its staging folder was removed") from e
+            if (interrupt := interrupt_behind(e)) is not None:
+                raise interrupt from e
             raise
         finally:
             if bar is not None:
