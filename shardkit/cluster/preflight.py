@@ -45,8 +45,11 @@ def local_path(url: str) -> str | None:
     return None if "://" in url else url
 
 
-def check_local_data(config: JobConfig) -> None:
-    """Fail before anything starts when ``data.url`` is a path on this machine that holds no dataset.
+def check_local_data(config: JobConfig) -> JobConfig:
+    """Fail before anything starts when ``data.url`` is a path on this machine that holds no dataset;
+    the config the roles get: where ``data.url`` is a Delta or Iceberg table and ``data.options`` pins
+    no ``version``, the one opened here is pinned (``data.options.version``), so that every role and
+    every restart of this run reads one snapshot even if the table moves on while they start.
 
     Example:
         >>> check_local_data(config)     # only for engines whose roles run on this machine
@@ -58,38 +61,48 @@ def check_local_data(config: JobConfig) -> None:
     that exists only there; a remote URL (``s3://...``) is never checked here, as the roles may hold
     credentials this machine does not.
 
+    A table at a remote URL is opened by each role (this machine may lack its credentials): give
+    ``data.options.version`` to pin it; a resumed run is pinned by its checkpoint's reader state.
+
     Raises:
         ConfigError: naming ``data.url``, the path, why it does not open, and the fix.
     """
     if config.data is None:
-        return
+        return config
     path = local_path(config.data.url)
     if path is None:
-        return
+        return config
     from shardkit.dataset import open_dataset
 
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            open_dataset(path)
+            version = config.data.options.get("version")
+            snapshot = open_dataset(path, version=version).snapshot
     except (ShardkitError, OSError) as e:
         raise _error(config, ("data", "url"), config.data.url, f"there is no dataset to read there ({e})",
                      "point data.url at the dataset's folder (a relative path is relative to the config "
                      "file's folder), or write the dataset there first (shardkit.write_dataset, or "
                      "`shardkit index` for a plain Parquet folder)") from e
+    if snapshot is None or version is not None:
+        return config
+    data = config.data.model_copy(update={"options": {**config.data.options, "version": snapshot.version}})
+    return config.model_copy(update={"data": data})
 
 
-def check_here(config: JobConfig, processes: Mapping[str, int] | None = None) -> None:
+def check_here(config: JobConfig, processes: Mapping[str, int] | None = None) -> JobConfig:
     """What is checked on the machine where a job's roles run, before the first one starts: the local
     data (`check_local_data`), the GPUs ``processes`` ask for (`check_local_gpus`) and the roles'
     interpreter (`check_local_python`) with the job's framework in it (`check_local_framework`) and
     the entrypoint's module (`check_entrypoint`). The
-    supervisor calls it for an engine whose roles run here, a torchrun node's agent for its own workers."""
-    check_local_data(config)
+    supervisor calls it for an engine whose roles run here, a torchrun node's agent for its own workers;
+    the config it returns is the one they start the roles with (a local table's version pinned)."""
+    pinned = check_local_data(config)
     check_local_gpus(config, processes)
     check_local_python(config)
     check_local_framework(config)
     check_entrypoint(config)
+    return pinned
 
 
 def local_gpus(dev: str = "/dev", env: Mapping[str, str] | None = None) -> int | None:

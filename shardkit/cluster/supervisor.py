@@ -129,7 +129,11 @@ class Supervisor:
     def _run(self) -> JobResult:
         self._masker = Masker(self.config.secret_values().values())  # a missing secret fails before any start
         if getattr(self.engine, "runs_here", False):  # the roles run on this machine
-            check_here(self.config)
+            given = self.config
+            self.config = check_here(self.config)  # a local table's version pinned for every role
+            if self.config.data is not None and given.data is not None and given.data != self.config.data:
+                self._say(f"[shardkit] data: the table {self.config.data.url} is read at version "
+                          f"{self.config.data.options['version']} by every role of this run")
         prepare_rerun(self.config, self.rerun, say=self._say)  # a completed run: refused, resumed or moved
         lock = self._prepare_logdir()
         try:

@@ -250,7 +250,7 @@ def launch(config: JobConfig, opts: TorchrunOptions, *, echo: bool, console: Tex
     decides what to do with a completed run (``rerun``, `shardkit.cluster.rerun.prepare_rerun`).
     """
     secrets = config.secret_values()  # first: a missing secret fails before anything starts
-    check_here(config, {"worker": opts.nproc_per_node or config.roles["worker"].count})
+    config = check_here(config, {"worker": opts.nproc_per_node or config.roles["worker"].count})
     logdir = Path(config.logdir)
     node_dir = logdir / "logs" / f"node-{opts.node_rank}"
     clear = [node_dir] + ([logdir / "tensorboard"] if opts.node_rank == 0 else [])

@@ -423,3 +423,26 @@ def test_the_public_module_is_the_implementation() -> None:
     assert skj.make_loader is reader_jax.make_loader
     assert skj.Loader is reader_jax.Loader
     assert skj.Collate is Collate  # the same policy class as shardkit.torch's and shardkit.tf's
+
+
+@pytest.mark.parametrize("fmt", ["delta", "iceberg"])
+def test_the_loader_reads_a_table_at_its_snapshot_and_resumes_on_it(fmt: str, tmp_path: Path) -> None:
+    """A Delta or an Iceberg table, unchanged: the snapshot opened, every shard's rows once; a loader
+    resumed after the table moved on finishes the snapshot it started on."""
+    from tests.dataset.tables import make_history
+
+    history = make_history(fmt, tmp_path / "t", [("append", 150), ("delete", 30), ("append", 90)])
+    expected = history.ids()
+    kw = {"batch_size": 10, "seed": 4, "num_shards": 3, "remainder": "uneven", "columns": ["id"]}
+    seen: list[int] = []
+    states = []
+    for shard in range(3):
+        with skj.make_loader(history.url, shard=shard, collate=IDS32, **kw) as loader:
+            seen += [int(i) for i in np.asarray(next(iter(loader))["id"])]
+            states.append(loader.state_dict())
+    history.apply(("overwrite", 20))  # the table moves on between the cut and the resume
+    for shard, state in enumerate(states):
+        with skj.make_loader(history.url, shard=shard, collate=IDS32, **kw) as loader:
+            loader.load_state_dict(state)
+            seen += [int(i) for batch in loader for i in np.asarray(batch["id"])]
+    assert sorted(seen) == sorted(expected)
