@@ -220,3 +220,86 @@ def add_deletion_vector(history: DeltaHistory) -> set[int]:
     (log / f"{version:020d}.json").write_text("\n".join(json.dumps(a) for a in actions) + "\n")
     history.snapshots[version] = history.ids() - deleted
     return deleted
+
+
+#: the rows of a data file that `add_iceberg_deletes` deletes (positions in the file)
+ICEBERG_DELETED_ROWS = (1, 5, 7, 20, 29)
+
+
+def add_iceberg_deletes(history: IcebergHistory, *, equality: bool = False,
+                        rows: tuple[int, ...] = ICEBERG_DELETED_ROWS) -> set[int]:
+    """Commit a delete file on the table's first data file of 30 rows or more, as a merge-on-read
+    ``DELETE`` by Spark leaves it: a position delete file (``file_path, pos``) deleting ``rows`` of that
+    file, or (``equality``) an equality delete file on ``id``. Returns the ids it deletes.
+
+    pyiceberg reads delete files but writes none (its deletes rewrite data files), so the commit is made
+    with pyiceberg's own writers: a Parquet file with the spec's field ids, a manifest of content
+    ``deletes`` (its ``ManifestWriterV2`` with that content) and a snapshot that adds it to the table's
+    manifests (its fast-append producer). pyiceberg's own scan applies the position deletes (checked).
+    """
+    import os
+    import uuid
+
+    import pyarrow.parquet as pq
+    from pyiceberg.manifest import (
+        DataFile,
+        DataFileContent,
+        FileFormat,
+        ManifestContent,
+        ManifestEntry,
+        ManifestEntryStatus,
+        ManifestWriterV2,
+    )
+    from pyiceberg.table.snapshots import Operation
+    from pyiceberg.table.update.snapshot import _FastAppendFiles
+    from pyiceberg.typedef import Record
+
+    class DeleteManifestWriter(ManifestWriterV2):
+        def content(self) -> ManifestContent:
+            return ManifestContent.DELETES
+
+        @property
+        def _meta(self) -> dict[str, str]:
+            return {**super()._meta, "content": "deletes"}
+
+    class AddDeletes(_FastAppendFiles):
+        files: tuple[Any, ...] = ()
+
+        def _manifests(self) -> list[Any]:
+            meta = self._transaction.table_metadata
+            with DeleteManifestWriter(meta.spec(), meta.schema(), self.new_manifest_output(),
+                                      self._snapshot_id, self._compression) as writer:
+                for f in self.files:
+                    writer.add(ManifestEntry.from_args(status=ManifestEntryStatus.ADDED,
+                                                       snapshot_id=self._snapshot_id, data_file=f))
+            return [*super()._manifests(), writer.to_manifest_file()]
+
+    table = history.catalog.load_table("ns.t")
+    target = next(t.file for t in table.scan().plan_files() if t.file.record_count >= 30)
+    ids = pq.read_table(target.file_path.removeprefix("file://"), columns=["id"]).column("id").to_pylist()
+    deleted = {ids[i] for i in rows if i < len(ids)}
+    path = f"{history.url}/data/deletes-{uuid.uuid4().hex[:8]}.parquet"
+    if equality:
+        data = pa.table({"id": pa.array(sorted(deleted), pa.int64())})
+        field_id = next(f.field_id for f in table.schema().fields if f.name == "id")
+        data = data.cast(pa.schema([pa.field("id", pa.int64(), False, {"PARQUET:field_id": str(field_id)})]))
+        content, extra = DataFileContent.EQUALITY_DELETES, {"equality_ids": [field_id]}
+    else:
+        data = pa.table({"file_path": pa.array([target.file_path] * len(rows)),
+                         "pos": pa.array(sorted(rows), pa.int64())})
+        data = data.cast(pa.schema([
+            pa.field("file_path", pa.string(), False, {"PARQUET:field_id": "2147483546"}),  # the spec's ids
+            pa.field("pos", pa.int64(), False, {"PARQUET:field_id": "2147483545"})]))
+        content, extra = DataFileContent.POSITION_DELETES, {}
+    pq.write_table(data, path)
+    delete = DataFile.from_args(content=content, file_path=f"file://{path}", file_format=FileFormat.PARQUET,
+                                partition=Record(), record_count=data.num_rows,
+                                file_size_in_bytes=os.path.getsize(path), **extra)
+    delete.spec_id = table.spec().spec_id
+    transaction = table.transaction()
+    producer = AddDeletes(operation=Operation.DELETE, transaction=transaction, io=table.io)
+    producer.files = (delete,)
+    producer.commit()
+    transaction.commit_transaction()
+    history.snapshots[history.version()] = history.ids() - deleted
+    return deleted

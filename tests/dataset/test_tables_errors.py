@@ -129,26 +129,3 @@ def test_a_table_is_never_indexed_as_a_folder(history: History) -> None:
     with pytest.raises(shardkit.errors.NotADatasetError, match="open the table itself"):
         shardkit.write_summary(history.url)
     assert not (Path(history.url) / "_metadata").exists()
-
-
-def test_iceberg_delete_files_are_refused_with_the_snapshot_and_the_fix(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    # pyiceberg writes no delete files (its deletes rewrite data files), so the scan plan is given one:
-    # a position-delete file beside the first data file, as a merge-on-read delete by Spark leaves it
-    from pyiceberg.table import DataScan, FileScanTask
-
-    history = make_history("iceberg", tmp_path / "t", OPS)
-    plan = DataScan.plan_files
-
-    def with_deletes(self: DataScan) -> list[object]:
-        tasks = list(plan(self))
-        first = FileScanTask(tasks[0].file, delete_files={tasks[1].file})  # any DataFile stands for one
-        return [first, *tasks[1:]]
-
-    monkeypatch.setattr(DataScan, "plan_files", with_deletes)
-    with pytest.raises(UnsupportedTableError) as e:
-        shardkit.open_dataset(history.url)
-    text = str(e.value)
-    assert f"at snapshot {history.current}" in text
-    assert "delete files" in text
-    assert "rewrite_data_files" in text

@@ -8,9 +8,14 @@ is one (tables of a Hadoop catalog), else the one with the highest version numbe
 current metadata file: pass ``catalog.load_table(name)`` itself as the URL to read what it says.
 
 Columns are matched by Iceberg's field ids: a data file whose column of a field id has another name
-(a renamed column) is refused, as are delete files (position or equality deletes: the rows they delete
-are still in the data files), naming the snapshot and the fix (rewrite the data files). Files written
+(a renamed column) is refused, naming the snapshot and the fix (rewrite the data files). Files written
 before a column was added read it as nulls.
+
+Rows deleted without rewriting their files: position deletes (a merge-on-read ``DELETE`` by Spark or
+Flink writes them: Parquet files of ``file_path, pos``) are applied exactly, as Delta's deletion vectors
+are: the delete files pyiceberg's plan attaches to a data file (by partition and sequence number) are
+read once each, and the positions they list for that file are left out of every read. Equality deletes
+(rows matched by column values) are refused, naming the snapshot and the fix (rewrite the data files).
 """
 
 from __future__ import annotations
@@ -19,7 +24,10 @@ import functools
 import re
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
 
 from shardkit.dataset.location import Location
 from shardkit.dataset.opened import Dataset
@@ -134,15 +142,14 @@ def open_iceberg_table(table: Any, version: int | None, *, storage_options: dict
         tasks = list(scan.plan_files())
         projection = scan.projection()
     except Exception as e:
+        if "equality delete" in str(e).lower():  # pyiceberg's plan refuses them: "does not yet support"
+            raise UnsupportedTableError(
+                f"{where} has equality delete files (rows deleted by their values, without rewriting their "
+                "data files), which shardkit does not apply. To read it, " + _REWRITE) from e
         raise CorruptDatasetError(
             f"{where}: its manifests cannot be read ({one_line(e)}); they are corrupt or partly missing. "
             "Restore them, or read another snapshot") from e
     for task in tasks:
-        if task.delete_files:
-            raise UnsupportedTableError(
-                f"{where} has delete files ({len(task.delete_files)} for {task.file.file_path!r}): rows "
-                "deleted without rewriting their data files, which shardkit does not apply. To read it, "
-                + _REWRITE)
         if str(task.file.file_format).rsplit(".", 1)[-1].upper() != "PARQUET":
             raise UnsupportedTableError(f"{where} has the data file {task.file.file_path!r} in "
                                         f"{task.file.file_format}; shardkit reads Parquet data files only")
@@ -157,7 +164,54 @@ def open_iceberg_table(table: Any, version: int | None, *, storage_options: dict
         loc, files, pa.schema(projection.as_arrow()), snapshot, where=where,
         fix_missing=(f"Read a snapshot whose files are all kept (its snapshots are {ids}), or restore the "
                      "file; expiring snapshots removes the files only they list"),
-        check_file=functools.partial(_check_ids, ids_by_name, where))
+        check_file=functools.partial(_check_ids, ids_by_name, where), kept=_kept_rows(table, tasks, where))
+
+
+def _kept_rows(table: Any, tasks: list[Any], where: str) -> dict[str, np.ndarray]:
+    """The keep mask (True: kept) of each data file that position deletes delete rows of, by its path as
+    the manifest gives it. Each delete file is read once (one may list rows of many data files).
+
+    Raises:
+        UnsupportedTableError: an equality delete file (naming it and the fix).
+        CorruptDatasetError: a delete file that cannot be read, or a position past its data file's rows.
+    """
+    from pyiceberg.manifest import DataFileContent
+
+    positions: dict[str, pa.Table] = {}
+    kept: dict[str, np.ndarray] = {}
+    for task in tasks:
+        path, rows = task.file.file_path, task.file.record_count
+        for delete in sorted(task.delete_files, key=lambda d: d.file_path):
+            if delete.content != DataFileContent.POSITION_DELETES:
+                raise UnsupportedTableError(
+                    f"{where} has the equality delete file {delete.file_path!r} (rows of "
+                    f"{path!r} deleted by their values, without rewriting the file), which shardkit does not "
+                    "apply. To read it, " + _REWRITE)
+            if delete.file_path not in positions:
+                positions[delete.file_path] = _read_positions(table, delete.file_path, where)
+            listed = positions[delete.file_path]
+            pos = listed.filter(pc.equal(listed.column("file_path"), path)).column("pos").to_numpy()
+            if not len(pos):
+                continue
+            if pos.min() < 0 or pos.max() >= rows:
+                raise CorruptDatasetError(
+                    f"{where}: the delete file {delete.file_path!r} deletes row {int(pos.max())} of "
+                    f"{path!r}, which has {rows} rows; the table's files do not agree. Restore the table's "
+                    "files, or read another snapshot")
+            mask = kept.setdefault(path, np.ones(rows, dtype=bool))
+            mask[pos] = False
+    return kept
+
+
+def _read_positions(table: Any, path: str, where: str) -> pa.Table:
+    """The ``file_path`` and ``pos`` columns of a position delete file (through the table's own FileIO)."""
+    try:
+        with table.io.new_input(path).open() as f:
+            return pq.read_table(f, columns=["file_path", "pos"])
+    except Exception as e:  # pyiceberg's FileIO and pyarrow raise their own errors
+        raise CorruptDatasetError(
+            f"{where}: its position delete file {path!r} cannot be read ({one_line(e)}); it is corrupt or "
+            "missing. Restore it, or read another snapshot") from e
 
 
 def _check_ids(ids_by_name: dict[str, int], where: str, name: str, schema: pa.Schema) -> None:
