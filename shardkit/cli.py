@@ -9,6 +9,7 @@ import os
 import select
 import signal
 import sys
+import time
 import warnings
 from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
@@ -46,7 +47,7 @@ def _the_command() -> bool:
 _EXCEPTHOOK = sys.excepthook
 if _the_command():  # the hook is the command's own: a program that imports this module keeps its hook
     sys.excepthook = _interrupted_outside_main
-_COMMANDS = frozenset({"inspect", "index", "write", "train", "validate", "render", "bench"})
+_COMMANDS = frozenset({"inspect", "verify", "index", "write", "train", "validate", "render", "bench"})
 
 
 def _interrupted(argv: Sequence[str]) -> str:
@@ -154,6 +155,62 @@ def _inspect(args: argparse.Namespace) -> int:
     return 0
 
 
+def _verify(args: argparse.Namespace) -> int:
+    """``shardkit verify``: exit 0 when every page and row group checks out, 1 when something is damaged
+    (2, as for every command, when the dataset cannot be opened)."""
+    from shardkit.dataset import SummaryMissingWarning
+    from shardkit.dataset.verify import FileReport, verify_dataset
+
+    show = sys.stderr.isatty() if args.progress is None else args.progress
+    bar: Any = None
+    started = time.perf_counter()
+
+    def progress(report: FileReport) -> None:
+        nonlocal bar
+        if not show:
+            return
+        if bar is None:
+            from tqdm.auto import tqdm
+
+            bar = tqdm(unit="B", unit_scale=True, desc="verify", dynamic_ncols=True)
+        bar.update(report.bytes)
+        bar.set_postfix(files=len(done) + 1, damaged=sum(len(r.damage) for r in done) + len(report.damage))
+        done.append(report)
+
+    done: list[FileReport] = []
+    try:
+        with _warnings_after(SummaryMissingWarning):
+            report = verify_dataset(args.url, version=args.table_version, workers=args.workers,
+                                    progress=progress)
+    finally:
+        if bar is not None:
+            bar.close()
+    seconds = time.perf_counter() - started
+    info = report.to_json()
+    if args.json:
+        print(json.dumps({**info, "seconds": round(seconds, 3)}, indent=2))
+        return 0 if report.ok else 1
+    size = sum(f.bytes for f in report.files)
+    rows = sum(f.rows for f in report.files)
+    print(f"verified {report.url}: {info['files']:,} files, {info['row_groups']:,} row groups, "
+          f"{info['pages']:,} pages, {rows:,} rows ({_human(size)}) in {seconds:.2f} s "
+          f"({size / max(seconds, 1e-9) / 2**20:,.0f} MiB/s): "
+          + ("no damage found" if report.ok else f"{len(report.damaged):,} damaged"))
+    for damage in report.damaged:
+        print(f"DAMAGED {damage}")
+    if report.unchecked_pages:
+        without = info["files_without_checksums"]
+        print(f"note: {report.unchecked_pages:,} of {report.pages:,} pages, in {len(without):,} of "
+              f"{info['files']:,} files (first: {without[0]}), carry no page checksum (written by "
+              "another tool, or by shardkit before it wrote checksums): they decode, but their bytes "
+              f"cannot be checked. `shardkit write {args.url} NEW_URL` rewrites the dataset with them")
+    if not report.ok:
+        print("Fix: restore the damaged files from their source (a backup, the store's versions), or "
+              "rewrite the dataset from its source; until then, a reader with on_error='skip' leaves the "
+              "damaged row groups out")
+    return 0 if report.ok else 1
+
+
 def _index(args: argparse.Namespace) -> int:
     from shardkit.dataset import SummaryMissingWarning, UncommittedFilesWarning, write_summary
 
@@ -216,8 +273,8 @@ def _add_config(p: argparse.ArgumentParser) -> None:
                    help="override a config value (YAML), e.g. --set roles.worker.count=4; repeatable")
 
 
-_DESCRIPTION = ("Parquet datasets for distributed training: inspect, index, write (convert) and bench "
-                "datasets; validate, train and render training jobs described by one YAML file.")
+_DESCRIPTION = ("Parquet datasets for distributed training: inspect, verify, index, write (convert) and "
+                "bench datasets; validate, train and render training jobs described by one YAML file.")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -236,6 +293,20 @@ def build_parser() -> argparse.ArgumentParser:
                    help="a Delta table's version or an Iceberg table's snapshot id (default: the "
                         "current one)")
     p.set_defaults(func=_inspect, parser=p)
+    p = sub.add_parser("verify", help="scrub a dataset: check every page checksum and decode every row "
+                                      "group; exit 1 when something is damaged")
+    p.add_argument("url", help="the dataset's folder or table (any fsspec URL)")
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+    p.add_argument("--workers", type=int, default=8, metavar="N", help="files checked at once (default 8)")
+    p.add_argument("--table-version", type=int, default=None, metavar="VERSION",
+                   help="a Delta table's version or an Iceberg table's snapshot id (default: the "
+                        "current one)")
+    shown = p.add_mutually_exclusive_group()
+    shown.add_argument("--progress", action="store_const", const=True, dest="progress", default=None,
+                       help="a progress bar (default: one on a terminal)")
+    shown.add_argument("--no-progress", action="store_const", const=False, dest="progress",
+                       help="no progress bar")
+    p.set_defaults(func=_verify, parser=p)
     p = sub.add_parser("index", help="write the _metadata summary of a plain Parquet folder")
     p.add_argument("url", help="the folder of Parquet files (any fsspec URL)")
     p.set_defaults(func=_index, parser=p)

@@ -38,6 +38,10 @@ if TYPE_CHECKING:
 SLICE_ROWS = 256
 FOOTERS_KEPT = 256  # data-file footers an opened dataset keeps (LRU), so a file's footer is read once
 _PARTITION = re.compile(r"([^=/]+)=[^/]*")  # a Hive partition folder: key=value
+#: Every page read is checked against its Parquet page checksum where it has one (shardkit writes one
+#: on every page: `shardkit.dataset.writer.PAGE_CHECKSUMS`): a damaged page raises, never decodes. Off
+#: only to measure what it costs (``benchmarks.read``).
+VERIFY_PAGE_CHECKSUMS = True
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -115,7 +119,8 @@ class Dataset:
                 self._footers.move_to_end(file)
         try:
             pf = pq.ParquetFile(self.location.open_ranges(path), metadata=footer,
-                                pre_buffer=not self.location.is_local)
+                                pre_buffer=not self.location.is_local,
+                                page_checksum_verification=VERIFY_PAGE_CHECKSUMS)
         except FileNotFoundError as e:
             if self.snapshot is not None:
                 raise CorruptDatasetError(
@@ -180,10 +185,35 @@ class Dataset:
         except (pa.ArrowInvalid, OSError) as e:
             if is_denied(e):
                 raise permission_error(self.location, self.location.join(rg.file), e) from e
+            if "checksum" in str(e).lower():
+                raise CorruptDatasetError(
+                    f"{where} fails its page checksums: {self._damaged_pages(pf, i) or one_line(e)}. Its "
+                    "bytes changed after they were written (storage or a copy went wrong); no row of a "
+                    "damaged page is read. Restore the file from its source, or rewrite the dataset from its "
+                    "source; `shardkit verify URL` finds every damaged file, and on_error='skip' reads "
+                    "the others") from e
             raise CorruptDatasetError(
                 f"{where} cannot be read ({one_line(e)}); the file is truncated or corrupt: "
                 "rewrite the dataset, or read with on_error='skip'"
             ) from e
+
+    def _damaged_pages(self, pf: pq.ParquetFile, i: int) -> str:
+        """Which columns of row group ``i`` (of the index) fail their page checksums, and where: one
+        more read of the row group's bytes, made only once a read has failed."""
+        from shardkit.dataset.pages import check_chunk, chunk_range
+
+        group = pf.metadata.row_group(self.row_group_index(i))
+        found = []
+        try:
+            with self.location.open_ranges(self.location.join(self.row_groups[i].file)) as f:
+                for j in range(group.num_columns):
+                    start, length = chunk_range(group.column(j))
+                    problems = check_chunk(f.read_at(length, start), start).problems
+                    if problems:
+                        found.append(f"column {group.column(j).path_in_schema!r}: {problems[0]}")
+        except (OSError, pa.ArrowException):
+            return ""
+        return "; ".join(found)
 
     def deletions_tag(self, i: int) -> str:
         """A digest of the rows of row group ``i`` deleted by the table's log ('' when none are): what a

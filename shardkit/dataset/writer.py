@@ -95,6 +95,12 @@ class EncodedTables:
     num_rows: int | None = None  # for the progress bar, when known
 
 
+#: Every page written carries Parquet's page checksum (CRC-32 of its bytes), which every read verifies
+#: (`shardkit.dataset.opened.VERIFY_PAGE_CHECKSUMS`). Off only to measure what it costs
+#: (``benchmarks.write``).
+PAGE_CHECKSUMS = True
+
+
 class PartWriter:
     """Rolls encoded tables into row groups and part files under the staging folder."""
 
@@ -106,7 +112,8 @@ class PartWriter:
         # "auto" (any case, as check_compression takes it): decided at the first row group
         self._codecs: str | dict[str, str] | None = None if compression.lower() == "auto" else compression
         scalars = [f.name for f in schema if f.codec.name == "scalar"]
-        self.options = {"use_dictionary": scalars + _small_int_leaves(schema), "write_statistics": scalars}
+        self.options = {"use_dictionary": scalars + _small_int_leaves(schema), "write_statistics": scalars,
+                        "write_page_checksum": PAGE_CHECKSUMS}
         self.pending: list[pa.Table] = []
         self.pending_rows = self.pending_bytes = 0
         self.writer: pq.ParquetWriter | None = None
