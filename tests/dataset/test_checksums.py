@@ -1,0 +1,233 @@
+"""Corrupt bytes never become training data: a bit flipped anywhere in a part file's pages (or a 4 KiB
+block of zeros) is caught by the page checksums shardkit writes; the reader raises, or with
+``on_error="skip"`` leaves the damaged row group out and counts it, never delivering a wrong value;
+``shardkit verify`` names every such damage and none on intact data."""
+
+from __future__ import annotations
+
+import glob
+import io
+import json
+import shutil
+import subprocess
+import sys
+import warnings
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import shardkit
+from shardkit.dataset.pages import check_chunk, chunk_range
+from shardkit.dataset.verify import verify_dataset
+from shardkit.errors import CorruptDatasetError
+
+N = 6_000
+SCHEMA = [shardkit.Field("id", "int64"), shardkit.Field("label", "int64"),
+          shardkit.Field("x", "float32", (16,))]
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _data() -> dict[str, object]:
+    rng = np.random.default_rng(0)
+    return {"id": np.arange(N), "label": rng.integers(0, 10, N),
+            "x": list(rng.normal(size=(N, 16)).astype(np.float32))}
+
+
+@pytest.fixture(scope="module")
+def pristine(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    url = tmp_path_factory.mktemp("pristine") / "ds"
+    shardkit.write_dataset(_data(), str(url), schema=SCHEMA, row_group_size=1_000)
+    return url
+
+
+def _part(ds: Path) -> Path:
+    return Path(sorted(glob.glob(str(ds / "part-*.parquet")))[0])
+
+
+def _pages_end(part: Path) -> int:
+    """Where the file's pages end (its footer starts)."""
+    data = part.read_bytes()
+    return len(data) - 8 - int.from_bytes(data[-8:-4], "little")
+
+
+def _rows(ds: Path, **kw: object) -> tuple[dict[int, tuple[int, bytes]], dict[str, int]]:
+    """id -> (label, x bytes) of every row a reader delivers, and its stats."""
+    got: dict[int, tuple[int, bytes]] = {}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        with shardkit.make_reader(str(ds), batch_size=100, shuffle=False, cache=None, **kw) as reader:
+            for batch in reader:
+                for i, label, x in zip(batch["id"], batch["label"], batch["x"], strict=True):
+                    got.setdefault(int(i), (int(label), x.tobytes()))
+            return got, dict(reader.stats)
+
+
+def test_every_page_shardkit_writes_carries_a_checksum(pristine: Path) -> None:
+    meta = pq.read_metadata(_part(pristine))
+    data = _part(pristine).read_bytes()
+    pages = 0
+    for i in range(meta.num_row_groups):
+        for j in range(meta.num_columns):
+            start, length = chunk_range(meta.row_group(i).column(j))
+            report = check_chunk(data[start:start + length], start)
+            assert report.problems == []
+            assert report.unchecked == 0
+            pages += report.pages
+    assert pages >= meta.num_row_groups * meta.num_columns
+    assert verify_dataset(str(pristine)).ok
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(where=st.floats(0, 1, exclude_max=True), bit=st.integers(0, 7), block=st.booleans())
+def test_a_damaged_page_never_becomes_a_value(pristine: Path, tmp_path_factory: pytest.TempPathFactory,
+                                              where: float, bit: int, block: bool) -> None:
+    ds = tmp_path_factory.mktemp("damaged") / "ds"
+    shutil.copytree(pristine, ds)
+    part = _part(ds)
+    data = bytearray(part.read_bytes())
+    at = 4 + int(where * (_pages_end(part) - 4))  # anywhere in the pages: headers, dictionaries, data
+    if block:
+        start = at - at % 4096
+        data[start:start + 4096] = bytes(len(data[start:start + 4096]))
+    else:
+        data[at] ^= 1 << bit
+    if bytes(data) == part.read_bytes():
+        return  # a block of zeros over zeros changes nothing
+    part.write_bytes(bytes(data))
+    truth = _data()
+    report = verify_dataset(str(ds))
+    try:
+        got, _ = _rows(ds)
+    except CorruptDatasetError:
+        assert not report.ok, "the reader raised where verify found nothing"
+    else:  # the change hit nothing a value depends on (a statistic, padding): every value is right
+        assert len(got) == N
+    skipped, stats = _rows(ds, on_error="skip")
+    for i, (label, x) in skipped.items():  # nothing wrong is ever delivered
+        assert label == truth["label"][i]  # type: ignore[index]
+        assert x == truth["x"][i].tobytes()  # type: ignore[index]
+    lost = N - len(skipped)
+    assert lost == 0 or stats["skipped_row_groups"] >= 1
+    assert (lost > 0) <= (not report.ok)  # what the reader loses, verify names
+
+
+def test_resume_after_a_skipped_row_group_is_exactly_once(pristine: Path, tmp_path: Path) -> None:
+    ds = tmp_path / "ds"
+    shutil.copytree(pristine, ds)
+    part = _part(ds)
+    meta = pq.read_metadata(part)
+    start, length = chunk_range(meta.row_group(2).column(2))
+    data = bytearray(part.read_bytes())
+    data[start + length // 2] ^= 0x10
+    part.write_bytes(bytes(data))
+    kw = {"batch_size": 50, "seed": 3, "on_error": "skip", "num_shards": 2, "cache": None}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        whole = []
+        for shard in range(2):
+            with shardkit.make_reader(str(ds), shard=shard, **kw) as r:
+                whole += [int(i) for b in r for i in b["id"]]
+        resumed = []
+        for shard in range(2):
+            with shardkit.make_reader(str(ds), shard=shard, **kw) as r:
+                it = iter(r)
+                resumed += [int(i) for _ in range(7) for i in next(it)["id"]]
+                state = r.state_dict()
+            with shardkit.make_reader(str(ds), shard=shard, **kw) as r:
+                r.load_state_dict(state)
+                resumed += [int(i) for b in r for i in b["id"]]
+    assert sorted(resumed) == sorted(whole)
+    assert not set(whole) & set(range(2_000, 3_000))  # row group 2's rows are lost, none delivered
+
+
+def test_the_reader_names_the_file_row_group_column_and_fix(pristine: Path, tmp_path: Path) -> None:
+    ds = tmp_path / "ds"
+    shutil.copytree(pristine, ds)
+    part = _part(ds)
+    meta = pq.read_metadata(part)
+    start, length = chunk_range(meta.row_group(4).column(1))
+    data = bytearray(part.read_bytes())
+    data[start + length - 3] ^= 1
+    part.write_bytes(bytes(data))
+    with pytest.raises(CorruptDatasetError) as e:
+        _rows(ds)
+    text = str(e.value)
+    assert f"row group 4 of {str(part)!r}" in text
+    assert "column 'label'" in text
+    assert "does not match its checksum" in text
+    assert "Restore the file from its source" in text
+
+
+def _verify(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "shardkit", "verify", *args], capture_output=True, text=True,
+                          timeout=120, check=False, cwd=REPO)
+
+
+def test_verify_exits_0_on_intact_data_and_1_naming_every_damage(pristine: Path, tmp_path: Path) -> None:
+    ok = _verify(str(pristine), "--no-progress")
+    assert ok.returncode == 0, ok.stderr
+    assert "no damage found" in ok.stdout
+    ds = tmp_path / "ds"
+    shutil.copytree(pristine, ds)
+    part = _part(ds)
+    meta = pq.read_metadata(part)
+    data = bytearray(part.read_bytes())
+    for group, column in ((1, 0), (3, 2)):
+        start, length = chunk_range(meta.row_group(group).column(column))
+        data[start + length // 2] ^= 4
+    part.write_bytes(bytes(data))
+    bad = _verify(str(ds), "--json")
+    assert bad.returncode == 1, bad.stderr
+    found = {(d["row_group"], d["column"]) for d in json.loads(bad.stdout)["damaged"]}
+    assert found == {(1, "id"), (3, "x")}
+    text = _verify(str(ds), "--no-progress")
+    assert text.returncode == 1
+    assert text.stdout.count("DAMAGED") == 2
+    assert "Fix: restore the damaged files" in text.stdout
+
+
+def test_verify_says_which_pages_carry_no_checksum_and_a_truncated_file(tmp_path: Path) -> None:
+    plain = tmp_path / "plain"
+    plain.mkdir()
+    pq.write_table(pa.table({"id": np.arange(1000)}), plain / "a.parquet")  # pyarrow's default: no CRC
+    shardkit.write_summary(str(plain))
+    report = verify_dataset(str(plain))
+    assert report.ok
+    assert report.unchecked_pages == report.pages > 0
+    out = _verify(str(plain), "--no-progress")
+    assert out.returncode == 0
+    assert "carry no page checksum" in out.stdout
+    assert "shardkit write" in out.stdout
+    part = plain / "a.parquet"
+    part.write_bytes(part.read_bytes()[:-100])
+    truncated = verify_dataset(str(plain))
+    assert [d.row_group for d in truncated.damaged] == [None]
+    assert "footer cannot be read" in truncated.damaged[0].problem
+
+
+def test_shardkit_write_rewrites_a_folder_with_checksums(tmp_path: Path) -> None:
+    src = tmp_path / "src.parquet"
+    pq.write_table(pa.table({"id": np.arange(500)}), src)
+    dest = tmp_path / "dest"
+    proc = subprocess.run([sys.executable, "-m", "shardkit", "write", str(src), str(dest), "--no-progress"],
+                          capture_output=True, text=True, timeout=120, check=False, cwd=REPO)
+    assert proc.returncode == 0, proc.stderr
+    report = verify_dataset(str(dest))
+    assert report.ok
+    assert report.unchecked_pages == 0
+    assert report.pages > 0
+
+
+def test_pyarrow_alone_delivers_wrong_values_without_checksums() -> None:
+    """Why: the same flip in a file written without page checksums reads without an error."""
+    table = pa.table({"x": np.arange(50_000, dtype=np.float64)})
+    buf = io.BytesIO()
+    pq.write_table(table, buf, compression="none", use_dictionary=False)
+    data = bytearray(buf.getvalue())
+    data[1000] ^= 2
+    assert not pq.read_table(io.BytesIO(bytes(data))).equals(table)
