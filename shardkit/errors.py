@@ -10,6 +10,7 @@
     │   ├── DatasetPermissionError    (also PermissionError)    a file or folder this user may not read/write
     │   ├── TableVersionError         (also LookupError)        a version or snapshot id a table lacks
     │   ├── UnsupportedTableError     (also ValueError)         a table feature shardkit cannot read
+    │   ├── StorageFullError          (also OSError)            the disk or bucket filled during a write
     │   └── UnsafePickleError         (also ValueError)         a Petastorm schema pickle with foreign content
     ├── SchemaError                   (also ValueError)         a schema, field or codec invalid in itself
     │   └── SchemaMismatchError                                 data that does not fit the declared schema
@@ -69,6 +70,7 @@ __all__ = [
     "SchemaMismatchError",
     "SecretTooShortWarning",
     "ShardkitError",
+    "StorageFullError",
     "StorageOptionsError",
     "TableVersionError",
     "TimeZoneWarning",
@@ -76,6 +78,7 @@ __all__ = [
     "UnsupportedTableError",
     "UnsafePickleError",
     "UnsupportedURLError",
+    "interrupt_behind",
     "one_line",
 ]
 
@@ -129,6 +132,12 @@ class UnsupportedTableError(DatasetError, ValueError):
     """Raised when a Delta or Iceberg table needs what shardkit does not read: a protocol version or
     table feature it does not know, or deleted rows (deletion vectors, delete files) it cannot apply
     exactly. The message names the table, the version and the fix."""
+
+
+class StorageFullError(DatasetError, OSError):
+    """Raised when the disk or bucket a write goes to fills up (``ENOSPC``, ``EDQUOT``): nothing of the
+    write is committed, the previous dataset is intact, and the message names the URL, the bytes this
+    write had staged, the space left where that can be told, and the fix."""
 
 
 class SchemaError(ShardkitError, ValueError):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -23,8 +24,12 @@ def test_write_benchmark_quick_runs(tmp_path: Path) -> None:
         cwd=ROOT, env=env, capture_output=True, text=True, timeout=60, check=False,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
-    for case in ("pyarrow", "shardkit-arrow", "shardkit-pandas", "shardkit-numpy-png"):
+    cases = ("pyarrow", "shardkit-arrow", "shardkit-arrow-nocrc", "shardkit-pandas", "shardkit-numpy-png")
+    for case in cases:
         assert f"| {case} " in proc.stdout, proc.stdout
+    # the cost of page checksums, and proof that the switch changed the files: every page vs none
+    line = next(ln for ln in proc.stdout.splitlines() if ln.startswith("page checksum cost (write"))
+    assert re.search(r"pages with a CRC ([1-9][\d,]*)/\1 vs 0/\1\)", line), line
     assert "failed" not in proc.stdout
     after = {p.name: p.stat().st_mtime_ns for p in results.glob("*.json")}
     assert after == before, "a --quick run must not touch the committed results"
@@ -40,6 +45,20 @@ def test_benchmark_rows_are_deterministic_and_prefix_stable() -> None:
     assert small["image"].dtype == np.uint8
     assert all(len(t) == data.TEXT_CHARS for t in small["text"])
     assert big["id"].tolist() == list(range(data.CHUNK_ROWS + 10))
+
+
+def test_page_checksums_counts_the_pages_that_carry_a_crc(tmp_path: Path) -> None:
+    import pyarrow.parquet as pq
+
+    tbl = data.table(3000, "list")
+    for crc in (True, False):
+        for version in ("1.0", "2.0"):  # v1 and v2 data page headers, with dictionary pages
+            path = tmp_path / f"{crc}-{version}.parquet"
+            pq.write_table(tbl, path, write_page_checksum=crc, data_page_version=version,
+                           use_dictionary=["id", "text"], data_page_size=64 * 1024)
+            with_crc, pages = data.page_checksums(path)
+            assert pages > 10
+            assert with_crc == (pages if crc else 0)
 
 
 def test_adapters_benchmark_quick_runs_every_shardkit_case_to_the_end(tmp_path: Path) -> None:

@@ -18,6 +18,8 @@ import dataclasses
 import zlib
 from collections.abc import Iterator
 
+import pyarrow.parquet as pq
+
 __all__ = ["ChunkReport", "Page", "PageError", "check_chunk", "chunk_range", "walk_pages"]
 
 #: Parquet's page types (``PageType``)
@@ -49,7 +51,7 @@ class ChunkReport:
     problems: list[str] = dataclasses.field(default_factory=list)
 
 
-def chunk_range(column: object) -> tuple[int, int]:
+def chunk_range(column: pq.ColumnChunkMetaData) -> tuple[int, int]:
     """The (start, length) in the file of a column chunk (pyarrow's ``ColumnChunkMetaData``): from its
     dictionary page, where it has one, to the end of its last data page."""
     start = int(column.data_page_offset)

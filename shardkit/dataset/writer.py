@@ -10,8 +10,10 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import errno
 import os
 import re
+import shutil
 import sys
 import uuid
 from collections.abc import Iterable, Mapping
@@ -39,7 +41,13 @@ from shardkit.dataset.target import (
     resolve_target,
     unfinished_write,
 )
-from shardkit.errors import DatasetPermissionError, SchemaError, SchemaMismatchError, interrupt_behind
+from shardkit.errors import (
+    DatasetPermissionError,
+    SchemaError,
+    SchemaMismatchError,
+    StorageFullError,
+    interrupt_behind,
+)
 
 __all__ = [
     "AUTO_CODEC", "AUTO_MIN_SAVING", "AUTO_SAMPLE_BYTES", "PART_NAME", "EncodedTables", "Mode", "PartWriter",
@@ -181,6 +189,26 @@ class PartWriter:
             self.loc.fs.rm(self.staging, recursive=True)
 
 
+def _storage_full(loc: Location, staging: str, error: BaseException) -> StorageFullError | None:
+    """The error to raise when ``error`` says the storage is full (``ENOSPC``, or a quota's ``EDQUOT``),
+    naming what this write had staged and the space left; None for any other error."""
+    if not isinstance(error, OSError) or error.errno not in (errno.ENOSPC, errno.EDQUOT):
+        return None
+    staged = 0
+    with contextlib.suppress(OSError):
+        staged = int(loc.fs.du(staging))
+    left = ""
+    if loc.is_local:
+        with contextlib.suppress(OSError):
+            usage = shutil.disk_usage(loc.root if os.path.exists(loc.root) else os.path.dirname(loc.root))
+            left = f", {usage.free:,} bytes are left of {usage.total:,}"
+    return StorageFullError(
+        error.errno, f"the storage of {loc.url!r} is full ({os.strerror(error.errno or 0)}): this write had "
+        f"staged {staged:,} bytes when it was refused more{left}. Nothing of it was committed and the "
+        "dataset there (if any) is unchanged. Free space there (or raise the quota), or write to a "
+        "store with room for the dataset, and run the write again")
+
+
 def _append_mismatch(url: str, schema: Schema, problem: str, offset: int) -> SchemaMismatchError:
     """An append's mismatch, with the fixes an append can take (its schema is the dataset's)."""
     fields = ", ".join(f"{f.name}: {f.dtype_name}{list(f.shape) if f.shape else ''}" for f in schema)
@@ -315,9 +343,12 @@ def write_dataset(
             with write_refusals(loc):
                 staged = parts.finish()
         except BaseException as e:
+            full = _storage_full(loc, staging, e)
             if parts is not None:
                 parts.abort()
             discard_staging(loc, created_root=not root_existed)
+            if full is not None:
+                raise full from e
             if isinstance(e, FileNotFoundError) and staging in str(e):  # not one of the input's own
                 raise overlap_error(loc, "its staging folder was removed") from e
             if (interrupt := interrupt_behind(e)) is not None:
