@@ -78,10 +78,13 @@ def describe(ds: Dataset) -> dict[str, Any]:
         time = ds.snapshot.time
         snapshot = {"format": ds.snapshot.format, "version": ds.snapshot.version,
                     "time": None if time is None else time.isoformat(), "versions": len(ds.snapshot.versions)}
+    from shardkit.dataset.verify import checksum_presence
+
     return {
         "url": ds.url,
         "kind": ds.kind,
         "snapshot": snapshot,
+        "page_checksums": checksum_presence(ds),
         "rows": ds.num_rows,
         "bytes": ds.num_bytes,
         "row_groups": len(ds.row_groups),
@@ -120,8 +123,22 @@ def format_description(info: dict[str, Any]) -> str:
     head = (f"{info['url']}  ({what})\n"
             f"{info['rows']:,} rows in {info['row_groups']:,} row groups, "
             f"{len(info['files']):,} files, {_human(info['bytes'])} uncompressed")
+    if (sums := info.get("page_checksums")) and sums["files_checked"]:
+        head += "\n" + _checksums_line(sums)
     return "\n\n".join([head, _table(fields, ["field", "dtype", "shape", "codec", "nullable"]),
                         _table(files, ["file", "row groups", "rows", "bytes"])])
+
+
+def _checksums_line(sums: dict[str, int]) -> str:
+    """What `describe`'s ``page_checksums`` says, in words."""
+    checked, have = sums["files_checked"], sums["with_checksums"]
+    of = f"{checked} file{'s' if checked > 1 else ''} looked at"
+    if have == checked:
+        return f"page checksums: yes, every read verifies them ({of}; `shardkit verify` checks every page)"
+    fix = "`shardkit write URL NEW_URL` rewrites it with them"
+    if have == 0:
+        return (f"page checksums: none ({of}): damaged pages are caught only where they do not decode; {fix}")
+    return f"page checksums: in {have} of {checked} files looked at; the others are not checked; {fix}"
 
 
 @contextlib.contextmanager

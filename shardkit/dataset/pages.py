@@ -16,11 +16,11 @@ from __future__ import annotations
 
 import dataclasses
 import zlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import pyarrow.parquet as pq
 
-__all__ = ["ChunkReport", "Page", "PageError", "check_chunk", "chunk_range", "walk_pages"]
+__all__ = ["ChunkReport", "Page", "PageError", "check_chunk", "chunk_range", "first_page", "walk_pages"]
 
 #: Parquet's page types (``PageType``)
 PAGE_KINDS = {0: "data page", 1: "index page", 2: "dictionary page", 3: "data page (v2)"}
@@ -82,6 +82,26 @@ def walk_pages(data: bytes | memoryview, offset: int = 0) -> Iterator[Page]:
         ok = None if crc is None else (zlib.crc32(view[body:body + size]) == crc & 0xFFFFFFFF)
         yield Page(offset + at, PAGE_KINDS.get(kind, f"page of type {kind}"), size, crc, ok)
         at = body + size
+
+
+def first_page(read: Callable[[int, int], bytes], column: pq.ColumnChunkMetaData) -> Page:
+    """The first page of a column chunk, from its header alone (its bytes are not read or checked):
+    what tells whether a file carries page checksums. ``read(length, offset)`` reads bytes of the file.
+
+    Raises:
+        PageError: the header cannot be read.
+    """
+    start, length = chunk_range(column)
+    for size in (min(length, 4096), min(length, 1 << 20)):  # a header with long statistics: read more
+        reader = _Compact(memoryview(read(size, start)), 0)
+        try:
+            kind, page_size, crc = reader.page_header()
+        except IndexError:
+            continue
+        except ValueError as e:
+            raise PageError(f"the page header at byte {start} cannot be read ({e})") from e
+        return Page(start, PAGE_KINDS.get(kind, f"page of type {kind}"), page_size, crc, None)
+    raise PageError(f"the page header at byte {start} runs past its column chunk")
 
 
 def check_chunk(data: bytes | memoryview, offset: int = 0) -> ChunkReport:

@@ -16,16 +16,19 @@ import dataclasses
 import os
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 
 from shardkit.dataset.location import Location
-from shardkit.dataset.pages import check_chunk, chunk_range
+from shardkit.dataset.pages import PageError, check_chunk, chunk_range, first_page
 from shardkit.errors import one_line
 
-__all__ = ["Damage", "FileReport", "VerifyReport", "verify_dataset", "verify_file"]
+if TYPE_CHECKING:
+    from shardkit.dataset.opened import Dataset
+
+__all__ = ["Damage", "FileReport", "VerifyReport", "checksum_presence", "verify_dataset", "verify_file"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -146,6 +149,37 @@ def _check_file(f: pa.NativeFile, report: FileReport) -> None:
             pq.ParquetFile(f, metadata=meta, page_checksum_verification=True).read_row_group(i)
         except (OSError, pa.ArrowException) as e:
             report.damage.append(Damage(file, i, None, f"does not decode ({one_line(e)})"))
+
+
+#: files whose first pages `checksum_presence` looks at (spread over the dataset)
+PRESENCE_SAMPLE = 16
+
+
+def checksum_presence(ds: Dataset, sample: int = PRESENCE_SAMPLE) -> dict[str, int]:
+    """Whether the files of ``ds`` carry page checksums, from the first page header of each column of
+    their first row group, for up to ``sample`` files spread over the dataset (one small read per
+    column; `verify_dataset` checks every page): ``{"files_checked", "with_checksums", "unreadable"}``.
+    """
+    files = ds.files
+    step = max(1, len(files) // max(1, sample))
+    chosen = files[::step][:sample]
+
+    def has(name: str) -> bool | None:
+        try:
+            with ds.location.open_ranges(ds.location.join(name)) as f:
+                meta = pq.read_metadata(f)
+                if not meta.num_row_groups or not meta.row_group(0).num_columns:
+                    return None
+                group = meta.row_group(0)
+                return all(first_page(f.read_at, group.column(j)).crc is not None
+                           for j in range(group.num_columns))
+        except (OSError, pa.ArrowException, PageError):
+            return None
+
+    with ThreadPoolExecutor(max_workers=8) as pool:
+        found = list(pool.map(has, chosen))
+    return {"files_checked": len(chosen), "with_checksums": sum(1 for x in found if x),
+            "unreadable": sum(1 for x in found if x is None)}
 
 
 def verify_dataset(url: str | os.PathLike[str] | Any, *, storage_options: dict[str, Any] | None = None,

@@ -231,3 +231,27 @@ def test_pyarrow_alone_delivers_wrong_values_without_checksums() -> None:
     data = bytearray(buf.getvalue())
     data[1000] ^= 2
     assert not pq.read_table(io.BytesIO(bytes(data))).equals(table)
+
+
+def _inspect(url: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "shardkit", "inspect", str(url), *args], capture_output=True,
+                          text=True, timeout=120, check=False, cwd=REPO)
+
+
+def test_inspect_says_whether_the_files_carry_checksums(pristine: Path, tmp_path: Path) -> None:
+    out = _inspect(pristine)
+    assert out.returncode == 0, out.stderr
+    assert "page checksums: yes" in out.stdout
+    mixed = tmp_path / "mixed"
+    mixed.mkdir()
+    pq.write_table(pa.table({"id": np.arange(100)}), mixed / "a.parquet")  # pyarrow's default: none
+    pq.write_table(pa.table({"id": np.arange(100, 200)}), mixed / "b.parquet", write_page_checksum=True)
+    shardkit.write_summary(str(mixed))
+    out = _inspect(mixed)
+    assert "page checksums: in 1 of 2 files looked at" in out.stdout
+    assert "shardkit write URL NEW_URL" in out.stdout
+    info = json.loads(_inspect(mixed, "--json").stdout)
+    assert info["page_checksums"] == {"files_checked": 2, "with_checksums": 1, "unreadable": 0}
+    report = verify_dataset(str(mixed))  # the scrub checks what is there and says what is not
+    assert report.ok
+    assert [f.unchecked_pages > 0 for f in sorted(report.files, key=lambda f: f.file)] == [True, False]
