@@ -60,7 +60,8 @@ def _rows(ds: Path, **kw: object) -> tuple[dict[int, tuple[int, bytes]], dict[st
     got: dict[int, tuple[int, bytes]] = {}
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        with shardkit.make_reader(str(ds), batch_size=100, shuffle=False, cache=None, **kw) as reader:
+        kw = {"cache": None, **kw}
+        with shardkit.make_reader(str(ds), batch_size=100, shuffle=False, **kw) as reader:
             for batch in reader:
                 for i, label, x in zip(batch["id"], batch["label"], batch["x"], strict=True):
                     got.setdefault(int(i), (int(label), x.tobytes()))
@@ -255,3 +256,26 @@ def test_inspect_says_whether_the_files_carry_checksums(pristine: Path, tmp_path
     report = verify_dataset(str(mixed))  # the scrub checks what is there and says what is not
     assert report.ok
     assert [f.unchecked_pages > 0 for f in sorted(report.files, key=lambda f: f.file)] == [True, False]
+
+
+def test_the_cache_keeps_no_entry_of_a_damaged_row_group(pristine: Path, tmp_path: Path) -> None:
+    """A cache fill verifies what it caches: after a read with on_error='skip' filled the cache, the
+    damaged row group is still read from the file (and still raises), never served from the cache."""
+    ds = tmp_path / "ds"
+    shutil.copytree(pristine, ds)
+    part = _part(ds)
+    meta = pq.read_metadata(part)
+    start, length = chunk_range(meta.row_group(3).column(0))
+    data = bytearray(part.read_bytes())
+    data[start + length // 2] ^= 0x20
+    part.write_bytes(bytes(data))
+    cache = str(tmp_path / "cache")
+    truth = _data()
+    for _ in range(2):  # the second read is served by the cache, but for the damaged row group
+        got, stats = _rows(ds, on_error="skip", cache=cache)
+        assert stats["skipped_row_groups"] == 1
+        assert len(got) == N - 1_000
+        for i, (label, _x) in got.items():
+            assert label == truth["label"][i]  # type: ignore[index]
+    with pytest.raises(CorruptDatasetError, match="fails its page checksums"):
+        _rows(ds, cache=cache)
