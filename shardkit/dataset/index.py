@@ -65,7 +65,8 @@ class UncommittedFilesWarning(UserWarning):
 
 
 def open_dataset(url: str | os.PathLike[str] | Any, *, storage_options: dict[str, Any] | None = None,
-                 version: int | None = None, schema: Schema | Sequence[Field] | None = None) -> Dataset:
+                 version: int | None = None, schema: Schema | Sequence[Field] | None = None,
+                 filter: Any = None) -> Dataset:
     """Open the dataset at ``url`` without reading its data.
 
     Example:
@@ -81,6 +82,11 @@ def open_dataset(url: str | os.PathLike[str] | Any, *, storage_options: dict[str
 
     ``schema`` declares fields for columns of data shardkit did not write (a fixed shape for a list
     column, an image codec for a binary one): `shardkit.dataset.hints`.
+
+    ``filter`` (DNF tuples, as `make_reader` takes them) lists only the files of a table that its log or
+    manifests say may hold a matching row (partition values, column bounds: no footer of a pruned file
+    is read; `shardkit.dataset.tables.prune`); the rows are filtered by the reader. Other datasets open
+    whole (their row groups are pruned by their statistics when a reader plans).
 
     Raises:
         DatasetNotFoundError: nothing exists at ``url``.
@@ -103,11 +109,11 @@ def open_dataset(url: str | os.PathLike[str] | Any, *, storage_options: dict[str
     from shardkit.dataset.tables import is_table_object, open_table_object
 
     if is_table_object(url) is not None:
-        ds = open_table_object(url, version=version, storage_options=storage_options)
+        ds = open_table_object(url, version=version, storage_options=storage_options, filter=filter)
     else:
         loc = Location.of(url, storage_options)
         with storage_errors(loc.url):
-            ds = open_location(loc, version=version, storage_options=storage_options)
+            ds = open_location(loc, version=version, storage_options=storage_options, filter=filter)
     if schema is None:
         return ds
     from shardkit.dataset.hints import apply_hints
@@ -116,7 +122,7 @@ def open_dataset(url: str | os.PathLike[str] | Any, *, storage_options: dict[str
 
 
 def open_location(loc: Location, *, version: int | None = None,
-                  storage_options: dict[str, Any] | None = None) -> Dataset:
+                  storage_options: dict[str, Any] | None = None, filter: Any = None) -> Dataset:
     """`open_dataset` of a `Location` (keeps the filesystem, and so its storage options).
 
     A dataset with a ``_metadata`` summary opens by reading it, and nothing else (on an object store:
@@ -133,7 +139,8 @@ def open_location(loc: Location, *, version: int | None = None,
 
         table_format = detect(loc)
         if table_format is not None:
-            return open_table(table_format, loc, version=version, storage_options=storage_options)
+            return open_table(table_format, loc, version=version, storage_options=storage_options,
+                              filter=filter)
         if (inside := enclosing(loc)) is not None:
             raise NotADatasetError(
                 f"{loc.url!r} is a folder of the {inside[0]} table {inside[1]!r}: it holds the data files of "

@@ -130,7 +130,8 @@ def make_reader(
 
             dataset = apply_hints(dataset, schema)
     else:
-        dataset = open_dataset(url, storage_options=storage_options, version=version, schema=schema)
+        dataset = open_dataset(url, storage_options=storage_options, version=version, schema=schema,
+                               filter=filter)  # a table lists only the files the filter may match
     names = dataset.schema.names
     if columns is None:
         columns = names

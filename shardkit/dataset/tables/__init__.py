@@ -30,7 +30,7 @@ from shardkit.errors import MissingDependencyError
 __all__ = ["FORMATS", "Snapshot", "TableFormat", "detect", "enclosing", "is_table_object", "open_table",
            "open_table_object"]
 
-Opener = Callable[[Location, "int | None", "dict[str, Any] | None"], Dataset]
+Opener = Callable[[Location, "int | None", "dict[str, Any] | None", Any], Dataset]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -83,8 +83,9 @@ def enclosing(loc: Location) -> tuple[TableFormat, str] | None:
 
 
 def open_table(name: TableFormat, loc: Location, *, version: int | None,
-               storage_options: dict[str, Any] | None) -> Dataset:
-    """Open the table of format ``name`` at ``loc`` at ``version`` (None: its current snapshot).
+               storage_options: dict[str, Any] | None, filter: Any = None) -> Dataset:
+    """Open the table of format ``name`` at ``loc`` at ``version`` (None: its current snapshot), listing
+    the files ``filter`` may match (`shardkit.dataset.tables.prune`: DNF tuples; None: all).
 
     Raises:
         MissingDependencyError: the format's library is not installed (names the extra).
@@ -99,7 +100,7 @@ def open_table(name: TableFormat, loc: Location, *, version: int | None,
         raise MissingDependencyError(fmt.package, fmt.extra, f"reading the {_title(name)} table "
                                                              f"{loc.url!r}") from e
     opener = cast(Opener, fmt.load(fmt.opener))
-    return opener(loc, version, storage_options)
+    return opener(loc, version, storage_options, filter)
 
 
 def is_table_object(obj: object) -> TableFormat | None:
@@ -115,18 +116,19 @@ def is_table_object(obj: object) -> TableFormat | None:
     return None
 
 
-def open_table_object(obj: Any, *, version: int | None,
-                      storage_options: dict[str, Any] | None = None) -> Dataset:
-    """The `Dataset` of a table object (see `is_table_object`) at ``version``."""
+def open_table_object(obj: Any, *, version: int | None, storage_options: dict[str, Any] | None = None,
+                      filter: Any = None) -> Dataset:
+    """The `Dataset` of a table object (see `is_table_object`) at ``version``, of the files ``filter``
+    may match."""
     name = is_table_object(obj)
     if name == "delta":
         from shardkit.dataset.tables.delta import open_delta_table
 
-        return open_delta_table(obj, version, storage_options=storage_options)
+        return open_delta_table(obj, version, storage_options=storage_options, filter=filter)
     if name == "iceberg":
         from shardkit.dataset.tables.iceberg import open_iceberg_table
 
-        return open_iceberg_table(obj, version, storage_options=storage_options)
+        return open_iceberg_table(obj, version, storage_options=storage_options, filter=filter)
     raise TypeError(f"{obj!r} is not a deltalake.DeltaTable or a pyiceberg Table")
 
 

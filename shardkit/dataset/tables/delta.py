@@ -27,6 +27,7 @@ import pyarrow as pa
 from shardkit.dataset.location import Location
 from shardkit.dataset.opened import Dataset
 from shardkit.dataset.tables._files import TableFile, table_dataset
+from shardkit.dataset.tables.prune import dnf_of, may_match
 from shardkit.dataset.tables.snapshot import Snapshot
 from shardkit.errors import (
     CorruptDatasetError,
@@ -54,20 +55,23 @@ def is_delta(loc: Location) -> bool:
     return loc.exists(LOG)
 
 
-def open_delta(loc: Location, version: int | None, storage_options: dict[str, Any] | None) -> Dataset:
-    """The `Dataset` of the Delta table at ``loc`` at ``version`` (None: the current one)."""
+def open_delta(loc: Location, version: int | None, storage_options: dict[str, Any] | None,
+               filter: Any = None) -> Dataset:
+    """The `Dataset` of the Delta table at ``loc`` at ``version`` (None: the current one), of the files
+    ``filter`` may match (`shardkit.dataset.tables.prune`)."""
     deltalake: Any = require("deltalake", extra="delta", purpose=f"reading the Delta table {loc.url!r}")
     options = delta_storage_options(storage_options)
     try:
         dt = deltalake.DeltaTable(loc.url if "://" in loc.url else loc.root, storage_options=options)
     except Exception as e:  # delta-rs raises its own DeltaError / OSError for a log it cannot read
         raise _log_error(loc, e) from e
-    return open_delta_table(dt, version, loc=loc, storage_options=storage_options)
+    return open_delta_table(dt, version, loc=loc, storage_options=storage_options, filter=filter)
 
 
 def open_delta_table(dt: Any, version: int | None, *, loc: Location | None = None,
-                     storage_options: dict[str, Any] | None = None) -> Dataset:
-    """The `Dataset` of a ``deltalake.DeltaTable`` at ``version`` (None: the version it is loaded at).
+                     storage_options: dict[str, Any] | None = None, filter: Any = None) -> Dataset:
+    """The `Dataset` of a ``deltalake.DeltaTable`` at ``version`` (None: the version it is loaded at), of
+    the files ``filter`` may match by the log's partition values and statistics.
 
     The table object is not changed: another version is loaded into a table object of its own.
     """
@@ -90,7 +94,7 @@ def open_delta_table(dt: Any, version: int | None, *, loc: Location | None = Non
     current = dt.version()
     where = f"the Delta table {loc.url!r} at version {current}"
     kept = _check_protocol(dt, where)
-    actions = pa.table(dt.get_add_actions(flatten=True))
+    actions = _pruned(pa.table(dt.get_add_actions(flatten=True)), filter)
     paths = actions.column("path").to_pylist()
     counts = (actions.column("num_records").to_pylist() if "num_records" in actions.column_names
               else [None] * len(paths))
@@ -105,7 +109,7 @@ def open_delta_table(dt: Any, version: int | None, *, loc: Location | None = Non
     constants = {p: {key: column[k] for key, column in values.items()} for k, p in enumerate(paths)}
     arrow_schema = pa.schema(dt.schema().to_arrow())
     snapshot = Snapshot("delta", current, _timestamp(dt, current), tuple(versions), dt.table_uri,
-                        functools.partial(_reopen, dt.table_uri, _options_of(dt), storage_options))
+                        functools.partial(_reopen, dt.table_uri, _options_of(dt), storage_options, filter))
     if not files:
         raise DatasetError(f"{where} holds no data files (0 rows); write rows to it first, or read another "
                            f"version (its versions are {_listed(versions)})")
@@ -116,11 +120,28 @@ def open_delta_table(dt: Any, version: int | None, *, loc: Location | None = Non
 
 
 def _reopen(table_uri: str, delta_options: dict[str, str] | None, storage_options: dict[str, Any] | None,
-            version: int) -> Dataset:
+            filter: Any, version: int) -> Dataset:
     import deltalake
 
     dt = deltalake.DeltaTable(table_uri, storage_options=delta_options)
-    return open_delta_table(dt, version, storage_options=storage_options)
+    return open_delta_table(dt, version, storage_options=storage_options, filter=filter)
+
+
+def _pruned(actions: pa.Table, filter: Any) -> pa.Table:
+    """The add actions of the files ``filter`` may match (all of them for no filter, or when none may:
+    one file is kept, so that the dataset has its schema and the reader says the filter matches no row)."""
+    dnf = dnf_of(filter)
+    if dnf is None or actions.num_rows == 0:
+        return actions
+    names = actions.column_names
+
+    def values(prefix: str) -> dict[str, list[Any]]:
+        return {c.removeprefix(prefix): actions.column(c).to_pylist() for c in names if c.startswith(prefix)}
+
+    keep = may_match(dnf, actions.num_rows, values("partition."), values("min."), values("max."))
+    if not keep.any():
+        keep[0] = True
+    return actions.filter(pa.array(keep))
 
 
 def _options_of(dt: Any) -> dict[str, str] | None:

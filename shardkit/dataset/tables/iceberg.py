@@ -32,6 +32,7 @@ import pyarrow.parquet as pq
 from shardkit.dataset.location import Location
 from shardkit.dataset.opened import Dataset
 from shardkit.dataset.tables._files import TableFile, table_dataset
+from shardkit.dataset.tables.prune import dnf_of, may_match
 from shardkit.dataset.tables.snapshot import Snapshot
 from shardkit.errors import (
     CorruptDatasetError,
@@ -98,8 +99,10 @@ def _int(text: str) -> int | None:
     return int(text) if text.isdigit() else None
 
 
-def open_iceberg(loc: Location, version: int | None, storage_options: dict[str, Any] | None) -> Dataset:
-    """The `Dataset` of the Iceberg table at ``loc`` at snapshot ``version`` (None: the current one)."""
+def open_iceberg(loc: Location, version: int | None, storage_options: dict[str, Any] | None,
+                 filter: Any = None) -> Dataset:
+    """The `Dataset` of the Iceberg table at ``loc`` at snapshot ``version`` (None: the current one), of
+    the files ``filter`` may match (`shardkit.dataset.tables.prune`)."""
     require("pyiceberg", extra="iceberg", purpose=f"reading the Iceberg table {loc.url!r}")
     from pyiceberg.table import StaticTable
 
@@ -111,12 +114,13 @@ def open_iceberg(loc: Location, version: int | None, storage_options: dict[str, 
         raise CorruptDatasetError(
             f"the Iceberg metadata {uri!r} of {loc.url!r} cannot be read ({one_line(e)}); it is corrupt or "
             "partly missing. Restore it, or point at an older metadata.json") from e
-    return open_iceberg_table(table, version, storage_options=storage_options, url=loc.url)
+    return open_iceberg_table(table, version, storage_options=storage_options, url=loc.url, filter=filter)
 
 
 def open_iceberg_table(table: Any, version: int | None, *, storage_options: dict[str, Any] | None = None,
-                       url: str | None = None) -> Dataset:
-    """The `Dataset` of a ``pyiceberg.table.Table`` at snapshot ``version`` (None: its current one)."""
+                       url: str | None = None, filter: Any = None) -> Dataset:
+    """The `Dataset` of a ``pyiceberg.table.Table`` at snapshot ``version`` (None: its current one), of
+    the files ``filter`` may match by their manifests' column bounds."""
     loc = Location.of(table.location(), storage_options)
     name = url or table.location()
     snapshots = list(table.snapshots())
@@ -156,15 +160,48 @@ def open_iceberg_table(table: Any, version: int | None, *, storage_options: dict
     if not tasks:
         raise DatasetError(f"{where} holds no data files (0 rows); read another snapshot (its snapshots are "
                            f"{ids})")
+    tasks = _pruned(tasks, projection, filter)
     ids_by_name = {f.name: f.field_id for f in projection.fields}
     files = [TableFile(t.file.file_path, t.file.record_count) for t in tasks]
-    reopen = functools.partial(open_iceberg_table, table, storage_options=storage_options, url=url)
+    reopen = functools.partial(open_iceberg_table, table, storage_options=storage_options, url=url,
+                               filter=filter)
     snapshot = Snapshot("iceberg", current.snapshot_id, current.timestamp_ms, tuple(ids), name, reopen)
     return table_dataset(
         loc, files, pa.schema(projection.as_arrow()), snapshot, where=where,
         fix_missing=(f"Read a snapshot whose files are all kept (its snapshots are {ids}), or restore the "
                      "file; expiring snapshots removes the files only they list"),
         check_file=functools.partial(_check_ids, ids_by_name, where), kept=_kept_rows(table, tasks, where))
+
+
+#: Iceberg's types whose bounds prune (`shardkit.dataset.tables.prune`): numbers and booleans
+_BOUNDED = ("int", "long", "float", "double", "boolean")
+
+
+def _pruned(tasks: list[Any], projection: Any, filter: Any) -> list[Any]:
+    """The scan tasks of the files ``filter`` may match by their lower and upper bounds (all of them
+    when it is no DNF; one when none may, so that the dataset keeps its schema)."""
+    dnf = dnf_of(filter)
+    if dnf is None:
+        return tasks
+    from pyiceberg.conversions import from_bytes
+
+    named = {c for conjunction in dnf for c, _, _ in conjunction}
+    fields = [f for f in projection.fields if f.name in named and str(f.field_type) in _BOUNDED]
+
+    def bounds(attribute: str) -> dict[str, list[Any]]:
+        out: dict[str, list[Any]] = {}
+        for f in fields:
+            column = []
+            for task in tasks:
+                raw = (getattr(task.file, attribute) or {}).get(f.field_id)
+                column.append(None if raw is None else from_bytes(f.field_type, raw))
+            out[f.name] = column
+        return out
+
+    keep = may_match(dnf, len(tasks), {}, bounds("lower_bounds"), bounds("upper_bounds"))
+    if not keep.any():
+        keep[0] = True
+    return [t for t, k in zip(tasks, keep, strict=True) if k]
 
 
 def _kept_rows(table: Any, tasks: list[Any], where: str) -> dict[str, np.ndarray]:
