@@ -9,7 +9,7 @@ the same whatever N is and no more than one chunk is ever built at a time.
 
 Cached under ``.bench/data/`` (gitignored; ``$SHARDKIT_BENCH_DIR/data`` when that is set), keyed by N
 and `VERSION`, and shardkit's datasets also by the format shardkit's writer produces (`writer_key`:
-a change to the writer's encodings or row-group sizing writes them again):
+a change to the writer's encodings, row-group sizing or page checksums writes them again):
     raw-v2-n200000/data.parquet             plain pyarrow Parquet, arrays as fixed_size_list (the reference)
     shardkit-v2-w1a2b3c4-tensor-n200000/    a shardkit dataset (image as a fixed-shape tensor)
     shardkit-v2-w1a2b3c4-png-n200000/       a shardkit dataset (image as PNG)
@@ -38,6 +38,7 @@ import pyarrow.parquet as pq
 
 import shardkit
 from benchmarks.common import BENCH_DIR
+from shardkit.dataset.pages import chunk_range, walk_pages
 
 CACHE = BENCH_DIR / "data"
 VERSION = 2  # bump when the generated values change: old caches are then ignored
@@ -162,12 +163,33 @@ def raw_path(rows: int) -> Path:
     return CACHE / f"raw-v{VERSION}-n{rows}" / "data.parquet"
 
 
+def page_checksums(path: str | Path) -> tuple[int, int]:
+    """``(pages with a CRC, pages)`` over every page of every column chunk of the Parquet files under
+    ``path`` (a file or a folder; ``_``/``.`` files skipped), read from the page headers themselves
+    (`shardkit.dataset.pages`: pyarrow reports no page checksums in its metadata)."""
+    root = Path(path)
+    files = [root] if root.is_file() else sorted(
+        p for p in root.rglob("*.parquet") if not p.name.startswith(("_", ".")))
+    with_crc = pages = 0
+    for file in files:
+        md = pq.read_metadata(file)
+        data = memoryview(file.read_bytes())
+        for i in range(md.num_row_groups):
+            rg = md.row_group(i)
+            for j in range(rg.num_columns):
+                start, length = chunk_range(rg.column(j))
+                for page in walk_pages(data[start:start + length], start):
+                    pages += 1
+                    with_crc += page.crc is not None
+    return with_crc, pages
+
+
 @functools.cache
 def writer_key() -> str:
     """A short hash of the format shardkit's writer gives these rows now (one chunk written to a scratch
     folder): per column its physical type, encodings, compression and statistics, plus the rows of each
-    row group, the stored schema and the default part-file size. Cached datasets written by a different
-    writer get another key."""
+    row group, the stored schema, the default part-file size and whether pages carry checksums. Cached
+    datasets written by a different writer get another key."""
     parts = [str(inspect.signature(shardkit.write_dataset).parameters["file_size"].default)]
     with tempfile.TemporaryDirectory(prefix="shardkit-writer-key-") as tmp:
         for image in ("tensor", "png"):
@@ -184,6 +206,8 @@ def writer_key() -> str:
                     parts.append(f"{c.path_in_schema}:{c.physical_type}:{sorted(c.encodings)}:"
                                  f"{c.compression}:{c.is_stats_set}")
             parts.append(str(len(ds.row_groups)))
+            with_crc, pages = page_checksums(Path(tmp) / image)
+            parts.append(f"page checksums: {'all' if with_crc == pages else 'some' if with_crc else 'none'}")
     return hashlib.sha256("\n".join(parts).encode()).hexdigest()[:8]
 
 

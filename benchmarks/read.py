@@ -19,6 +19,12 @@ Cases (ratios are to the best raw pyarrow reader of shardkit's files and to Peta
     shardkit-noshuffle     make_reader(tensor dataset, batch_size=256, shuffle=False)
     shardkit               make_reader(tensor dataset, batch_size=256) (default shuffle)
     shardkit-shard         the same, num_shards=2, shard 0 (half the rows)
+    shardkit-noverify      shardkit on the same files with page-checksum verification off
+                           (shardkit.dataset.opened.VERIFY_PAGE_CHECKSUMS = False in its process): the
+                           cost of verifying the CRC-32 that shardkit's writer puts on every page
+    shardkit-noshuffle-noverify  the same for shardkit-noshuffle. The four run round-robin (shardkit-
+                           noshuffle, shardkit, and these two) with --checksum-repeat runs each, and the
+                           pages of the files read are checked to carry a CRC (`data.page_checksums`)
     raw-iter-auto          raw-iter over the rows written with write_dataset's default compression="auto"
     shardkit-auto          shardkit (default shuffle) over those files (the others are snappy throughout,
                            as every other reader's copy, so that their ratios compare like with like)
@@ -84,6 +90,7 @@ from benchmarks.common import (
     phase_peak_rss,
     repeat_case,
     reset_peak_rss,
+    round_robin,
     run_case,
     save_results,
     table,
@@ -108,8 +115,12 @@ FIRST_BATCH_S = 0.5
 RSS_LIMIT = 0.5 * GB
 RSS_FLAT = 1.25  # "flat": peak RSS at 10x the rows at most this many times the peak at 1x
 
-LOCAL = ["raw-iter", "raw-table", "raw-iter-plain", "shardkit-noshuffle", "shardkit", "shardkit-shard",
-         "raw-iter-auto", "shardkit-auto"]
+LOCAL = ["raw-iter", "raw-table", "raw-iter-plain", "shardkit-noshuffle", "shardkit",
+         "shardkit-noshuffle-noverify", "shardkit-noverify", "shardkit-shard", "raw-iter-auto",
+         "shardkit-auto"]
+# shardkit with and without page-checksum verification, same files, round-robin (see Run.interleaved)
+CHECKSUM_PAIRS = [("shardkit-noshuffle", "shardkit-noshuffle-noverify"), ("shardkit", "shardkit-noverify")]
+CHECKSUM_COST = 0.05  # verifying page checksums costs at most 5 % of rows/s (issue 27)
 PETASTORM = ["petastorm-batch", "petastorm-batch-dflt", "petastorm-rows", "shardkit-petastorm",
              "shardkit-petastorm-ns"]
 HF = ["hf-mmap", "hf-mmap-u8"]
@@ -190,11 +201,18 @@ def case_raw_table(path: str) -> dict[str, Any]:
 
 
 def case_shardkit(url: str, shuffle: bool = True, num_shards: int = 1, shard: int = 0,
-                  storage_options: dict[str, Any] | None = None) -> dict[str, Any]:
-    """``shardkit.make_reader(url, batch_size=256, ...)``, one epoch, everything else default."""
+                  storage_options: dict[str, Any] | None = None, verify: bool = True) -> dict[str, Any]:
+    """``shardkit.make_reader(url, batch_size=256, ...)``, one epoch, everything else default.
+
+    ``verify=False``: pages are read without checking their Parquet page checksums (the switch is
+    module-level, set in this process before the reader is made; the reader's threads see it).
+    """
     import warnings
 
+    import shardkit.dataset.opened as opened
+
     warnings.simplefilter("ignore")  # a Petastorm folder has no _metadata: the reader says so, once
+    opened.VERIFY_PAGE_CHECKSUMS = verify
     started = _clock()
     with shardkit.make_reader(url, batch_size=BATCH, shuffle=shuffle, num_shards=num_shards, shard=shard,
                               storage_options=storage_options) as reader:
@@ -460,9 +478,13 @@ def _petastorm(script: str, url: str, args: list[str], k: int) -> dict[str, Any]
 class Run:
     """Collects the cases of one run: results by name, failures recorded (not fatal)."""
 
-    def __init__(self, rows: int, repeat: int, slow_repeat: int) -> None:
+    def __init__(self, rows: int, repeat: int, slow_repeat: int,
+                 checksum_repeat: int | None = None) -> None:
         self.rows, self.repeat, self.slow_repeat = rows, repeat, slow_repeat
+        self.checksum_repeat = repeat if checksum_repeat is None else checksum_repeat
         self.results: dict[str, dict[str, Any]] = {}
+        #: pages with a CRC / pages, of the files the shardkit cases read (`data.page_checksums`)
+        self.page_checksums: dict[str, Any] | None = None
 
     def k(self, name: str) -> int:
         return self.slow_repeat if name in SLOW else self.repeat
@@ -485,9 +507,21 @@ class Run:
     def local(self, name: str, target: str, params: dict[str, Any], **kwargs: Any) -> dict[str, Any] | None:
         return self.case(name, repeat_case, f"benchmarks.read:{target}", params, self.k(name), **kwargs)
 
+    def interleaved(self, specs: dict[str, tuple[str, dict[str, Any]]], k: int) -> None:
+        """Local cases run round-robin, ``k`` fresh-process runs each (A, B, C, then A, B, C again...):
+        for ratios of a few percent, drift on a shared machine must hit every case alike."""
+        started = time.perf_counter()
+        out = round_robin(list(specs), lambda name: run_case(f"benchmarks.read:{specs[name][0]}",
+                                                             specs[name][1]), k, _log)
+        wall = time.perf_counter() - started
+        for name, res in out.items():
+            res["wall_seconds"] = wall  # of the whole round-robin
+            self.results[name] = res
 
-def run(rows: int, cases: list[str], repeat: int, slow_repeat: int) -> Run:
-    r = Run(rows, repeat, slow_repeat)
+
+def run(rows: int, cases: list[str], repeat: int, slow_repeat: int,
+        checksum_repeat: int | None = None) -> Run:
+    r = Run(rows, repeat, slow_repeat, checksum_repeat)
     want = set(cases)
     tensor = str(data.materialize_shardkit(rows, "tensor"))
     if "raw-iter" in want:
@@ -496,10 +530,19 @@ def run(rows: int, cases: list[str], repeat: int, slow_repeat: int) -> Run:
         r.local("raw-table", "case_raw_table", {"path": tensor})
     if "raw-iter-plain" in want:
         r.local("raw-iter-plain", "case_raw_iter", {"path": str(data.materialize_raw(rows))})
-    if "shardkit-noshuffle" in want:
-        r.local("shardkit-noshuffle", "case_shardkit", {"url": tensor, "shuffle": False})
-    if "shardkit" in want:
-        r.local("shardkit", "case_shardkit", {"url": tensor})
+    verified = {"shardkit-noshuffle": {"url": tensor, "shuffle": False}, "shardkit": {"url": tensor},
+                "shardkit-noshuffle-noverify": {"url": tensor, "shuffle": False, "verify": False},
+                "shardkit-noverify": {"url": tensor, "verify": False}}
+    pairs = [n for n in verified if n in want]
+    if any(n.endswith("-noverify") for n in pairs):
+        # the same files with and without verification: they must carry checksums for that to mean anything
+        with_crc, pages = data.page_checksums(tensor)
+        r.page_checksums = {"path": tensor, "pages": pages, "with_crc": with_crc}
+        _log(f"  page checksums in {tensor}: {with_crc:,} of {pages:,} pages carry a CRC")
+        r.interleaved({n: ("case_shardkit", verified[n]) for n in pairs}, r.checksum_repeat)
+    else:
+        for n in pairs:
+            r.local(n, "case_shardkit", verified[n])
     if "shardkit-shard" in want:
         r.local("shardkit-shard", "case_shardkit", {"url": tensor, "num_shards": 2, "shard": 0})
     if want & {"raw-iter-auto", "shardkit-auto"}:  # the same rows written with write_dataset's default
@@ -618,6 +661,9 @@ def report(run_: Run) -> tuple[str, list[dict[str, Any]]]:
         ("raw pyarrow iter_batches(256), plain copy (dict. on)", "raw-iter-plain", "", None, rows),
         ("shardkit make_reader, shuffle=False", "shardkit-noshuffle", "", pb_best, rows),
         ("shardkit make_reader, default shuffle", "shardkit", "", pb_best, rows),
+        ("shardkit, shuffle=False, no page-checksum verification", "shardkit-noshuffle-noverify", "", pb_best,
+         rows),
+        ("shardkit, default shuffle, no page-checksum verification", "shardkit-noverify", "", pb_best, rows),
         ("shardkit make_reader, num_shards=2 (one shard)", "shardkit-shard", "", pb_best, rows // 2),
         ("raw pyarrow iter_batches(256), compression='auto' files", "raw-iter-auto", "", None, rows),
         ("shardkit make_reader, default, compression='auto' files", "shardkit-auto", "", pb_best, rows),
@@ -647,7 +693,9 @@ def report(run_: Run) -> tuple[str, list[dict[str, Any]]]:
         rate = _rate(r, prefix)
         rss = r.get(prefix + "rss")
         targets: list[str] = []
-        shardkit_case = key.startswith(("shardkit", "s3")) or key.endswith("-shardkit")
+        # the no-verification cases are measurements of a switch, not of what users run: no targets
+        shardkit_case = (key.startswith(("shardkit", "s3")) or key.endswith("-shardkit")) \
+            and not key.endswith("-noverify")
         if key in ("shardkit-noshuffle", "shardkit") and rate and raw_best:
             targets.append(verdict(f"{label}: >= {RAW_RATIO}x raw pyarrow", rate >= RAW_RATIO * raw_best,
                                    f"{rate / raw_best:.2f}x"))
@@ -725,9 +773,42 @@ def report_quality(q: dict[str, Any] | None) -> str:
     return table(["shuffle quality (default reader)", "value", "reference"], lines)
 
 
+def report_checksums(run_: Run) -> tuple[str, list[dict[str, Any]]]:
+    """What verifying page checksums costs: each shardkit case against the same case with verification
+    off, same files, same run (round-robin). Ratios > 1 would mean verifying is faster (noise)."""
+    lines, verdicts = [], []
+    pc = run_.page_checksums
+    if pc:
+        every = "every page" if pc["with_crc"] == pc["pages"] else "NOT every page"
+        lines.append(f"pages of the files read: {pc['with_crc']:,} of {pc['pages']:,} carry a CRC ({every})")
+    for on, off in CHECKSUM_PAIRS:
+        a, b = run_.results.get(on), run_.results.get(off)
+        rate_a, rate_b = _rate(a), _rate(b)
+        if not (a and b and rate_a and rate_b):
+            continue
+        ratio = rate_a / rate_b
+        cpu = f"{b['cpu_seconds'] / a['cpu_seconds']:.2f}x" if a.get("cpu_seconds") and b.get("cpu_seconds") \
+            else "-"
+        rounds = [rb["seconds"] / ra["seconds"] for ra, rb in zip(a.get("runs", []), b.get("runs", []),
+                                                                  strict=False) if ra.get("seconds")]
+        spread = f"; per round {min(rounds):.2f}x-{max(rounds):.2f}x" if len(rounds) > 1 else ""
+        ok = ratio >= 1 - CHECKSUM_COST
+        verdicts.append({"target": f"page checksum verification ({on}): <= {CHECKSUM_COST:.0%} of rows/s",
+                         "result": "PASS" if ok else "MISS", "detail": f"{ratio:.2f}x"})
+        lines.append(f"page checksum verification cost: {on} vs {off} = {ratio:.2f}x rows/s, "
+                     f"{cpu} rows/CPU-s "
+                     f"({rate_a:,.0f} vs {rate_b:,.0f} rows/s; load {a.get('load_1m', 0):.1f} / "
+                     f"{b.get('load_1m', 0):.1f}; k={len(a.get('runs', [])) or 1}{spread}) "
+                     f"target >= {1 - CHECKSUM_COST:.2f}x: {'PASS' if ok else 'MISS'}")
+    return "\n".join(lines), verdicts
+
+
 def render(r: Run, total: float, load_before: Any, load_after: Any, cpus: int) -> tuple[str, list[Any]]:
     main_table, verdicts = report(r)
-    parts = [main_table, report_plan(r.results.get("plan")), report_quality(r.results.get("quality"))]
+    checksum_text, checksum_verdicts = report_checksums(r)
+    verdicts += checksum_verdicts
+    parts = [main_table, checksum_text, report_plan(r.results.get("plan")),
+             report_quality(r.results.get("quality"))]
     before, after = ("/".join(f"{v:.1f}" for v in la) for la in (load_before, load_after))
     mb = r.rows * data.ROW_BYTES / 1e6
     parts.append(f"{r.rows:,} rows ({mb:,.0f} MB decoded); ran {total / 60:.1f} min; "
@@ -738,8 +819,9 @@ def render(r: Run, total: float, load_before: Any, load_after: Any, cpus: int) -
 def rerender(path: Path) -> None:
     """Print a saved run's tables with the current report code, and store them in the file."""
     doc = json.loads(path.read_text())
-    r = Run(doc["rows"], doc["repeat"], doc["slow_repeat"])
+    r = Run(doc["rows"], doc["repeat"], doc["slow_repeat"], doc.get("checksum_repeat"))
     r.results = doc["results"]
+    r.page_checksums = doc.get("page_checksums")
     text, verdicts = render(r, doc["seconds"], doc["load_before"], doc["load_after"], doc["machine"]["cpus"])
     doc.update(table=text, targets=verdicts)
     path.write_text(json.dumps(doc, indent=2) + "\n")
@@ -754,6 +836,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--cases", default="all", help=f"comma-separated, from {ALL_CASES}")
     parser.add_argument("--repeat", type=int, default=3, help="fresh-process runs per case (median)")
     parser.add_argument("--slow-repeat", type=int, default=2, help=f"runs for the slow cases {SLOW}")
+    parser.add_argument("--checksum-repeat", type=int, default=9,
+                        help="runs of shardkit(-noshuffle) and their -noverify twins, round-robin "
+                             "(a few percent to measure on a ~0.3 s epoch)")
     parser.add_argument("--no-save", action="store_true", help="do not write benchmarks/results/")
     parser.add_argument("--report-only", metavar="RESULTS_JSON",
                         help="print the tables of a saved run again (and update its table), measure nothing")
@@ -766,20 +851,22 @@ def main(argv: list[str] | None = None) -> None:
     unknown = sorted(set(cases) - set(ALL_CASES))
     if unknown:
         parser.error(f"unknown case(s) {unknown}; choose from {ALL_CASES}")
-    repeat, slow = (1, 1) if args.quick else (args.repeat, args.slow_repeat)
+    repeat, slow, checksum = ((1, 1, 1) if args.quick
+                              else (args.repeat, args.slow_repeat, args.checksum_repeat))
     info = machine_info()
     load_before = os.getloadavg()
     _log(f"read benchmark on {machine_id(info)} ({info['cpu_model']}), {rows:,} rows, cases {cases}, "
          f"load {load_before[0]:.1f}")
     started = time.perf_counter()
-    r = run(rows, cases, repeat, slow)
+    r = run(rows, cases, repeat, slow, checksum)
     total = time.perf_counter() - started
     load_after = os.getloadavg()
     text, verdicts = render(r, total, load_before, load_after, info["cpus"])
     print(text)
     if not (args.quick or args.no_save):
         path = save_results("read", {
-            "rows": rows, "cases": cases, "repeat": repeat, "slow_repeat": slow, "row_bytes": data.ROW_BYTES,
+            "rows": rows, "cases": cases, "repeat": repeat, "slow_repeat": slow, "checksum_repeat": checksum,
+            "page_checksums": r.page_checksums, "row_bytes": data.ROW_BYTES,
             "seconds": total, "load_before": load_before, "load_after": load_after, "table": text,
             "targets": verdicts, "results": r.results,
         })

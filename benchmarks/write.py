@@ -11,6 +11,8 @@ Cases:
     pyarrow             pq.write_table(table) — arrays as fixed_size_list, pyarrow's default options
     pyarrow-tuned       the same, with shardkit's column options (dictionary and statistics on scalars only)
     shardkit-arrow      write_dataset(iterator of record batches, arrays as fixed_shape_tensor)
+    shardkit-arrow-nocrc  the same without Parquet page checksums (shardkit.dataset.writer.PAGE_CHECKSUMS =
+                        False in its process): the cost of the CRC-32 shardkit writes on every page
     shardkit-pandas     write_dataset(DataFrame whose tensor cells are numpy arrays)
     shardkit-numpy-png  write_dataset(dict of numpy columns) with the image stored as PNG (ImageCodec("png"))
     spark-parquet       Spark's own df.write.parquet of the same rows (the Spark baseline)
@@ -66,8 +68,11 @@ def _shardkit_row_group_bytes() -> int:
 
 ROW_GROUP_BYTES = _shardkit_row_group_bytes()
 BASELINE = "pyarrow"
-CORE = ["pyarrow", "pyarrow-tuned", "shardkit-arrow", "shardkit-pandas"]
-QUICK = ["pyarrow", "shardkit-arrow", "shardkit-pandas", "shardkit-numpy-png"]
+CORE = ["pyarrow", "pyarrow-tuned", "shardkit-arrow", "shardkit-arrow-nocrc", "shardkit-pandas"]
+QUICK = ["pyarrow", "shardkit-arrow", "shardkit-arrow-nocrc", "shardkit-pandas", "shardkit-numpy-png"]
+# the cost of writing page checksums: shardkit-arrow (on, the default) vs the same without them
+CHECKSUM_PAIR = ("shardkit-arrow", "shardkit-arrow-nocrc")
+CHECKSUM_COST = 0.05  # writing page checksums costs at most 5 % of rows/s (issue 27)
 SPARK = ["spark-parquet", "shardkit-spark"]
 ALL_CASES = [*CORE, "shardkit-numpy-png", *SPARK, "petastorm"]
 SLOW = ["shardkit-numpy-png", *SPARK, "petastorm"]  # context, not targets: fewer runs, smaller sizes
@@ -104,15 +109,23 @@ def case_pyarrow(rows: int, tuned: bool = False) -> dict[str, Any]:
     return _finish(out, rows, ph.result(), row_group_rows=rg_rows)
 
 
-def case_shardkit_arrow(rows: int, image: str = "tensor") -> dict[str, Any]:
-    """``write_dataset`` from an iterator of record batches whose arrays are ``fixed_shape_tensor``."""
+def case_shardkit_arrow(rows: int, image: str = "tensor", page_checksums: bool = True) -> dict[str, Any]:
+    """``write_dataset`` from an iterator of record batches whose arrays are ``fixed_shape_tensor``.
+
+    ``page_checksums=False``: without Parquet page checksums (the writer's module-level switch, set in
+    this process before the write). The pages written are counted, with and without a CRC, after the clock.
+    """
+    import shardkit.dataset.writer as writer
+
+    writer.PAGE_CHECKSUMS = page_checksums
     batches = list(data.iter_batches(rows, "tensor"))
     schema = data.shardkit_schema(image)  # type: ignore[arg-type]
-    out = _out(f"shardkit-arrow-{image}", rows)
+    out = _out(f"shardkit-arrow-{image}{'' if page_checksums else '-nocrc'}", rows)
     with Phase() as ph:
         shardkit.write_dataset(iter(batches), out, schema=schema, compression=data.COMPRESSION,
                                progress=False)
-    return _finish(out, rows, ph.result())
+    with_crc, pages = data.page_checksums(out)
+    return _finish(out, rows, ph.result(), pages=pages, pages_with_crc=with_crc)
 
 
 def case_shardkit_numpy(rows: int, image: str = "png") -> dict[str, Any]:
@@ -179,6 +192,7 @@ CASES: dict[str, tuple[str, dict[str, Any]]] = {
     "pyarrow": ("case_pyarrow", {}),
     "pyarrow-tuned": ("case_pyarrow", {"tuned": True}),
     "shardkit-arrow": ("case_shardkit_arrow", {}),
+    "shardkit-arrow-nocrc": ("case_shardkit_arrow", {"page_checksums": False}),
     "shardkit-pandas": ("case_shardkit_pandas", {}),
     "shardkit-numpy-png": ("case_shardkit_numpy", {"image": "png"}),
     # not in the default run: ImageCodec.encode cannot take fixed_shape_tensor Arrow input yet
@@ -216,7 +230,7 @@ def run(rows: int, cases: list[str], repeat: int, slow_repeat: int) -> list[dict
                 failed[name] = str(e)[-2000:]
                 continue
             runs[name].append(res)
-            print(f"  {name:<18} {rows:>8,} rows  {res['seconds']:7.2f} s  CPU {res['cpu_seconds']:6.2f} s  "
+            print(f"  {name:<20} {rows:>8,} rows  {res['seconds']:7.2f} s  CPU {res['cpu_seconds']:6.2f} s  "
                   f"load {res['load_1m']:.1f}", file=sys.stderr)
     results = []
     for name in cases:
@@ -256,6 +270,35 @@ def report(results: list[dict[str, Any]]) -> str:
     return table(headers, lines)
 
 
+def report_checksums(results: list[dict[str, Any]]) -> tuple[str, list[dict[str, Any]]]:
+    """What writing page checksums costs, per size: shardkit-arrow (checksums on) vs shardkit-arrow-nocrc,
+    same rows, same run (round-robin); plus how many pages each wrote with a CRC."""
+    on, off = CHECKSUM_PAIR
+    by = {(r["case"], r["rows"]): r for r in results if "seconds" in r}
+    lines, verdicts = [], []
+    for rows in sorted({r["rows"] for r in results}):
+        a, b = by.get((on, rows)), by.get((off, rows))
+        if not (a and b):
+            continue
+        ratio = b["seconds"] / a["seconds"]
+        cpu = f"{b['cpu_seconds'] / a['cpu_seconds']:.2f}x" if a.get("cpu_seconds") and b.get("cpu_seconds") \
+            else "-"
+        rounds = [rb["seconds"] / ra["seconds"] for ra, rb in zip(a.get("runs", []), b.get("runs", []),
+                                                                  strict=False) if ra.get("seconds")]
+        spread = f"; per round {min(rounds):.2f}x-{max(rounds):.2f}x" if len(rounds) > 1 else ""
+        crc = (f"pages with a CRC {a.get('pages_with_crc', 0):,.0f}/{a.get('pages', 0):,.0f} vs "
+               f"{b.get('pages_with_crc', 0):,.0f}/{b.get('pages', 0):,.0f}")
+        ok = ratio >= 1 - CHECKSUM_COST
+        target = f"page checksums on write ({rows:,} rows): <= {CHECKSUM_COST:.0%} of rows/s"
+        verdicts.append({"target": target, "result": "PASS" if ok else "MISS", "detail": f"{ratio:.2f}x"})
+        lines.append(f"page checksum cost (write, {rows:,} rows): {on} vs {off} = {ratio:.2f}x rows/s, {cpu} "
+                     f"rows/CPU-s ({rows / a['seconds']:,.0f} vs {rows / b['seconds']:,.0f} rows/s; load "
+                     f"{a.get('load_1m', 0):.1f} / {b.get('load_1m', 0):.1f}; k={a.get('repeat', 1)}"
+                     f"{spread}; "
+                     f"{crc}) target >= {1 - CHECKSUM_COST:.2f}x: {'PASS' if ok else 'MISS'}")
+    return "\n".join(lines), verdicts
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true",
@@ -285,11 +328,13 @@ def main(argv: list[str] | None = None) -> None:
     for rows in sizes:
         here = [c for c in cases if c not in SLOW or rows <= args.slow_max_rows]
         results += run(rows, here, repeat, args.slow_repeat)
-    text = report(results)
+    checksum_text, verdicts = report_checksums(results)
+    text = "\n\n".join(t for t in (report(results), checksum_text) if t)
     print(text)
     if not (args.quick or args.no_save):
         path = save_results("write", {"sizes": sizes, "cases": cases, "repeat": repeat,
-                                      "row_bytes": data.ROW_BYTES, "table": text, "results": results})
+                                      "row_bytes": data.ROW_BYTES, "table": text, "targets": verdicts,
+                                      "results": results})
         print(f"saved {path.relative_to(Path.cwd()) if path.is_relative_to(Path.cwd()) else path}",
               file=sys.stderr)
     if any("error" in r for r in results):

@@ -118,9 +118,12 @@ class Dataset:
             if footer is not None and self.metadata is None:
                 self._footers.move_to_end(file)
         try:
-            pf = pq.ParquetFile(self.location.open_ranges(path), metadata=footer,
+            source = self.location.open_ranges(path)
+            pf = pq.ParquetFile(source, metadata=footer,
                                 pre_buffer=not self.location.is_local,
-                                page_checksum_verification=VERIFY_PAGE_CHECKSUMS)
+                                # a local file's pages: checked by `_verify_local` (4x pyarrow's CRC speed)
+                                page_checksum_verification=VERIFY_PAGE_CHECKSUMS
+                                and not self.location.is_local)
         except FileNotFoundError as e:
             if self.snapshot is not None:
                 raise CorruptDatasetError(
@@ -142,6 +145,7 @@ class Dataset:
             ) from e
         if footer is None:
             self.keep_footer(file, pf.metadata)
+        pf.shardkit_source = source  # type: ignore[attr-defined]  # (`_verify_local` reads its mapping)
         return pf
 
     def row_group_index(self, i: int) -> int:
@@ -169,6 +173,8 @@ class Dataset:
         except CorruptDatasetError as e:
             raise CorruptDatasetError(f"{where} cannot be read: {e}") from e
         names = list(columns) if columns is not None else None
+        if VERIFY_PAGE_CHECKSUMS and self.location.is_local:
+            self._verify_local(i, pf, names, where)
         try:
             batches = pf.iter_batches(batch_size=batch_size, row_groups=[self.row_group_index(i)],
                                       columns=names if self.snapshot is None else _present(pf, names),
@@ -186,16 +192,40 @@ class Dataset:
             if is_denied(e):
                 raise permission_error(self.location, self.location.join(rg.file), e) from e
             if "checksum" in str(e).lower():
-                raise CorruptDatasetError(
-                    f"{where} fails its page checksums: {self._damaged_pages(pf, i) or one_line(e)}. Its "
-                    "bytes changed after they were written (storage or a copy went wrong); no row of a "
-                    "damaged page is read. Restore the file from its source, or rewrite the dataset from its "
-                    "source; `shardkit verify URL` finds every damaged file, and on_error='skip' reads "
-                    "the others") from e
+                raise _checksum_error(where, self._damaged_pages(pf, i) or one_line(e)) from e
             raise CorruptDatasetError(
                 f"{where} cannot be read ({one_line(e)}); the file is truncated or corrupt: "
                 "rewrite the dataset, or read with on_error='skip'"
             ) from e
+
+    def _verify_local(self, i: int, pf: pq.ParquetFile, names: list[str] | None, where: str) -> None:
+        """Check the page checksums of row group ``i``'s column chunks of ``names`` (None: all) in a local
+        file, before pyarrow decodes them: ISA-L's CRC-32 over the file's memory mapping (no copy) runs
+        at about 4x the speed of pyarrow's own check (`shardkit.dataset.pages.crc32`)."""
+        from shardkit.dataset.pages import check_chunk, chunk_range
+
+        group = pf.metadata.row_group(self.row_group_index(i))
+        wanted = None if names is None else set(names)
+        # the mapping pyarrow decodes from: its pages are faulted in once, here, not twice
+        mapped = pf.shardkit_source  # type: ignore[attr-defined]
+        try:
+            for j in range(group.num_columns):
+                column = group.column(j)
+                if wanted is not None and column.path_in_schema.split(".", 1)[0] not in wanted:
+                    continue
+                start, length = chunk_range(column)
+                mapped.seek(start)  # (pyarrow reads at offsets: the position is this method's alone)
+                problems = check_chunk(memoryview(mapped.read_buffer(length)), start).problems
+                if problems:
+                    raise _checksum_error(where, f"column {column.path_in_schema!r}: {problems[0]}")
+        except (pa.ArrowInvalid, OSError) as e:
+            if isinstance(e, CorruptDatasetError):
+                raise
+            if is_denied(e):
+                raise permission_error(self.location, self.location.join(self.row_groups[i].file), e) from e
+            raise CorruptDatasetError(
+                f"{where} cannot be read ({one_line(e)}); the file is truncated or corrupt: "
+                "rewrite the dataset, or read with on_error='skip'") from e
 
     def _damaged_pages(self, pf: pq.ParquetFile, i: int) -> str:
         """Which columns of row group ``i`` (of the index) fail their page checksums, and where: one
@@ -339,6 +369,15 @@ class Dataset:
     def decode(self, table: pa.Table | pa.RecordBatch) -> dict[str, np.ndarray]:
         """Decode an Arrow table of this dataset's columns to numpy."""
         return self.schema.decode(table)
+
+
+def _checksum_error(where: str, detail: str) -> CorruptDatasetError:
+    """A row group whose pages fail their checksums: ``detail`` names the column and the page."""
+    return CorruptDatasetError(
+        f"{where} fails its page checksums: {detail}. Its bytes changed after they were written (storage "
+        "or a copy went wrong); no row of a damaged page is read. Restore the file from its source, or "
+        "rewrite the dataset from its source; `shardkit verify URL` finds every damaged file, and "
+        "on_error='skip' reads the others")
 
 
 def _present(pf: pq.ParquetFile, names: list[str] | None) -> list[str] | None:

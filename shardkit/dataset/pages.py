@@ -17,10 +17,24 @@ from __future__ import annotations
 import dataclasses
 import zlib
 from collections.abc import Callable, Iterator
+from typing import Any
 
 import pyarrow.parquet as pq
 
-__all__ = ["ChunkReport", "Page", "PageError", "check_chunk", "chunk_range", "first_page", "walk_pages"]
+__all__ = ["ChunkReport", "Page", "PageError", "check_chunk", "chunk_range", "crc32", "first_page",
+           "walk_pages"]
+
+def _fastest_crc32() -> Callable[[Any], int]:
+    """ISA-L's CRC-32 (``isal``, a dependency: ~25 GB/s a core with PCLMUL), else zlib's (~6 GB/s, as
+    pyarrow's own): the same checksum, Parquet's (IEEE 802.3)."""
+    try:
+        from isal import isal_zlib
+    except ImportError:  # a platform without isal's wheels
+        return zlib.crc32
+    return isal_zlib.crc32
+
+
+crc32 = _fastest_crc32()
 
 #: Parquet's page types (``PageType``)
 PAGE_KINDS = {0: "data page", 1: "index page", 2: "dictionary page", 3: "data page (v2)"}
@@ -79,7 +93,7 @@ def walk_pages(data: bytes | memoryview, offset: int = 0) -> Iterator[Page]:
         if size < 0 or body + size > len(view):
             raise PageError(f"the page at byte {offset + at} claims {size} bytes, past the end of its "
                             f"column chunk ({len(view) - body} bytes left)")
-        ok = None if crc is None else (zlib.crc32(view[body:body + size]) == crc & 0xFFFFFFFF)
+        ok = None if crc is None else (crc32(view[body:body + size]) == crc & 0xFFFFFFFF)
         yield Page(offset + at, PAGE_KINDS.get(kind, f"page of type {kind}"), size, crc, ok)
         at = body + size
 
