@@ -58,9 +58,10 @@ def make_reader(
         url: a shardkit dataset, a Petastorm dataset, a plain Parquet folder, a Delta Lake or an Iceberg
             table (any fsspec URL), an opened `Dataset`, or a ``deltalake.DeltaTable`` /
             ``pyiceberg.table.Table``. A table is read at one snapshot (see ``version``).
-        shard, num_shards: this worker's rank and the number of workers. ``make_reader(url,
-            shard=rank)`` takes ``num_shards`` from the job (``WORLD_SIZE`` or an initialized
-            ``torch.distributed``); with neither given, a single shard outside a job.
+        shard: this worker's rank. ``make_reader(url, shard=rank)`` takes ``num_shards`` from the job
+            (``WORLD_SIZE`` or an initialized ``torch.distributed``); with neither given, a single shard
+            outside a job.
+        num_shards: the number of workers (shards).
         batch_size: rows per batch; the last batch of an epoch may be smaller (see ``drop_last``).
         columns: fields to read (default: all).
         filter: a ``pyarrow.compute`` expression or DNF tuples (``[("label", "<", 5)]``), pushed down
@@ -69,8 +70,9 @@ def make_reader(
             typed as ``pyarrow.dataset``'s Hive partitioning types them, and a Delta table's partition
             columns (their values from its log); files whose partition values rule the filter out are
             not read.
-        shuffle, seed: shuffle row groups per epoch, then rows within a window of ``shuffle_buffer``
-            rows (default: about 32 MiB of decoded rows), reproducibly from ``seed`` and the epoch.
+        shuffle: shuffle row groups per epoch, then rows within a window of ``shuffle_buffer`` rows
+            (default: about 32 MiB of decoded rows), reproducibly from ``seed`` and the epoch.
+        seed: the shuffle's seed.
         num_epochs: epochs to iterate; None for forever.
         remainder: samples that do not divide among the shards: ``"drop"`` (default; fewer than
             ``num_shards`` per epoch are left out), ``"pad"`` (repeat a few), ``"uneven"`` (first

@@ -294,8 +294,9 @@ class ShardkitIterableDataset(torch.utils.data.IterableDataset[Batch]):
 
     Args:
         url: the dataset (any fsspec URL).
-        rank, world_size: this process's place in the job; by default the job's (``RANK`` /
-            ``WORLD_SIZE`` or an initialized ``torch.distributed``), else 0 of 1.
+        rank: this process's rank; by default the job's (``RANK`` or an initialized
+            ``torch.distributed``), else 0.
+        world_size: the number of processes; by default the job's (``WORLD_SIZE``), else 1.
         collate: the `Collate` policy (default ``Collate()``) or a function from a numpy batch to a dict.
         **reader_kwargs: for `make_reader` (not ``shard``/``num_shards``: the dataset derives them). They
             are checked now, in this process, against the dataset.

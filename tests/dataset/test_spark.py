@@ -116,6 +116,13 @@ def test_spark_and_pandas_write_the_same_dataset(spark, tmp_path):
     for name in SCHEMA.names:
         _assert_same(got[name], want[name], name)
         _assert_same(want[name], [np.int64(v) if name == "id" else v for v in src[name]], name)
+    from shardkit.dataset.verify import verify_dataset
+
+    for url in (tmp_path / "spark", tmp_path / "pandas"):  # every page written carries a checksum
+        report = verify_dataset(str(url))
+        assert report.ok
+        assert report.pages > 0
+        assert report.unchecked_pages == 0
 
 
 @pytest.mark.timeout(120)
