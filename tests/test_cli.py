@@ -185,7 +185,7 @@ def test_an_unknown_flag_prints_the_usage_of_its_command(argv: list[str],
 
 def test_the_interrupted_line_knows_every_command() -> None:
     """main names the command of a Ctrl-C before argparse has read it: from its own list of them."""
-    from shardkit import cli
+    from shardkit.cli import _main as cli
 
     commands = next(a for a in cli.build_parser()._actions if a.dest == "command").choices
     assert commands is not None

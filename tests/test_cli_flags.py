@@ -1,4 +1,4 @@
-"""`shardkit.cli_flags.in_flags`: the Python API's messages with each argument written as its flag."""
+"""`shardkit.cli._flags.in_flags`: the Python API's messages with each argument written as its flag."""
 
 from __future__ import annotations
 
@@ -6,8 +6,9 @@ import argparse
 
 import pytest
 
-from shardkit import cli_bench, cli_write
-from shardkit.cli_flags import in_flags
+from shardkit.cli import _bench as cli_bench
+from shardkit.cli import _write as cli_write
+from shardkit.cli._flags import in_flags
 
 
 def _parser(command: str) -> argparse.ArgumentParser:
@@ -45,4 +46,3 @@ def test_bench_flags_keep_their_words() -> None:
     assert in_flags("pass cache=None or storage_options={'anon': True}", parser, {}) == (
         """pass --no-cache or --storage-options '{"anon": true}'""")
     assert in_flags("pass adapter='tf'", parser, {"adapter": "numpy"}) == "pass --adapter tf"
-    assert cli_bench.in_flags is in_flags  # (importable where it was)

@@ -10,10 +10,10 @@ import select
 import signal
 import sys
 import time
-import warnings
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
+from shardkit.cli._output import describe, format_description, human, warnings_after
 from shardkit.errors import JobError, ShardkitError, interrupt_behind
 
 # Only the standard library and shardkit.errors at import: the console script imports this module before
@@ -22,7 +22,6 @@ if TYPE_CHECKING:
     from types import TracebackType
 
     from shardkit.cluster.config import JobConfig
-    from shardkit.dataset import Dataset
 
 
 def _interrupted_outside_main(kind: type[BaseException], value: BaseException,
@@ -40,7 +39,7 @@ def _the_command() -> bool:
     not a program that imports this module."""
     started = sys.modules.get("__main__")
     spec = getattr(started, "__spec__", None)
-    return (getattr(spec, "name", None) == "shardkit.__main__"
+    return (getattr(spec, "name", None) in ("shardkit.__main__", "shardkit.cli.__main__")
             or os.path.basename(getattr(started, "__file__", None) or "") == "shardkit")
 
 
@@ -57,115 +56,10 @@ def _interrupted(argv: Sequence[str]) -> str:
     return f"shardkit {command}: interrupted" if command in _COMMANDS else "shardkit: interrupted"
 
 
-def _human(n: float) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if abs(n) < 1024 or unit == "TiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    return str(n)
-
-
-def describe(ds: Dataset) -> dict[str, Any]:
-    """A JSON-able description of a dataset (what ``shardkit inspect --json`` prints)."""
-    per_file: dict[str, dict[str, int]] = {}
-    for rg in ds.row_groups:
-        entry = per_file.setdefault(rg.file, {"row_groups": 0, "rows": 0, "bytes": 0})
-        entry["row_groups"] += 1
-        entry["rows"] += rg.num_rows
-        entry["bytes"] += rg.num_bytes
-    snapshot = None
-    if ds.snapshot is not None:
-        time = ds.snapshot.time
-        snapshot = {"format": ds.snapshot.format, "version": ds.snapshot.version,
-                    "time": None if time is None else time.isoformat(), "versions": len(ds.snapshot.versions)}
-    from shardkit.dataset.verify import checksum_presence
-
-    return {
-        "url": ds.url,
-        "kind": ds.kind,
-        "snapshot": snapshot,
-        "page_checksums": checksum_presence(ds),
-        "rows": ds.num_rows,
-        "bytes": ds.num_bytes,
-        "row_groups": len(ds.row_groups),
-        "fields": [f.to_json() for f in ds.schema],
-        "files": [{"file": name, **v} for name, v in per_file.items()],
-    }
-
-
-def _table(rows: list[list[str]], header: list[str]) -> str:
-    widths = [max(len(str(r[i])) for r in [header, *rows]) for i in range(len(header))]
-
-    def line(r: list[str]) -> str:
-        return "  ".join(str(c).ljust(w) for c, w in zip(r, widths, strict=True)).rstrip()
-
-    return "\n".join([line(header), line(["-" * w for w in widths]), *(line(r) for r in rows)])
-
-
-def _codec(spec: dict[str, Any]) -> str:
-    options = ", ".join(f"{k}={v}" for k, v in spec.items() if k != "name")
-    return f"{spec['name']}({options})" if options else str(spec["name"])
-
-
-def format_description(info: dict[str, Any]) -> str:
-    fields = [
-        [f["name"], f["dtype"], str(tuple(f["shape"])).replace(",)", ")"), _codec(f["codec"]),
-         "yes" if f["nullable"] else "no"]
-        for f in info["fields"]
-    ]
-    files = [[f["file"], str(f["row_groups"]), f"{f['rows']:,}", _human(f["bytes"])] for f in info["files"]]
-    snap = info.get("snapshot")
-    what = f"{info['kind']} dataset"
-    if snap:
-        word = "version" if snap["format"] == "delta" else "snapshot"
-        what = (f"{'Delta Lake' if snap['format'] == 'delta' else 'Iceberg'} table, {word} {snap['version']}"
-                f"{' of ' + snap['time'] if snap['time'] else ''}, {snap['versions']} {word}s in its history")
-    head = (f"{info['url']}  ({what})\n"
-            f"{info['rows']:,} rows in {info['row_groups']:,} row groups, "
-            f"{len(info['files']):,} files, {_human(info['bytes'])} uncompressed")
-    if (sums := info.get("page_checksums")) and sums["files_checked"]:
-        head += "\n" + _checksums_line(sums)
-    return "\n\n".join([head, _table(fields, ["field", "dtype", "shape", "codec", "nullable"]),
-                        _table(files, ["file", "row groups", "rows", "bytes"])])
-
-
-def _checksums_line(sums: dict[str, int]) -> str:
-    """What `describe`'s ``page_checksums`` says, in words."""
-    checked, have = sums["files_checked"], sums["with_checksums"]
-    of = f"{checked} file{'s' if checked > 1 else ''} looked at"
-    if have == checked:
-        return f"page checksums: yes, every read verifies them ({of}; `shardkit verify` checks every page)"
-    fix = "`shardkit write URL NEW_URL` rewrites it with them"
-    if have == 0:
-        return (f"page checksums: none ({of}): damaged pages are caught only where they do not decode; {fix}")
-    return f"page checksums: in {have} of {checked} files looked at; the others are not checked; {fix}"
-
-
-@contextlib.contextmanager
-def _warnings_after(show: type[Warning], *, hide: type[Warning] | None = None,
-                    worded: Callable[[str], str] | None = None) -> Iterator[None]:
-    """Warnings of class ``show`` raised in the block, each printed once on stderr after it ends
-    (``warning: <message>``; not when it raises); ``hide``'s not at all. ``worded`` rewrites a message
-    first (``shardkit bench``: the Python arguments it names as the flags that set them)."""
-    with warnings.catch_warnings(record=True) as caught:
-        if hide is not None:
-            warnings.simplefilter("ignore", hide)
-        warnings.simplefilter("always", show)
-        yield
-    for w in caught:
-        message = str(w.message)
-        print(f"warning: {message if worded is None else worded(message)}", file=sys.stderr)
-
-
-def _names(text: str | None) -> list[str] | None:
-    """``--columns a,b``: the names, blanks left out; None when not given."""
-    return None if text is None else [c.strip() for c in text.split(",") if c.strip()]
-
-
 def _inspect(args: argparse.Namespace) -> int:
     from shardkit.dataset import SummaryMissingWarning, open_dataset
 
-    with _warnings_after(SummaryMissingWarning):
+    with warnings_after(SummaryMissingWarning):
         ds = open_dataset(args.url, version=args.table_version)
     info = describe(ds)
     print(json.dumps(info, indent=2) if args.json else format_description(info))
@@ -196,7 +90,7 @@ def _verify(args: argparse.Namespace) -> int:
 
     done: list[FileReport] = []
     try:
-        with _warnings_after(SummaryMissingWarning):
+        with warnings_after(SummaryMissingWarning):
             report = verify_dataset(args.url, version=args.table_version, workers=args.workers,
                                     progress=progress)
     finally:
@@ -210,7 +104,7 @@ def _verify(args: argparse.Namespace) -> int:
     size = sum(f.bytes for f in report.files)
     rows = sum(f.rows for f in report.files)
     print(f"verified {report.url}: {info['files']:,} files, {info['row_groups']:,} row groups, "
-          f"{info['pages']:,} pages, {rows:,} rows ({_human(size)}) in {seconds:.2f} s "
+          f"{info['pages']:,} pages, {rows:,} rows ({human(size)}) in {seconds:.2f} s "
           f"({size / max(seconds, 1e-9) / 2**20:,.0f} MiB/s): "
           + ("no damage found" if report.ok else f"{len(report.damaged):,} damaged"))
     for damage in report.damaged:
@@ -231,7 +125,7 @@ def _verify(args: argparse.Namespace) -> int:
 def _index(args: argparse.Namespace) -> int:
     from shardkit.dataset import SummaryMissingWarning, UncommittedFilesWarning, write_summary
 
-    with _warnings_after(UncommittedFilesWarning, hide=SummaryMissingWarning):
+    with warnings_after(UncommittedFilesWarning, hide=SummaryMissingWarning):
         ds = write_summary(args.url)
     summary = f"{args.url.rstrip('/')}/_metadata"
     print(f"wrote {summary}: {len(ds.row_groups):,} row groups in {len(ds.files):,} files")
@@ -296,8 +190,8 @@ _DESCRIPTION = ("Parquet datasets for distributed training: inspect, verify, ind
 
 def build_parser() -> argparse.ArgumentParser:
     from shardkit import __version__
-    from shardkit.cli_bench import add_parser as add_bench_parser
-    from shardkit.cli_write import add_parser as add_write_parser
+    from shardkit.cli._bench import add_parser as add_bench_parser
+    from shardkit.cli._write import add_parser as add_write_parser
 
     parser = argparse.ArgumentParser(prog="shardkit", description=_DESCRIPTION)
     parser.add_argument("--version", action="version", version=f"shardkit {__version__}")
@@ -436,6 +330,3 @@ def _run(args: argparse.Namespace) -> int:
         print(f"shardkit {args.command}: error: {type(e).__name__}: {e}", file=sys.stderr)
         return 2
 
-
-if __name__ == "__main__":
-    sys.exit(main())

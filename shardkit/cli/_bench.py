@@ -1,5 +1,5 @@
 """``shardkit bench``: its flags, and `measure`'s errors about their values written in the flags' words
-(`shardkit.cli_flags.in_flags`, importable from here too)."""
+(`shardkit.cli._flags.in_flags`)."""
 
 from __future__ import annotations
 
@@ -15,8 +15,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import IO, Any
 
-from shardkit.cli import _names, _warnings_after
-from shardkit.cli_flags import _json_object, in_flags
+from shardkit.cli._flags import _json_object, in_flags
+from shardkit.cli._output import column_names, warnings_after
 from shardkit.errors import DatasetError, ReaderError
 
 
@@ -63,7 +63,7 @@ def run(args: argparse.Namespace) -> int:
     left out (`_import_tensorflow_quietly`). Ctrl-C is `shardkit.cli.main`'s: one line, status 130."""
     from shardkit.reader.throughput import measure
 
-    columns = _names(args.columns)
+    columns = column_names(args.columns)
     if columns == []:  # the flag's own text: a usage error, as `--batch-size x` is
         args.parser.error(f"argument --columns: {args.columns!r} names no field; name some, comma-separated "
                           "(--columns a,b), or leave --columns out to read them all")
@@ -79,7 +79,7 @@ def run(args: argparse.Namespace) -> int:
     if args.adapter == "tf":
         _import_tensorflow_quietly()
     try:
-        with _warnings_after(UserWarning, worded=lambda message: in_flags(message, args.parser, kwargs)):
+        with warnings_after(UserWarning, worded=lambda message: in_flags(message, args.parser, kwargs)):
             result = measure(args.url, **kwargs)
     except (ReaderError, DatasetError) as e:
         message = in_flags(str(e), args.parser, kwargs)

@@ -12,8 +12,8 @@ import warnings
 from collections.abc import Mapping
 from typing import Any
 
-from shardkit.cli import _human, _names, _warnings_after, describe, format_description
-from shardkit.cli_flags import in_flags
+from shardkit.cli._flags import in_flags
+from shardkit.cli._output import column_names, describe, format_description, human, warnings_after
 from shardkit.errors import DatasetError, SchemaError, ShardkitError, interrupt_behind
 
 # convert's `columns=` followed by the names of --columns it is about (absent from the source, or too few
@@ -54,7 +54,7 @@ def run(args: argparse.Namespace) -> int:
     from shardkit.dataset import open_dataset
     from shardkit.dataset.convert import convert
 
-    columns = _names(args.columns)
+    columns = column_names(args.columns)
     if columns is not None and (not columns or len(set(columns)) < len(columns)):  # the flag's own text
         twice = sorted({c for c in columns if columns.count(c) > 1})
         what = f"names {twice} more than once" if twice else "names no column"
@@ -74,7 +74,7 @@ def run(args: argparse.Namespace) -> int:
     start = time.perf_counter()
     try:
         try:
-            with _warnings_after(UserWarning, worded=lambda message: worded(message, args.parser, kwargs)):
+            with warnings_after(UserWarning, worded=lambda message: worded(message, args.parser, kwargs)):
                 ds = convert(args.src, args.dest, **kwargs)
         except Exception as e:  # a Ctrl-C that pyarrow turned into its own error (`interrupt_behind`)
             if (interrupt := interrupt_behind(e)) is not None:
@@ -95,7 +95,7 @@ def run(args: argparse.Namespace) -> int:
     rows, now = (f"{written:,} rows appended (now {info['rows']:,} rows", ")") if before is not None else (
         f"{written:,} rows", "")
     print(f"wrote {info['url']}: {rows} in {info['row_groups']:,} row groups, {len(info['files']):,} files, "
-          f"{_human(info['bytes'])} uncompressed{now}, in {seconds:.2f} s "
+          f"{human(info['bytes'])} uncompressed{now}, in {seconds:.2f} s "
           f"({written / max(seconds, 1e-9):,.0f} rows/s)\n")
     print(format_description(info).split("\n\n")[1])  # the fields table
     return 0
@@ -103,7 +103,7 @@ def run(args: argparse.Namespace) -> int:
 
 def worded(message: str, parser: argparse.ArgumentParser, given: Mapping[str, Any]) -> str:
     """``message`` of `convert` as the command line says it: each argument as the flag that sets it
-    (`shardkit.cli_flags.in_flags`; ``given``: convert's arguments from the flags), and the phrases that
+    (`shardkit.cli._flags.in_flags`; ``given``: convert's arguments from the flags), and the phrases that
     a flag alone would leave in Python's words.
 
     Example:
