@@ -38,7 +38,7 @@ import pyarrow.parquet as pq
 
 import shardkit
 from benchmarks.common import BENCH_DIR
-from shardkit.dataset.pages import chunk_range, walk_pages
+from shardkit.dataset.pages import check_row_group
 
 CACHE = BENCH_DIR / "data"
 VERSION = 2  # bump when the generated values change: old caches are then ignored
@@ -174,13 +174,14 @@ def page_checksums(path: str | Path) -> tuple[int, int]:
     for file in files:
         md = pq.read_metadata(file)
         data = memoryview(file.read_bytes())
+
+        def read(n: int, at: int, data: memoryview = data) -> memoryview:
+            return data[at:at + n]
+
         for i in range(md.num_row_groups):
-            rg = md.row_group(i)
-            for j in range(rg.num_columns):
-                start, length = chunk_range(rg.column(j))
-                for page in walk_pages(data[start:start + length], start):
-                    pages += 1
-                    with_crc += page.crc is not None
+            for _, chunk in check_row_group(read, md.row_group(i)):
+                pages += chunk.pages
+                with_crc += chunk.pages - chunk.unchecked
     return with_crc, pages
 
 

@@ -178,6 +178,12 @@ def _render(args: argparse.Namespace) -> int:
     return 0
 
 
+def _add_table_version(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--table-version", type=int, default=None, metavar="VERSION",
+                   help="a Delta table's version or an Iceberg table's snapshot id (default: the "
+                        "current one)")
+
+
 def _add_config(p: argparse.ArgumentParser) -> None:
     p.add_argument("config", help="the job's YAML file")
     p.add_argument("--set", action="append", default=[], metavar="KEY.PATH=VALUE",
@@ -200,18 +206,14 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("inspect", help="print a dataset's schema, files and row groups")
     p.add_argument("url", help="the dataset's folder (any fsspec URL, e.g. s3://bucket/ds)")
     p.add_argument("--json", action="store_true", help="machine-readable output")
-    p.add_argument("--table-version", type=int, default=None, metavar="VERSION",
-                   help="a Delta table's version or an Iceberg table's snapshot id (default: the "
-                        "current one)")
+    _add_table_version(p)
     p.set_defaults(func=_inspect, parser=p)
     p = sub.add_parser("verify", help="scrub a dataset: check every page checksum and decode every row "
                                       "group; exit 1 when something is damaged")
     p.add_argument("url", help="the dataset's folder or table (any fsspec URL)")
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.add_argument("--workers", type=int, default=8, metavar="N", help="files checked at once (default 8)")
-    p.add_argument("--table-version", type=int, default=None, metavar="VERSION",
-                   help="a Delta table's version or an Iceberg table's snapshot id (default: the "
-                        "current one)")
+    _add_table_version(p)
     shown = p.add_mutually_exclusive_group()
     shown.add_argument("--progress", action="store_const", const=True, dest="progress", default=None,
                        help="a progress bar (default: one on a terminal)")

@@ -206,22 +206,16 @@ class Dataset:
         at about 4x the speed of pyarrow's own check (`shardkit.dataset.pages.crc32`). False when a page
         header does not parse (a truncated or overwritten file): pyarrow's read then checks and names it.
         """
-        from shardkit.dataset.pages import MISMATCH, check_chunk, chunk_range
+        from shardkit.dataset.pages import MISMATCH, check_row_group, ranges_of
 
         group = pf.metadata.row_group(self.row_group_index(i))
-        wanted = None if names is None else set(names)
-        # the mapping pyarrow decodes from: its pages are faulted in once, here, not twice
-        mapped = pf.shardkit_source  # type: ignore[attr-defined]
+        # the mapping pyarrow decodes from (at offsets: the position is ours): pages faulted in once
+        read = ranges_of(pf.shardkit_source)  # type: ignore[attr-defined]
         try:
-            for j in range(group.num_columns):
-                column = group.column(j)
-                if wanted is not None and column.path_in_schema.split(".", 1)[0] not in wanted:
-                    continue
-                start, length = chunk_range(column)
-                mapped.seek(start)  # (pyarrow reads at offsets: the position is this method's alone)
-                problems = check_chunk(memoryview(mapped.read_buffer(length)), start).problems
+            for column, report in check_row_group(read, group, columns=None if names is None else set(names)):
+                problems = report.problems
                 if problems and MISMATCH in problems[0]:
-                    raise _checksum_error(where, f"column {column.path_in_schema!r}: {problems[0]}")
+                    raise _checksum_error(where, f"column {column!r}: {problems[0]}")
                 if problems:
                     return False
         except (pa.ArrowInvalid, OSError) as e:
@@ -237,17 +231,13 @@ class Dataset:
     def _damaged_pages(self, pf: pq.ParquetFile, i: int) -> str:
         """Which columns of row group ``i`` (of the index) fail their page checksums, and where: one
         more read of the row group's bytes, made only once a read has failed."""
-        from shardkit.dataset.pages import check_chunk, chunk_range
+        from shardkit.dataset.pages import check_row_group
 
         group = pf.metadata.row_group(self.row_group_index(i))
-        found = []
         try:
             with self.location.open_ranges(self.location.join(self.row_groups[i].file)) as f:
-                for j in range(group.num_columns):
-                    start, length = chunk_range(group.column(j))
-                    problems = check_chunk(f.read_at(length, start), start).problems
-                    if problems:
-                        found.append(f"column {group.column(j).path_in_schema!r}: {problems[0]}")
+                found = [f"column {column!r}: {report.problems[0]}"
+                         for column, report in check_row_group(f.read_at, group) if report.problems]
         except (OSError, pa.ArrowException):
             return ""
         return "; ".join(found)

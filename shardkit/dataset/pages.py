@@ -21,8 +21,8 @@ from typing import Any
 
 import pyarrow.parquet as pq
 
-__all__ = ["MISMATCH", "ChunkReport", "Page", "PageError", "check_chunk", "chunk_range", "crc32",
-           "first_page", "walk_pages"]
+__all__ = ["MISMATCH", "ChunkReport", "Page", "PageError", "check_chunk", "check_row_group", "chunk_range",
+           "crc32", "first_page", "ranges_of", "walk_pages"]
 
 def _fastest_crc32() -> Callable[[Any], int]:
     """ISA-L's CRC-32 (``isal``, a dependency: ~25 GB/s a core with PCLMUL), else zlib's (~6 GB/s, as
@@ -134,6 +134,37 @@ def check_chunk(data: bytes | memoryview, offset: int = 0) -> ChunkReport:
     except PageError as e:
         report.problems.append(str(e))
     return report
+
+
+def ranges_of(f: Any) -> Callable[[int, int], memoryview]:
+    """``read(length, offset)`` over a pyarrow ``NativeFile``: a memory-mapped file's bytes as a view of
+    its mapping, no copy (its position moves: a file the caller reads alone, or at offsets only)."""
+
+    def read(length: int, start: int) -> memoryview:
+        f.seek(start)
+        return memoryview(f.read_buffer(length))
+
+    return read
+
+
+def check_row_group(read: Callable[[int, int], Any], group: pq.RowGroupMetaData, *,
+                    columns: set[str] | None = None, size: int | None = None
+                    ) -> Iterator[tuple[str, ChunkReport]]:
+    """`check_chunk` of each column chunk of a row group (pyarrow's ``RowGroupMetaData``), as its column
+    path and report; ``read(length, offset)`` reads bytes of the file. ``columns``: only the chunks of
+    these top-level fields. ``size`` (the file's): a chunk that lies outside the file's data is reported
+    as a problem, not read."""
+    for j in range(group.num_columns):
+        column = group.column(j)
+        if columns is not None and column.path_in_schema.split(".", 1)[0] not in columns:
+            continue
+        start, length = chunk_range(column)
+        if size is not None and (start < 4 or start + length > size - 8):
+            outside = ChunkReport(problems=[f"its column chunk (bytes {start}..{start + length}) lies "
+                                            f"outside the file's {size} bytes of data"])
+            yield column.path_in_schema, outside
+            continue
+        yield column.path_in_schema, check_chunk(read(length, start), start)
 
 
 class _Compact:

@@ -22,7 +22,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from shardkit.dataset.location import Location
-from shardkit.dataset.pages import PageError, check_chunk, chunk_range, first_page
+from shardkit.dataset.pages import PageError, check_row_group, first_page, ranges_of
 from shardkit.errors import one_line
 
 if TYPE_CHECKING:
@@ -124,24 +124,12 @@ def _check_file(f: pa.NativeFile, report: FileReport) -> None:
         return
     report.row_groups, report.rows = meta.num_row_groups, meta.num_rows
     for i in range(meta.num_row_groups):
-        group = meta.row_group(i)
         bad = False
-        for j in range(group.num_columns):
-            column = group.column(j)
-            start, length = chunk_range(column)
-            if start < 4 or start + length > report.bytes - 8:
-                report.damage.append(Damage(file, i, column.path_in_schema,
-                                            f"its column chunk (bytes {start}..{start + length}) lies "
-                                            "outside "
-                                            f"the file's {report.bytes} bytes of data"))
-                bad = True
-                continue
-            f.seek(start)
-            chunk = check_chunk(memoryview(f.read_buffer(length)), start)  # a view of a local file's mapping
+        for column, chunk in check_row_group(ranges_of(f), meta.row_group(i), size=report.bytes):
             report.pages += chunk.pages
             report.unchecked_pages += chunk.unchecked
             for problem in chunk.problems:
-                report.damage.append(Damage(file, i, column.path_in_schema, problem))
+                report.damage.append(Damage(file, i, column, problem))
                 bad = True
         if bad:
             continue

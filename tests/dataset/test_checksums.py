@@ -55,6 +55,22 @@ def _pages_end(part: Path) -> int:
     return len(data) - 8 - int.from_bytes(data[-8:-4], "little")
 
 
+def _damaged(pristine: Path, tmp_path: Path, *flips: tuple[int, int, int | None, int]) -> tuple[Path, Path]:
+    """A copy of ``pristine`` at ``tmp_path/ds`` with, for each ``(row group, column, at, mask)``, a byte of
+    that column chunk XORed with ``mask``: its middle byte (``at`` None), else the ``at``-th (negative:
+    from the chunk's end). Returns the copy and its part file."""
+    ds = tmp_path / "ds"
+    shutil.copytree(pristine, ds)
+    part = _part(ds)
+    meta = pq.read_metadata(part)
+    data = bytearray(part.read_bytes())
+    for group, column, at, mask in flips:
+        start, length = chunk_range(meta.row_group(group).column(column))
+        data[start + (length // 2 if at is None else at % length)] ^= mask
+    part.write_bytes(bytes(data))
+    return ds, part
+
+
 def _rows(ds: Path, **kw: object) -> tuple[dict[int, tuple[int, bytes]], dict[str, int]]:
     """id -> (label, x bytes) of every row a reader delivers, and its stats."""
     got: dict[int, tuple[int, bytes]] = {}
@@ -118,14 +134,7 @@ def test_a_damaged_page_never_becomes_a_value(pristine: Path, tmp_path_factory: 
 
 
 def test_resume_after_a_skipped_row_group_is_exactly_once(pristine: Path, tmp_path: Path) -> None:
-    ds = tmp_path / "ds"
-    shutil.copytree(pristine, ds)
-    part = _part(ds)
-    meta = pq.read_metadata(part)
-    start, length = chunk_range(meta.row_group(2).column(2))
-    data = bytearray(part.read_bytes())
-    data[start + length // 2] ^= 0x10
-    part.write_bytes(bytes(data))
+    ds, _ = _damaged(pristine, tmp_path, (2, 2, None, 0x10))
     kw = {"batch_size": 50, "seed": 3, "on_error": "skip", "num_shards": 2, "cache": None}
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
@@ -147,14 +156,7 @@ def test_resume_after_a_skipped_row_group_is_exactly_once(pristine: Path, tmp_pa
 
 
 def test_the_reader_names_the_file_row_group_column_and_fix(pristine: Path, tmp_path: Path) -> None:
-    ds = tmp_path / "ds"
-    shutil.copytree(pristine, ds)
-    part = _part(ds)
-    meta = pq.read_metadata(part)
-    start, length = chunk_range(meta.row_group(4).column(1))
-    data = bytearray(part.read_bytes())
-    data[start + length - 3] ^= 1
-    part.write_bytes(bytes(data))
+    ds, part = _damaged(pristine, tmp_path, (4, 1, -3, 1))
     with pytest.raises(CorruptDatasetError) as e:
         _rows(ds)
     text = str(e.value)
@@ -173,15 +175,7 @@ def test_verify_exits_0_on_intact_data_and_1_naming_every_damage(pristine: Path,
     ok = _verify(str(pristine), "--no-progress")
     assert ok.returncode == 0, ok.stderr
     assert "no damage found" in ok.stdout
-    ds = tmp_path / "ds"
-    shutil.copytree(pristine, ds)
-    part = _part(ds)
-    meta = pq.read_metadata(part)
-    data = bytearray(part.read_bytes())
-    for group, column in ((1, 0), (3, 2)):
-        start, length = chunk_range(meta.row_group(group).column(column))
-        data[start + length // 2] ^= 4
-    part.write_bytes(bytes(data))
+    ds, _ = _damaged(pristine, tmp_path, (1, 0, None, 4), (3, 2, None, 4))
     bad = _verify(str(ds), "--json")
     assert bad.returncode == 1, bad.stderr
     found = {(d["row_group"], d["column"]) for d in json.loads(bad.stdout)["damaged"]}
@@ -261,14 +255,7 @@ def test_inspect_says_whether_the_files_carry_checksums(pristine: Path, tmp_path
 def test_the_cache_keeps_no_entry_of_a_damaged_row_group(pristine: Path, tmp_path: Path) -> None:
     """A cache fill verifies what it caches: after a read with on_error='skip' filled the cache, the
     damaged row group is still read from the file (and still raises), never served from the cache."""
-    ds = tmp_path / "ds"
-    shutil.copytree(pristine, ds)
-    part = _part(ds)
-    meta = pq.read_metadata(part)
-    start, length = chunk_range(meta.row_group(3).column(0))
-    data = bytearray(part.read_bytes())
-    data[start + length // 2] ^= 0x20
-    part.write_bytes(bytes(data))
+    ds, _ = _damaged(pristine, tmp_path, (3, 0, None, 0x20))
     cache = str(tmp_path / "cache")
     truth = _data()
     for _ in range(2):  # the second read is served by the cache, but for the damaged row group

@@ -27,7 +27,7 @@ import pyarrow as pa
 from shardkit.dataset.location import Location
 from shardkit.dataset.opened import Dataset
 from shardkit.dataset.tables._files import TableFile, table_dataset
-from shardkit.dataset.tables.prune import dnf_of, may_match
+from shardkit.dataset.tables.prune import dnf_of, files_to_read
 from shardkit.dataset.tables.snapshot import Snapshot
 from shardkit.errors import (
     CorruptDatasetError,
@@ -138,9 +138,7 @@ def _pruned(actions: pa.Table, filter: Any) -> pa.Table:
     def values(prefix: str) -> dict[str, list[Any]]:
         return {c.removeprefix(prefix): actions.column(c).to_pylist() for c in names if c.startswith(prefix)}
 
-    keep = may_match(dnf, actions.num_rows, values("partition."), values("min."), values("max."))
-    if not keep.any():
-        keep[0] = True
+    keep = files_to_read(dnf, actions.num_rows, values("partition."), values("min."), values("max."))
     return actions.filter(pa.array(keep))
 
 

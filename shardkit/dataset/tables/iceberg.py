@@ -32,7 +32,7 @@ import pyarrow.parquet as pq
 from shardkit.dataset.location import Location
 from shardkit.dataset.opened import Dataset
 from shardkit.dataset.tables._files import TableFile, table_dataset
-from shardkit.dataset.tables.prune import dnf_of, may_match
+from shardkit.dataset.tables.prune import dnf_of, files_to_read
 from shardkit.dataset.tables.snapshot import Snapshot
 from shardkit.errors import (
     CorruptDatasetError,
@@ -198,9 +198,7 @@ def _pruned(tasks: list[Any], projection: Any, filter: Any) -> list[Any]:
             out[f.name] = column
         return out
 
-    keep = may_match(dnf, len(tasks), {}, bounds("lower_bounds"), bounds("upper_bounds"))
-    if not keep.any():
-        keep[0] = True
+    keep = files_to_read(dnf, len(tasks), {}, bounds("lower_bounds"), bounds("upper_bounds"))
     return [t for t, k in zip(tasks, keep, strict=True) if k]
 
 

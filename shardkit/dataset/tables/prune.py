@@ -23,7 +23,7 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["dnf_of", "may_match"]
+__all__ = ["dnf_of", "files_to_read", "may_match"]
 
 Conjunction = list[tuple[str, str, Any]]
 _ORDERED = (int, float, bool, datetime.date, datetime.datetime, datetime.time, decimal.Decimal)
@@ -71,6 +71,16 @@ def may_match(dnf: list[Conjunction], count: int, partitions: Mapping[str, Seque
                 match &= np.fromiter((_within(lo, hi, op, value) for lo, hi in pairs), dtype=bool,
                                      count=count)
         keep |= match
+    return keep
+
+
+def files_to_read(dnf: list[Conjunction], count: int, partitions: Mapping[str, Sequence[Any]],
+                  lows: Mapping[str, Sequence[Any]], highs: Mapping[str, Sequence[Any]]) -> np.ndarray:
+    """`may_match`, but never no file: when none may, the first is kept, so that the dataset has its
+    schema and the reader says that the filter matches no row."""
+    keep = may_match(dnf, count, partitions, lows, highs)
+    if count and not keep.any():
+        keep[0] = True
     return keep
 
 
