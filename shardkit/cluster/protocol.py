@@ -18,6 +18,7 @@ __all__ = [
     "ENV_HEARTBEAT_ADDR",
     "ENV_JOB_CONFIG",
     "ENV_JOB_DIR",
+    "ENV_RESUME_STEP",
     "ENV_ROLE",
     "ENV_ROLE_INDEX",
     "HEARTBEAT_KINDS",
@@ -47,6 +48,10 @@ ENV_ATTEMPT: Final = "SHARDKIT_ATTEMPT"  # 0, then 1 after the first restart, ..
 ENV_HEARTBEAT_ADDR: Final = "SHARDKIT_HEARTBEAT_ADDR"  # "127.0.0.1:PORT" (UDP); absent: heartbeats off
 # Seconds one torch.distributed collective may wait (fault_tolerance.collective_timeout); absent: torch's.
 ENV_COLLECTIVE_TIMEOUT: Final = "SHARDKIT_COLLECTIVE_TIMEOUT"
+# The newest checkpoint step when the attempt started (0: none), which every process of the attempt
+# restores at most: a checkpoint a faster peer saved while this process was still starting is not taken.
+# Absent (torchrun, by hand, or the supervisor could not list them): the newest.
+ENV_RESUME_STEP: Final = "SHARDKIT_RESUME_STEP"
 # Set only for the roles that read the job's data (see shardkit.cluster.spec).
 ENV_DATA_SHARD: Final = "SHARDKIT_DATA_SHARD"
 ENV_DATA_NUM_SHARDS: Final = "SHARDKIT_DATA_NUM_SHARDS"
@@ -64,7 +69,7 @@ ALL_ENV: Final = frozenset(
     {
         ENV_JOB_CONFIG, ENV_JOB_DIR, ENV_ROLE, ENV_ROLE_INDEX, ENV_ATTEMPT, ENV_HEARTBEAT_ADDR,
         ENV_DATA_SHARD, ENV_DATA_NUM_SHARDS, MASTER_ADDR, MASTER_PORT, RANK, WORLD_SIZE, LOCAL_RANK,
-        LOCAL_WORLD_SIZE, TF_CONFIG, ENV_COLLECTIVE_TIMEOUT,
+        LOCAL_WORLD_SIZE, TF_CONFIG, ENV_COLLECTIVE_TIMEOUT, ENV_RESUME_STEP,
     }
 )
 """Every variable the trainer sets itself; a job config's `env`/`secrets` may not override them."""

@@ -152,6 +152,7 @@ def build_spec(
     attempt: int = 0,
     job_dir: Path | str | None = None,
     heartbeat_addr: str | None = None,
+    resume_step: int | None = None,
 ) -> ClusterSpec:
     """The processes of one attempt of ``config``, with fresh free ports and their environments.
 
@@ -175,6 +176,9 @@ def build_spec(
         attempt: 0 for the first start, then one more per restart (``SHARDKIT_ATTEMPT``).
         job_dir: the job's folder (default ``config.logdir``); ``job.json`` is expected there.
         heartbeat_addr: the supervisor's UDP ``host:port``; None leaves heartbeats off.
+        resume_step: the newest checkpoint step as the attempt starts (0: none), the newest any process
+            of it restores (``SHARDKIT_RESUME_STEP``): a process slow to start does not take a checkpoint
+            a faster one saved meanwhile. None: not pinned, each restores the newest.
 
     Raises:
         ConfigError: a secret that cannot be read, or a bad ``attempt``/``heartbeat_addr``.
@@ -209,6 +213,8 @@ def build_spec(
         }
         if heartbeat_addr is not None:
             env[p.ENV_HEARTBEAT_ADDR] = heartbeat_addr
+        if resume_step is not None:
+            env[p.ENV_RESUME_STEP] = str(resume_step)
         if slot.data_shard is not None:
             env[p.ENV_DATA_SHARD] = str(slot.data_shard)
             env[p.ENV_DATA_NUM_SHARDS] = str(slot.num_data_shards)

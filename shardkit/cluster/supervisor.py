@@ -94,6 +94,7 @@ class Supervisor:
         self._t0 = time.monotonic()
         self._checkpoints: list[CheckpointRecord] = []
         self._attempts: list[AttemptRecord] = []
+        self._listed_step: int | None = None  # the newest checkpoint as the attempt starts (0: none)
         self._failures: list[Failure] = []
         self._notes: list[str] = []
         self._metrics: dict[str, float] = {}
@@ -200,8 +201,8 @@ class Supervisor:
         record = AttemptRecord(attempt, self._elapsed(), resumed_from=self._latest_checkpoint())
         self._count_restart(record)
         self._attempts.append(record)
-        spec = build_spec(self.config, attempt=attempt, job_dir=self.logdir,
-                          heartbeat_addr=receiver.addr)
+        spec = build_spec(self.config, attempt=attempt, job_dir=self.logdir, heartbeat_addr=receiver.addr,
+                          resume_step=self._listed_step)
         log_dir = self.logdir / "logs" / f"attempt-{attempt}"
         log_dir.mkdir(parents=True, exist_ok=True)
         (log_dir / "processes.json").write_text(json.dumps(self._masker.deep(
@@ -265,12 +266,16 @@ class Supervisor:
                 self._echo(final())
 
     def _latest_checkpoint(self) -> int | None:
-        try:  # informative only: the script restores the checkpoint itself
+        """The newest checkpoint's step, None when there is none or it cannot be listed from here; what
+        was listed (0 for none) is kept for the attempt's processes as the newest they may restore."""
+        self._listed_step = None
+        try:  # the script restores the checkpoint itself; this is what the attempt starts from
             from shardkit.trainer.checkpoint import CheckpointManager
 
             info = CheckpointManager(self.config.checkpoint_dir, keep=None).latest()
         except Exception:  # remote storage without the roles' credentials, a missing extra, ...
             return None
+        self._listed_step = 0 if info is None else info.step
         return None if info is None else info.step
 
     # -- watching one attempt ------------------------------------------------------------------------

@@ -218,8 +218,8 @@ class CheckpointManager:
     def restore(self, *, model: torch.nn.Module | None = None, optimizer: torch.optim.Optimizer | None = None,
                 reader: Stateful | None = None, tf_checkpoint: tf.train.Checkpoint | None = None,
                 rng: bool = True, required: bool = False, rank: int | None = None,
-                world_size: int | None = None,
-                reader_shard: tuple[int, int] | None = None) -> Restored | None:
+                world_size: int | None = None, reader_shard: tuple[int, int] | None = None,
+                at_most: int | None = None) -> Restored | None:
         """Load the newest checkpoint that verifies into the given objects; None when there is none.
 
         A newer folder that is uncommitted or does not verify (missing or bad ``COMMIT``, a missing,
@@ -249,6 +249,10 @@ class CheckpointManager:
         ahead of the writer's then repeats or skips as many batches. Without ``reader_shard``, or with no
         shard states saved (allreduce: the ranks step together, so the writer's is every rank's), the
         reader gets the ``reader`` state.
+
+        ``at_most``: restore no checkpoint newer than this step (0: none at all). Every process of an
+        attempt of ``shardkit train`` restores at most the newest checkpoint there was when the attempt
+        started, so one that starts late does not take a checkpoint a faster peer saved meanwhile.
         """
         if reader_shard is not None and not 0 <= reader_shard[0] < reader_shard[1]:
             raise CheckpointError(f"restore(reader_shard={reader_shard!r}) from {self.url}: pass "
@@ -256,7 +260,7 @@ class CheckpointManager:
         if (rank is None) != (world_size is None) or (rank is not None and not 0 <= rank < (world_size or 0)):
             raise CheckpointError(f"restore(rank={rank!r}, world_size={world_size!r}) from {self.url}: pass "
                                   "both or neither, with 0 <= rank < world_size")
-        steps = self._store.steps()
+        steps = [s for s in self._store.steps() if at_most is None or s <= at_most]
         for step in reversed(steps):
             tmp = tempfile.mkdtemp(prefix="shardkit-ckpt-")
             try:

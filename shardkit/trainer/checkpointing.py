@@ -12,6 +12,7 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from shardkit.cluster import protocol as p
+from shardkit.trainer._setup import int_env
 from shardkit.errors import CheckpointError, CheckpointWarning, ConfigError
 
 if TYPE_CHECKING:
@@ -153,8 +154,9 @@ class Checkpoints:
         shard = None
         if ctx.data_shard is not None and ctx.num_data_shards:
             shard = (ctx.data_shard, ctx.num_data_shards)
+        at_most = int_env(p.ENV_RESUME_STEP, None)  # the attempt's checkpoint (`shardkit.cluster.spec`)
         restored = self.manager.restore(**self.objects, rng=rng, rank=rank, world_size=world,
-                                        reader_shard=shard)
+                                        reader_shard=shard, at_most=at_most)
         self.restored = restored
         if restored is None:
             self._ctx._beat("alive", checkpoint="", paced=False)  # for the supervisor: none restored

@@ -39,13 +39,14 @@ def _no_orphans() -> Iterator[None]:
 
 
 def write_config(folder: Path, *, steps: int = 10, workers: int = 2, fault: dict[str, Any] | None = None,
-                 max_restarts: int = 1, **extra: Any) -> Path:
+                 max_restarts: int = 1, late: dict[str, Any] | None = None, **extra: Any) -> Path:
     config = {
         "name": "count", "entrypoint": str(COUNT), "framework": "tensorflow", "strategy": "allreduce",
         "roles": {"worker": {"count": workers}}, "checkpoint": {"every_steps": 5, "keep": 3},
         "fault_tolerance": {"max_restarts": max_restarts, "heartbeat_interval": 0.2,
                             "heartbeat_timeout": 10.0, "startup_timeout": 60.0},
-        "logdir": str(folder / "job"), "params": {"steps": steps, "sleep": 0.01, "fault": fault}, **extra,
+        "logdir": str(folder / "job"), "params": {"steps": steps, "sleep": 0.01, "fault": fault, "late": late},
+        **extra,
     }
     path = folder / "job.yaml"
     path.write_text(yaml.safe_dump(config))
@@ -102,6 +103,22 @@ def test_resume_continues_a_completed_run_and_trains_the_steps_added(tmp_path: P
     assert "params.steps 10 -> 15" in console.getvalue()
     with pytest.raises(CompletedRunError, match="completed at step 15"):  # completed again, at its new end
         run_job(load_config(write_config(tmp_path, steps=15)), console=io.StringIO())
+
+
+@pytest.mark.timeout(120)
+def test_a_process_that_starts_late_restores_the_attempts_checkpoint_not_one_a_peer_saved_meanwhile(
+        tmp_path: Path) -> None:
+    run_job(load_config(write_config(tmp_path)), console=io.StringIO())
+    # worker 1 restores only after worker 0 has trained steps 11-15 and saved step 15
+    late = write_config(tmp_path, steps=15, late={"index": 1, "seconds": 3.0})
+
+    result = run_job(load_config(late), console=io.StringIO(), rerun="resume")
+
+    assert result.ok
+    assert result.attempts[0].resumed_from == 10
+    assert (result.steps, result.samples) == (15, 5 * (4 + 5)), "worker 1 trains steps 11-15 too"
+    log = (tmp_path / "job" / "logs" / "attempt-0" / "worker-1.log").read_text()
+    assert "worker-1 attempt 0 starts at step 10" in log
 
 
 @pytest.mark.timeout(120)

@@ -454,6 +454,21 @@ def test_keep_k_newest_and_clear_leftovers(ckpt_url: str) -> None:
     assert latest.step == 5
 
 
+def test_restore_at_most_a_step_takes_no_newer_checkpoint(tmp_path: Path) -> None:
+    ckpt = CheckpointManager(tmp_path, keep=None)
+    for step in (5, 10, 15):
+        ckpt.save(step, model=linear(step))
+    model = linear(0.0)
+
+    restored = ckpt.restore(model=model, at_most=12)
+
+    assert restored is not None and restored.step == 10
+    assert weight_of(model) == 10.0
+    assert ckpt.restore(model=model, at_most=0) is None  # the attempt started with none
+    newest = ckpt.restore(model=model)
+    assert newest is not None and newest.step == 15
+
+
 def test_keep_none_keeps_all_but_deletes_broken_older_folders(tmp_path: Path) -> None:
     ckpt = CheckpointManager(tmp_path, keep=None)
     for step in range(1, 5):

@@ -1,6 +1,7 @@
 """A role for the tests of the samples a job's summary counts: it trains ``batch + index`` samples a step.
 
-params: steps, batch, sleep (seconds per step), allreduce (a torch ``all_reduce`` each step, so the
+params: steps, batch, sleep (seconds per step), late: {index, seconds} (that process sleeps before its
+restore, so the others may save a checkpoint first), allreduce (a torch ``all_reduce`` each step, so the
 workers step together as in DDP: a job with ``framework: torch``), fault: {index, step, how, attempts}
 where how is ``raise`` (a RuntimeError inside ``with ctx``), ``kill`` (SIGKILL to its own pid),
 ``corrupt`` (flip a byte of the newest checkpoint's state.json, keeping its size, then raise), ``stop``
@@ -33,6 +34,9 @@ def main() -> None:
     ctx = shardkit.trainer.init()
     params = ctx.params
     counter = Counter()
+    late = params.get("late") or {}
+    if late.get("index") == ctx.role_index:
+        time.sleep(float(late["seconds"]))
     start = ctx.checkpoint.restore(reader=counter)
     fault = params.get("fault") or {}
     mine = fault.get("index") == ctx.role_index and ctx.attempt in fault.get("attempts", [0])
