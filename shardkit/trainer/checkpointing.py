@@ -12,8 +12,8 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from shardkit.cluster import protocol as p
-from shardkit.trainer._setup import int_env
 from shardkit.errors import CheckpointError, CheckpointWarning, ConfigError
+from shardkit.trainer._setup import int_env
 
 if TYPE_CHECKING:
     from shardkit.trainer.checkpoint import CheckpointManager, Restored

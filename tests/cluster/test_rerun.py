@@ -45,8 +45,8 @@ def write_config(folder: Path, *, steps: int = 10, workers: int = 2, fault: dict
         "roles": {"worker": {"count": workers}}, "checkpoint": {"every_steps": 5, "keep": 3},
         "fault_tolerance": {"max_restarts": max_restarts, "heartbeat_interval": 0.2,
                             "heartbeat_timeout": 10.0, "startup_timeout": 60.0},
-        "logdir": str(folder / "job"), "params": {"steps": steps, "sleep": 0.01, "fault": fault, "late": late},
-        **extra,
+        "logdir": str(folder / "job"),
+        "params": {"steps": steps, "sleep": 0.01, "fault": fault, "late": late}, **extra,
     }
     path = folder / "job.yaml"
     path.write_text(yaml.safe_dump(config))

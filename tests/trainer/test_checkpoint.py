@@ -462,11 +462,13 @@ def test_restore_at_most_a_step_takes_no_newer_checkpoint(tmp_path: Path) -> Non
 
     restored = ckpt.restore(model=model, at_most=12)
 
-    assert restored is not None and restored.step == 10
+    assert restored is not None
+    assert restored.step == 10
     assert weight_of(model) == 10.0
     assert ckpt.restore(model=model, at_most=0) is None  # the attempt started with none
     newest = ckpt.restore(model=model)
-    assert newest is not None and newest.step == 15
+    assert newest is not None
+    assert newest.step == 15
 
 
 def test_keep_none_keeps_all_but_deletes_broken_older_folders(tmp_path: Path) -> None:
