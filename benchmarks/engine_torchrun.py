@@ -1,5 +1,5 @@
 """ENGINE benchmark, torchrun: the README's digits job with ``engine: torchrun`` as two "nodes" on
-127.0.0.1 (two agent processes, ``python -m shardkit.cluster.engine_torchrun job.yaml --node-rank K``,
+127.0.0.1 (two agent processes, ``python -m shardkit.cluster.engines.torchrun job.yaml --node-rank K``,
 one worker each), measured like every engine of the table (see `benchmarks.engine_ray`):
 
     first step s     from launching both agents to the first training step (imports, the c10d
@@ -108,7 +108,7 @@ def run_nodes(run_dir: Path, *, epochs: int | None = None, kill: str | None = No
     for node in (0, 1):
         with open(run_dir / f"node-{node}.out", "wb") as out:
             procs.append(subprocess.Popen(
-                [sys.executable, "-m", "shardkit.cluster.engine_torchrun", str(config), "--node-rank",
+                [sys.executable, "-m", "shardkit.cluster.engines.torchrun", str(config), "--node-rank",
                  str(node)],
                 cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True))
     killed: dict[str, Any] = {}
@@ -186,7 +186,7 @@ def run_hosts(run_dir: Path, *, epochs: int | None = None, fault: str | None = N
         procs = []
         for node, host in enumerate(net.hosts):
             with open(run_dir / f"node-{node}.out", "wb") as out:
-                procs.append(host.popen([sys.executable, "-m", "shardkit.cluster.engine_torchrun", str(path),
+                procs.append(host.popen([sys.executable, "-m", "shardkit.cluster.engines.torchrun", str(path),
                                          "--node-rank", str(node)], env=env, cwd=ROOT, stdout=out,
                                         stderr=subprocess.STDOUT))
         faulted: dict[str, Any] = {}

@@ -3,7 +3,8 @@ vs the plain reader, on a machine with a CUDA GPU.
 
 Two parts, in one run:
 
-* **Host to device.** The loader's staging (`shardkit.reader.torch._CudaStager`: the batch copied into a
+* **Host to device.** The loader's staging (`shardkit.reader.adapters.torch._CudaStager`: the batch copied
+into a
   reused pinned slot, then ``copy_(non_blocking=True)`` on a side stream) against torch copying the same
   already-pinned tensor alone (``pinned.to("cuda", non_blocking=True)``), 16, 64 and 256 MiB, timed with
   CUDA events over ``--h2d-repeat`` copies after a warm-up. The loader's figure includes its host copy
@@ -61,7 +62,7 @@ def h2d(size_mib: int, repeat: int) -> dict[str, float]:
     import numpy as np
     import torch
 
-    from shardkit.reader.torch import _CudaStager
+    from shardkit.reader.adapters.torch import _CudaStager
 
     n = size_mib << 20
     host = {"x": torch.from_numpy(np.random.default_rng(0).random(n // 4, dtype=np.float32))}

@@ -20,7 +20,7 @@ Cases (ratios are to the best raw pyarrow reader of shardkit's files and to Peta
     shardkit               make_reader(tensor dataset, batch_size=256) (default shuffle)
     shardkit-shard         the same, num_shards=2, shard 0 (half the rows)
     shardkit-noverify      shardkit on the same files with page-checksum verification off
-                           (shardkit.dataset.opened.VERIFY_PAGE_CHECKSUMS = False in its process): the
+                           (shardkit.dataset.dataset.VERIFY_PAGE_CHECKSUMS = False in its process): the
                            cost of verifying the CRC-32 that shardkit's writer puts on every page
     shardkit-noshuffle-noverify  the same for shardkit-noshuffle. The four run round-robin (shardkit-
                            noshuffle, shardkit, and these two) with --checksum-repeat runs each, and the
@@ -209,7 +209,7 @@ def case_shardkit(url: str, shuffle: bool = True, num_shards: int = 1, shard: in
     """
     import warnings
 
-    import shardkit.dataset.opened as opened
+    import shardkit.dataset.dataset as opened
 
     warnings.simplefilter("ignore")  # a Petastorm folder has no _metadata: the reader says so, once
     opened.VERIFY_PAGE_CHECKSUMS = verify

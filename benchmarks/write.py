@@ -11,7 +11,7 @@ Cases:
     pyarrow             pq.write_table(table) — arrays as fixed_size_list, pyarrow's default options
     pyarrow-tuned       the same, with shardkit's column options (dictionary and statistics on scalars only)
     shardkit-arrow      write_dataset(iterator of record batches, arrays as fixed_shape_tensor)
-    shardkit-arrow-nocrc  the same without Parquet page checksums (shardkit.dataset.writer.PAGE_CHECKSUMS =
+    shardkit-arrow-nocrc  the same without Parquet page checksums (shardkit.dataset.write.PAGE_CHECKSUMS =
                         False in its process): the cost of the CRC-32 shardkit writes on every page
     shardkit-pandas     write_dataset(DataFrame whose tensor cells are numpy arrays)
     shardkit-numpy-png  write_dataset(dict of numpy columns) with the image stored as PNG (ImageCodec("png"))
@@ -60,7 +60,7 @@ from benchmarks.petastorm_env import SIDE, run_in_petastorm
 
 def _shardkit_row_group_bytes() -> int:
     """shardkit's default ``row_group_size`` (encoded bytes), so pyarrow's row groups match it."""
-    from shardkit.dataset.writer import parse_size
+    from shardkit.dataset.write import parse_size
 
     default = inspect.signature(shardkit.write_dataset).parameters["row_group_size"].default
     return parse_size(default, what="row_group_size")
@@ -115,7 +115,7 @@ def case_shardkit_arrow(rows: int, image: str = "tensor", page_checksums: bool =
     ``page_checksums=False``: without Parquet page checksums (the writer's module-level switch, set in
     this process before the write). The pages written are counted, with and without a CRC, after the clock.
     """
-    import shardkit.dataset.writer as writer
+    import shardkit.dataset.write as writer
 
     writer.PAGE_CHECKSUMS = page_checksums
     batches = list(data.iter_batches(rows, "tensor"))

@@ -1,6 +1,6 @@
 """mkdocs hooks: the reference pages that are generated from the code at build time, so they cannot
 drift from it: the command line (from `shardkit.cli.build_parser`), the job config (from the pydantic
-models of `shardkit.cluster.config`) and the error tree (from `shardkit.errors`).
+models of `shardkit.job.config`) and the error tree (from `shardkit.errors`).
 
 A page asks for one by holding its marker on a line of its own: ``<!-- generated: cli -->``,
 ``<!-- generated: config -->`` or ``<!-- generated: errors -->``.
@@ -36,7 +36,7 @@ def _cli() -> str:
 
 def _type_name(annotation: Any) -> str:
     text = str(annotation) if not isinstance(annotation, type) else annotation.__name__
-    text = (text.replace("typing.", "").replace("shardkit.cluster.config_sections.", "")
+    text = (text.replace("typing.", "").replace("shardkit.job.config.sections.", "")
             .replace("NoneType", "None"))
     return text.replace(" | ", " or ")  # (a "|" would end a cell of the Markdown table)
 
@@ -45,7 +45,7 @@ def _config() -> str:
     from pydantic import BaseModel
     from pydantic_core import PydanticUndefined
 
-    from shardkit.cluster.config import JobConfig
+    from shardkit.job.config import JobConfig
 
     out: list[str] = []
     seen: set[type] = set()

@@ -22,7 +22,7 @@ import keras
 import tensorflow as tf
 
 import shardkit.trainer
-from shardkit.trainer import tf as shardkit_tf
+from shardkit.trainer.strategies import tf as shardkit_tf
 
 
 def make_model(hidden: int) -> keras.Model:

@@ -6,7 +6,8 @@
 Only the chief runs this code past `shardkit.trainer.init()` (ps and worker processes serve there).
 The chief builds the model under the strategy (its variables live on the ps), reads the whole
 training split with a shardkit reader, and sends each batch to a free worker as the arguments of one
-training step (`shardkit.trainer.tf.Scheduler`): a shardkit reader is Python, which cannot run inside a
+training step (`shardkit.trainer.strategies.tf.Scheduler`): a shardkit reader is Python, which cannot run
+inside a
 remote worker's tf.data graph. Checkpoints are taken by the chief after every scheduled step has
 finished, so the saved variables and reader position agree.
 """
@@ -24,7 +25,7 @@ import keras
 import tensorflow as tf
 
 import shardkit.trainer
-from shardkit.trainer import tf as shardkit_tf
+from shardkit.trainer.strategies import tf as shardkit_tf
 
 
 def make_model(hidden: int) -> keras.Model:

@@ -3,7 +3,7 @@
     shardkit train examples/digits_torch_ps.yaml
 
 The ps processes never reach the training code: `shardkit.trainer.init()` serves the parameters there
-(`shardkit.trainer.torch_ps.serve`) and exits when the workers are done. Each worker pulls the
+(`shardkit.trainer.strategies.torch_ps.serve`) and exits when the workers are done. Each worker pulls the
 weights, computes gradients on its shard of the data and pushes them; the ps applies them as they
 arrive (asynchronous SGD). Worker 0 checkpoints the ps state (parameters and Adam moments) and, at the
 end, evaluates on the test split.
@@ -23,7 +23,7 @@ from pathlib import Path
 import torch
 
 import shardkit.trainer
-from shardkit.trainer import torch_ps
+from shardkit.trainer.strategies import torch_ps
 
 
 def make_model(hidden: int) -> torch.nn.Module:

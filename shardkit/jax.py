@@ -5,7 +5,7 @@ Example:
     >>> loader = shardkit.jax.make_loader(url, batch_size=256, device="gpu", prefetch=2)
 """
 
-from shardkit.reader.collate import Collate
-from shardkit.reader.jax import Loader, make_loader
+from shardkit.reader.adapters.collate import Collate
+from shardkit.reader.adapters.jax import Loader, make_loader
 
 __all__ = ["Collate", "Loader", "make_loader"]

@@ -5,7 +5,7 @@ Example:
     >>> model.fit(shardkit.tf.make_dataset(url, batch_size=64, label="label"), epochs=3)
 """
 
-from shardkit.reader.collate import Collate
-from shardkit.reader.tf import dataset_fn, distribute_dataset, element_spec, make_dataset
+from shardkit.reader.adapters.collate import Collate
+from shardkit.reader.adapters.tf import dataset_fn, distribute_dataset, element_spec, make_dataset
 
 __all__ = ["Collate", "dataset_fn", "distribute_dataset", "element_spec", "make_dataset"]

@@ -5,8 +5,8 @@ Example:
     >>> loader = shardkit.torch.make_loader(url, batch_size=256, device="cuda")
 """
 
-from shardkit.reader.collate import Collate
-from shardkit.reader.torch import Loader, make_loader
-from shardkit.reader.torch_data import ShardkitIterableDataset, job_state
+from shardkit.reader.adapters.collate import Collate
+from shardkit.reader.adapters.torch import Loader, make_loader
+from shardkit.reader.adapters.torch_workers import ShardkitIterableDataset, job_state
 
 __all__ = ["Collate", "Loader", "ShardkitIterableDataset", "job_state", "make_loader"]

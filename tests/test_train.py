@@ -23,8 +23,8 @@ import yaml
 
 import shardkit
 from shardkit.cluster import run_job
-from shardkit.cluster.config import load_config
-from shardkit.cluster.report import JobResult
+from shardkit.cluster.supervisor.report import JobResult
+from shardkit.job.config import load_config
 from tests.trainer.scripts import proctree
 
 torch = pytest.importorskip("torch")

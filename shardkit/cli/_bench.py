@@ -57,11 +57,11 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
 
 
 def run(args: argparse.Namespace) -> int:
-    """Run `shardkit.reader.throughput.measure` with the flags given and print its result; its errors and
+    """Run `shardkit.bench.throughput.measure` with the flags given and print its result; its errors and
     warnings about their values name the flags (`in_flags`: the default cache's `CacheWarning` says
     ``--cache DIR`` or ``--no-cache``, not ``cache=``). With ``--adapter tf``, TensorFlow's log lines are
     left out (`_import_tensorflow_quietly`). Ctrl-C is `shardkit.cli.main`'s: one line, status 130."""
-    from shardkit.reader.throughput import measure
+    from shardkit.bench.throughput import measure
 
     columns = column_names(args.columns)
     if columns == []:  # the flag's own text: a usage error, as `--batch-size x` is

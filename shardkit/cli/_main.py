@@ -21,7 +21,7 @@ from shardkit.errors import JobError, ShardkitError, interrupt_behind
 if TYPE_CHECKING:
     from types import TracebackType
 
-    from shardkit.cluster.config import JobConfig
+    from shardkit.job.config import JobConfig
 
 
 def _interrupted_outside_main(kind: type[BaseException], value: BaseException,
@@ -133,14 +133,14 @@ def _index(args: argparse.Namespace) -> int:
 
 
 def _load(args: argparse.Namespace) -> JobConfig:
-    from shardkit.cluster.config import load_config
+    from shardkit.job.config import load_config
 
     return load_config(args.config, args.set)
 
 
 def _validate(args: argparse.Namespace) -> int:
-    from shardkit.cluster.config import describe
     from shardkit.cluster.engines import check_engine
+    from shardkit.job.config import describe
 
     config = _load(args)
     check_engine(config)  # what `train` refuses before starting anything, the data and logdir aside

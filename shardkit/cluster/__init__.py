@@ -5,8 +5,8 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, TextIO
 
 if TYPE_CHECKING:
-    from shardkit.cluster.config import JobConfig
-    from shardkit.cluster.report import JobResult
+    from shardkit.cluster.supervisor.report import JobResult
+    from shardkit.job.config import JobConfig
     from shardkit.trainer.rerun import Rerun
 
 __all__ = ["run_job"]
@@ -17,7 +17,7 @@ def run_job(config: JobConfig, *, node_rank: int | None = None, echo: bool = Tru
     """Run a job to its end: start every process, watch them, restart from checkpoints, summarize.
 
     Example:
-        >>> from shardkit.cluster.config import load_config
+        >>> from shardkit.job.config import load_config
         >>> result = run_job(load_config("examples/digits.yaml"))
         >>> result.steps, result.restarts, result.samples_per_s
 
@@ -50,17 +50,17 @@ def run_job(config: JobConfig, *, node_rank: int | None = None, echo: bool = Tru
     - At the end ``<logdir>/summary.json`` is written and a summary printed; TensorBoard scalars
       (metrics, samples/s, restarts) are in ``<logdir>/tensorboard``. Secret values (4 characters or
       more) are masked as ``***`` in the roles' logs and in everything the supervisor prints or writes
-      (`shardkit.cluster.masking`).
+      (`shardkit.job.masking`).
     - Ctrl-C, SIGTERM or SIGHUP stops every process (no orphans), writes the summary and raises
       KeyboardInterrupt (its ``signum`` attribute says which; ``shardkit train`` exits 128 + it). If the
       trainer is SIGKILLed, the roles die with it (parent-death signal) and a watcher process stops
-      what they started (`shardkit.cluster.watcher`).
+      what they started (`shardkit.cluster.supervisor.watcher`).
     - Showing progress never stops a job: a TensorBoard or progress error is shown once as a warning.
     - The engine the supervisor made is closed at the end (a local Ray instance or a SparkSession it
       started is shut down).
 
     With ``engine: torchrun`` this runs one node of the job instead (torch's elastic agent starts and
-    restarts the workers; see `shardkit.cluster.engine_torchrun.run_node`): ``node_rank`` is this
+    restarts the workers; see `shardkit.cluster.engines.torchrun.run_node`): ``node_rank`` is this
     node's rank (default ``engine.node_rank``, else 0). Other engines ignore ``node_rank``.
 
     Raises:
@@ -71,7 +71,7 @@ def run_job(config: JobConfig, *, node_rank: int | None = None, echo: bool = Tru
         CompletedRunError: the logdir holds a completed run and ``rerun`` is ``"refuse"``.
     """
     if config.engine.name == "torchrun":  # one node's elastic agent; torch's agent does the restarts
-        from shardkit.cluster.engine_torchrun import run_node
+        from shardkit.cluster.engines.torchrun import run_node
 
         return run_node(config, node_rank=node_rank, echo=echo, console=console, rerun=rerun)
     from shardkit.cluster.supervisor import Supervisor

@@ -15,9 +15,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from shardkit.cluster.config import JobConfig
-from shardkit.cluster.preflight import LOCK_FILE, LogdirLock
+from shardkit.cluster.supervisor.preflight import LOCK_FILE, LogdirLock
 from shardkit.errors import CheckpointError, ShardkitError
+from shardkit.job.config import JobConfig
 from shardkit.trainer.rerun import (
     PREVIOUS,
     Rerun,

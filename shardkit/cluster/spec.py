@@ -8,9 +8,9 @@ import socket
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from shardkit.cluster import protocol as p
-from shardkit.cluster.config import JobConfig
 from shardkit.errors import ConfigError
+from shardkit.job import protocol as p
+from shardkit.job.config import JobConfig
 
 __all__ = ["ClusterSpec", "ProcessSlot", "ProcessSpec", "build_spec", "free_ports", "layout"]
 

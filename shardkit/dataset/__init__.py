@@ -3,14 +3,14 @@ and Delta Lake and Iceberg tables read in place: `shardkit.dataset.tables`)."""
 
 from shardkit.dataset.codecs import ImageCodec, NdarrayCodec, ScalarCodec, TensorCodec
 from shardkit.dataset.footers import RowGroup
-from shardkit.dataset.index import (
+from shardkit.dataset.open import (
     Dataset,
     SummaryMissingWarning,
     UncommittedFilesWarning,
     open_dataset,
 )
 from shardkit.dataset.schema import Field, Schema
-from shardkit.dataset.writer import write_dataset, write_summary
+from shardkit.dataset.write import write_dataset, write_summary
 
 __all__ = [
     "Dataset",

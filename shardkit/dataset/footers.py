@@ -10,8 +10,8 @@ from collections.abc import Sequence
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from shardkit.dataset.access import is_denied, permission_error
-from shardkit.dataset.location import SUMMARY, Location
+from shardkit._storage.access import is_denied, permission_error
+from shardkit._storage.location import SUMMARY, Location
 from shardkit.errors import (
     CorruptDatasetError,
     DatasetError,

@@ -21,12 +21,12 @@ from typing import TYPE_CHECKING, Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from shardkit.dataset.location import Location
+from shardkit._storage.location import Location
 from shardkit.dataset.pages import PageError, check_row_group, first_page, ranges_of
 from shardkit.errors import one_line
 
 if TYPE_CHECKING:
-    from shardkit.dataset.opened import Dataset
+    from shardkit.dataset.dataset import Dataset
 
 __all__ = ["Damage", "FileReport", "VerifyReport", "checksum_presence", "verify_dataset", "verify_file"]
 
@@ -180,7 +180,7 @@ def verify_dataset(url: str | os.PathLike[str] | Any, *, storage_options: dict[s
     Raises:
         DatasetError: the dataset cannot be opened (its summary or a table's log is unreadable).
     """
-    from shardkit.dataset.index import open_dataset
+    from shardkit.dataset.open import open_dataset
 
     ds = open_dataset(url, storage_options=storage_options, version=version)
     loc = ds.location

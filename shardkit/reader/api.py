@@ -10,7 +10,7 @@ from typing import Any, Literal
 
 import numpy as np
 
-from shardkit.dataset.index import Dataset, open_dataset
+from shardkit.dataset.open import Dataset, open_dataset
 from shardkit.dataset.schema import Field, Schema
 from shardkit.errors import CacheWarning, ReaderError
 from shardkit.reader.arguments import explained

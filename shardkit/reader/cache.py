@@ -22,7 +22,7 @@ previous format (``SKC1``, crc32) is a miss: fetched again and replaced, without
   key both end with a valid table, and a mapped entry stays readable when another process replaces or
   evicts it.
 - An entry is only as fresh as its key: the cache never looks at the data file behind it. The reader's
-  keys (`shardkit.reader.source`) hold the dataset URL, the file, the file's version (ETag on object
+  keys (`shardkit.reader._pipeline.source`) hold the dataset URL, the file, the file's version (ETag on object
   stores, ``size:mtime_ns`` locally), the row group, its rows and bytes, and the columns; a file
   rewritten in place gets a new key, so its old entries are never hit again and age out by LRU.
 - Recency is the file's atime, set explicitly on insert and on every hit; mtime is left alone so it
@@ -48,7 +48,7 @@ from collections.abc import Callable
 import pyarrow as pa
 import xxhash
 
-from shardkit.dataset.writer import parse_size
+from shardkit.dataset.write import parse_size
 from shardkit.errors import ReaderError, SchemaError
 
 __all__ = ["CacheConfig", "RowGroupCache"]

@@ -10,9 +10,9 @@ from concurrent.futures import Future
 import numpy as np
 
 from shardkit.errors import CorruptDatasetError
-from shardkit.reader import batching
+from shardkit.reader._pipeline import batching
+from shardkit.reader._pipeline.source import Columns, Part, RowGroupSource
 from shardkit.reader.plan import EpochOrder, Task, first_readable
-from shardkit.reader.source import Columns, Part, RowGroupSource
 
 #: Places of ``pi`` tried for a lost sample (`probes`) before the first readable one after the last.
 PROBES = 32

@@ -37,12 +37,13 @@ from typing import Any, Literal
 
 import numpy as np
 
-from shardkit.dataset.index import SLICE_ROWS, Dataset
+from shardkit.dataset.open import SLICE_ROWS, Dataset
 from shardkit.dataset.schema import Schema
 from shardkit.errors import ReaderError
-from shardkit.reader import batching
-from shardkit.reader.assemble import POSITION, needed_rows, pi_at, scatter_plan
-from shardkit.reader.assemble import chunks as assemble_chunks
+from shardkit.reader._pipeline import batching
+from shardkit.reader._pipeline.assemble import POSITION, needed_rows, pi_at, scatter_plan
+from shardkit.reader._pipeline.assemble import chunks as assemble_chunks
+from shardkit.reader._pipeline.source import Columns, Part, RowGroupSource
 from shardkit.reader.filter import Filter, Partitions, select_rows, to_expression
 from shardkit.reader.lost import substitutes
 from shardkit.reader.plan import (
@@ -55,7 +56,6 @@ from shardkit.reader.plan import (
     take,
     total,
 )
-from shardkit.reader.source import Columns, Part, RowGroupSource
 
 STATE_VERSION = 1
 logger = logging.getLogger(__name__)

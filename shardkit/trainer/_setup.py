@@ -10,9 +10,9 @@ from datetime import timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from shardkit.cluster import protocol as p
-from shardkit.cluster.config import JobConfig, load_config
 from shardkit.errors import ConfigError
+from shardkit.job import protocol as p
+from shardkit.job.config import JobConfig, load_config
 
 if TYPE_CHECKING:
     from shardkit.trainer.context import TrainContext
@@ -82,11 +82,11 @@ def serve_if_server(ctx: TrainContext, cfg: JobConfig) -> None:
     if cfg.strategy != "parameter_server":
         return
     if cfg.framework == "torch" and ctx.role == "ps":
-        from shardkit.trainer import torch_ps
+        from shardkit.trainer.strategies import torch_ps
 
         torch_ps.serve(ctx, heartbeat_interval=ctx.heartbeat_interval)
     elif cfg.framework == "tensorflow" and ctx.role in ("ps", "worker"):
-        from shardkit.trainer import tf as tf_strategy
+        from shardkit.trainer.strategies import tf as tf_strategy
 
         tf_strategy.serve(ctx, heartbeat_interval=ctx.heartbeat_interval)
     else:

@@ -9,9 +9,9 @@ from collections.abc import Callable, Mapping
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Literal
 
-from shardkit.cluster import protocol as p
-from shardkit.cluster.config import JobConfig
 from shardkit.errors import ConfigError
+from shardkit.job import protocol as p
+from shardkit.job.config import JobConfig
 from shardkit.trainer._setup import (
     CONFIG_ENV,
     check_place,
@@ -20,7 +20,7 @@ from shardkit.trainer._setup import (
     load_job_config,
     serve_if_server,
 )
-from shardkit.trainer.checkpointing import Checkpoints
+from shardkit.trainer.checkpoint.policy import Checkpoints
 from shardkit.trainer.heartbeat import Beacon
 
 if TYPE_CHECKING:
@@ -109,18 +109,19 @@ class TrainContext:
         return reader
 
     def torch_loader(self, **overrides: Any) -> Any:
-        """``shardkit.reader.torch.make_loader`` over `reader` (``device``, ``pin_memory``, ``collate`` go
+        """``shardkit.reader.adapters.torch.make_loader`` over `reader` (``device``, ``pin_memory``,
+        ``collate`` go
         to the loader, the rest to the reader)."""
-        from shardkit.reader.torch import make_loader
+        from shardkit.reader.adapters.torch import make_loader
 
         loader_kwargs = {k: v for k, v in overrides.items() if k in _LOADER_KEYS}
         reader = self.reader(**{k: v for k, v in overrides.items() if k not in _LOADER_KEYS})
         return make_loader(reader, **loader_kwargs)
 
     def tf_dataset(self, **overrides: Any) -> Any:
-        """``shardkit.reader.tf.make_dataset`` over `reader` (``label``, ``features``, ``collate``,
+        """``shardkit.reader.adapters.tf.make_dataset`` over `reader` (``label``, ``features``, ``collate``,
         ``prefetch`` go to the dataset, the rest to the reader)."""
-        from shardkit.reader.tf import make_dataset
+        from shardkit.reader.adapters.tf import make_dataset
 
         dataset_kwargs = {k: v for k, v in overrides.items() if k in _DATASET_KEYS}
         reader = self.reader(**{k: v for k, v in overrides.items() if k not in _DATASET_KEYS})
@@ -169,7 +170,7 @@ class TrainContext:
         """Have `finish` call ``callback()`` before its last save; it returns whether the tracked objects
         may have changed since the last save (then that save happens even for a step saved already).
 
-        `shardkit.trainer.torch_ps.connect` registers the wait for the other workers' last pushes.
+        `shardkit.trainer.strategies.torch_ps.connect` registers the wait for the other workers' last pushes.
         """
         self._finish_hooks.append(callback)
 
@@ -277,11 +278,11 @@ def init(config: str | os.PathLike[str] | JobConfig | None = None, *, backend: s
       device per local process, else ``gloo``; ``backend`` overrides), with a one-process group when
       the script runs alone; `finish` destroys it. ``ctx.device`` is this rank's device.
     - server roles never return from `init`: they serve until the job is done, then the process exits
-      (torch parameter server: ``ps`` runs `shardkit.trainer.torch_ps.serve`; TensorFlow parameter
-      server: ``ps`` and ``worker`` run `shardkit.trainer.tf.serve`).
+      (torch parameter server: ``ps`` runs `shardkit.trainer.strategies.torch_ps.serve`; TensorFlow parameter
+      server: ``ps`` and ``worker`` run `shardkit.trainer.strategies.tf.serve`).
     - checkpoints every ``checkpoint.every_seconds``: in an allreduce job the chief (rank 0) decides
       and tells the others every few steps, so every process saves at the same step (torch: a broadcast;
-      TensorFlow: an all-reduce of the strategy `shardkit.trainer.tf.strategy` made).
+      TensorFlow: an all-reduce of the strategy `shardkit.trainer.strategies.tf.strategy` made).
     """
     cfg = load_job_config(config)
     env = os.environ

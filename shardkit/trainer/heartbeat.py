@@ -8,7 +8,7 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
-from shardkit.cluster import protocol
+from shardkit.job import protocol
 
 __all__ = ["Beacon"]
 

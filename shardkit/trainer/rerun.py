@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Any, Literal, get_args
 from shardkit.errors import CompletedRunError, ConfigError
 
 if TYPE_CHECKING:
-    from shardkit.cluster.config import JobConfig
+    from shardkit.job.config import JobConfig
     from shardkit.trainer.checkpoint import CheckpointManager, Completion
 
 __all__ = ["PREVIOUS", "RERUN_ENV", "Rerun", "aside_dir", "changes", "check_rerun", "checkpoints_aside",

@@ -12,9 +12,9 @@ import pytest
 import yaml
 
 from shardkit.cluster import run_job
-from shardkit.cluster.config import JobConfig, load_config
 from shardkit.cluster.engines import check_engine
 from shardkit.errors import ConfigError, MissingDependencyError
+from shardkit.job.config import JobConfig, load_config
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "tests" / "trainer" / "scripts" / "behave.py"

@@ -13,9 +13,9 @@ import pytest
 import yaml
 from pydantic import ValidationError
 
-from shardkit.cluster.config import JobConfig, describe, load_config
 from shardkit.cluster.spec import build_spec
 from shardkit.errors import ConfigError
+from shardkit.job.config import JobConfig, describe, load_config
 
 SECRET = "s3cr3t-Q7vX9-never-print-me"  # distinctive: searched for in every output below
 
@@ -568,7 +568,7 @@ def test_shardkit_validate_refuses_a_bad_ps_optimizer_without_importing_torch(jo
     assert result.returncode == 2, result.stdout + result.stderr
     assert "params.optimizer.name = 'adamw'" in result.stderr + result.stdout
     good = write(job_dir, base(**PS, params={"optimizer": {"name": "adam", "lr": 0.01}}), "good.yaml")
-    code = ("import sys; from shardkit.cluster.config import load_config; "
+    code = ("import sys; from shardkit.job.config import load_config; "
             f"load_config({str(good)!r}); print('torch' in sys.modules)")
     loaded = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
                             check=True)

@@ -6,8 +6,8 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 
-from shardkit.cluster.heartbeats import SampleLedger, apply_beat
-from shardkit.cluster.protocol import Heartbeat, HeartbeatKind
+from shardkit.cluster.supervisor.heartbeats import SampleLedger, apply_beat
+from shardkit.job.protocol import Heartbeat, HeartbeatKind
 
 
 @dataclass

@@ -15,8 +15,7 @@ import pytest
 import yaml
 
 import shardkit
-from shardkit.cluster.config import JobConfig
-from shardkit.cluster.preflight import (
+from shardkit.cluster.supervisor.preflight import (
     FRAMEWORKS,
     LogdirLock,
     check_local_data,
@@ -27,6 +26,7 @@ from shardkit.cluster.preflight import (
     prepare_logdir,
 )
 from shardkit.errors import ConfigError, MissingDependencyError
+from shardkit.job.config import JobConfig
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -13,13 +13,13 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from shardkit.cluster import protocol as p
-from shardkit.cluster.config import JobConfig
-from shardkit.cluster.heartbeats import HeartbeatReceiver
-from shardkit.cluster.mirror import MirrorGroup, MirrorProcess, Options
-from shardkit.cluster.remote import NodeRunner, Update, place
+from shardkit.cluster.engines.mirror import MirrorGroup, MirrorProcess, Options
+from shardkit.cluster.engines.remote import NodeRunner, Update, place
 from shardkit.cluster.spec import ProcessSpec, build_spec
+from shardkit.cluster.supervisor.heartbeats import HeartbeatReceiver
 from shardkit.errors import ConfigError
+from shardkit.job import protocol as p
+from shardkit.job.config import JobConfig
 from tests.trainer.scripts import proctree
 
 HOSTS = ["10.0.0.1", "10.0.0.2", "10.0.0.3"]

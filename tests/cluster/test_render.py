@@ -22,12 +22,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from referencing.jsonschema import DRAFT202012
 
-from shardkit.cluster import protocol as p
-from shardkit.cluster.config import JobConfig, load_config
 from shardkit.cluster.render import render
-from shardkit.cluster.render_entry import place, role_env, yarn_addresses, yarn_master, yarn_secrets
+from shardkit.cluster.render.entry import place, role_env, yarn_addresses, yarn_master, yarn_secrets
 from shardkit.cluster.spec import layout
 from shardkit.errors import ConfigError
+from shardkit.job import protocol as p
+from shardkit.job.config import JobConfig, load_config
 
 ROOT = Path(__file__).resolve().parents[2]
 SCHEMAS = ROOT / "tests" / "fixtures" / "schemas"
@@ -224,7 +224,7 @@ def test_kubernetes_job(framework: str, strategy: str, tmp_path: Path, schemas: 
         assert counts == expected
     worker = specs["Worker"]["template"]["spec"]["containers"][0]
     assert worker["image"] == IMAGE
-    assert worker["command"][-2:] == ["-m", "shardkit.cluster.render_entry"]
+    assert worker["command"][-2:] == ["-m", "shardkit.cluster.render.entry"]
     if (framework, strategy) == ("torch", "parameter_server"):  # ps 1 shares the Worker pods: the larger
         assert worker["resources"]["requests"] == {"cpu": 2, "memory": "4Gi"}
         assert specs["Master"]["template"]["spec"]["containers"][0]["resources"]["limits"] == {
@@ -265,7 +265,7 @@ def test_skein_spec(framework: str, strategy: str, tmp_path: Path, secret_env: N
     assert (worker.resources.vcores, worker.resources.memory, worker.resources.gpus) == (1, 1536, 1)
     assert worker.env[p.ENV_JOB_CONFIG] == "shardkit-job.json"
     assert worker.env["SHARDKIT_YARN_SECRETS"] == "AWS_SECRET_ACCESS_KEY,TOKEN"
-    assert "./environment/bin/python -u -m shardkit.cluster.render_entry" in worker.script
+    assert "./environment/bin/python -u -m shardkit.cluster.render.entry" in worker.script
     assert "--yarn-master" in spec.master.script
     assert str(worker.files["environment"].type) == "ARCHIVE"
 

@@ -21,8 +21,8 @@ import pytest
 import yaml
 
 from shardkit.cluster import run_job
-from shardkit.cluster.config import load_config
 from shardkit.errors import CompletedRunError, ConfigError, JobError
+from shardkit.job.config import load_config
 from shardkit.trainer.checkpoint import CheckpointManager
 from shardkit.trainer.rerun import changes
 from tests.trainer.scripts import proctree

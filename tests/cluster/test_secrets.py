@@ -21,12 +21,12 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from shardkit.cluster import run_job
-from shardkit.cluster.config import load_config
-from shardkit.cluster.masking import MASK, Masker
-from shardkit.cluster.remote import NodeRunner
+from shardkit.cluster.engines.remote import NodeRunner
 from shardkit.cluster.render import render
 from shardkit.cluster.spec import ProcessSpec
 from shardkit.errors import JobError, SecretTooShortWarning
+from shardkit.job.config import load_config
+from shardkit.job.masking import MASK, Masker
 from tests.trainer.scripts import proctree
 
 REPO = Path(__file__).resolve().parents[2]

@@ -16,10 +16,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from shardkit.cluster import protocol as p
-from shardkit.cluster.config import JobConfig
 from shardkit.cluster.spec import ClusterSpec, build_spec, free_ports, layout
 from shardkit.errors import ConfigError
+from shardkit.job import protocol as p
+from shardkit.job.config import JobConfig
 
 ENTRY = Path(__file__).with_name("test_spec.py")  # any existing file serves as the script
 

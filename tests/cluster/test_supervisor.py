@@ -20,10 +20,10 @@ import pytest
 import yaml
 
 from shardkit.cluster import run_job
-from shardkit.cluster.config import load_config
-from shardkit.cluster.report import JobResult
 from shardkit.cluster.supervisor import HeartbeatReceiver, driver_roles
+from shardkit.cluster.supervisor.report import JobResult
 from shardkit.errors import ConfigError, JobError
+from shardkit.job.config import load_config
 from tests.trainer.scripts import proctree
 
 REPO = Path(__file__).resolve().parents[2]
@@ -465,7 +465,7 @@ def test_driver_roles_per_strategy(tmp_path: Path) -> None:
 def test_heartbeat_receiver_drops_malformed_datagrams() -> None:
     import socket
 
-    from shardkit.cluster.protocol import Heartbeat, parse_addr
+    from shardkit.job.protocol import Heartbeat, parse_addr
 
     with HeartbeatReceiver() as receiver, socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
         good = Heartbeat(role="worker", index=1, attempt=0, pid=os.getpid(), kind="step", step=3)
@@ -539,7 +539,7 @@ def test_a_hang_names_one_silent_worker_and_says_the_other_was_silent_too(tmp_pa
 def test_stopping_a_group_ends_a_stopped_process_by_its_sigterm(tmp_path: Path) -> None:
     """SIGTERM reaches a stopped process only once it runs again: the stop sends SIGCONT after it, so a
     stopped process ends now, by the SIGTERM, not by the SIGKILL after the grace period (30 s here)."""
-    from shardkit.cluster.local import LocalEngine
+    from shardkit.cluster.engines.local import LocalEngine
     from shardkit.cluster.spec import ClusterSpec, ProcessSpec
 
     code = "import os, signal, time; os.kill(os.getpid(), signal.SIGSTOP); time.sleep(3600)"
@@ -562,9 +562,9 @@ def test_stopping_a_group_ends_a_stopped_process_by_its_sigterm(tmp_path: Path) 
 def test_procstate_reports_a_stopped_process_of_this_machine(tmp_path: Path) -> None:
     """The supervisor's evidence: `procstate.stopped` is ``T`` for a SIGSTOPped role process, None for a
     running one; `os_state` is None where there is nothing to read (no such pid, pid 0)."""
-    from shardkit.cluster import procstate
-    from shardkit.cluster.local import LocalEngine
+    from shardkit.cluster.engines.local import LocalEngine
     from shardkit.cluster.spec import ClusterSpec, ProcessSpec
+    from shardkit.cluster.supervisor import procstate
 
     code = "import time; time.sleep(3600)"
     spec = ClusterSpec([ProcessSpec("worker", i, [sys.executable, "-c", code], {}) for i in range(2)],

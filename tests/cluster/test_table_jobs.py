@@ -13,7 +13,7 @@ import pytest
 import yaml
 
 from shardkit.cluster import run_job
-from shardkit.cluster.config import load_config
+from shardkit.job.config import load_config
 from tests.dataset.tables import History, make_history
 from tests.trainer.scripts import proctree
 

@@ -23,10 +23,10 @@ import yaml
 from hypothesis import given
 from hypothesis import strategies as st
 
-from shardkit.cluster.config import JobConfig, load_config
-from shardkit.cluster.engine_torchrun import TorchrunEngine, check_job, parse_options
 from shardkit.cluster.engines import get_engine
+from shardkit.cluster.engines.torchrun import TorchrunEngine, check_job, parse_options
 from shardkit.errors import ConfigError
+from shardkit.job.config import JobConfig, load_config
 from tests.cluster.torchrun_tools import (
     EVERY,
     IDS,
@@ -47,7 +47,7 @@ from tests.cluster.torchrun_tools import (
 from tests.trainer.scripts import proctree
 
 if TYPE_CHECKING:  # imported where used: it imports torch's elastic agent
-    from shardkit.cluster.torchrun_agent import NodeMonitor
+    from shardkit.cluster.engines.torchrun.agent import NodeMonitor
 
 
 @pytest.fixture(autouse=True)
@@ -229,8 +229,8 @@ def node_monitor(tmp_path: Path, *, workers: int = 1, echo: bool = True,
                  **fault_tolerance: float) -> Iterator[tuple[NodeMonitor, str, list[str]]]:
     """A started `NodeMonitor` of a job of ``workers`` workers (its node folder ``tmp_path/node``), the
     address its heartbeats go to, and the lines it says; the caller stops it."""
-    from shardkit.cluster.heartbeats import HeartbeatReceiver
-    from shardkit.cluster.torchrun_agent import NodeMonitor
+    from shardkit.cluster.engines.torchrun.agent import NodeMonitor
+    from shardkit.cluster.supervisor.heartbeats import HeartbeatReceiver
 
     config = JobConfig.from_dict({"name": "node", "entrypoint": str(IDS), "framework": "torch",
                                   "roles": {"worker": {"count": workers}}, "logdir": str(tmp_path / "job"),
@@ -336,7 +336,7 @@ def test_the_node_monitor_kills_the_stopped_worker_not_the_one_waiting_for_it(tm
 def test_a_workers_progress_bar_and_long_line_are_echoed_with_bounded_work(tmp_path: Path) -> None:
     """What the node monitor echoes of a worker's log: a ``\\r`` bar as its newest finished redraw, and
     an unterminated line in 64 KiB pieces (not kept, and copied, whole on every poll)."""
-    from shardkit.cluster.torchrun_monitor import _Worker
+    from shardkit.cluster.engines.torchrun.monitor import _Worker
 
     log = tmp_path / "worker-0.log"
     worker = _Worker(0, log, time.monotonic())
@@ -415,7 +415,7 @@ def test_a_node_whose_store_stops_answering_notices_within_the_bound() -> None:
     import socket
     import threading
 
-    from shardkit.cluster.torchrun_agent import LostJobWatch
+    from shardkit.cluster.engines.torchrun.agent import LostJobWatch
 
     server = socket.create_server(("127.0.0.1", 0))
     endpoint = f"127.0.0.1:{server.getsockname()[1]}"
@@ -451,7 +451,7 @@ def test_a_node_whose_store_stops_answering_notices_within_the_bound() -> None:
 
 def test_the_node_address_is_checked_before_anything_starts() -> None:
     from shardkit.cluster.addresses import local_addresses
-    from shardkit.cluster.engine_torchrun import node_address
+    from shardkit.cluster.engines.torchrun import node_address
 
     assert node_address(parse_options({})) == "127.0.0.1"
     assert node_address(parse_options({"local_addr": "localhost"})) == "localhost"  # as given, as before
@@ -469,8 +469,8 @@ def test_lost_job_and_collective_timeouts_are_validated_and_reach_the_workers(
         monkeypatch: pytest.MonkeyPatch) -> None:
     from datetime import timedelta
 
-    from shardkit.cluster import protocol as p
     from shardkit.cluster.spec import build_spec
+    from shardkit.job import protocol as p
     from shardkit.trainer._setup import collective_timeout
 
     base = {"name": "j", "entrypoint": str(IDS), "framework": "torch", "roles": {"worker": {"count": 2}}}

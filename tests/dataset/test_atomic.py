@@ -5,7 +5,7 @@ and part files, kills it, then opens what is on disk and runs the next write. Tw
 
 - random (seeded): after a random input batch plus a random delay, or at a random moment of the commit;
 - exact: the child turns its own N-th ``os.replace`` (the moves of the parts and of the summary files,
-  see `shardkit.dataset.commit`) into a SIGKILL, just before or just after it happens.
+  see `shardkit.dataset.write.commit`) into a SIGKILL, just before or just after it happens.
 """
 
 from __future__ import annotations

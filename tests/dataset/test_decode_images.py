@@ -21,7 +21,7 @@ from PIL import Image
 import shardkit
 from shardkit import Field, ImageCodec
 from shardkit.dataset.codecs import image as image_module
-from shardkit.dataset.writer import EncodedTables
+from shardkit.dataset.write import EncodedTables
 from shardkit.errors import CorruptDatasetError, ImageShapeError, SchemaMismatchError
 from tests.dataset.test_codecs import decode_both
 

@@ -20,9 +20,9 @@ import pytest
 
 import shardkit
 from shardkit.cli import main
-from shardkit.dataset import safe_pickle
 from shardkit.dataset.codecs import codec_from_json
-from shardkit.dataset.petastorm_codecs import (
+from shardkit.dataset.petastorm import safe_pickle
+from shardkit.dataset.petastorm.codecs import (
     PetastormCompressedNdarrayCodec,
     PetastormNdarrayCodec,
     PetastormPng16Codec,

@@ -9,7 +9,7 @@ import numpy as np
 from hypothesis import given, settings
 
 import shardkit
-from shardkit.reader import batching
+from shardkit.reader._pipeline import batching
 
 
 def _chunks(sizes: list[int], masked: int | None) -> list[batching.Columns]:

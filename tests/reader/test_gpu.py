@@ -23,8 +23,8 @@ if not torch.cuda.is_available():
     pytest.skip(f"needs a CUDA GPU: torch {torch.__version__} sees none", allow_module_level=True)
 
 import shardkit.torch as skt  # noqa: E402
-from shardkit.reader import torch as reader_torch  # noqa: E402
-from shardkit.reader.torch import _CudaStager  # noqa: E402
+from shardkit.reader.adapters import torch as reader_torch  # noqa: E402
+from shardkit.reader.adapters.torch import _CudaStager  # noqa: E402
 
 SLEEP_CYCLES = 200_000_000  # torch.cuda._sleep: a kernel that keeps the GPU busy ~0.1 s
 

@@ -23,7 +23,7 @@ with contextlib.suppress(RuntimeError):  # before jax's backends start: two CPU 
 import shardkit
 import shardkit.jax as skj
 from shardkit.errors import AdapterError, MissingDependencyError
-from shardkit.reader import jax as reader_jax
+from shardkit.reader.adapters import jax as reader_jax
 from tests.reader.datasets import assert_exactly_once, ids_of, write_all_codecs, write_ids
 
 N_IDS = 480  # divisible by every world below: "drop" leaves nothing out
@@ -418,7 +418,7 @@ def test_an_epoch_loop_resumed_from_any_batch_reads_what_the_uninterrupted_loop_
 
 
 def test_the_public_module_is_the_implementation() -> None:
-    from shardkit.reader.collate import Collate
+    from shardkit.reader.adapters.collate import Collate
 
     assert skj.make_loader is reader_jax.make_loader
     assert skj.Loader is reader_jax.Loader

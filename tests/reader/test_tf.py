@@ -92,7 +92,7 @@ def test_values_and_dtypes_equal_the_readers_for_every_codec(codecs_ds: str, shu
 @pytest.mark.parametrize("shuffle", [False, True])
 def test_runs_of_batches_reach_tf_in_one_call_and_come_back_as_the_readers_batches(
         tmp_path: Path, shuffle: bool, monkeypatch: pytest.MonkeyPatch) -> None:
-    from shardkit.reader import batching
+    from shardkit.reader._pipeline import batching
 
     url = write_all_codecs(tmp_path / "ds", 300, row_group_size=100)[0]
 

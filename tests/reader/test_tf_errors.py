@@ -23,7 +23,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 import tensorflow as tf  # noqa: E402
 
 import shardkit.tf as stf  # noqa: E402
-from shardkit.reader.tf import READ_ERROR_NOTE  # noqa: E402
+from shardkit.reader.adapters.tf import READ_ERROR_NOTE  # noqa: E402
 
 
 @pytest.fixture

@@ -1,4 +1,4 @@
-"""shardkit.reader.throughput.measure on real datasets: exact counts per bound, warm-up, shards, adapters."""
+"""shardkit.bench.throughput.measure on real datasets: exact counts per bound, warm-up, shards, adapters."""
 
 from __future__ import annotations
 
@@ -19,9 +19,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import shardkit
+from shardkit.bench.sizes import size_of_batch
+from shardkit.bench.throughput import Throughput, measure, nbytes, peak_rss
 from shardkit.errors import CorruptDatasetError, ReaderError
-from shardkit.reader.sizes import size_of_batch
-from shardkit.reader.throughput import Throughput, measure, nbytes, peak_rss
 
 N = 60
 ROW_BYTES = 8 + 4 * 4 + 2  # id int64, a 4x4 uint8 image, a 2-character label

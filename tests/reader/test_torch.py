@@ -26,7 +26,7 @@ from hypothesis import strategies as st
 import shardkit
 import shardkit.torch as skt
 from shardkit.errors import AdapterError, MissingDependencyError, require
-from shardkit.reader import torch as reader_torch
+from shardkit.reader.adapters import torch as reader_torch
 from tests.reader.datasets import assert_exactly_once, ids_of, write_all_codecs, write_ids
 
 N_IDS = 480  # divisible by every world x workers below: "drop" leaves nothing out
@@ -503,7 +503,7 @@ def test_worker_batches_equal_the_readers_and_cross_as_one_shared_tensor(codecs_
 
 def _in_segment(t: torch.Tensor) -> bool:
     """Whether ``t`` lies in a worker's shared-memory segment mapped by this process."""
-    from shardkit.reader.torch_data import _MAPPED
+    from shardkit.reader.adapters.torch_workers import _MAPPED
 
     start = t.data_ptr()
     return any(seg.__array_interface__["data"][0] <= start < seg.__array_interface__["data"][0] + seg.nbytes
@@ -511,7 +511,7 @@ def _in_segment(t: torch.Tensor) -> bool:
 
 
 def _tokens() -> set[str]:
-    from shardkit.reader.torch_data import _MAPPED
+    from shardkit.reader.adapters.torch_workers import _MAPPED
 
     return {token for token, _ in list(_MAPPED)}
 
@@ -521,7 +521,7 @@ def _tokens() -> set[str]:
 def test_worker_segments_are_reused_once_released_and_never_while_held(ids_ds: str) -> None:
     from torch.utils.data import DataLoader
 
-    from shardkit.reader.torch_data import _MAPPED, _Segments
+    from shardkit.reader.adapters.torch_workers import _MAPPED, _Segments
 
     kw = {"batch_size": 16, "seed": 6, "columns": ["id"]}
     with shardkit.make_reader(ids_ds, **kw) as reader:
@@ -561,7 +561,7 @@ def test_a_worker_batch_pickles_to_views_of_one_tensor() -> None:
 
     from torch.utils.data._utils.collate import default_convert
 
-    from shardkit.reader.torch_data import _WorkerBatch
+    from shardkit.reader.adapters.torch_workers import _WorkerBatch
 
     rows = [torch.arange(3), None, torch.ones(2, 2)]
     batch = _WorkerBatch({
@@ -676,7 +676,7 @@ def test_job_state_resumes_on_another_world_size_and_worker_count(ids_ds: str, s
 def test_workers_forked_after_this_process_sent_a_batch_use_segments_of_their_own(ids_ds: str) -> None:
     from multiprocessing.reduction import ForkingPickler
 
-    from shardkit.reader.torch_data import _WorkerBatch
+    from shardkit.reader.adapters.torch_workers import _WorkerBatch
 
     sent = pickle.loads(ForkingPickler.dumps(_WorkerBatch({"x": torch.arange(10)})))  # this process's segment
     assert sent["x"].tolist() == list(range(10))

@@ -29,8 +29,7 @@ from torch import nn
 
 import shardkit
 from shardkit.errors import CheckpointError, CheckpointWarning, ConfigError, CorruptCheckpointError
-from shardkit.trainer import _load
-from shardkit.trainer.checkpoint import CheckpointManager
+from shardkit.trainer.checkpoint import CheckpointManager, _load
 from tests.reader import conftest as s3_fixtures
 from tests.reader.conftest import S3Server
 from tests.trainer.helpers import Counter, linear, weight_of

@@ -19,10 +19,10 @@ import pytest
 import torch
 import yaml
 
-from shardkit.cluster import protocol as p
 from shardkit.errors import CheckpointError, CheckpointWarning
-from shardkit.trainer._state import capture_rng
+from shardkit.job import protocol as p
 from shardkit.trainer.checkpoint import CheckpointManager
+from shardkit.trainer.checkpoint._state import capture_rng
 
 REPO = Path(__file__).resolve().parents[2]
 SCRIPT = REPO / "tests" / "trainer" / "scripts" / "rng_draws.py"

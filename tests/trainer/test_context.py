@@ -16,10 +16,10 @@ import pytest
 import yaml
 
 import shardkit
-from shardkit.cluster import protocol as p
-from shardkit.cluster.config import load_config
 from shardkit.cluster.supervisor import HeartbeatReceiver
 from shardkit.errors import ConfigError
+from shardkit.job import protocol as p
+from shardkit.job.config import load_config
 from shardkit.trainer import TrainContext, init
 from shardkit.trainer.heartbeat import Beacon
 from tests.trainer.helpers import Counter

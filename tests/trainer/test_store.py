@@ -22,8 +22,8 @@ import fsspec
 import pytest
 
 from shardkit.errors import CheckpointError, CheckpointWarning, DatasetPermissionError
-from shardkit.trainer._store import Store
 from shardkit.trainer.checkpoint import CheckpointManager
+from shardkit.trainer.checkpoint._store import Store
 from tests.reader import conftest as s3_fixtures
 from tests.reader.conftest import S3Server
 from tests.reader.s3_tools import FAST, IAMServer, Link, allow, iam_server, s3_options

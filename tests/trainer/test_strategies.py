@@ -25,10 +25,12 @@ from hypothesis import strategies as st
 
 import shardkit
 from shardkit.cluster import run_job
-from shardkit.cluster.config import load_config
-from shardkit.cluster.report import JobResult
+from shardkit.cluster.supervisor.report import JobResult
 from shardkit.errors import ConfigError
-from shardkit.trainer import ps_optimizer, torch_ps, torch_ps_server
+from shardkit.job.config import load_config
+from shardkit.trainer.strategies import torch_ps
+from shardkit.trainer.strategies.torch_ps import optimizer as ps_optimizer
+from shardkit.trainer.strategies.torch_ps import server as torch_ps_server
 from tests.trainer.scripts import proctree
 
 REPO = Path(__file__).resolve().parents[2]
@@ -331,7 +333,7 @@ class _Role:
                                    '{"cluster": {"worker": []}, "task": {"type": "worker"}}'])
 def test_a_missing_or_malformed_tf_config_names_the_variable(monkeypatch: pytest.MonkeyPatch,
                                                             value: str | None) -> None:
-    from shardkit.trainer import tf as shardkit_tf
+    from shardkit.trainer.strategies import tf as shardkit_tf
 
     if value is None:
         monkeypatch.delenv("TF_CONFIG", raising=False)
@@ -342,7 +344,7 @@ def test_a_missing_or_malformed_tf_config_names_the_variable(monkeypatch: pytest
 
 
 def test_tf_parameter_server_roles_are_told_what_they_run(monkeypatch: pytest.MonkeyPatch) -> None:
-    from shardkit.trainer import tf as shardkit_tf
+    from shardkit.trainer.strategies import tf as shardkit_tf
 
     cluster = {"chief": ["127.0.0.1:1"], "ps": ["127.0.0.1:2"], "worker": ["127.0.0.1:3"]}
     monkeypatch.setenv("TF_CONFIG", json.dumps({"cluster": cluster, "task": {"type": "worker", "index": 0}}))

@@ -23,10 +23,11 @@ import yaml
 
 import shardkit
 from shardkit.cluster import run_job
-from shardkit.cluster.config import load_config
 from shardkit.errors import CheckpointError, CheckpointWarning
-from shardkit.trainer import torch_ps, torch_ps_server
+from shardkit.job.config import load_config
 from shardkit.trainer.checkpoint import CheckpointManager
+from shardkit.trainer.strategies import torch_ps
+from shardkit.trainer.strategies.torch_ps import server as torch_ps_server
 from tests.trainer.helpers import Counter
 from tests.trainer.scripts import proctree
 

@@ -48,7 +48,7 @@ def codec_from_json(spec: Any, *, where: str = "schema") -> Codec:
     options = dict(spec)
     name = options.pop("name")
     if name.startswith("petastorm."):
-        import shardkit.dataset.petastorm_codecs  # noqa: F401 - registers the read-only Petastorm codecs
+        import shardkit.dataset.petastorm.codecs  # noqa: F401 - registers the read-only Petastorm codecs
     cls = CODECS.get(name)
     if cls is None:
         raise SchemaError(

@@ -22,8 +22,8 @@ import importlib
 from collections.abc import Callable
 from typing import Any, cast
 
-from shardkit.dataset.location import Location
-from shardkit.dataset.opened import Dataset
+from shardkit._storage.location import Location
+from shardkit.dataset.dataset import Dataset
 from shardkit.dataset.tables.snapshot import Snapshot, TableFormat
 from shardkit.errors import MissingDependencyError
 

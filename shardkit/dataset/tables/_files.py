@@ -21,10 +21,10 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from shardkit._storage.location import Location
+from shardkit.dataset.dataset import FOOTERS_KEPT, Dataset
 from shardkit.dataset.footers import RowGroup, read_footer
-from shardkit.dataset.index import plain_schema, warn_left_out, warn_partitions
-from shardkit.dataset.location import Location
-from shardkit.dataset.opened import FOOTERS_KEPT, Dataset
+from shardkit.dataset.open import plain_schema, warn_left_out, warn_partitions
 from shardkit.dataset.tables.snapshot import Snapshot
 from shardkit.errors import CorruptDatasetError, DatasetPermissionError, UnsupportedTableError
 

@@ -24,8 +24,8 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from shardkit.dataset.location import Location
-from shardkit.dataset.opened import Dataset
+from shardkit._storage.location import Location
+from shardkit.dataset.dataset import Dataset
 from shardkit.dataset.tables._files import TableFile, table_dataset
 from shardkit.dataset.tables.prune import dnf_of, files_to_read
 from shardkit.dataset.tables.snapshot import Snapshot

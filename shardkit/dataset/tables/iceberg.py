@@ -29,8 +29,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from shardkit.dataset.location import Location
-from shardkit.dataset.opened import Dataset
+from shardkit._storage.location import Location
+from shardkit.dataset.dataset import Dataset
 from shardkit.dataset.tables._files import TableFile, table_dataset
 from shardkit.dataset.tables.prune import dnf_of, files_to_read
 from shardkit.dataset.tables.snapshot import Snapshot

@@ -22,7 +22,7 @@ import torch
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 import shardkit.trainer
-from shardkit.trainer import _store
+from shardkit.trainer.checkpoint import _store
 
 
 def _inject_save_crash(step: int, how: str) -> None:

@@ -21,8 +21,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from shardkit.cluster import protocol
-from shardkit.trainer import checkpointing, context
+from shardkit.job import protocol
+from shardkit.trainer import context
+from shardkit.trainer.checkpoint import policy as checkpointing
 
 _step, _restore = context.TrainContext.step, checkpointing.Checkpoints.restore
 
@@ -53,7 +54,7 @@ def _patch_tf_ps() -> None:
     ``iterations`` loses increments when two workers update at once), and record the count at each save."""
     import tensorflow as tf
 
-    from shardkit.trainer import tf as shardkit_tf
+    from shardkit.trainer.strategies import tf as shardkit_tf
 
     init = shardkit_tf.Scheduler.__init__
     counters: list[Any] = []
@@ -96,7 +97,7 @@ def _patch_tf_allreduce() -> None:
 def _patch_torch_ps() -> None:
     import torch
 
-    from shardkit.trainer import torch_ps
+    from shardkit.trainer.strategies import torch_ps
 
     load = torch_ps.ParameterServerClient.load_state_dict
 

@@ -23,8 +23,8 @@ from pathlib import Path
 import torch
 
 import shardkit.trainer
-from shardkit.cluster import protocol
-from shardkit.trainer import torch_ps
+from shardkit.job import protocol
+from shardkit.trainer.strategies import torch_ps
 
 
 class Net(torch.nn.Module):

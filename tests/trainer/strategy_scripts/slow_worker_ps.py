@@ -12,7 +12,7 @@ import time
 import torch
 
 import shardkit.trainer
-from shardkit.trainer import torch_ps
+from shardkit.trainer.strategies import torch_ps
 
 ctx = shardkit.trainer.init()
 torch.manual_seed(0)

@@ -1,0 +1,528 @@
+"""The ``ray`` engine: each process of a job in its own Ray actor, on a Ray cluster or a local instance."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import math
+import os
+import signal
+import socket
+import threading
+import time
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import replace
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from shardkit.cluster.addresses import collective_env
+from shardkit.cluster.engines.mirror import MirrorGroup, MirrorProcess, Options, describe_error, job_settings
+from shardkit.cluster.engines.remote import NodeRunner, Update, free_port, place
+from shardkit.cluster.spec import ClusterSpec, ProcessSpec
+from shardkit.errors import ConfigError, EngineUnreachableError, JobError, require
+from shardkit.job import protocol
+
+if TYPE_CHECKING:
+    from shardkit.job.config import JobConfig
+
+__all__ = ["RayEngine", "RayGroup"]
+
+_POLL_S = 0.1
+_OPTIONS = ("address", "num_cpus", "num_gpus", "runtime_env", "grace", "placement")
+#: engine.placement -> Ray's placement group strategy (as Ray Train's ``ScalingConfig.placement_strategy``)
+PLACEMENTS = {"spread": "SPREAD", "strict_spread": "STRICT_SPREAD", "pack": "PACK",
+              "strict_pack": "STRICT_PACK"}
+_CONNECT_S = 5.0  # how long a cluster address may take to accept a connection before the job is refused
+_SETTLE_S = 5.0  # how long the alive nodes may stay unable to hold the group (a node joining) ere failing
+_RAY_CLIENT_PORT = 10001  # ray://HOST without a port
+_LOOPBACK_ENV = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"  # "0": a local instance stays on 127.0.0.1
+
+
+class _RoleActor:
+    """Runs one role process on its node (wrapped by ``ray.remote`` with the role's resources)."""
+
+    def __init__(self) -> None:
+        self.runner: NodeRunner | None = None
+
+    def address(self) -> tuple[str, int]:
+        """This node's address as Ray knows it (``ray start --node-ip-address``, never the host name's
+        resolution), and a port free on it."""
+        return _node_ip(), free_port()
+
+    def start(self, proc: ProcessSpec, grace: float) -> int:
+        # the collectives bind to this node's address: across machines gloo would otherwise advertise the
+        # host name's address, often 127.0.x.1, and its peers fail in connectFullMesh
+        env = {**proc.env, **collective_env(_node_ip(), {**os.environ, **proc.env})}
+        self.runner = NodeRunner(replace(proc, env=env), grace=grace)
+        pid: int = self.runner.pid
+        return pid
+
+    def collect(self) -> Update:
+        return self.runner.collect() if self.runner is not None else Update()
+
+    def stop(self, grace: float) -> Update:
+        runner, self.runner = self.runner, None
+        if runner is None:
+            return Update()
+        try:
+            return runner.stop(grace)
+        finally:
+            runner.close()
+
+
+def _node_ip() -> str:
+    import ray
+
+    ip: str = ray.util.get_node_ip_address()  # type: ignore[no-untyped-call]
+    return ip
+
+
+class RayGroup(MirrorGroup):
+    """The processes of one attempt, each in a Ray actor; a thread polls the actors (see `RayEngine`)."""
+
+    def __init__(self, ray: Any, processes: list[MirrorProcess], heartbeat_addr: str | None,
+                 grace: float) -> None:
+        super().__init__(processes, heartbeat_addr)
+        self.ray, self.grace = ray, grace
+        self.actors: list[Any] = []
+        self.placement_group: Any = None  # one bundle per process; removed by `stop`
+        self._done = threading.Event()
+        self._thread = threading.Thread(target=self._poll, name="shardkit-ray-poll", daemon=True)
+
+    def begin(self) -> None:
+        self._thread.start()
+
+    def _poll(self) -> None:
+        ray, pending = self.ray, dict[Any, int]()
+        unavailable = getattr(ray.exceptions, "ActorUnavailableError", ())
+        try:
+            while not self._done.is_set():
+                began = time.monotonic()
+                busy = set(pending.values())
+                for i, actor in enumerate(self.actors):
+                    if self.processes[i].returncode is None and i not in busy:
+                        pending[actor.collect.remote()] = i
+                if pending:
+                    ready, _ = ray.wait(list(pending), num_returns=len(pending), timeout=_POLL_S)
+                    for ref in ready:
+                        i = pending.pop(ref)
+                        try:
+                            self.feed(i, ray.get(ref))
+                        except unavailable:  # a network blip: Ray says whether it comes back
+                            continue
+                        except ray.exceptions.RayActorError as e:
+                            self.lost(i, f"the Ray actor of {self.processes[i].name} died: "
+                                         f"{describe_error(e)}")
+                self._done.wait(max(0.0, _POLL_S - (time.monotonic() - began)))
+        except Exception as e:  # never leave the supervisor waiting on processes nobody watches
+            for i, proc in enumerate(self.processes):
+                self.lost(i, f"polling the Ray actor of {proc.name} failed: {describe_error(e)}", code=1)
+
+    def stop(self, grace: float | None = None) -> None:
+        """Stop each process through its actor (SIGTERM, SIGKILL after ``grace``), then kill the actors."""
+        grace = self.grace if grace is None else grace
+        self._done.set()
+        if self._thread.is_alive():
+            self._thread.join()
+        ray = self.ray
+        try:
+            refs = {actor.stop.remote(grace): i for i, actor in enumerate(self.actors)}
+            ready, late = ([], []) if not refs else ray.wait(list(refs), num_returns=len(refs),
+                                                              timeout=grace + 30)
+            for ref in ready:
+                i = refs[ref]
+                try:
+                    self.feed(i, ray.get(ref))
+                except ray.exceptions.RayError as e:
+                    self.lost(i, f"the Ray actor of {self.processes[i].name} died: {describe_error(e)}")
+            for ref in late:
+                self.lost(refs[ref], "its Ray actor did not stop it in time; the actor was killed")
+        finally:
+            for actor in self.actors:  # its process gone, the parent-death signal takes the role with it
+                with contextlib.suppress(Exception):
+                    ray.kill(actor, no_restart=True)
+            if self.placement_group is not None:
+                with contextlib.suppress(Exception):
+                    ray.util.remove_placement_group(self.placement_group)
+                self.placement_group = None
+            for i, proc in enumerate(self.processes):
+                if proc.returncode is None:
+                    self.lost(i, "stopped with its Ray actor")
+            self.close()
+
+
+@contextlib.contextmanager
+def _own_signal_handlers() -> Iterator[None]:
+    """Put back this process's handlers of the stop signals after ``ray.init``, which replaces SIGTERM's
+    with its own (``sys.exit(15)``; its core worker's prints "SIGTERM received" and aborts): the
+    supervisor's handler must stay, so that ``shardkit train`` stopped with SIGTERM stops its processes,
+    writes its summary ("interrupted") and exits 143, and Ray is shut down by the engine's `close`."""
+    from shardkit.cluster.supervisor import STOP_SIGNALS
+
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    saved = {sig: signal.getsignal(sig) for sig in STOP_SIGNALS}
+    try:
+        yield
+    finally:
+        for sig, handler in saved.items():
+            if handler is not None:  # None: set outside Python, nothing to put back
+                signal.signal(sig, handler)
+
+
+class RayEngine:
+    """Starts each process of a job in a Ray actor: on an existing Ray cluster, or a local instance.
+
+    Example:
+        >>> engine = RayEngine({"address": "10.0.0.5:6379"})   # YAML: engine: {name: ray, address: ...}
+        >>> group = engine.start(spec, log_dir=Path("logs"))
+        >>> group.stop(); engine.close()
+
+    Options: ``address`` (a running cluster: ``auto``, ``HOST:PORT`` as ``ray start --head`` prints it,
+    or ``ray://HOST:10001``; left out, a local instance is started on 127.0.0.1 for the job and shut
+    down by `close`), ``placement`` (how the processes spread over the nodes: ``spread``, the default,
+    ``strict_spread``, ``pack`` or ``strict_pack``, Ray's placement group strategies), ``num_cpus`` and
+    ``num_gpus`` (the local instance's size; default: what the roles ask for), ``runtime_env`` (Ray's
+    runtime environment for the actors, e.g. ``{working_dir: ., pip: [...]}``), ``grace`` (seconds
+    between SIGTERM and SIGKILL when stopping a process, default 5). If this process is already
+    connected to Ray (``ray.init`` was called), that connection is used and left open.
+
+    Choices:
+    - One actor per process, each asking for its role's ``resources`` (``num_cpus``, ``num_gpus``,
+      ``memory``), running the role's ordinary process (the same argv and environment as on the local
+      engine) and relaying its output and heartbeats through Ray calls, so the script is the same on
+      every engine and no port of the trainer has to be reachable from the nodes. Not Ray Train's
+      ``TorchTrainer``: it owns the process group, the restarts and the checkpoints (through
+      ``ray.train.report``, ~2 s a call here) that shardkit's supervisor and ``ctx.step`` own, and it
+      runs only torch (no TensorFlow, no parameter servers).
+    - The actors of an attempt share one placement group of a bundle per process, so that they are
+      placed together or not at all (never half a group waiting for the rest). ``spread`` (Ray
+      Train's ``SPREAD``) puts each process on a node of its own while there are nodes to spare, and
+      packs them onto fewer otherwise: two workers on a two-node cluster get a node (and its network
+      and CPUs) each, and after a node is lost they restart together on the one left if it can hold
+      them. ``strict_spread`` insists on a node per process.
+    - Ray does not restart the actors (``max_restarts=0``): a dead actor is a dead process, and the
+      supervisor restarts the whole group from the newest checkpoint with new actors, as on any engine.
+    - A node lost (its raylet gone: the machine died or was cut off) ends its processes' actors; the
+      others' collectives fail (or their heartbeats stop), and the supervisor restarts the group from
+      the newest checkpoint, with the same number of processes, on the nodes that remain, as Ray Train
+      restarts a fixed-size worker group (``FailureConfig``). The group keeps its size: the data shards
+      and the ranks follow the config, and the reader resumes the epoch exactly where the checkpoint
+      left it. Where the remaining nodes cannot hold the group (too few nodes for ``strict_spread``,
+      or too few CPUs, GPUs or memory in all), the attempt fails at once with an error naming the
+      alive and the lost nodes and what the group asks for, and the job ends: shardkit does not wait
+      for nodes to join (Ray Train would wait for an autoscaler), beyond a few seconds for a node that
+      is registering. A cluster whose nodes can hold the group but are busy is waited for, up to
+      ``startup_timeout``.
+    - Where the actors land decides the addresses: each actor reports its node's IP as Ray knows it
+      (``ray start --node-ip-address``; never the host name's resolution, which is 127.0.x.1 on many
+      hosts) and a free port, and the processes get rank 0's as ``MASTER_ADDR/MASTER_PORT``
+      (TensorFlow: every member's, in ``TF_CONFIG``). Each process's collectives bind to its node's
+      address: ``GLOO_SOCKET_IFNAME``/``NCCL_SOCKET_IFNAME`` name the interface that holds it, unless
+      the job's ``env:`` or the node's environment set them. A process with GPUs sees only its own
+      (Ray sets ``CUDA_VISIBLE_DEVICES``), so it gets ``LOCAL_RANK=0``.
+    - A cluster ``address`` that does not accept a connection within a few seconds fails the job
+      before anything starts (`EngineUnreachableError`, naming the address), rather than leave it to
+      ``ray.init``'s retries.
+    - The nodes need the same Python (``python:`` in the config), shardkit and the script at the same
+      paths (or a ``runtime_env`` that provides them); the environment, secrets included, goes to the
+      actors through Ray. A cluster with token authentication (``RAY_AUTH_MODE=token``) needs the same
+      setting and the cluster's token (``RAY_AUTH_TOKEN_PATH`` or ``~/.ray/auth_token``) where
+      ``shardkit train`` runs.
+    """
+
+    name = "ray"
+
+    def __init__(self, options: dict[str, Any] | None = None) -> None:
+        opts = Options("ray", options, _OPTIONS)
+        self.address = opts.text("address", "auto")
+        self.num_cpus = opts.number("num_cpus", None)
+        self.num_gpus = opts.number("num_gpus", None)
+        self.runtime_env = opts.mapping("runtime_env", "{working_dir: .}")
+        self.grace = opts.number("grace", 5.0) or 0.0
+        placement = opts.text("placement", "spread") or "spread"
+        if placement not in PLACEMENTS:
+            from shardkit.job.config.load import option_error  # it imports the engines' config models
+
+            raise option_error([(("engine", "placement"), placement, "not a placement of the Ray engine",
+                                 f"use one of: {', '.join(PLACEMENTS)}")])
+        self.placement = placement
+        self.ray: Any = require("ray", extra="ray", purpose="engine: ray (the job's processes as Ray actors)")
+        self._owned = False
+
+    def check_job(self, config: JobConfig) -> None:
+        """Refuse a job the local instance sized by ``num_cpus``/``num_gpus`` can never place (its actors
+        would wait until ``startup_timeout``, then again each restart): the roles' requests, all at
+        once, must fit it, and on its one node ``strict_spread`` can hold one process only. Before
+        anything starts: the supervisor and ``shardkit validate`` call it. A running cluster
+        (``address``) is Ray's to judge: it may grow."""
+        if self.address is not None or self.ray.is_initialized():
+            return
+        asks = {name: role.resources for name, role in config.roles.items()}
+        counts = {name: role.count for name, role in config.roles.items()}
+        if self.placement == "strict_spread" and sum(counts.values()) > 1:
+            raise ConfigError(
+                f"engine.placement=strict_spread: a node per process, but the local Ray instance is one "
+                f"node and the job has {sum(counts.values())} processes. Fix: engine.placement: spread "
+                "(or set engine.address to a cluster of enough nodes)")
+        for option, have, key in (("num_cpus", self.num_cpus, "cpus"), ("num_gpus", self.num_gpus, "gpus")):
+            if have is None:
+                continue
+            need = sum(getattr(asks[r], key) * counts[r] for r in asks)
+            if need > have:
+                each = ", ".join(f"{counts[r]} {r} x {getattr(asks[r], key):g}" for r in asks)
+                raise ConfigError(
+                    f"engine.{option}={have:g}: the local Ray instance would have {have:g} {key.upper()}, "
+                    f"but the job's processes, which start together, ask for {need:g} ({each}). Fix: "
+                    f"engine.{option}: {math.ceil(need)} (or leave it out: the instance is sized from the "
+                    f"roles), or lower roles.<role>.resources.{key}"
+                )
+
+    @property
+    def runs_here(self) -> bool:
+        """Whether the roles will run on this machine: a local instance the engine starts (no
+        ``address``, no connection yet); the supervisor then checks a local ``data.url`` and the GPUs
+        asked for first."""
+        return self.address is None and not self.ray.is_initialized()
+
+    def _connect(self, spec: ClusterSpec, resources: dict[str, dict[str, Any]]) -> None:
+        ray = self.ray
+        if ray.is_initialized():
+            return
+        if self.address is not None:
+            check_answers(self.address)
+        with _own_signal_handlers():
+            self._init(ray, spec, resources)
+        self._owned = True
+
+    def _init(self, ray: Any, spec: ClusterSpec, resources: dict[str, dict[str, float]]) -> None:
+        quiet = {"log_to_driver": False, "logging_level": logging.WARNING}
+        if self.address is not None:
+            try:
+                ray.init(address=self.address, **quiet)
+            except (ConnectionError, TimeoutError, ray.exceptions.RayError) as e:
+                with contextlib.suppress(Exception):
+                    ray.shutdown()
+                raise EngineUnreachableError(
+                    f"engine.address={self.address!r}: connecting to the Ray cluster there failed: "
+                    f"{describe_error(e)}. Fix: check that it is the head's address (as `ray start --head` "
+                    "printed it), and on a cluster with token authentication set RAY_AUTH_MODE=token and "
+                    "the cluster's token (RAY_AUTH_TOKEN_PATH) where shardkit train runs") from e
+        else:
+            need = [resources.get(proc.role, {}) for proc in spec.processes]
+            cpus = self.num_cpus if self.num_cpus is not None else math.ceil(
+                sum(r.get("cpus", 1) for r in need))
+            gpus = self.num_gpus if self.num_gpus is not None else sum(r.get("gpus", 0) for r in need)
+            saved = os.environ.get(_LOOPBACK_ENV)
+            os.environ[_LOOPBACK_ENV] = "0"  # read by the Ray processes started now (they inherit it)
+            try:
+                ray.init(num_cpus=cpus, num_gpus=gpus, include_dashboard=False, _node_ip_address="127.0.0.1",
+                         **quiet)
+            finally:
+                if saved is None:
+                    os.environ.pop(_LOOPBACK_ENV, None)
+                else:
+                    os.environ[_LOOPBACK_ENV] = saved
+
+    def start(self, spec: ClusterSpec, *, log_dir: Path) -> RayGroup:
+        """Place a bundle per process (a placement group), start an actor in each, then the processes."""
+        ray = self.ray
+        resources, timeout = job_settings(spec)
+        self._connect(spec, resources)
+        log_dir.mkdir(parents=True, exist_ok=True)
+        mirrors = [MirrorProcess(proc, log_dir / f"{proc.name}.log") for proc in spec.processes]
+        group = RayGroup(ray, mirrors, spec.heartbeat_addr, self.grace)
+        try:
+            asks = [resources.get(proc.role, {}) for proc in spec.processes]
+            group.placement_group = self._placement_group([bundle(ask) for ask in asks], resources, timeout)
+            from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+            actor = ray.remote(_RoleActor)
+            for i, ask in enumerate(asks):
+                strategy = PlacementGroupSchedulingStrategy(group.placement_group,
+                                                            placement_group_bundle_index=i)
+                options: dict[str, Any] = {"num_cpus": ask.get("cpus", 1), "num_gpus": ask.get("gpus", 0),
+                                           "max_restarts": 0, "max_concurrency": 1,
+                                           "scheduling_strategy": strategy}
+                if ask.get("memory"):
+                    options["memory"] = ask["memory"]
+                if self.runtime_env:
+                    options["runtime_env"] = self.runtime_env
+                group.actors.append(actor.options(**options).remote())
+            where = self._placed(group, resources, timeout)
+            own_devices = [bool(ask.get("gpus")) for ask in asks]
+            envs = place(spec.processes, where, own_devices)
+            started = [a.start.remote(replace(proc, env=env), self.grace)
+                       for a, proc, env in zip(group.actors, spec.processes, envs, strict=True)]
+            try:
+                pids = ray.get(started, timeout=timeout)
+            except ray.exceptions.GetTimeoutError as e:
+                raise JobError(f"engine ray: the actors did not start their processes in {timeout:g} s "
+                               "(startup_timeout). Fix: check the nodes' load and logs") from e
+            for mirror, pid, (host, _) in zip(mirrors, pids, where, strict=True):
+                mirror.pid, mirror.host, mirror.started = pid, host, time.monotonic()
+        except BaseException:
+            group.stop(0)
+            raise
+        group.begin()
+        return group
+
+    def _placement_group(self, bundles: list[dict[str, float]], resources: dict[str, dict[str, Any]],
+                         timeout: float) -> Any:
+        """The attempt's placement group, once Ray has reserved every bundle. Fails at once (after
+        `_SETTLE_S`, for a node still registering) when the alive nodes can never hold it."""
+        ray = self.ray
+        strategy = PLACEMENTS[self.placement]
+        pg = ray.util.placement_group(bundles, strategy=strategy)
+        ready = pg.ready()
+        began = time.monotonic()
+        short_since: float | None = None
+        try:
+            while not ray.wait([ready], timeout=1.0)[0]:
+                now = time.monotonic()
+                nodes = ray.nodes()
+                short = shortfall(bundles, self.placement, [n["Resources"] for n in nodes if n.get("Alive")])
+                if short is None:
+                    short_since = None
+                elif short_since is None:
+                    short_since = now
+                elif now - short_since >= min(_SETTLE_S, timeout):
+                    raise JobError(self._too_few(nodes, bundles, short))
+                if now - began > timeout:
+                    raise JobError(self._unplaced(resources, timeout))
+        except BaseException:
+            with contextlib.suppress(Exception):
+                ray.util.remove_placement_group(pg)
+            raise
+        return pg
+
+    def _too_few(self, nodes: Sequence[Mapping[str, Any]], bundles: list[dict[str, float]],
+                 short: str) -> str:
+        alive = [describe_node(n) for n in nodes if n.get("Alive")]
+        lost = [str(n.get("NodeManagerAddress")) for n in nodes if not n.get("Alive")]
+        if len(lost) > 5:  # a long-lived cluster remembers every node it lost
+            lost = [*lost[-5:], f"and {len(lost) - 5} earlier"]
+        where = f" at {self.address}" if self.address else ""
+        share = "engine.placement: spread (processes may then share a node), "
+        return (
+            f"engine ray: the Ray cluster{where} has {len(alive)} alive node(s) "
+            f"({'; '.join(alive) or 'none'})" + (f", {len(lost)} lost ({', '.join(lost)})" if lost else "")
+            + f": too few for the job's {len(bundles)} processes with engine.placement={self.placement} "
+            f"({short}). Fix: start nodes (`ray start --address HEAD:PORT` on each), or "
+            + (share if self.placement == "strict_spread" else "")
+            + "or lower roles.<role>.count or roles.<role>.resources")
+
+    def _unplaced(self, resources: dict[str, dict[str, Any]], timeout: float) -> str:
+        asks = {role: {k: v for k, v in r.items() if v} for role, r in resources.items()}
+        return (f"engine ray: the cluster did not place the job's processes in {timeout:g} s "
+                f"(startup_timeout); the roles ask for {asks}, the cluster has "
+                f"{self.ray.available_resources()} free. Fix: lower roles.*.resources or the role counts, "
+                "or add nodes")
+
+    def _placed(self, group: RayGroup, resources: dict[str, dict[str, Any]],
+                timeout: float) -> list[tuple[str, int]]:
+        ray = self.ray
+        refs = [a.address.remote() for a in group.actors]
+        ready, _ = ray.wait(refs, num_returns=len(refs), timeout=timeout)
+        if len(ready) < len(refs):
+            raise JobError(self._unplaced(resources, timeout))
+        return [tuple(x) for x in ray.get(refs)]  # type: ignore[misc]
+
+    def close(self) -> None:
+        """Shut down the local Ray instance this engine started (disconnect from a cluster it joined)."""
+        if self._owned:
+            self._owned = False
+            self.ray.shutdown()
+
+
+def bundle(ask: Mapping[str, Any]) -> dict[str, float]:
+    """A process's placement bundle in Ray's resource names, from its role's ``resources`` (Ray refuses an
+    empty bundle: a process that asks for nothing reserves a sliver of a CPU)."""
+    out = {"CPU": float(ask.get("cpus", 1) or 0), "GPU": float(ask.get("gpus", 0) or 0),
+           "memory": float(ask.get("memory", 0) or 0)}
+    out = {k: v for k, v in out.items() if v > 0}
+    return out or {"CPU": 0.01}
+
+
+def shortfall(bundles: Sequence[Mapping[str, float]], placement: str,
+              nodes: Sequence[Mapping[str, float]]) -> str | None:
+    """Why ``nodes`` (their total resources) can never hold ``bundles`` under ``placement``, or None when
+    they might (a necessary condition only: packing bins is Ray's to try, and a busy cluster to wait
+    for).
+
+    Example:
+        >>> shortfall([{"CPU": 1}, {"CPU": 1}], "strict_spread", [{"CPU": 4}])
+        'a node per process: 2 needed, 1 can hold one'
+    """
+    def fits(b: Mapping[str, float], node: Mapping[str, float]) -> bool:
+        return all(node.get(k, 0.0) >= v for k, v in b.items())
+
+    for b in bundles:
+        if not any(fits(b, n) for n in nodes):
+            return f"no alive node has {format_resources(b)} for one process"
+    if placement == "strict_pack":
+        total = {k: sum(b.get(k, 0.0) for b in bundles) for k in {k for b in bundles for k in b}}
+        if not any(fits(total, n) for n in nodes):
+            return f"one node for all: none has {format_resources(total)}"
+    elif placement == "strict_spread":
+        free = list(nodes)
+        for b in sorted(bundles, key=lambda b: -sum(b.values())):  # the largest take their node first
+            node = next((n for n in free if fits(b, n)), None)
+            if node is None:
+                able = sum(any(fits(x, n) for x in bundles) for n in nodes)
+                return f"a node per process: {len(bundles)} needed, {able} can hold one"
+            free.remove(node)
+    for key in {k for b in bundles for k in b}:
+        need, have = sum(b.get(key, 0.0) for b in bundles), sum(n.get(key, 0.0) for n in nodes)
+        if need > have:
+            return f"{_name(key)}: {_amount(key, need)} asked, {_amount(key, have)} on the alive nodes"
+    return None
+
+
+def describe_node(node: Mapping[str, Any]) -> str:
+    """``10.0.0.5 (4 CPU, 1 GPU, 12.0 GiB)``: a node of ``ray.nodes()`` in a few words."""
+    return f"{node.get('NodeManagerAddress')} ({format_resources(node.get('Resources') or {})})"
+
+
+def format_resources(res: Mapping[str, float]) -> str:
+    return ", ".join(_amount(k, res[k]) for k in ("CPU", "GPU", "memory") if res.get(k)) or "nothing"
+
+
+def _name(key: str) -> str:
+    return {"CPU": "CPUs", "GPU": "GPUs"}.get(key, key)
+
+
+def _amount(key: str, value: float) -> str:
+    return f"{value / 2**30:.1f} GiB" if key == "memory" else f"{value:g} {key}"
+
+
+def check_answers(address: str, timeout: float = _CONNECT_S) -> None:
+    """Raise `EngineUnreachableError` when nothing accepts a TCP connection at the Ray ``address``
+    (``HOST:PORT``, ``ray://HOST[:PORT]``) within ``timeout`` seconds; ``auto`` and ``local`` are Ray's
+    to find. Only a connection is made: nothing is sent.
+
+    Example:
+        >>> check_answers("10.0.0.5:6379")
+    """
+    if address in ("auto", "local"):
+        return
+    client = address.startswith("ray://")
+    target = address.removeprefix("ray://")
+    try:
+        host, port = protocol.parse_addr(target)
+    except ValueError:
+        if not client:
+            return  # not HOST:PORT: Ray says what it makes of it
+        host, port = target.strip("[]"), _RAY_CLIENT_PORT
+    began = time.monotonic()
+    try:
+        socket.create_connection((host, port), timeout=timeout).close()
+    except OSError as e:
+        waited = time.monotonic() - began
+        why = "no answer" if isinstance(e, TimeoutError) else (e.strerror or describe_error(e))
+        raise EngineUnreachableError(
+            f"engine.address={address!r}: no Ray cluster answers at {protocol.format_addr(host, port)} "
+            f"({why}, after {waited:.1f} s). Fix: start the cluster's head there (`ray start --head "
+            f"--node-ip-address {host} --port {port}`), or set engine.address to the head's HOST:PORT as "
+            "`ray start --head` printed it, and check that this machine can reach it") from e

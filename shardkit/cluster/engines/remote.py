@@ -1,0 +1,152 @@
+"""Roles on a cluster engine's nodes (ray, spark): what starts one process on its node and relays it."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import socket
+import tempfile
+from collections.abc import Sequence
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+from shardkit.cluster.engines.local import LocalEngine, LocalGroup
+from shardkit.cluster.spec import ClusterSpec, ProcessSpec, free_ports
+from shardkit.job import protocol as p
+
+__all__ = ["NodeRunner", "Update", "free_port", "place"]
+
+
+@dataclass
+class Update:
+    """What a node runner saw since its last report: heartbeat datagrams (JSON text), output lines,
+    and the exit code once the process is gone (``-signal`` when a signal ended it)."""
+
+    beats: list[str] = field(default_factory=list)
+    lines: list[str] = field(default_factory=list)
+    returncode: int | None = None
+    pid: int = 0
+
+    def to_json(self) -> str:
+        return json.dumps({"beats": self.beats, "lines": self.lines, "returncode": self.returncode,
+                           "pid": self.pid}, separators=(",", ":"))
+
+    @classmethod
+    def from_json(cls, text: str) -> Update:
+        data = json.loads(text)
+        return cls([str(b) for b in data["beats"]], [str(x) for x in data["lines"]], data["returncode"],
+                   int(data["pid"]))
+
+
+class NodeRunner:
+    """Starts one role process on this node and collects what it does, without blocking.
+
+    Example (inside a Ray actor or a Spark task):
+        >>> runner = NodeRunner(proc, grace=5.0)
+        >>> update = runner.collect()            # again and again, until update.returncode is not None
+        >>> runner.close()
+
+    Choices: the process is started by the local engine (its own process group, a parent-death signal,
+    so that it dies with the actor or task that started it, even on SIGKILL), its output goes to a
+    temporary folder on this node, and its heartbeats to a UDP socket of the runner on 127.0.0.1:
+    the runner hands them on with the output (``collect``), so that nothing but the engine's own
+    channel has to reach the trainer's machine.
+    """
+
+    def __init__(self, proc: ProcessSpec, *, grace: float) -> None:
+        self.sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 1 << 20)
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.setblocking(False)
+        env = dict(proc.env)
+        if p.ENV_HEARTBEAT_ADDR in env:
+            env[p.ENV_HEARTBEAT_ADDR] = p.format_addr("127.0.0.1", self.sock.getsockname()[1])
+        self.dir = Path(tempfile.mkdtemp(prefix=f"shardkit-{proc.name}-"))
+        self.group: LocalGroup | None = None
+        self.returncode: int | None = None
+        try:
+            self.group = LocalEngine({"grace": grace}).start(
+                ClusterSpec([replace(proc, env=env)], "127.0.0.1", 0, self.dir, None, []), log_dir=self.dir)
+        except BaseException:
+            self.close()
+            raise
+        self.process = self.group.processes[0]
+        self.pid = self.process.pid
+
+    def collect(self) -> Update:
+        """Heartbeats and complete output lines since the last call; after the exit, all that is left."""
+        if self.returncode is not None:
+            return Update(returncode=self.returncode, pid=self.pid)
+        code = self.process.returncode  # first: what it wrote before exiting is then all in the log
+        update = Update(self._beats(), self.process.new_lines(final=code is not None), code, self.pid)
+        self.returncode = code
+        return update
+
+    def stop(self, grace: float | None = None) -> Update:
+        """Stop the process (SIGTERM, SIGKILL after ``grace``) and report what was left."""
+        if self.group is None:
+            return Update(returncode=self.returncode, pid=0)
+        before = self.collect()
+        self.group.stop(grace)
+        rest = [line for _, line in self.group.final_output()]
+        code = self.process.returncode
+        self.returncode = code
+        return Update(before.beats + self._beats(), before.lines + rest, code, self.pid)
+
+    def _beats(self) -> list[str]:
+        beats = []
+        while True:
+            try:
+                beats.append(self.sock.recv(p.MAX_DATAGRAM_BYTES + 1).decode("utf-8", "replace"))
+            except (BlockingIOError, InterruptedError):
+                return beats
+
+    def close(self) -> None:
+        """Stop the process if it still runs (an exited one is reaped, and what it left behind stopped),
+        and remove the temporary folder."""
+        if self.group is not None:
+            self.group.stop(0)  # once only: a second call does nothing
+        self.sock.close()
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+
+def place(procs: Sequence[ProcessSpec], where: Sequence[tuple[str, int]],
+          own_devices: Sequence[bool] | None = None) -> list[dict[str, str]]:
+    """Each process's environment once it is known where each runs.
+
+    Example:
+        >>> envs = place(spec.processes, [("10.0.0.5", 29500), ("10.0.0.6", 41234)])
+
+    ``where[i]`` is the host of process ``i`` and a port free there. The spec was built for one
+    machine; this rewrites what depends on the hosts: torch's ``MASTER_ADDR``/``MASTER_PORT`` become
+    rank 0's host and port, ``LOCAL_RANK``/``LOCAL_WORLD_SIZE`` count the ranked processes on each
+    host (0 and 1 for a process whose engine shows it only its own GPUs, ``own_devices[i]``), and
+    ``TF_CONFIG``'s cluster lists every member at its host and port.
+    """
+    envs = [dict(proc.env) for proc in procs]
+    ranked = sorted((int(env[p.RANK]), i) for i, env in enumerate(envs) if p.RANK in env)
+    if ranked:
+        master = where[ranked[0][1]]
+        by_host: dict[str, list[int]] = {}
+        for _, i in ranked:
+            by_host.setdefault(where[i][0], []).append(i)
+        for _, i in ranked:
+            peers = by_host[where[i][0]]
+            local, local_world = peers.index(i), len(peers)
+            if own_devices is not None and own_devices[i]:
+                local, local_world = 0, 1
+            envs[i].update({p.MASTER_ADDR: master[0], p.MASTER_PORT: str(master[1]), p.LOCAL_RANK: str(local),
+                            p.LOCAL_WORLD_SIZE: str(local_world)})
+    addr = {(proc.role, proc.index): p.format_addr(*where[i]) for i, proc in enumerate(procs)}
+    for env in envs:
+        if p.TF_CONFIG in env:
+            tf_config = json.loads(env[p.TF_CONFIG])
+            tf_config["cluster"] = {role: [addr[(role, index)] for index in range(len(members))]
+                                    for role, members in tf_config["cluster"].items()}
+            env[p.TF_CONFIG] = json.dumps(tf_config, separators=(",", ":"))
+    return envs
+
+
+def free_port() -> int:
+    """A TCP port free now on this node (for `place`; the same race as `shardkit.cluster.spec.free_ports`)."""
+    return free_ports(1)[0]

@@ -1,0 +1,100 @@
+"""What a running job shows: progress lines on the console and TensorBoard scalars in the logdir."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager, suppress
+from pathlib import Path
+
+from shardkit.cluster.supervisor.tensorboard import ScalarWriter
+
+__all__ = ["Progress"]
+
+
+def _metrics(metrics: Mapping[str, float]) -> str:
+    return "".join(f" | {k} {v:.4g}" for k, v in sorted(metrics.items()))
+
+
+class Progress:
+    """Console progress (a line every ``interval`` seconds) and TensorBoard scalars of the lead process.
+
+    TensorBoard gets, at the lead's step: every metric it reports (``loss``, ...), ``samples_per_s`` (all
+    processes' samples per second since the previous point) and ``restarts``. After a restart the steps
+    go back to the checkpoint's, and TensorBoard drops the points of the lost steps.
+
+    Showing progress never stops a job: an error in any method (a metric TensorBoard cannot store, a
+    full disk under the event file, ...) is reported once, as a ``[shardkit] warning:`` line, and the
+    call returns; later calls go on (a later value may well be fine). The supervisor and a torchrun
+    node's monitor thread both call only these methods, so this is the one place that guards them.
+    """
+
+    def __init__(self, tb_dir: Path, say: Callable[[str], None], interval: float = 5.0) -> None:
+        self.tb_dir, self.say, self.interval = tb_dir, say, interval
+        self.tb: ScalarWriter | None = None
+        self.restarts = 0
+        self.checkpoint_step: int | None = None
+        self.errors = 0  # errors caught by `_guard`; the first one was shown
+        self._tb_last: tuple[float, int] | None = None
+        self._tick_last: tuple[float, int] = (time.monotonic(), 0)
+
+    @contextmanager
+    def _guard(self, what: str) -> Iterator[None]:
+        try:
+            yield
+        except Exception as e:
+            self.errors += 1
+            if self.errors == 1:
+                with suppress(Exception):  # the console itself may be what failed
+                    self.say(f"[shardkit] warning: {what} failed ({type(e).__name__}: {e}); the job goes on "
+                             "(later such errors are not shown)")
+
+    def open(self) -> None:
+        with self._guard(f"opening TensorBoard's event file in {self.tb_dir}"):
+            self.tb = ScalarWriter(self.tb_dir)
+            self.tb.add_scalar("restarts", 0, 0)
+
+    def first_step(self, attempt: int, seconds: float) -> None:
+        with self._guard("progress output"):
+            self.say(f"[shardkit] attempt {attempt}: first step {seconds:.1f} s after it started")
+            self._tick_last = (time.monotonic(), self._tick_last[1])
+
+    def scalars(self, step: int, samples: int, metrics: Mapping[str, float]) -> None:
+        with self._guard(f"writing TensorBoard scalars at step {step}"):
+            now = time.monotonic()
+            values: dict[str, object] = dict(metrics)
+            if self._tb_last is not None and now > self._tb_last[0] and samples >= self._tb_last[1]:
+                values["samples_per_s"] = (samples - self._tb_last[1]) / (now - self._tb_last[0])
+            self._tb_last = (now, samples)
+            if self.tb is not None:
+                self.tb.add_scalars(values, step)
+
+    def tick(self, step: int, samples: int, metrics: Mapping[str, float]) -> None:
+        with self._guard("the progress line"):
+            now = time.monotonic()
+            last_time, last_samples = self._tick_last
+            if now - last_time < self.interval or step == 0:
+                return
+            rate = max(0, samples - last_samples) / (now - last_time)
+            self._tick_last = (now, samples)
+            ckpt = f" | checkpoint step {self.checkpoint_step}" if self.checkpoint_step is not None else ""
+            self.say(f"[shardkit] step {step} | {rate:,.0f} samples/s{_metrics(metrics)} | "
+                     f"restarts {self.restarts}{ckpt}")
+
+    def checkpoint(self, step: int, url: str | None) -> None:
+        with self._guard("progress output"):
+            self.checkpoint_step = step
+            self.say(f"[shardkit] checkpoint step {step}" + (f": {url}" if url else ""))
+
+    def restarted(self, attempt: int, step: int) -> None:
+        with self._guard("writing the restart to TensorBoard"):
+            self.restarts += 1
+            self._tb_last = None
+            if self.tb is not None:
+                self.tb.add_scalar("restarts", self.restarts, step)
+            self.say(f"[shardkit] restart {self.restarts}: starting attempt {attempt}")
+
+    def close(self) -> None:
+        with self._guard("closing TensorBoard's event file"):
+            if self.tb is not None:
+                self.tb.close()

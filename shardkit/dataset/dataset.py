@@ -1,0 +1,397 @@
+"""`Dataset`, an opened dataset: its schema and row-group index, and the reads of its row groups (data
+files opened with the summary's footers or their own, kept; row groups read in `SLICE_ROWS`-row slices;
+the decoded size of a row).
+
+How a folder becomes a `Dataset` (its kind, its schema, its index from the summary or the footers, the
+warnings of opening) is `shardkit.dataset.open`, which re-exports these names; this module is what
+every reader holds once the dataset is open, and it imports nothing of the opening.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import re
+import threading
+from collections import OrderedDict
+from collections.abc import Iterable, Iterator, Sequence
+from functools import cached_property
+from typing import TYPE_CHECKING, Any, Literal
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from shardkit._storage.access import is_denied, permission_error
+from shardkit._storage.location import Location
+from shardkit.dataset.footers import RowGroup
+from shardkit.dataset.schema import Field, Schema
+from shardkit.errors import CorruptDatasetError, SchemaMismatchError, one_line
+
+if TYPE_CHECKING:
+    from shardkit.dataset.tables.snapshot import Snapshot
+
+#: Rows Parquet decodes at a time. A whole row group at once needs several times its decoded size in
+#: scratch buffers (uint8 tensors go through int32 values plus repetition and definition levels), and
+#: small slices decode faster (measured on the benchmark rows: 256 rows 14 % less CPU than 1024, which
+#: took 30 % less than whole 4,600-row groups) as their scratch buffers stay in the CPU caches.
+SLICE_ROWS = 256
+FOOTERS_KEPT = 256  # data-file footers an opened dataset keeps (LRU), so a file's footer is read once
+_PARTITION = re.compile(r"([^=/]+)=[^/]*")  # a Hive partition folder: key=value
+#: Every page read is checked against its Parquet page checksum where it has one (shardkit writes one
+#: on every page: `shardkit.dataset.write.PAGE_CHECKSUMS`): a damaged page raises, never decodes. Off
+#: only to measure what it costs (``benchmarks.read``).
+VERIFY_PAGE_CHECKSUMS = True
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class Dataset:
+    """An opened dataset: schema plus row-group index. Create with `open_dataset`."""
+
+    location: Location
+    schema: Schema
+    arrow_schema: pa.Schema
+    row_groups: tuple[RowGroup, ...]
+    kind: Literal["shardkit", "petastorm", "parquet", "delta", "iceberg"]
+    metadata: pq.FileMetaData | None = dataclasses.field(default=None, repr=False)
+    #: the table version a Delta or Iceberg dataset lists the files of (None for folders)
+    snapshot: Snapshot | None = None
+    #: rows of a table deleted without rewriting their file (Delta's deletion vectors): row group (its
+    #: index in ``row_groups``) -> which of its stored rows are kept. Its ``num_rows`` counts those kept.
+    kept: dict[int, np.ndarray] = dataclasses.field(default_factory=dict, repr=False, compare=False)
+    #: columns read as another type than stored (``schema=`` hints: `shardkit.dataset.hints`)
+    casts: dict[str, pa.DataType] = dataclasses.field(default_factory=dict, repr=False, compare=False)
+    #: columns a table keeps in its log, not in its files (Delta's partition columns): file -> column ->
+    #: the value of every row of that file (None: null)
+    constants: dict[str, dict[str, Any]] = dataclasses.field(default_factory=dict, repr=False, compare=False)
+    #: the ``schema=`` hints applied (a reader reopening another snapshot applies them again)
+    hints: tuple[Field, ...] = dataclasses.field(default=(), repr=False, compare=False)
+    _footers: OrderedDict[str, pq.FileMetaData] = dataclasses.field(
+        default_factory=OrderedDict, init=False, repr=False, compare=False)
+    _footer_lock: threading.Lock = dataclasses.field(
+        default_factory=threading.Lock, init=False, repr=False, compare=False)
+    #: columns of a plain Parquet dataset left out of the schema: name -> why, and the cast that helps
+    left_out: dict[str, str] = dataclasses.field(default_factory=dict, repr=False, compare=False)
+
+    @property
+    def url(self) -> str:
+        return self.location.url
+
+    @cached_property
+    def files(self) -> list[str]:
+        return list(dict.fromkeys(rg.file for rg in self.row_groups))
+
+    @cached_property
+    def partition_keys(self) -> list[str]:
+        """Hive partition keys in the folders of the files (``year`` of ``year=2020/``) that are not
+        columns of the dataset: their values are in folder names only, and not read (see
+        `shardkit.dataset.open`)."""
+        return [key for key in partition_keys(self.files) if key not in self.schema.names]
+
+    @property
+    def num_rows(self) -> int:
+        return sum(rg.num_rows for rg in self.row_groups)
+
+    @property
+    def num_bytes(self) -> int:
+        return sum(rg.num_bytes for rg in self.row_groups)
+
+    @cached_property
+    def rows_per_group(self) -> np.ndarray:
+        """Row counts of the row groups as an int64 array (what planning works on)."""
+        counts = (rg.num_rows for rg in self.row_groups)
+        return np.fromiter(counts, dtype=np.int64, count=len(self.row_groups))
+
+    def open_file(self, file: str) -> pq.ParquetFile:
+        """Open one data file, raising `CorruptDatasetError` (naming it) if it is not readable Parquet,
+        `DatasetPermissionError` if this user may not read it (never taken for corruption).
+
+        With a ``_metadata`` summary the file is opened with it, not with its own footer (one request
+        less per file, on object stores one round trip less before the first batch): the summary holds
+        every row group's column chunks, so its row group ``k`` is ``row_groups[k]``, read from this file
+        (see `row_group_index`). Without one, the file's footer is read on its first opening and then
+        reused (for the last `FOOTERS_KEPT` files).
+        """
+        path = self.location.join(file)
+        with self._footer_lock:
+            footer = self.metadata if self.metadata is not None else self._footers.get(file)
+            if footer is not None and self.metadata is None:
+                self._footers.move_to_end(file)
+        try:
+            source = self.location.open_ranges(path)
+            pf = pq.ParquetFile(source, metadata=footer,
+                                pre_buffer=not self.location.is_local,
+                                # a local file's pages: checked by `_verify_local` (4x pyarrow's CRC speed)
+                                page_checksum_verification=VERIFY_PAGE_CHECKSUMS
+                                and not self.location.is_local)
+        except FileNotFoundError as e:
+            if self.snapshot is not None:
+                raise CorruptDatasetError(
+                    f"data file {path!r} of the {self.snapshot.format} table {self.url!r} at version "
+                    f"{self.snapshot.version} is gone from storage (removed by a vacuum or an expiry of old "
+                    "snapshots, or by hand). Read a version whose files are kept "
+                    f"(version=, of {list(self.snapshot.versions)}), or restore the file"
+                ) from e
+            raise CorruptDatasetError(
+                f"data file {path!r} of dataset {self.url!r} is missing; the dataset was changed outside "
+                "shardkit. Rewrite it, or run shardkit.write_summary(url) to index the files that remain"
+            ) from e
+        except (pa.ArrowInvalid, OSError) as e:
+            if is_denied(e):
+                raise permission_error(self.location, path, e) from e
+            raise CorruptDatasetError(
+                f"data file {path!r} of dataset {self.url!r} is not readable Parquet ({e}); "
+                "it is truncated or corrupt: rewrite the dataset or remove the file and rerun write_summary"
+            ) from e
+        if footer is None:
+            self.keep_footer(file, pf.metadata)
+        pf.shardkit_source = source  # type: ignore[attr-defined]  # (`_verify_local` reads its mapping)
+        return pf
+
+    def row_group_index(self, i: int) -> int:
+        """The index to read row group ``i`` of the index by, in the `ParquetFile` `open_file` gives."""
+        return i if self.metadata is not None else self.row_groups[i].index
+
+    def keep_footer(self, file: str, footer: pq.FileMetaData) -> None:
+        """Remember ``file``'s footer (already read elsewhere) for `open_file`."""
+        with self._footer_lock:
+            self._footers[file] = footer
+            while len(self._footers) > FOOTERS_KEPT:
+                self._footers.popitem(last=False)
+
+    def iter_row_group(self, i: int, columns: Sequence[str] | None = None, *,
+                       batch_size: int = SLICE_ROWS) -> Iterator[pa.RecordBatch]:
+        """Row group ``i`` of the index as record batches of ``batch_size`` rows (Arrow, not decoded).
+
+        Decoding slice by slice needs scratch memory for one slice, not for the whole row group, and
+        is faster (the slice's buffers stay in the CPU caches).
+        """
+        rg = self.row_groups[i]
+        where = f"row group {rg.index} of {self.location.join(rg.file)!r}"
+        try:
+            pf = self.open_file(rg.file)
+        except CorruptDatasetError as e:
+            raise CorruptDatasetError(f"{where} cannot be read: {e}") from e
+        names = list(columns) if columns is not None else None
+        if VERIFY_PAGE_CHECKSUMS and self.location.is_local and not self._verify_local(i, pf, names, where):
+            # a page header shardkit's walk cannot read: pyarrow reads (and checks) it, and says why not
+            pf = pq.ParquetFile(pf.shardkit_source, metadata=pf.metadata,  # type: ignore[attr-defined]
+                                page_checksum_verification=True)
+        try:
+            batches = pf.iter_batches(batch_size=batch_size, row_groups=[self.row_group_index(i)],
+                                      columns=names if self.snapshot is None else _present(pf, names),
+                                      use_threads=False)
+            if self.snapshot is None and not self.casts:
+                yield from batches
+            elif self.snapshot is None:
+                yield from (self._cast(b, where) for b in batches)
+            else:
+                # most files of a table hold its columns as they are: their batches pass untouched
+                tables = batches if self._fits(pf, names) else (
+                    self._as_table_schema(b, names, where, rg.file) for b in batches)
+                yield from tables if i not in self.kept else self._without_deleted(self.kept[i], tables)
+        except (pa.ArrowInvalid, OSError) as e:
+            if is_denied(e):
+                raise permission_error(self.location, self.location.join(rg.file), e) from e
+            if "checksum" in str(e).lower():
+                raise _checksum_error(where, self._damaged_pages(pf, i) or one_line(e)) from e
+            raise CorruptDatasetError(
+                f"{where} cannot be read ({one_line(e)}); the file is truncated or corrupt: "
+                "rewrite the dataset, or read with on_error='skip'"
+            ) from e
+
+    def _verify_local(self, i: int, pf: pq.ParquetFile, names: list[str] | None, where: str) -> bool:
+        """Check the page checksums of row group ``i``'s column chunks of ``names`` (None: all) in a local
+        file, before pyarrow decodes them: ISA-L's CRC-32 over the file's memory mapping (no copy) runs
+        at about 4x the speed of pyarrow's own check (`shardkit.dataset.pages.crc32`). False when a page
+        header does not parse (a truncated or overwritten file): pyarrow's read then checks and names it.
+        """
+        from shardkit.dataset.pages import MISMATCH, check_row_group, ranges_of
+
+        group = pf.metadata.row_group(self.row_group_index(i))
+        # the mapping pyarrow decodes from (at offsets: the position is ours): pages faulted in once
+        read = ranges_of(pf.shardkit_source)  # type: ignore[attr-defined]
+        try:
+            for column, report in check_row_group(read, group, columns=None if names is None else set(names)):
+                problems = report.problems
+                if problems and MISMATCH in problems[0]:
+                    raise _checksum_error(where, f"column {column!r}: {problems[0]}")
+                if problems:
+                    return False
+        except (pa.ArrowInvalid, OSError) as e:
+            if isinstance(e, CorruptDatasetError):
+                raise
+            if is_denied(e):
+                raise permission_error(self.location, self.location.join(self.row_groups[i].file), e) from e
+            raise CorruptDatasetError(
+                f"{where} cannot be read ({one_line(e)}); the file is truncated or corrupt: "
+                "rewrite the dataset, or read with on_error='skip'") from e
+        return True
+
+    def _damaged_pages(self, pf: pq.ParquetFile, i: int) -> str:
+        """Which columns of row group ``i`` (of the index) fail their page checksums, and where: one
+        more read of the row group's bytes, made only once a read has failed."""
+        from shardkit.dataset.pages import check_row_group
+
+        group = pf.metadata.row_group(self.row_group_index(i))
+        try:
+            with self.location.open_ranges(self.location.join(self.row_groups[i].file)) as f:
+                found = [f"column {column!r}: {report.problems[0]}"
+                         for column, report in check_row_group(f.read_at, group) if report.problems]
+        except (OSError, pa.ArrowException):
+            return ""
+        return "; ".join(found)
+
+    def deletions_tag(self, i: int) -> str:
+        """A digest of the rows of row group ``i`` deleted by the table's log ('' when none are): what a
+        cache key of the row group's rows needs besides its file's version (another version of the
+        table may delete other rows of the same file)."""
+        keep = self.kept.get(i)
+        if keep is None:
+            return ""
+        return hashlib.sha256(np.packbits(keep).tobytes()).hexdigest()[:16]
+
+    @staticmethod
+    def _without_deleted(keep: np.ndarray, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        start = 0
+        for batch in batches:
+            mask = keep[start:start + batch.num_rows]
+            start += batch.num_rows
+            if mask.all():
+                yield batch
+            elif mask.any():
+                yield batch.filter(pa.array(mask))
+
+    def _cast(self, batch: pa.RecordBatch, where: str) -> pa.RecordBatch:
+        """``batch`` with the hinted columns cast (`casts`)."""
+        arrays = [self._cast_column(c, self.casts[f.name], f.name, where) if f.name in self.casts else c
+                  for f, c in zip(batch.schema, batch.columns, strict=True)]
+        schema = pa.schema([pa.field(f.name, self.casts.get(f.name, f.type), nullable=f.nullable)
+                            for f in batch.schema])
+        return pa.RecordBatch.from_arrays(arrays, schema=schema)
+
+    def _cast_column(self, column: pa.Array, target: pa.DataType, name: str, where: str) -> pa.Array:
+        try:
+            return column.cast(target)
+        except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as e:
+            hinted = f" (the schema= hint of {name!r})" if name in self.casts else ""
+            raise SchemaMismatchError(
+                f"column {name!r} of {where} cannot be read as {target}{hinted}: {one_line(e)}. A row of "
+                "another length or type than the field says: fix the hint's shape, or the data"
+            ) from e
+
+    def _fits(self, pf: pq.ParquetFile, names: list[str] | None) -> bool:
+        """Whether the file's columns ``names`` (None: all of the table's) are the table's, in its
+        order and types, so that its batches need no change."""
+        wanted = names if names is not None else self.arrow_schema.names
+        stored = pf.schema_arrow
+        if [n for n in stored.names if n in set(wanted)] != list(wanted):
+            return False
+        for name in wanted:
+            k = stored.get_field_index(name)
+            if k < 0 or stored.field(k).type != self.arrow_schema.field(name).type:
+                return False
+        return True
+
+    def _as_table_schema(self, batch: pa.RecordBatch, names: list[str] | None, where: str,
+                         file: str) -> pa.RecordBatch:
+        """A batch of a table's data file in the table's schema: a column the table keeps in its log
+        (`constants`) holds the file's value, the columns a file written before they were added (schema
+        evolution) lacks are nulls, and types widened since are cast."""
+        wanted = names if names is not None else self.arrow_schema.names
+        constants = self.constants.get(file, {})
+        arrays = []
+        for name in wanted:
+            target = self.arrow_schema.field(name).type
+            k = batch.schema.get_field_index(name)
+            if k < 0:
+                nulls = pa.nulls(batch.num_rows, target)
+                value = constants.get(name)
+                arrays.append(nulls if value is None else nulls.fill_null(pa.scalar(value, target)))
+                continue
+            column = batch.column(k)
+            arrays.append(column if column.type == target else self._cast_column(column, target, name, where))
+        schema = pa.schema([self.arrow_schema.field(n) for n in wanted])
+        return pa.RecordBatch.from_arrays(arrays, schema=schema)
+
+    def read_row_group(self, i: int, columns: Sequence[str] | None = None) -> pa.Table:
+        """Read row group ``i`` of the index (Arrow, not decoded): a table of `SLICE_ROWS`-row chunks."""
+        return self.table_of(list(self.iter_row_group(i, columns)), columns)
+
+    def table_of(self, batches: Sequence[pa.RecordBatch], columns: Sequence[str] | None = None) -> pa.Table:
+        """Batches of ``columns`` (None: all) as one table, no copy; an empty table when there are none."""
+        if batches:
+            return pa.Table.from_batches(batches)
+        names = list(columns) if columns is not None else self.arrow_schema.names
+        schema = pa.schema([self.arrow_schema.field(n) for n in names], metadata=self.arrow_schema.metadata)
+        return schema.empty_table()
+
+    def decoded_row_bytes(self, columns: Sequence[str] | None = None) -> int:
+        """About how many bytes one row of ``columns`` takes decoded (what a shuffle buffer holds).
+
+        Fixed-shape numeric fields (images included) count their dtype's size times their shape;
+        strings, bytes and variable shapes count their uncompressed Parquet bytes per row in the first
+        row group with rows (at least 8 bytes: the pointer of an object array).
+        """
+        names = list(columns) if columns is not None else self.schema.names
+        fixed, variable = 0, []
+        for name in names:
+            field = self.schema[name]
+            if field.fixed_shape and field.dtype.kind in "biuf":
+                fixed += field.dtype.itemsize * int(np.prod([d or 1 for d in field.shape]))
+            else:
+                variable.append(name)
+        return fixed + sum(max(8, b) for b in self._plain_bytes_per_row(variable).values())
+
+    def _plain_bytes_per_row(self, names: Sequence[str]) -> dict[str, int]:
+        out = dict.fromkeys(names, 0)
+        k, rg = next(((k, rg) for k, rg in enumerate(self.row_groups) if rg.num_rows), (0, None))
+        if not names or rg is None:
+            return out
+        if self.metadata is not None:  # the summary holds every row group: no data file is opened
+            meta = self.metadata.row_group(k)
+        else:
+            try:
+                footer = self._footers.get(rg.file) or self.open_file(rg.file).metadata
+            except CorruptDatasetError:
+                return out  # the read itself reports it, naming the row group
+            meta = footer.row_group(rg.index)
+        for j in range(meta.num_columns):
+            col = meta.column(j)
+            top = col.path_in_schema.split(".", 1)[0]
+            if top in out:
+                out[top] += col.total_uncompressed_size // max(1, rg.num_rows)
+        return out
+
+    def decode(self, table: pa.Table | pa.RecordBatch) -> dict[str, np.ndarray]:
+        """Decode an Arrow table of this dataset's columns to numpy."""
+        return self.schema.decode(table)
+
+
+def _checksum_error(where: str, detail: str) -> CorruptDatasetError:
+    """A row group whose pages fail their checksums: ``detail`` names the column and the page."""
+    return CorruptDatasetError(
+        f"{where} fails its page checksums: {detail}. Its bytes changed after they were written (storage "
+        "or a copy went wrong); no row of a damaged page is read. Restore the file from its source, or "
+        "rewrite the dataset from its source; `shardkit verify URL` finds every damaged file, and "
+        "on_error='skip' reads the others")
+
+
+def _present(pf: pq.ParquetFile, names: list[str] | None) -> list[str] | None:
+    """The columns of ``names`` (None: all) that the file ``pf`` has."""
+    if names is None:
+        return None
+    have = set(pf.schema_arrow.names)
+    return [n for n in names if n in have]
+
+
+def partition_keys(files: Iterable[str]) -> list[str]:
+    """The Hive partition keys in the folders of ``files`` (relative paths), in order of appearance:
+    ``["year", "month"]`` for ``year=2020/month=1/part-0.parquet``."""
+    keys: dict[str, None] = {}
+    for name in files:
+        for folder in name.split("/")[:-1]:
+            match = _PARTITION.fullmatch(folder)
+            if match:
+                keys.setdefault(match.group(1), None)
+    return list(keys)

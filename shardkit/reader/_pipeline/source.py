@@ -1,0 +1,328 @@
+"""Reading one task: a row range of a row group -> decoded numpy columns (through the cache if any).
+
+Runs in the reader's worker threads: Parquet decoding, Arrow->numpy and image decoding all release
+the GIL, so row groups are fetched and decoded in parallel. A task decodes to a list of chunks (the
+row group's `SLICE_ROWS`-row record batches, cut to the task's rows): read in order, fixed-shape
+tensors stay zero-copy views of the Arrow buffers up to the batches; a shuffled reader's task is
+concatenated once, in the worker, into the chunk its window gathers batches from.
+
+Tasks of one row group share its read. Without a cache the row group is read slice by slice, only as
+far as the tasks so far need: the reader cuts the first window of a pass into small tasks, so the
+first rows are decoded while the rest of their row group is still being read. A read that fails fails
+every task that shares it (none gets the rows read before the failure as a whole task).
+
+With a cache, a row group's key names its file's version (`Location.versions`: the ETag on object
+stores, ``size:mtime_ns`` locally), so a file rewritten in place under the same name, with the same
+rows and bytes, is fetched again instead of served from the old entry. The versions come from one
+listing of the dataset, made at the reader's first read through the cache (one request per 1,000
+files, not one per file); locally, and where the store refuses the listing, each file is looked at
+once (a ``stat``, or one request) before its first read. A file whose filesystem gives no version
+at all is read without the cache: an entry could not be told from a stale one. No cache, no listing.
+
+Corrupt data (``on_error="skip"``). What is lost must not depend on how the reader happened to cut its
+tasks (a resumed reader cuts them elsewhere), so with ``on_error="skip"`` a row group is read to its end
+before any of its rows is used: a row group that cannot be read is lost whole, in every task and every
+pass. A row that cannot be decoded (a corrupt image) is lost alone: the task's other rows are decoded
+one by one. Either way the facts are kept (`RowGroupSource.bad_groups`, `RowGroupSource.bad_rows`) for
+the reader to find readable rows in the place of lost ones without reading them again.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+from collections import OrderedDict
+from collections.abc import Callable, Iterator, Sequence
+from typing import TYPE_CHECKING, Literal
+
+import numpy as np
+import pyarrow as pa
+
+from shardkit.dataset.open import Dataset
+from shardkit.errors import CorruptDatasetError, ImageShapeError
+from shardkit.reader._pipeline import batching
+from shardkit.reader.plan import Task
+
+if TYPE_CHECKING:
+    from shardkit.reader.cache import RowGroupCache
+
+Columns = dict[str, np.ndarray]
+
+
+@dataclasses.dataclass(frozen=True)
+class Part:
+    """One task's decoded rows: ``chunks`` of its readable rows in order, and ``lost``, the indices (among
+    the rows the task decodes) of rows that could not be decoded and were skipped (``on_error="skip"``)."""
+
+    chunks: list[Columns]
+    lost: np.ndarray = dataclasses.field(default_factory=lambda: np.zeros(0, dtype=np.int64))
+
+    @property
+    def whole(self) -> bool:
+        """Whether every row of the task is here."""
+        return not len(self.lost)
+
+RECENT_READS = 2  # row-group tables kept for the next task (bounded memory: two row groups)
+
+
+class RowGroupSource:
+    """Fetches and decodes tasks of one dataset for a fixed column selection."""
+
+    def __init__(
+        self,
+        dataset: Dataset,
+        columns: Sequence[str],
+        *,
+        selection: dict[int, np.ndarray] | None = None,
+        cache: RowGroupCache | None = None,
+        on_error: Literal["raise", "skip"] = "raise",
+    ) -> None:
+        self.dataset = dataset
+        self.columns = list(columns)
+        self.selection = selection or {}
+        self.cache = cache
+        self.on_error = on_error
+        self.skipped: dict[int, str] = {}  # corrupt row groups skipped (index -> error), until cleared
+        # facts, kept for good (on_error="skip"): row groups that cannot be read, and per row group the
+        # rows (of the plan: a filter's selected rows) that cannot be decoded
+        self.bad_groups: set[int] = set()
+        self.bad_rows: dict[int, set[int]] = {}
+        self.remote_reads = 0
+        self._lock = threading.Lock()
+        self._recent: OrderedDict[int, _Shared] = OrderedDict()
+        self._versions: dict[str, str | None] | None = None  # file -> version, when a cache is in use
+        self._versions_lock = threading.Lock()
+
+    def close(self) -> None:
+        """Let go of the row groups being read (their open files), as `Reader.close` does: a reader kept
+        alive after it is closed (tf.data keeps every generator it ran) no longer holds files open."""
+        with self._lock:
+            reads = list(self._recent.values())
+            self._recent.clear()
+        for read in reads:
+            read.close()
+
+    def known_bad(self) -> tuple[frozenset[int], dict[int, frozenset[int]]]:
+        """A snapshot of `bad_groups` and `bad_rows` (worker threads add to them meanwhile)."""
+        with self._lock:
+            return frozenset(self.bad_groups), {g: frozenset(r) for g, r in self.bad_rows.items()}
+
+    def _stream(self, row_group: int, on_done: Callable[[pa.Table], None] | None = None) -> _Stream:
+        with self._lock:
+            self.remote_reads += 1
+        return _Stream(self.dataset, row_group, self.columns, on_done)
+
+    def _version(self, file: str) -> str | None:
+        """``file``'s version as of this source's first read of it (see the module docstring)."""
+        loc = self.dataset.location
+        with self._versions_lock:  # one listing, even when several worker threads start at once
+            if self._versions is None:
+                self._versions = dict(loc.versions())
+            if file not in self._versions:
+                self._versions[file] = loc.version(file)
+            return self._versions[file]
+
+    def _open(self, row_group: int) -> _Stream | pa.Table:
+        """A new read of the row group: the cached table, or a stream (which fills the cache at its end)."""
+        if self.cache is None:
+            return self._stream(row_group)
+        rg = self.dataset.row_groups[row_group]
+        version = self._version(rg.file)
+        if version is None:  # nothing tells a rewritten file from this one: never cache it
+            return self._stream(row_group)
+        key = "|".join([self.dataset.url, rg.file, version, str(rg.index), str(rg.num_rows),
+                        str(rg.num_bytes), ",".join(self.columns)])
+        if tag := self.dataset.deletions_tag(row_group):  # a table's deleted rows: per version, not per file
+            key += "|" + tag
+        cache = self.cache
+        table = cache.get(key)
+        return table if table is not None else self._stream(row_group, lambda t: cache.put(key, t))
+
+    def _arrow(self, row_group: int, stop: int | None) -> pa.Table:
+        """The row group's Arrow table, at least its first ``stop`` rows (None: all). Tasks of one row group
+        share one read (a small table of recent reads), which goes slice by slice, as far as the tasks
+        so far need, so the first task's rows are decoded while later slices are read."""
+        with self._lock:
+            read = self._recent.get(row_group)
+            if read is None:
+                read = self._recent[row_group] = _Shared(self._open, row_group)
+                while len(self._recent) > RECENT_READS:
+                    self._recent.popitem(last=False)
+            else:
+                self._recent.move_to_end(row_group)
+        try:
+            return read.upto(stop)
+        except BaseException:
+            with self._lock:
+                if self._recent.get(row_group) is read:
+                    del self._recent[row_group]
+            raise
+
+    def read(self, task: Task, rows: np.ndarray | None = None, *, whole: bool = False,
+             to_end: bool = True) -> Part | None:
+        """Decoded chunks of ``task``'s rows (only ``rows`` of them, relative to ``task.start``, when
+        given), in order; None when the row group is corrupt and skipped.
+
+        ``whole=True`` concatenates the chunks into one (here, in the worker thread): what a shuffle
+        window gathers from, at a fraction of the cost of gathering from many small chunks.
+        ``to_end=False`` (with a cache): read the row group only as far as this task needs; a later
+        task of the row group reads it to its end, and the whole row group is then cached. With
+        ``on_error="skip"`` every task reads its row group to its end (see the module docstring).
+        """
+        try:
+            selected = self.selection.get(task.row_group)
+            # the task's rows in the row group; a filter's task ranges over the selected rows
+            index = None if selected is None else selected[task.start : task.stop]
+            if rows is not None:
+                index = (rows + task.start) if index is None else index[rows]
+            # read as far as the last row needed (none needed: no further than read already)
+            end = task.stop if index is None else int(index.max(initial=-1)) + 1
+            partial = self.on_error == "raise" and (self.cache is None or not to_end)
+            table = self._arrow(task.row_group, end if partial else None)
+            if index is None:
+                batches = table.slice(task.start, task.stop - task.start).to_batches()
+            else:
+                batches = _take(table, index)
+            chunks, lost = self._decode([b for b in batches if b.num_rows], task, rows)
+            return Part([batching.concat(chunks)] if whole and len(chunks) > 1 else chunks, lost)
+        except CorruptDatasetError as e:
+            error = self._located(task, e)
+            if self.on_error == "raise":
+                if error is e:
+                    raise
+                raise error from e
+            with self._lock:
+                self.skipped.setdefault(task.row_group, str(error))
+                self.bad_groups.add(task.row_group)
+            return None
+
+    def _located(self, task: Task, e: CorruptDatasetError) -> CorruptDatasetError:
+        """``e``, or a copy of it that names the row group and its file, of its class (an
+        `ImageShapeError` stays one, and so a `SchemaMismatchError`)."""
+        rg = self.dataset.row_groups[task.row_group]
+        where = f"row group {rg.index} of {self.dataset.location.join(rg.file)!r}"
+        if where in str(e):
+            return e
+        return (ImageShapeError if isinstance(e, ImageShapeError) else CorruptDatasetError)(f"{where}: {e}")
+
+    def _decode(self, batches: Sequence[pa.RecordBatch], task: Task, rows: np.ndarray | None
+                ) -> tuple[list[Columns], np.ndarray]:
+        """The batches decoded, and the indices (among their rows) of rows that cannot be decoded.
+
+        A batch that fails to decode raises, or with ``on_error="skip"`` is decoded again row by row,
+        leaving out (and remembering) the rows that fail."""
+        chunks: list[Columns] = []
+        lost: list[int] = []
+        offset = 0
+        for batch in batches:
+            try:
+                chunks.append(self.dataset.decode(batch))
+            except CorruptDatasetError as e:
+                if self.on_error == "raise":
+                    raise
+                bad = []
+                for i in range(batch.num_rows):
+                    try:
+                        chunks.append(self.dataset.decode(batch.slice(i, 1)))
+                    except CorruptDatasetError:
+                        bad.append(i)
+                if not bad:  # fails only as a whole: nothing tells its rows apart, so it is lost whole
+                    raise
+                plan_rows = task.start + (np.asarray(bad) if rows is None else rows[np.asarray(bad)])
+                with self._lock:
+                    self.skipped.setdefault(task.row_group, str(self._located(task, e)))
+                    self.bad_rows.setdefault(task.row_group, set()).update(plan_rows.tolist())
+                lost.extend(offset + i for i in bad)
+            offset += batch.num_rows
+        return chunks, np.asarray(lost, dtype=np.int64)
+
+
+def _take(table: pa.Table, index: np.ndarray) -> list[pa.RecordBatch]:
+    """The rows ``index`` of ``table``, batch by batch (ascending: a filter's selection,
+    `assemble.needed_rows`).
+
+    ``Table.take`` first concatenates each column's chunks, all the rows read so far of the row group,
+    into fresh memory (a shuffled DataLoader worker spent 7% of its CPU there); here each record
+    batch gives the indices that fall in it, and a batch needed whole is kept as it is.
+    """
+    if len(index) == 0:
+        return []
+    lo = int(index[0])
+    local = index - lo
+    out: list[pa.RecordBatch] = []
+    start = 0
+    for batch in table.slice(lo, int(index[-1]) + 1 - lo).to_batches():
+        stop = start + batch.num_rows
+        a, b = np.searchsorted(local, (start, stop))
+        if b - a == batch.num_rows:
+            out.append(batch)
+        elif b > a:
+            out.append(batch.take(pa.array(local[a:b] - start)))
+        start = stop
+    return out
+
+
+class _Stream:
+    """One row group read slice by slice (`Dataset.iter_row_group`), as far as asked so far."""
+
+    def __init__(self, dataset: Dataset, row_group: int, columns: Sequence[str],
+                 on_done: Callable[[pa.Table], None] | None = None) -> None:
+        self._on_done = on_done  # called once with the whole table, when the last slice is read
+        self._batches: list[pa.RecordBatch] = []
+        self._rows = 0
+        self._it: Iterator[pa.RecordBatch] | None = dataset.iter_row_group(row_group, columns)
+        self._dataset = dataset
+        self._columns = list(columns)
+
+    def close(self) -> None:
+        """Stop reading: the row group's file is let go of now, not when the stream is collected."""
+        it, self._it = self._it, None
+        close = getattr(it, "close", None)
+        if close is not None:
+            close()
+
+    def upto(self, stop: int | None) -> pa.Table:
+        """The rows read so far, after reading on until there are ``stop`` of them (None: all)."""
+        while self._it is not None and (stop is None or self._rows < stop):
+            batch = next(self._it, None)
+            if batch is None:
+                self._it = None
+                table = self._dataset.table_of(self._batches, self._columns)
+                if self._on_done is not None:
+                    self._on_done(table)
+                return table
+            self._batches.append(batch)
+            self._rows += batch.num_rows
+        return self._dataset.table_of(self._batches, self._columns)
+
+
+class _Shared:
+    """A row group read shared by the tasks that need it: one task at a time moves it forward.
+
+    ``open`` makes the read: a `_Stream`, or a whole table (from the cache).
+    """
+
+    def __init__(self, open: Callable[[int], _Stream | pa.Table], row_group: int) -> None:
+        self._open, self._row_group = open, row_group
+        self._read: _Stream | pa.Table | None = None
+        self._error: BaseException | None = None
+        self._lock = threading.Lock()
+
+    def close(self) -> None:
+        with self._lock:  # after the task reading it, if any
+            read, self._read = self._read, None
+        if isinstance(read, _Stream):
+            read.close()
+
+    def upto(self, stop: int | None) -> pa.Table:
+        with self._lock:  # Parquet decoding releases the GIL: other row groups go on meanwhile
+            if self._error is not None:  # every task of a corrupt row group fails alike
+                raise self._error
+            try:
+                if self._read is None:
+                    self._read = self._open(self._row_group)
+                read = self._read
+                return read.upto(stop) if isinstance(read, _Stream) else read
+            except BaseException as e:
+                self._error = e
+                raise
