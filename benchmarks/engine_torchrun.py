@@ -62,7 +62,7 @@ _HOST_PORT = 29500  # node 0's rendezvous store, on host 0's address (a fresh na
 
 
 def _free_port() -> int:
-    from shardkit.cluster.spec import free_ports
+    from shardkit.job.layout import free_ports
 
     return free_ports(1)[0]
 

@@ -132,7 +132,7 @@ def init_torch_allreduce(ctx: TrainContext, backend: str | None) -> None:
     if p.MASTER_ADDR in os.environ and p.WORLD_SIZE in os.environ:
         dist.init_process_group(backend, timeout=timeout)
     elif ctx.world_size == 1:  # a script started alone: a one-process group, so DDP works unchanged
-        from shardkit.cluster.spec import free_ports
+        from shardkit.job.layout import free_ports
 
         dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{free_ports(1)[0]}", rank=0,
                                 world_size=1, timeout=timeout)

@@ -23,11 +23,11 @@ import yaml
 
 from shardkit.cluster.engines import get_engine
 from shardkit.cluster.engines.ray import bundle, check_answers, shortfall
-from shardkit.cluster.spec import free_ports
 from shardkit.cluster.supervisor import Supervisor
 from shardkit.cluster.supervisor.report import JobResult
 from shardkit.errors import ConfigError, EngineUnreachableError, MissingDependencyError
 from shardkit.job.config import JobConfig, load_config
+from shardkit.job.layout import free_ports
 from tests.trainer.scripts import proctree
 
 REPO = Path(__file__).resolve().parents[2]

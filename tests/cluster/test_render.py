@@ -24,10 +24,10 @@ from referencing.jsonschema import DRAFT202012
 
 from shardkit.cluster.render import render
 from shardkit.cluster.render.entry import place, role_env, yarn_addresses, yarn_master, yarn_secrets
-from shardkit.cluster.spec import layout
 from shardkit.errors import ConfigError
 from shardkit.job import protocol as p
 from shardkit.job.config import JobConfig, load_config
+from shardkit.job.layout import layout
 
 ROOT = Path(__file__).resolve().parents[2]
 SCHEMAS = ROOT / "tests" / "fixtures" / "schemas"
@@ -622,7 +622,7 @@ def test_pytorchjob_command_trains(tmp_path: Path) -> None:
     """Two "pods" on this machine: the container command of the rendered digits PyTorchJob, with the
     job.json of its ConfigMap and the environment the Kubeflow operator injects (envvar.go:
     MASTER_ADDR, MASTER_PORT, WORLD_SIZE, RANK, PYTHONUNBUFFERED), trains and checkpoints."""
-    from shardkit.cluster.spec import free_ports
+    from shardkit.job.layout import free_ports
 
     subprocess.run([sys.executable, str(ROOT / "examples" / "make_digits.py"), str(tmp_path / "digits")],
                    check=True, capture_output=True, timeout=120)

@@ -245,7 +245,7 @@ def test_a_bad_rerun_choice_is_refused(tmp_path: Path) -> None:
 @pytest.mark.timeout(240)
 def test_torchrun_node_0_refuses_a_completed_run_and_resumes_with_resume(tmp_path: Path) -> None:
     pytest.importorskip("torch")
-    from shardkit.cluster.spec import free_ports
+    from shardkit.job.layout import free_ports
 
     (port,) = free_ports(1)
     engine = {"name": "torchrun", "rdzv_endpoint": f"127.0.0.1:{port}"}

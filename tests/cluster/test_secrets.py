@@ -269,7 +269,7 @@ def test_rendered_specs_hold_no_secret_value(tmp_path: Path, monkeypatch: pytest
 @pytest.mark.usefixtures("_no_orphans")
 def test_torchrun_workers_logs_node_output_and_summary_show_stars(tmp_path: Path) -> None:
     """One node of two workers on 127.0.0.1; attempt 0 fails after printing, attempt 1 succeeds."""
-    from shardkit.cluster.spec import free_ports
+    from shardkit.job.layout import free_ports
 
     (tmp_path / "password").write_text(FILE_SECRET + "\n", encoding="utf-8")
     secrets = {"API_TOKEN": {"env": "LEAK_TOKEN"}, "PASSWORD": {"file": str(tmp_path / "password")}}

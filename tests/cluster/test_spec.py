@@ -16,10 +16,11 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from shardkit.cluster.spec import ClusterSpec, build_spec, free_ports, layout
+from shardkit.cluster.spec import ClusterSpec, build_spec
 from shardkit.errors import ConfigError
 from shardkit.job import protocol as p
 from shardkit.job.config import JobConfig
+from shardkit.job.layout import free_ports, layout
 
 ENTRY = Path(__file__).with_name("test_spec.py")  # any existing file serves as the script
 

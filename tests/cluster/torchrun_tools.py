@@ -23,7 +23,7 @@ import numpy as np
 import yaml
 
 import shardkit
-from shardkit.cluster.spec import free_ports
+from shardkit.job.layout import free_ports
 
 REPO = Path(__file__).resolve().parents[2]
 IDS = REPO / "tests" / "cluster" / "torchrun_scripts" / "ids.py"

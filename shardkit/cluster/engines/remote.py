@@ -11,8 +11,9 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from shardkit.cluster.engines.local import LocalEngine, LocalGroup
-from shardkit.cluster.spec import ClusterSpec, ProcessSpec, free_ports
+from shardkit.cluster.spec import ClusterSpec, ProcessSpec
 from shardkit.job import protocol as p
+from shardkit.job.layout import free_ports
 
 __all__ = ["NodeRunner", "Update", "free_port", "place"]
 
@@ -148,5 +149,5 @@ def place(procs: Sequence[ProcessSpec], where: Sequence[tuple[str, int]],
 
 
 def free_port() -> int:
-    """A TCP port free now on this node (for `place`; the same race as `shardkit.cluster.spec.free_ports`)."""
+    """A TCP port free now on this node (for `place`; the same race as `shardkit.job.layout.free_ports`)."""
     return free_ports(1)[0]

@@ -18,10 +18,10 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
-from shardkit.cluster.spec import ProcessSlot, free_ports, layout
 from shardkit.errors import ConfigError
 from shardkit.job import protocol as p
 from shardkit.job.config import JobConfig
+from shardkit.job.layout import ProcessSlot, free_ports, layout
 
 __all__ = [
     "KeyValue", "entry_argv", "main", "place", "role_env", "yarn_addresses", "yarn_master", "yarn_secrets",

@@ -20,9 +20,9 @@ from shardkit.cluster.render import (
     rendered_from,
     script_relative,
 )
-from shardkit.cluster.spec import layout
 from shardkit.job.config import JobConfig, Resources
 from shardkit.job.config.values import Problem
+from shardkit.job.layout import layout
 
 __all__ = ["CONFIG_MOUNT", "KubernetesOptions", "render_kubernetes", "replica_counts"]
 

@@ -351,7 +351,7 @@ def _params_problems(config: JobConfig) -> Iterator[Problem]:
     checked here as its workers would check it (`ps_optimizer.optimizer_problem`, which needs no
     torch), so a bad one fails validation instead of every attempt of the job."""
     if (config.framework, config.strategy) == ("torch", "parameter_server") and "optimizer" in config.params:
-        from shardkit.trainer.strategies.torch_ps.optimizer import optimizer_problem
+        from shardkit.job.config.optimizer import optimizer_problem
 
         problem = optimizer_problem(config.params["optimizer"])
         if problem is not None:

@@ -261,7 +261,7 @@ def describe(config: JobConfig) -> str:
         job digits: torch allreduce, 2 processes, from examples/digits.yaml
         ...
     """
-    from shardkit.cluster.spec import layout  # on use: loading a config needs no spec
+    from shardkit.job.layout import layout  # on use: the layout imports the config
 
     slots = layout(config)
     out = [f"job {config.name}: {config.framework} {config.strategy}, {len(slots)} processes"

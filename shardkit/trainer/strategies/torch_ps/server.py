@@ -8,9 +8,9 @@ may have to wait for other workers' pushes (`Shard.push`, `Shard.snapshot`) retu
 blocking a thread of that pool; their rpc entry points are in `shardkit.trainer.strategies.torch_ps`, since
 ``rpc.functions.async_execution`` needs torch where this module must not.
 
-torch is imported where it is used, not with the module (as in
-`shardkit.trainer.strategies.torch_ps.optimizer`, the
-optimizers a ps applies, whose spec the job config's validation checks where there may be no torch).
+torch is imported where it is used, not with the module. The optimizers a ps applies are those of
+`shardkit.job.config.optimizer`, whose spec the job config's validation checks where there may be no
+torch.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ import threading
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, Final
 
-from shardkit.trainer.strategies.torch_ps.optimizer import OPTIMIZERS
+from shardkit.job.config.optimizer import OPTIMIZERS
 
 if TYPE_CHECKING:
     import torch
