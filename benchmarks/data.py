@@ -38,7 +38,7 @@ import pyarrow.parquet as pq
 
 import shardkit
 from benchmarks.common import BENCH_DIR
-from shardkit.dataset.pages import check_row_group
+from shardkit.dataset._pages import check_row_group
 
 CACHE = BENCH_DIR / "data"
 VERSION = 2  # bump when the generated values change: old caches are then ignored
@@ -166,7 +166,7 @@ def raw_path(rows: int) -> Path:
 def page_checksums(path: str | Path) -> tuple[int, int]:
     """``(pages with a CRC, pages)`` over every page of every column chunk of the Parquet files under
     ``path`` (a file or a folder; ``_``/``.`` files skipped), read from the page headers themselves
-    (`shardkit.dataset.pages`: pyarrow reports no page checksums in its metadata)."""
+    (`shardkit.dataset._pages`: pyarrow reports no page checksums in its metadata)."""
     root = Path(path)
     files = [root] if root.is_file() else sorted(
         p for p in root.rglob("*.parquet") if not p.name.startswith(("_", ".")))

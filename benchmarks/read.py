@@ -20,7 +20,7 @@ Cases (ratios are to the best raw pyarrow reader of shardkit's files and to Peta
     shardkit               make_reader(tensor dataset, batch_size=256) (default shuffle)
     shardkit-shard         the same, num_shards=2, shard 0 (half the rows)
     shardkit-noverify      shardkit on the same files with page-checksum verification off
-                           (shardkit.dataset.dataset.VERIFY_PAGE_CHECKSUMS = False in its process): the
+                           (shardkit.dataset._dataset.VERIFY_PAGE_CHECKSUMS = False in its process): the
                            cost of verifying the CRC-32 that shardkit's writer puts on every page
     shardkit-noshuffle-noverify  the same for shardkit-noshuffle. The four run round-robin (shardkit-
                            noshuffle, shardkit, and these two) with --checksum-repeat runs each, and the
@@ -209,7 +209,7 @@ def case_shardkit(url: str, shuffle: bool = True, num_shards: int = 1, shard: in
     """
     import warnings
 
-    import shardkit.dataset.dataset as opened
+    import shardkit.dataset._dataset as opened
 
     warnings.simplefilter("ignore")  # a Petastorm folder has no _metadata: the reader says so, once
     opened.VERIFY_PAGE_CHECKSUMS = verify
@@ -232,7 +232,7 @@ def case_s3_cache(url: str, storage_options: dict[str, Any], cache_dir: str, epo
     """
     import fsspec
 
-    from shardkit.reader.cache import CacheConfig
+    from shardkit.reader._cache import CacheConfig
 
     _local_cases_env()
     fsspec.get_filesystem_class("s3")  # imports s3fs (imports are not counted); makes no client
@@ -260,7 +260,7 @@ def case_s3_cache(url: str, storage_options: dict[str, Any], cache_dir: str, epo
 def case_plan(groups: list[int], rows_per_group: int = 1000, num_shards: int = 8, shard: int = 3,
               window: int = 18_000, repeat: int = 5) -> dict[str, Any]:
     """Planning cost (pure): `EpochOrder` + `shard_ranges` + `shard_windows` per row-group count."""
-    from shardkit.reader.plan import EpochOrder, shard_ranges, shard_windows
+    from shardkit.reader._plan import EpochOrder, shard_ranges, shard_windows
 
     out: dict[str, Any] = {}
     for g in groups:

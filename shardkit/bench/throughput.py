@@ -14,7 +14,7 @@ from typing import Any, Literal
 
 import numpy as np
 
-from shardkit.bench.sizes import nbytes, peak_rss, size_of_batch
+from shardkit.bench._sizes import nbytes, peak_rss, size_of_batch
 from shardkit.dataset.open import Dataset
 from shardkit.errors import ReaderError
 from shardkit.reader.adapters.collate import jump_to_epoch

@@ -36,7 +36,7 @@ def run_job(config: JobConfig, *, node_rank: int | None = None, echo: bool = Tru
       logdir is refused); ``<logdir>/job.json`` (the config without secret values) is written, and
       ``<logdir>/logs`` and ``<logdir>/tensorboard`` from an earlier run are cleared. Checkpoints are
       kept: a job started again resumes from its newest one (a completed one: see ``rerun`` above).
-    - Each attempt starts every process with fresh ports (`shardkit.cluster.spec.build_spec`); output
+    - Each attempt starts every process with fresh ports (`shardkit.cluster._spec.build_spec`); output
       goes to ``<logdir>/logs/attempt-<k>/<role>-<i>.log`` and, with ``echo``, to the console prefixed
       with ``[role-i]``. A progress line (step, samples/s, metrics, restarts) shows every few seconds.
     - An attempt fails when a process exits non-zero, or is silent longer than ``heartbeat_timeout``

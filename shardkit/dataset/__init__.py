@@ -1,8 +1,8 @@
 """The format on disk: schema and codecs, the writer, opening (Petastorm datasets, plain Parquet folders,
 and Delta Lake and Iceberg tables read in place: `shardkit.dataset.tables`)."""
 
+from shardkit.dataset._footers import RowGroup
 from shardkit.dataset.codecs import ImageCodec, NdarrayCodec, ScalarCodec, TensorCodec
-from shardkit.dataset.footers import RowGroup
 from shardkit.dataset.open import (
     Dataset,
     SummaryMissingWarning,

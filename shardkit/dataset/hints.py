@@ -21,7 +21,7 @@ from collections.abc import Sequence
 
 import pyarrow as pa
 
-from shardkit.dataset.dataset import Dataset
+from shardkit.dataset._dataset import Dataset
 from shardkit.dataset.schema import Field, Schema
 from shardkit.errors import SchemaError
 

@@ -1,5 +1,5 @@
 """`open_dataset`: a dataset's schema and row-group index, from its summary files when it has them
-(the `Dataset` it returns, and its reads, are `shardkit.dataset.dataset`'s).
+(the `Dataset` it returns, and its reads, are `shardkit.dataset._dataset`'s).
 
 Three kinds of folders open:
 
@@ -13,7 +13,7 @@ Three kinds of folders open:
 Hive-partitioned folders (Spark's ``partitionBy``, pandas' ``partition_cols``:
 ``year=2020/part-0.parquet``) open with the columns their files hold; the partition columns, which
 live only in the folder names, are not columns of the batches, though a reader's ``filter`` may name
-them (`shardkit.reader.filter.Partitions`). Opening one warns once, with a `PartitionColumnsWarning`
+them (`shardkit.reader._filter.Partitions`). Opening one warns once, with a `PartitionColumnsWarning`
 that names those keys and the fix: rewrite the data with
 ``shardkit.write_dataset(pyarrow.dataset.dataset(path, partitioning="hive").to_table(), url)``,
 which stores them as columns.
@@ -31,8 +31,8 @@ import pyarrow as pa
 
 from shardkit._storage.access import root_exists, storage_errors
 from shardkit._storage.location import COMMON, SUMMARY, Location
-from shardkit.dataset.dataset import FOOTERS_KEPT, SLICE_ROWS, Dataset, partition_keys
-from shardkit.dataset.footers import (
+from shardkit.dataset._dataset import FOOTERS_KEPT, SLICE_ROWS, Dataset, partition_keys
+from shardkit.dataset._footers import (
     Footers,
     RowGroup,
     data_files,
@@ -40,7 +40,7 @@ from shardkit.dataset.footers import (
     read_footers,
     summary_row_groups,
 )
-from shardkit.dataset.footers import summary as _summary
+from shardkit.dataset._footers import summary as _summary
 from shardkit.dataset.schema import SCHEMA_KEY, Field, Schema, field_from_arrow, schema_from_arrow
 from shardkit.errors import (
     ColumnsLeftOutWarning,
@@ -85,7 +85,7 @@ def open_dataset(url: str | os.PathLike[str] | Any, *, storage_options: dict[str
 
     ``filter`` (DNF tuples, as `make_reader` takes them) lists only the files of a table that its log or
     manifests say may hold a matching row (partition values, column bounds: no footer of a pruned file
-    is read; `shardkit.dataset.tables.prune`); the rows are filtered by the reader. Other datasets open
+    is read; `shardkit.dataset.tables._prune`); the rows are filtered by the reader. Other datasets open
     whole (their row groups are pruned by their statistics when a reader plans).
 
     Raises:
@@ -325,7 +325,7 @@ def check_columns(loc: Location, schema: Schema, arrow_schema: pa.Schema, *, whe
         )
 
 
-__all__ = [  # with the names of `shardkit.dataset.dataset` that were defined here, imported from here too
+__all__ = [  # with the names of `shardkit.dataset._dataset` that were defined here, imported from here too
     "FOOTERS_KEPT",
     "PETASTORM_KEY",
     "SLICE_ROWS",

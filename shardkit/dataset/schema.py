@@ -1,6 +1,6 @@
 """`Schema` and `Field`: what each column holds (dtype, shape, codec, nullability), stored as JSON; the
 fields inferred from data (`infer_field`) and from Arrow types (`field_from_arrow`). `Field` itself is
-`shardkit.dataset.field`'s.
+`shardkit.dataset._field`'s.
 
 The schema travels inside the Parquet files and summary files as versioned JSON under the key-value
 metadata key ``shardkit.schema``; it is data only, so opening a dataset never runs code.
@@ -16,9 +16,9 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
+from shardkit.dataset._field import Field, _zoned, _zoned_error
 from shardkit.dataset.codecs import ImageCodec
 from shardkit.dataset.codecs.base import first_null, is_bytes_type, is_text_type
-from shardkit.dataset.field import Field, _zoned, _zoned_error
 from shardkit.errors import CorruptDatasetError, SchemaError, SchemaMismatchError
 
 SCHEMA_KEY = b"shardkit.schema"

@@ -22,11 +22,11 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from shardkit._storage.location import Location
-from shardkit.dataset.pages import PageError, check_row_group, first_page, ranges_of
+from shardkit.dataset._pages import PageError, check_row_group, first_page, ranges_of
 from shardkit.errors import one_line
 
 if TYPE_CHECKING:
-    from shardkit.dataset.dataset import Dataset
+    from shardkit.dataset._dataset import Dataset
 
 __all__ = ["Damage", "FileReport", "VerifyReport", "checksum_presence", "verify_dataset", "verify_file"]
 

@@ -52,7 +52,7 @@ ENV_COLLECTIVE_TIMEOUT: Final = "SHARDKIT_COLLECTIVE_TIMEOUT"
 # restores at most: a checkpoint a faster peer saved while this process was still starting is not taken.
 # Absent (torchrun, by hand, or the supervisor could not list them): the newest.
 ENV_RESUME_STEP: Final = "SHARDKIT_RESUME_STEP"
-# Set only for the roles that read the job's data (see shardkit.cluster.spec).
+# Set only for the roles that read the job's data (see shardkit.cluster._spec).
 ENV_DATA_SHARD: Final = "SHARDKIT_DATA_SHARD"
 ENV_DATA_NUM_SHARDS: Final = "SHARDKIT_DATA_NUM_SHARDS"
 # torch.distributed's env:// rendezvous (torch jobs only).

@@ -13,9 +13,9 @@ import numpy as np
 from shardkit.dataset.open import Dataset, open_dataset
 from shardkit.dataset.schema import Field, Schema
 from shardkit.errors import CacheWarning, ReaderError
-from shardkit.reader.arguments import explained
-from shardkit.reader.filter import Filter
-from shardkit.reader.plan import Remainder, validate_shard
+from shardkit.reader._arguments import explained
+from shardkit.reader._filter import Filter
+from shardkit.reader._plan import Remainder, validate_shard
 from shardkit.reader.reader import WINDOW_BYTES, Reader
 
 
@@ -80,13 +80,13 @@ def make_reader(
         drop_last: also drop each shard's last partial batch.
         cache: ``"auto"`` (row groups of remote datasets are cached on local disk; where its folder
             cannot be created, a `CacheWarning` and no cache), None, a folder, or a
-            ``shardkit.reader.cache.CacheConfig`` (whose folder must be writable: `ReaderError`).
+            ``shardkit.reader._cache.CacheConfig`` (whose folder must be writable: `ReaderError`).
         prefetch: tasks (row-group slices) read ahead; default ``2 * workers``.
         workers: reading/decoding threads; default ``min(4, cpus)``, at least 2.
         on_error: ``"raise"`` on a corrupt row group (naming file and row group), or ``"skip"`` it,
             count it in ``reader.stats`` and warn at the end of the epoch. Each lost row's place in its
             batch is taken by a readable sample (half an epoch further in the epoch's order, see
-            `shardkit.reader.lost.substitutes`), so a shard still yields ``len(reader)`` batches, every
+            `shardkit.reader._lost.substitutes`), so a shard still yields ``len(reader)`` batches, every
             rank's state is the same, and a resumed reader yields what the uninterrupted one would have.
             A row group is then read whole before its rows are used (so it is lost whole or not at all).
         storage_options: passed to fsspec (credentials, endpoint), and to a table's library.
@@ -173,7 +173,7 @@ def make_reader(
 
     row_cache = None
     if cache is not None and not (cache == "auto" and dataset.location.is_local):
-        from shardkit.reader.cache import CacheConfig, RowGroupCache
+        from shardkit.reader._cache import CacheConfig, RowGroupCache
 
         config = CacheConfig.resolve(cache, remote=not dataset.location.is_local)
         try:

@@ -1,6 +1,6 @@
 """`make_reader` and `Reader`: one shard of a dataset as batches of numpy columns, resumable.
 
-The plan (`shardkit.reader.plan`) says which rows this shard reads in which order; the reader fetches
+The plan (`shardkit.reader._plan`) says which rows this shard reads in which order; the reader fetches
 and decodes the plan's tasks ahead of time in a bounded thread pool (in order), assembles each
 shuffle window, and cuts it into batches. Memory is bounded by ``prefetch`` tasks plus one window.
 
@@ -17,7 +17,7 @@ iteration: starting a new one, `load_state_dict` or `close` ends the previous on
 
 Lost rows (``on_error="skip"``). A row of a corrupt row group (or a row that cannot be decoded) is lost;
 its place in the batch is taken by a readable sample: the one half an epoch further in the epoch's order
-``pi``, or one at places hashed from its own (see `shardkit.reader.lost.substitutes`). So every batch
+``pi``, or one at places hashed from its own (see `shardkit.reader._lost.substitutes`). So every batch
 holds the positions it holds on intact data, a shard yields ``len(reader)`` batches (ranks keep stepping
 together: one rank with fewer steps would hang an allreduce), every rank's `state_dict` is the same
 position, and a reader resumed anywhere yields what the uninterrupted one yields from there: which row
@@ -40,13 +40,13 @@ import numpy as np
 from shardkit.dataset.open import SLICE_ROWS, Dataset
 from shardkit.dataset.schema import Schema
 from shardkit.errors import ReaderError
+from shardkit.reader._filter import Filter, Partitions, select_rows, to_expression
+from shardkit.reader._lost import substitutes
 from shardkit.reader._pipeline import batching
 from shardkit.reader._pipeline.assemble import POSITION, needed_rows, pi_at, scatter_plan
 from shardkit.reader._pipeline.assemble import chunks as assemble_chunks
 from shardkit.reader._pipeline.source import Columns, Part, RowGroupSource
-from shardkit.reader.filter import Filter, Partitions, select_rows, to_expression
-from shardkit.reader.lost import substitutes
-from shardkit.reader.plan import (
+from shardkit.reader._plan import (
     EpochOrder,
     Remainder,
     Task,
@@ -244,7 +244,7 @@ class Reader:
     def _in_place_of(self, order: EpochOrder, ranges: Sequence[tuple[int, int]], position: int,
                      emitted: np.ndarray) -> Columns:
         """Rows in place of the lost rows ``emitted`` (indices in a window's emission order, which starts
-        at piece position ``position`` of ``ranges``): see `shardkit.reader.lost`."""
+        at piece position ``position`` of ``ranges``): see `shardkit.reader._lost`."""
         where = (f"shard {self.shard} of {self.num_shards}, epoch {self.epoch}: no sample of "
                  f"{self.dataset.url!r}{' matching the filter' if self.filter_text else ''}")
         rows = substitutes(order, pi_at(ranges, position + emitted), self._source, self._executor().submit,

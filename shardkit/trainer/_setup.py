@@ -15,7 +15,7 @@ from shardkit.job import protocol as p
 from shardkit.job.config import JobConfig, load_config
 
 if TYPE_CHECKING:
-    from shardkit.trainer.context import TrainContext
+    from shardkit.trainer._context import TrainContext
 
 __all__ = ["CONFIG_ENV", "check_place", "collective_timeout", "init_torch_allreduce", "int_env",
            "load_job_config", "serve_if_server"]

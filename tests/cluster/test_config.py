@@ -13,7 +13,7 @@ import pytest
 import yaml
 from pydantic import ValidationError
 
-from shardkit.cluster.spec import build_spec
+from shardkit.cluster._spec import build_spec
 from shardkit.errors import ConfigError
 from shardkit.job.config import JobConfig, describe, load_config
 

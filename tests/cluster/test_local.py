@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
+from shardkit.cluster._spec import ClusterSpec, ProcessSpec
 from shardkit.cluster.engines import get_engine
 from shardkit.cluster.engines.local import LocalEngine, LocalGroup, group_members
-from shardkit.cluster.spec import ClusterSpec, ProcessSpec
 from shardkit.errors import ConfigError
 from tests.trainer.scripts import proctree
 

@@ -13,9 +13,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from shardkit.cluster._spec import ProcessSpec, build_spec
+from shardkit.cluster.engines._remote import NodeRunner, Update, place
 from shardkit.cluster.engines.mirror import MirrorGroup, MirrorProcess, Options
-from shardkit.cluster.engines.remote import NodeRunner, Update, place
-from shardkit.cluster.spec import ProcessSpec, build_spec
 from shardkit.cluster.supervisor.heartbeats import HeartbeatReceiver
 from shardkit.errors import ConfigError
 from shardkit.job import protocol as p

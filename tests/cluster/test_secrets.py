@@ -21,9 +21,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from shardkit.cluster import run_job
-from shardkit.cluster.engines.remote import NodeRunner
+from shardkit.cluster._spec import ProcessSpec
+from shardkit.cluster.engines._remote import NodeRunner
 from shardkit.cluster.render import render
-from shardkit.cluster.spec import ProcessSpec
 from shardkit.errors import JobError, SecretTooShortWarning
 from shardkit.job.config import load_config
 from shardkit.job.masking import MASK, Masker

@@ -16,7 +16,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from shardkit.cluster.spec import ClusterSpec, build_spec
+from shardkit.cluster._spec import ClusterSpec, build_spec
 from shardkit.errors import ConfigError
 from shardkit.job import protocol as p
 from shardkit.job.config import JobConfig

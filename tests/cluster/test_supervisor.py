@@ -539,8 +539,8 @@ def test_a_hang_names_one_silent_worker_and_says_the_other_was_silent_too(tmp_pa
 def test_stopping_a_group_ends_a_stopped_process_by_its_sigterm(tmp_path: Path) -> None:
     """SIGTERM reaches a stopped process only once it runs again: the stop sends SIGCONT after it, so a
     stopped process ends now, by the SIGTERM, not by the SIGKILL after the grace period (30 s here)."""
+    from shardkit.cluster._spec import ClusterSpec, ProcessSpec
     from shardkit.cluster.engines.local import LocalEngine
-    from shardkit.cluster.spec import ClusterSpec, ProcessSpec
 
     code = "import os, signal, time; os.kill(os.getpid(), signal.SIGSTOP); time.sleep(3600)"
     spec = ClusterSpec([ProcessSpec("worker", 0, [sys.executable, "-c", code], {})], "127.0.0.1", 0,
@@ -562,8 +562,8 @@ def test_stopping_a_group_ends_a_stopped_process_by_its_sigterm(tmp_path: Path) 
 def test_procstate_reports_a_stopped_process_of_this_machine(tmp_path: Path) -> None:
     """The supervisor's evidence: `procstate.stopped` is ``T`` for a SIGSTOPped role process, None for a
     running one; `os_state` is None where there is nothing to read (no such pid, pid 0)."""
+    from shardkit.cluster._spec import ClusterSpec, ProcessSpec
     from shardkit.cluster.engines.local import LocalEngine
-    from shardkit.cluster.spec import ClusterSpec, ProcessSpec
     from shardkit.cluster.supervisor import procstate
 
     code = "import time; time.sleep(3600)"

@@ -47,7 +47,7 @@ from tests.cluster.torchrun_tools import (
 from tests.trainer.scripts import proctree
 
 if TYPE_CHECKING:  # imported where used: it imports torch's elastic agent
-    from shardkit.cluster.engines.torchrun.agent import NodeMonitor
+    from shardkit.cluster.engines.torchrun._agent import NodeMonitor
 
 
 @pytest.fixture(autouse=True)
@@ -229,7 +229,7 @@ def node_monitor(tmp_path: Path, *, workers: int = 1, echo: bool = True,
                  **fault_tolerance: float) -> Iterator[tuple[NodeMonitor, str, list[str]]]:
     """A started `NodeMonitor` of a job of ``workers`` workers (its node folder ``tmp_path/node``), the
     address its heartbeats go to, and the lines it says; the caller stops it."""
-    from shardkit.cluster.engines.torchrun.agent import NodeMonitor
+    from shardkit.cluster.engines.torchrun._agent import NodeMonitor
     from shardkit.cluster.supervisor.heartbeats import HeartbeatReceiver
 
     config = JobConfig.from_dict({"name": "node", "entrypoint": str(IDS), "framework": "torch",
@@ -246,7 +246,7 @@ def node_monitor(tmp_path: Path, *, workers: int = 1, echo: bool = True,
 def beating_worker(addr: str, node_dir: Path, rank: int, then: str) -> subprocess.Popen[bytes]:
     """Worker ``rank`` of attempt 0 (its own session, output in its log): one heartbeat at step 3 as
     ``b``, then the Python ``then``."""
-    code = ("import os, signal, time; from shardkit.trainer.heartbeat import Beacon; "
+    code = ("import os, signal, time; from shardkit.trainer._heartbeat import Beacon; "
             f"b = Beacon({addr!r}, role='worker', index={rank}, attempt=0); b.send('step', step=3); {then}")
     log = node_dir / "attempt-0" / f"worker-{rank}.log"
     log.parent.mkdir(parents=True, exist_ok=True)
@@ -261,7 +261,7 @@ def test_the_node_monitor_survives_a_metric_beyond_float32(tmp_path: Path) -> No
     goes on."""
     import math
 
-    from shardkit.trainer.heartbeat import Beacon
+    from shardkit.trainer._heartbeat import Beacon
 
     with node_monitor(tmp_path) as (monitor, addr, lines):
         beacon = Beacon(addr, role="worker", index=0, attempt=0)
@@ -336,7 +336,7 @@ def test_the_node_monitor_kills_the_stopped_worker_not_the_one_waiting_for_it(tm
 def test_a_workers_progress_bar_and_long_line_are_echoed_with_bounded_work(tmp_path: Path) -> None:
     """What the node monitor echoes of a worker's log: a ``\\r`` bar as its newest finished redraw, and
     an unterminated line in 64 KiB pieces (not kept, and copied, whole on every poll)."""
-    from shardkit.cluster.engines.torchrun.monitor import _Worker
+    from shardkit.cluster.engines.torchrun._monitor import _Worker
 
     log = tmp_path / "worker-0.log"
     worker = _Worker(0, log, time.monotonic())
@@ -415,7 +415,7 @@ def test_a_node_whose_store_stops_answering_notices_within_the_bound() -> None:
     import socket
     import threading
 
-    from shardkit.cluster.engines.torchrun.agent import LostJobWatch
+    from shardkit.cluster.engines.torchrun._agent import LostJobWatch
 
     server = socket.create_server(("127.0.0.1", 0))
     endpoint = f"127.0.0.1:{server.getsockname()[1]}"
@@ -450,7 +450,7 @@ def test_a_node_whose_store_stops_answering_notices_within_the_bound() -> None:
 
 
 def test_the_node_address_is_checked_before_anything_starts() -> None:
-    from shardkit.cluster.addresses import local_addresses
+    from shardkit.cluster._addresses import local_addresses
     from shardkit.cluster.engines.torchrun import node_address
 
     assert node_address(parse_options({})) == "127.0.0.1"
@@ -469,7 +469,7 @@ def test_lost_job_and_collective_timeouts_are_validated_and_reach_the_workers(
         monkeypatch: pytest.MonkeyPatch) -> None:
     from datetime import timedelta
 
-    from shardkit.cluster.spec import build_spec
+    from shardkit.cluster._spec import build_spec
     from shardkit.job import protocol as p
     from shardkit.trainer._setup import collective_timeout
 

@@ -22,7 +22,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import shardkit
-from shardkit.dataset.pages import check_chunk, chunk_range
+from shardkit.dataset._pages import check_chunk, chunk_range
 from shardkit.dataset.verify import verify_dataset
 from shardkit.errors import CorruptDatasetError
 

@@ -24,8 +24,8 @@ from PIL import Image
 import shardkit
 from shardkit.dataset import convert as convert_module
 from shardkit.dataset.codecs import ImageCodec
+from shardkit.dataset.convert import _sources as convert_sources
 from shardkit.dataset.convert import convert
-from shardkit.dataset.convert import sources as convert_sources
 from shardkit.errors import (
     DatasetExistsError,
     DatasetNotFoundError,

@@ -13,8 +13,8 @@ import pyarrow.parquet as pq
 import pytest
 
 import shardkit
+from shardkit.dataset.convert import _sources as convert_sources
 from shardkit.dataset.convert import convert
-from shardkit.dataset.convert import sources as convert_sources
 from shardkit.errors import SchemaMismatchError
 from tests.dataset.test_convert import read_rows
 

@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 
 import shardkit
+from shardkit.dataset.convert import _sources as convert_sources
 from shardkit.dataset.convert import convert
-from shardkit.dataset.convert import sources as convert_sources
 from shardkit.errors import NotADatasetError, SchemaMismatchError, TimeZoneWarning
 from tests.dataset.test_convert import read_rows
 

@@ -21,7 +21,7 @@ import pytest
 import shardkit
 from shardkit.cli import main
 from shardkit.dataset.codecs import codec_from_json
-from shardkit.dataset.petastorm import safe_pickle
+from shardkit.dataset.petastorm import _safe_pickle as safe_pickle
 from shardkit.dataset.petastorm.codecs import (
     PetastormCompressedNdarrayCodec,
     PetastormNdarrayCodec,

@@ -1,4 +1,4 @@
-"""`shardkit.dataset.codecs.png`: PNGs written here filter by filter, decoded against their pixels."""
+"""`shardkit.dataset.codecs._png`: PNGs written here filter by filter, decoded against their pixels."""
 
 from __future__ import annotations
 
@@ -16,8 +16,8 @@ from hypothesis import given, settings
 from PIL import Image
 
 from shardkit import Field, ImageCodec
+from shardkit.dataset.codecs import _png as png
 from shardkit.dataset.codecs import image as image_module
-from shardkit.dataset.codecs import png
 from shardkit.errors import CorruptDatasetError
 
 NONE, SUB, UP, AVERAGE, PAETH = range(5)

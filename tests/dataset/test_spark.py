@@ -29,7 +29,7 @@ from pyspark.sql import types as T
 
 from shardkit.dataset.codecs.tensor import TensorCodec
 from shardkit.dataset.spark import schema_from_spark, write_spark
-from shardkit.dataset.spark.columns import column_for_field
+from shardkit.dataset.spark._columns import column_for_field
 
 pytestmark = [
     pytest.mark.spark,

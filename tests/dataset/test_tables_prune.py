@@ -15,7 +15,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import shardkit
-from shardkit.dataset.tables.prune import dnf_of
+from shardkit.dataset.tables._prune import dnf_of
 from tests.dataset.tables import History, make_history, read_ids
 
 OPS = [("append", 100), ("append", 100), ("append", 100), ("delete", 30), ("append", 100)]

@@ -24,7 +24,7 @@ import shardkit
 from shardkit import Field, ImageCodec, Schema
 from shardkit.dataset.codecs.tensor import TensorCodec
 from shardkit.dataset.schema import SCHEMA_KEY
-from shardkit.dataset.write.sources import BATCH_ROWS
+from shardkit.dataset.write._sources import BATCH_ROWS
 from shardkit.errors import DatasetExistsError, DatasetPermissionError, SchemaError, SchemaMismatchError
 from tests.dataset import test_storage_s3
 from tests.reader import conftest as s3_fixtures

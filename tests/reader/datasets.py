@@ -145,7 +145,7 @@ def read_shard_ids(url: str, shard: int | None, num_shards: int | None, batch_si
 
 
 def _probe(x: int, j: int, n: int) -> int:
-    """splitmix64 of (x, j) mod n, in Python ints (the reader's `shardkit.reader.lost.probe`, in numpy)."""
+    """splitmix64 of (x, j) mod n, in Python ints (the reader's `shardkit.reader._lost.probe`, in numpy)."""
     mask = 2**64 - 1
     z = (x * 0x9E3779B97F4A7C15 + j * 0xBF58476D1CE4E5B9) & mask
     z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & mask

@@ -18,9 +18,9 @@ import pyarrow as pa
 import pytest
 import xxhash
 
-import shardkit.reader.cache as cache_mod
+import shardkit.reader._cache as cache_mod
 from shardkit.errors import ReaderError
-from shardkit.reader.cache import CacheConfig, RowGroupCache
+from shardkit.reader._cache import CacheConfig, RowGroupCache
 
 GiB = 1 << 30
 

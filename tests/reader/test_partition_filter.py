@@ -21,7 +21,7 @@ from hypothesis import strategies as st
 import shardkit
 from shardkit.dataset.open import Dataset
 from shardkit.errors import PartitionColumnsWarning, ReaderError
-from shardkit.reader.filter import Partitions
+from shardkit.reader._filter import Partitions
 from tests.reader.datasets import ids_of
 
 

@@ -1,4 +1,4 @@
-"""Property tests of the pure plan (`shardkit.reader.plan`): sharding, shuffling, windows, resume."""
+"""Property tests of the pure plan (`shardkit.reader._plan`): sharding, shuffling, windows, resume."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from shardkit.errors import ReaderError
-from shardkit.reader.plan import (
+from shardkit.reader._plan import (
     EpochOrder,
     Remainder,
     Window,

@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 import shardkit
 from shardkit import SummaryMissingWarning
 from shardkit.errors import ReaderError
-from shardkit.reader.filter import filter_columns
+from shardkit.reader._filter import filter_columns
 from tests.reader.datasets import (
     ALL_CODECS,
     PETASTORM_TENSORS,

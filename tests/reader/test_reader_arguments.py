@@ -14,8 +14,8 @@ from hypothesis import strategies as st
 
 import shardkit
 from shardkit.errors import DatasetNotFoundError, ReaderError, UnknownArgumentError
-from shardkit.reader.arguments import PETASTORM, explained
-from shardkit.reader.cache import CacheConfig
+from shardkit.reader._arguments import PETASTORM, explained
+from shardkit.reader._cache import CacheConfig
 
 TAKES = set(inspect.signature(shardkit.make_reader).parameters)
 # called untyped: type checkers refuse the wrong names at once (the signature is kept), users' code may not

@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 
 import shardkit
 from shardkit.errors import CorruptDatasetError, DatasetNotFoundError, ReaderError
-from shardkit.reader.plan import Remainder
+from shardkit.reader._plan import Remainder
 from tests.reader.datasets import ids_of, substitutes, with_substitutes, write_ids, write_layout
 
 

@@ -13,7 +13,7 @@ import pytest
 
 import shardkit
 from shardkit.errors import CacheWarning, ReaderError, StorageOptionsError
-from shardkit.reader.cache import CacheConfig
+from shardkit.reader._cache import CacheConfig
 
 if TYPE_CHECKING:
     from tests.reader.conftest import S3Server

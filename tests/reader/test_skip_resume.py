@@ -26,7 +26,7 @@ from hypothesis import strategies as st
 import shardkit
 from shardkit import Field, ImageCodec, Schema
 from shardkit.errors import CorruptDatasetError, ReaderError
-from shardkit.reader.cache import CacheConfig
+from shardkit.reader._cache import CacheConfig
 from tests.reader.datasets import ids_of, substitutes, with_substitutes
 
 

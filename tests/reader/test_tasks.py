@@ -16,7 +16,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import shardkit
-from shardkit.reader.plan import EpochOrder, shard_ranges, shard_windows, split_tasks
+from shardkit.reader._plan import EpochOrder, shard_ranges, shard_windows, split_tasks
 from tests.reader.datasets import ids_of, substitutes, with_substitutes, write_ids, write_layout
 from tests.reader.test_plan import as_layout, emitted_ids, layouts
 from tests.reader.test_reader_errors import corrupt_column_chunk
@@ -112,7 +112,7 @@ def test_cut_tasks_still_cache_whole_row_groups(tmp_path: Path, shuffle: bool, n
     """With a cache, the first window's cut tasks read only as far as they need, but the last task of
     each row group reads it to its end: after one epoch every row group is cached whole, and the next
     epoch reads nothing from the source (shard edges inside the first window included)."""
-    from shardkit.reader.cache import CacheConfig
+    from shardkit.reader._cache import CacheConfig
 
     url = write_ids(tmp_path / "ds", 600, row_group_size=150, file_size=10**9)
     groups = len(shardkit.open_dataset(url).row_groups)

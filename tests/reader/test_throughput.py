@@ -19,7 +19,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import shardkit
-from shardkit.bench.sizes import size_of_batch
+from shardkit.bench._sizes import size_of_batch
 from shardkit.bench.throughput import Throughput, measure, nbytes, peak_rss
 from shardkit.errors import CorruptDatasetError, ReaderError
 

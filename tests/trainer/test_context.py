@@ -21,7 +21,7 @@ from shardkit.errors import ConfigError
 from shardkit.job import protocol as p
 from shardkit.job.config import load_config
 from shardkit.trainer import TrainContext, init
-from shardkit.trainer.heartbeat import Beacon
+from shardkit.trainer._heartbeat import Beacon
 from tests.trainer.helpers import Counter
 
 REPO = Path(__file__).resolve().parents[2]

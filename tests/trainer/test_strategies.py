@@ -29,8 +29,8 @@ from shardkit.cluster.supervisor.report import JobResult
 from shardkit.errors import ConfigError
 from shardkit.job.config import load_config
 from shardkit.trainer.strategies import torch_ps
-from shardkit.trainer.strategies.torch_ps import optimizer as ps_optimizer
-from shardkit.trainer.strategies.torch_ps import server as torch_ps_server
+from shardkit.trainer.strategies.torch_ps import _optimizer as ps_optimizer
+from shardkit.trainer.strategies.torch_ps import _server as torch_ps_server
 from tests.trainer.scripts import proctree
 
 REPO = Path(__file__).resolve().parents[2]

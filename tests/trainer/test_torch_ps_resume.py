@@ -27,7 +27,7 @@ from shardkit.errors import CheckpointError, CheckpointWarning
 from shardkit.job.config import load_config
 from shardkit.trainer.checkpoint import CheckpointManager
 from shardkit.trainer.strategies import torch_ps
-from shardkit.trainer.strategies.torch_ps import server as torch_ps_server
+from shardkit.trainer.strategies.torch_ps import _server as torch_ps_server
 from tests.trainer.helpers import Counter
 from tests.trainer.scripts import proctree
 

@@ -12,7 +12,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
-from shardkit.cluster.spec import ClusterSpec
+from shardkit.cluster._spec import ClusterSpec
 from shardkit.errors import ConfigError
 from shardkit.job.config.load import located
 

@@ -12,7 +12,7 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import IO, Any
 
-from shardkit.cluster.spec import ClusterSpec, ProcessSpec
+from shardkit.cluster._spec import ClusterSpec, ProcessSpec
 from shardkit.cluster.supervisor.output import LineSplitter
 from shardkit.cluster.supervisor.watcher import GroupWatcher
 from shardkit.job import protocol

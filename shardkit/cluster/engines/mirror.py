@@ -14,8 +14,8 @@ from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from shardkit.cluster.engines.remote import Update
-from shardkit.cluster.spec import ClusterSpec, ProcessSpec
+from shardkit.cluster._spec import ClusterSpec, ProcessSpec
+from shardkit.cluster.engines._remote import Update
 from shardkit.errors import ConfigError
 from shardkit.job import protocol as p
 

@@ -15,10 +15,10 @@ from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from shardkit.cluster.addresses import collective_env
+from shardkit.cluster._addresses import collective_env
+from shardkit.cluster._spec import ClusterSpec, ProcessSpec
+from shardkit.cluster.engines._remote import NodeRunner, Update, free_port, place
 from shardkit.cluster.engines.mirror import MirrorGroup, MirrorProcess, Options, describe_error, job_settings
-from shardkit.cluster.engines.remote import NodeRunner, Update, free_port, place
-from shardkit.cluster.spec import ClusterSpec, ProcessSpec
 from shardkit.errors import ConfigError, EngineUnreachableError, JobError, require
 from shardkit.job import protocol
 

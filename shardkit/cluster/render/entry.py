@@ -144,7 +144,7 @@ def yarn_master(config: JobConfig, app: Any, *, poll: float = 5.0, sleep: Callab
 
 
 def entry_argv(config: JobConfig) -> list[str]:
-    """The command of the job's entrypoint, as `shardkit.cluster.spec` starts it."""
+    """The command of the job's entrypoint, as `shardkit.cluster._spec` starts it."""
     python = os.fspath(config.python)
     if config.entrypoint_kind == "script":
         return [python, "-u", config.entrypoint]

@@ -1,7 +1,7 @@
 """The supervisor: starts a job's processes on an engine, watches heartbeats and exits, restarts, sums up.
 
-The rules it judges a silent or lingering process by are `shardkit.cluster.supervisor.watch`; the signals
-that stop a job are `shardkit.cluster.supervisor.stop_signals` (`STOP_SIGNALS` and `signals_raise` are
+The rules it judges a silent or lingering process by are `shardkit.cluster.supervisor._watch`; the signals
+that stop a job are `shardkit.cluster.supervisor._stop_signals` (`STOP_SIGNALS` and `signals_raise` are
 importable
 from here too).
 """
@@ -17,9 +17,11 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import TextIO
 
+from shardkit.cluster._rerun import prepare_rerun
+from shardkit.cluster._spec import build_spec
 from shardkit.cluster.engines import Engine, ProcessGroup, RoleProcess, check_job, get_engine
-from shardkit.cluster.rerun import prepare_rerun
-from shardkit.cluster.spec import build_spec
+from shardkit.cluster.supervisor._stop_signals import STOP_SIGNALS, signals_raise
+from shardkit.cluster.supervisor._watch import _Watch, lingering, silence, unreported
 from shardkit.cluster.supervisor.heartbeats import HeartbeatReceiver, SampleLedger, apply_beat
 from shardkit.cluster.supervisor.preflight import LogdirLock, check_here, prepare_logdir
 from shardkit.cluster.supervisor.progress import Progress
@@ -33,8 +35,6 @@ from shardkit.cluster.supervisor.report import (
     reached_step,
     scrub,
 )
-from shardkit.cluster.supervisor.stop_signals import STOP_SIGNALS, signals_raise
-from shardkit.cluster.supervisor.watch import _Watch, lingering, silence, unreported
 from shardkit.errors import JobError
 from shardkit.job import protocol
 from shardkit.job.config import JobConfig
@@ -366,7 +366,7 @@ class Supervisor:
 
     def _silence(self, attempt: int, watches: dict[str, _Watch], now: float) -> Failure | None:
         """The failure when a running process is silent past its limit, named among the whole group
-        (`shardkit.cluster.supervisor.watch.silence`)."""
+        (`shardkit.cluster.supervisor._watch.silence`)."""
         found = silence(watches, now, self.ft, self.config.strategy)
         if found is None:
             return None

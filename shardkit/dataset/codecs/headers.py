@@ -39,7 +39,7 @@ from typing import TYPE_CHECKING, NamedTuple
 
 import numpy as np
 
-from shardkit.dataset.codecs import png
+from shardkit.dataset.codecs import _png as png
 from shardkit.errors import ConfigError, CorruptDatasetError, ImageShapeError
 
 if TYPE_CHECKING:

@@ -5,7 +5,7 @@ image costs as much as decoding a small one). PNG uses zlib level 1 (Petastorm's
 on training images it gives nearly the size of level 6 at several times the speed.
 
 Decoding, for a fixed-shape field: the 8-bit PNGs filtered as OpenCV (hence Petastorm) writes them
-are decoded a slice at a time by `shardkit.dataset.codecs.png` (numpy, and one inflate call per
+are decoded a slice at a time by `shardkit.dataset.codecs._png` (numpy, and one inflate call per
 image: about 2x OpenCV's speed). The rest of PNG goes through OpenCV's ``cv2.imdecode`` when ``cv2``
 is importable (``pip install 'shardkit[image]'``, which also brings ``isal``'s faster inflate): it
 releases the GIL for the whole decode and takes about half of Pillow's time on small images, whose
@@ -41,7 +41,8 @@ from typing import TYPE_CHECKING, Any, Literal
 import numpy as np
 import pyarrow as pa
 
-from shardkit.dataset.codecs import headers, png
+from shardkit.dataset.codecs import _png as png
+from shardkit.dataset.codecs import headers
 from shardkit.dataset.codecs.base import (
     ArrowColumn,
     Codec,

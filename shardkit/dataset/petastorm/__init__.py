@@ -1,7 +1,7 @@
 """Petastorm compatibility: its pickled Unischema read without running it, and its read-only codecs.
 
 Petastorm (up to 0.13.1) pickles its ``Unischema`` into ``_common_metadata``. `petastorm_schema`
-reads that pickle with `shardkit.dataset.petastorm.safe_pickle`, which allows only the classes below and
+reads that pickle with `shardkit.dataset.petastorm._safe_pickle`, which allows only the classes below and
 never imports or calls them, and maps the result to a shardkit `Schema`:
 
 - ``ScalarCodec(<spark type>)`` -> `ScalarCodec` (a plain Parquet column), or
@@ -43,7 +43,7 @@ from typing import Any, Literal
 import numpy as np
 
 from shardkit.dataset.codecs import Codec, ImageCodec, NdarrayCodec, ScalarCodec
-from shardkit.dataset.petastorm import safe_pickle
+from shardkit.dataset.petastorm import _safe_pickle as safe_pickle
 from shardkit.dataset.petastorm.codecs import (
     PetastormCompressedNdarrayCodec,
     PetastormNdarrayCodec,

@@ -4,7 +4,7 @@ How it runs:
 
 1. On the driver, before any Spark job: the mode is checked against what is at the URL (exactly as
    `shardkit.write_dataset` does), the schema is taken or inferred from ``df.schema``
-   (`shardkit.dataset.spark.columns`), and the DataFrame's columns are checked against it.
+   (`shardkit.dataset.spark._columns`), and the DataFrame's columns are checked against it.
 2. One Spark job, ``df.mapInArrow``: every task converts its Arrow record batches into the schema's
    columns, encodes them with the codecs, and writes row groups and part files (`PartWriter`) into its
    own folder ``_staging/<write id>/<task attempt>/``, then yields the paths it wrote.
@@ -35,10 +35,10 @@ import pyarrow as pa
 
 from shardkit import errors
 from shardkit._storage.location import STAGING, Location
-from shardkit.dataset.footers import data_files, read_footer
+from shardkit.dataset._footers import data_files, read_footer
 from shardkit.dataset.open import Dataset, open_location
 from shardkit.dataset.schema import Field, Schema
-from shardkit.dataset.spark.columns import check_spark_columns, columns_from_batch, schema_from_spark
+from shardkit.dataset.spark._columns import check_spark_columns, columns_from_batch, schema_from_spark
 from shardkit.dataset.write import (
     Mode,
     PartWriter,

@@ -23,7 +23,7 @@ from collections.abc import Callable
 from typing import Any, cast
 
 from shardkit._storage.location import Location
-from shardkit.dataset.dataset import Dataset
+from shardkit.dataset._dataset import Dataset
 from shardkit.dataset.tables.snapshot import Snapshot, TableFormat
 from shardkit.errors import MissingDependencyError
 
@@ -85,7 +85,7 @@ def enclosing(loc: Location) -> tuple[TableFormat, str] | None:
 def open_table(name: TableFormat, loc: Location, *, version: int | None,
                storage_options: dict[str, Any] | None, filter: Any = None) -> Dataset:
     """Open the table of format ``name`` at ``loc`` at ``version`` (None: its current snapshot), listing
-    the files ``filter`` may match (`shardkit.dataset.tables.prune`: DNF tuples; None: all).
+    the files ``filter`` may match (`shardkit.dataset.tables._prune`: DNF tuples; None: all).
 
     Raises:
         MissingDependencyError: the format's library is not installed (names the extra).

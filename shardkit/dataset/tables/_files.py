@@ -22,8 +22,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from shardkit._storage.location import Location
-from shardkit.dataset.dataset import FOOTERS_KEPT, Dataset
-from shardkit.dataset.footers import RowGroup, read_footer
+from shardkit.dataset._dataset import FOOTERS_KEPT, Dataset
+from shardkit.dataset._footers import RowGroup, read_footer
 from shardkit.dataset.open import plain_schema, warn_left_out, warn_partitions
 from shardkit.dataset.tables.snapshot import Snapshot
 from shardkit.errors import CorruptDatasetError, DatasetPermissionError, UnsupportedTableError

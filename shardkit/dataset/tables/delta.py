@@ -25,9 +25,9 @@ import numpy as np
 import pyarrow as pa
 
 from shardkit._storage.location import Location
-from shardkit.dataset.dataset import Dataset
+from shardkit.dataset._dataset import Dataset
 from shardkit.dataset.tables._files import TableFile, table_dataset
-from shardkit.dataset.tables.prune import dnf_of, files_to_read
+from shardkit.dataset.tables._prune import dnf_of, files_to_read
 from shardkit.dataset.tables.snapshot import Snapshot
 from shardkit.errors import (
     CorruptDatasetError,
@@ -58,7 +58,7 @@ def is_delta(loc: Location) -> bool:
 def open_delta(loc: Location, version: int | None, storage_options: dict[str, Any] | None,
                filter: Any = None) -> Dataset:
     """The `Dataset` of the Delta table at ``loc`` at ``version`` (None: the current one), of the files
-    ``filter`` may match (`shardkit.dataset.tables.prune`)."""
+    ``filter`` may match (`shardkit.dataset.tables._prune`)."""
     deltalake: Any = require("deltalake", extra="delta", purpose=f"reading the Delta table {loc.url!r}")
     options = delta_storage_options(storage_options)
     try:

@@ -30,9 +30,9 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from shardkit._storage.location import Location
-from shardkit.dataset.dataset import Dataset
+from shardkit.dataset._dataset import Dataset
 from shardkit.dataset.tables._files import TableFile, table_dataset
-from shardkit.dataset.tables.prune import dnf_of, files_to_read
+from shardkit.dataset.tables._prune import dnf_of, files_to_read
 from shardkit.dataset.tables.snapshot import Snapshot
 from shardkit.errors import (
     CorruptDatasetError,
@@ -102,7 +102,7 @@ def _int(text: str) -> int | None:
 def open_iceberg(loc: Location, version: int | None, storage_options: dict[str, Any] | None,
                  filter: Any = None) -> Dataset:
     """The `Dataset` of the Iceberg table at ``loc`` at snapshot ``version`` (None: the current one), of
-    the files ``filter`` may match (`shardkit.dataset.tables.prune`)."""
+    the files ``filter`` may match (`shardkit.dataset.tables._prune`)."""
     require("pyiceberg", extra="iceberg", purpose=f"reading the Iceberg table {loc.url!r}")
     from pyiceberg.table import StaticTable
 
@@ -173,7 +173,7 @@ def open_iceberg_table(table: Any, version: int | None, *, storage_options: dict
         check_file=functools.partial(_check_ids, ids_by_name, where), kept=_kept_rows(table, tasks, where))
 
 
-#: Iceberg's types whose bounds prune (`shardkit.dataset.tables.prune`): numbers and booleans
+#: Iceberg's types whose bounds prune (`shardkit.dataset.tables._prune`): numbers and booleans
 _BOUNDED = ("int", "long", "float", "double", "boolean")
 
 

@@ -8,7 +8,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Literal
 
 if TYPE_CHECKING:
-    from shardkit.dataset.dataset import Dataset
+    from shardkit.dataset._dataset import Dataset
 
 TableFormat = Literal["delta", "iceberg"]
 

@@ -3,7 +3,7 @@
 Input is consumed as a stream of batches, encoded by the schema's codecs, cut into row groups by
 encoded bytes (and optionally rows), rolled into part files, and committed as described in
 `shardkit.dataset.write.commit`. What a write checks at its destination first (and removes when it fails)
-is `shardkit.dataset.write.target`; `write_summary` (`shardkit.dataset.write.summary`) is importable from
+is `shardkit.dataset.write._target`; `write_summary` (`shardkit.dataset.write._summary`) is importable from
 here too.
 """
 
@@ -25,14 +25,13 @@ import pyarrow.parquet as pq
 
 from shardkit._storage.access import root_exists, storage_errors
 from shardkit._storage.location import STAGING, Location
+from shardkit.dataset._footers import data_files
 from shardkit.dataset.codecs import TensorCodec
-from shardkit.dataset.footers import data_files
 from shardkit.dataset.open import Dataset, open_location
 from shardkit.dataset.schema import Field, Schema, infer_field
-from shardkit.dataset.write.commit import commit, overlap_error, write_lock, write_refusals
-from shardkit.dataset.write.sources import is_row, iter_batches, whole_columns
-from shardkit.dataset.write.summary import write_summary
-from shardkit.dataset.write.target import (
+from shardkit.dataset.write._sources import is_row, iter_batches, whole_columns
+from shardkit.dataset.write._summary import write_summary
+from shardkit.dataset.write._target import (
     PART_NAME,
     Mode,
     check_bucket,
@@ -42,6 +41,7 @@ from shardkit.dataset.write.target import (
     resolve_target,
     unfinished_write,
 )
+from shardkit.dataset.write.commit import commit, overlap_error, write_lock, write_refusals
 from shardkit.errors import (
     DatasetPermissionError,
     SchemaError,
@@ -105,7 +105,7 @@ class EncodedTables:
 
 
 #: Every page written carries Parquet's page checksum (CRC-32 of its bytes), which every read verifies
-#: (`shardkit.dataset.dataset.VERIFY_PAGE_CHECKSUMS`). Off only to measure what it costs
+#: (`shardkit.dataset._dataset.VERIFY_PAGE_CHECKSUMS`). Off only to measure what it costs
 #: (``benchmarks.write``).
 PAGE_CHECKSUMS = True
 
@@ -256,7 +256,7 @@ def write_dataset(
             record batches, mappings of column -> Arrow or numpy array (batches, as a reader yields
             them: ``write_dataset(iter(reader), url, schema=reader.schema)``), or row dicts. A mapping
             of numpy arrays with one first dimension could be a row of tensors or a batch: the schema
-            decides, and without one it is refused (`shardkit.dataset.write.sources.item_kind`).
+            decides, and without one it is refused (`shardkit.dataset.write._sources.item_kind`).
         url: a folder on any fsspec filesystem.
         schema: the fields; when omitted, inferred from the whole input if it is in memory (a
             DataFrame, table or dict of columns), else from its first batch (images must be declared).
@@ -279,7 +279,7 @@ def write_dataset(
         DatasetPermissionError: the store refuses these credentials (a key it does not know, one that
             may not look at ``url``, or one that may read but not write there): the message names the
             URL and what they need, before any input is consumed (`shardkit._storage.access.root_exists`,
-            `shardkit.dataset.write.target.check_writable`).
+            `shardkit.dataset.write._target.check_writable`).
         SchemaMismatchError: the data does not fit the schema; nothing is written.
         DatasetError: another write to ``url`` overlapped this one (see `shardkit.dataset.write.commit` for
             what is guaranteed where); this one committed nothing.

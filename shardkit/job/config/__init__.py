@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any, Literal
 from pydantic import Field, PrivateAttr, ValidationError, field_validator, model_validator
 
 from shardkit.errors import ConfigError
-from shardkit.job.config.paths import BASE_DIR, absolute, in_yaml_dir, plain_path
+from shardkit.job.config._paths import BASE_DIR, absolute, in_yaml_dir, plain_path
 from shardkit.job.config.sections import (
     _ENV_NAME,
     MAX_PROCESSES,

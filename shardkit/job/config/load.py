@@ -1,6 +1,6 @@
 """Job config files: YAML -> `JobConfig` (with ``--set`` overrides, and the line where each key was set,
 for the errors), and `describe` (what ``shardkit validate`` prints). Problems become a `ConfigError` with
-key paths in `shardkit.job.config.messages`, whose names are importable from here too."""
+key paths in `shardkit.job.config._messages`, whose names are importable from here too."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from pydantic import BaseModel
 
 from shardkit.errors import ConfigError
 from shardkit.job.config import EngineConfig, JobConfig
-from shardkit.job.config.messages import (
+from shardkit.job.config._messages import (
     _WHERE,
     _a,
     _show,

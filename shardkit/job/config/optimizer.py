@@ -1,7 +1,7 @@
 """The optimizers a torch parameter server may apply (``params.optimizer`` of a torch
 parameter-server job), and the check of their spec without torch: ``shardkit validate`` runs it before
 any process starts, in a process that may have no torch. The worker checks the option values with torch
-itself (`shardkit.trainer.strategies.torch_ps.optimizer.validate_optimizer`).
+itself (`shardkit.trainer.strategies.torch_ps._optimizer.validate_optimizer`).
 """
 
 from __future__ import annotations

@@ -13,7 +13,7 @@ from typing import Any, Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from shardkit.job.config.paths import absolute, location
+from shardkit.job.config._paths import absolute, location
 from shardkit.job.config.values import NO_VALUE as _NO_VALUE
 from shardkit.job.config.values import Problem, plain_data_problems
 

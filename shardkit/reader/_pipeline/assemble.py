@@ -10,7 +10,7 @@ import numpy as np
 
 from shardkit.reader._pipeline import batching
 from shardkit.reader._pipeline.source import Columns, Part
-from shardkit.reader.plan import EpochOrder, Window
+from shardkit.reader._plan import EpochOrder, Window
 
 POSITION = "\x00shardkit.position"  # rides along in chunks: the piece position of each row
 

@@ -41,10 +41,10 @@ import pyarrow as pa
 from shardkit.dataset.open import Dataset
 from shardkit.errors import CorruptDatasetError, ImageShapeError
 from shardkit.reader._pipeline import batching
-from shardkit.reader.plan import Task
+from shardkit.reader._plan import Task
 
 if TYPE_CHECKING:
-    from shardkit.reader.cache import RowGroupCache
+    from shardkit.reader._cache import RowGroupCache
 
 Columns = dict[str, np.ndarray]
 

@@ -19,8 +19,8 @@ require("jax", extra="jax", purpose="shardkit.jax (jax.Array batches on a device
 import jax  # noqa: E402
 
 from shardkit.dataset.open import Dataset  # noqa: E402
+from shardkit.reader.adapters._loading import LoaderBase, open_loader  # noqa: E402
 from shardkit.reader.adapters.collate import Collate, FieldPlan, plan_fields, prepare  # noqa: E402
-from shardkit.reader.adapters.loading import LoaderBase, open_loader  # noqa: E402
 from shardkit.reader.reader import Reader  # noqa: E402
 
 Batch = dict[str, Any]

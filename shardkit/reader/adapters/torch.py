@@ -22,8 +22,8 @@ require("torch", extra="torch", purpose="shardkit.torch (PyTorch tensors and Dat
 
 import torch  # noqa: E402
 
+from shardkit.reader.adapters._loading import LoaderBase, open_loader  # noqa: E402
 from shardkit.reader.adapters.collate import Collate, plan_fields, prepare  # noqa: E402
-from shardkit.reader.adapters.loading import LoaderBase, open_loader  # noqa: E402
 from shardkit.reader.reader import Reader  # noqa: E402
 
 Batch = dict[str, Any]

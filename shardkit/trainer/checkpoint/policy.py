@@ -16,8 +16,8 @@ from shardkit.job import protocol as p
 from shardkit.trainer._setup import int_env
 
 if TYPE_CHECKING:
+    from shardkit.trainer._context import TrainContext
     from shardkit.trainer.checkpoint import CheckpointManager, Restored
-    from shardkit.trainer.context import TrainContext
     from shardkit.trainer.rerun import Rerun
 
 __all__ = ["Checkpoints"]
@@ -154,7 +154,7 @@ class Checkpoints:
         shard = None
         if ctx.data_shard is not None and ctx.num_data_shards:
             shard = (ctx.data_shard, ctx.num_data_shards)
-        at_most = int_env(p.ENV_RESUME_STEP, None)  # the attempt's checkpoint (`shardkit.cluster.spec`)
+        at_most = int_env(p.ENV_RESUME_STEP, None)  # the attempt's checkpoint (`shardkit.cluster._spec`)
         restored = self.manager.restore(**self.objects, rng=rng, rank=rank, world_size=world,
                                         reader_shard=shard, at_most=at_most)
         self.restored = restored

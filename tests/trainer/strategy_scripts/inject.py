@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from shardkit.job import protocol
-from shardkit.trainer import context
+from shardkit.trainer import _context as context
 from shardkit.trainer.checkpoint import policy as checkpointing
 
 _step, _restore = context.TrainContext.step, checkpointing.Checkpoints.restore

@@ -17,11 +17,11 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from shardkit.cluster.addresses import collective_env, is_loopback, local_addresses, resolve, route_source
+from shardkit.cluster._addresses import collective_env, is_loopback, local_addresses, resolve, route_source
+from shardkit.cluster._spec import ClusterSpec, ProcessSpec
+from shardkit.cluster.engines._remote import NodeRunner, Update, free_port, place
 from shardkit.cluster.engines.mirror import MirrorProcess, Options
-from shardkit.cluster.engines.remote import NodeRunner, Update, free_port, place
-from shardkit.cluster.engines.spark.group import SparkGroup
-from shardkit.cluster.spec import ClusterSpec, ProcessSpec
+from shardkit.cluster.engines.spark._group import SparkGroup
 from shardkit.errors import ConfigError, EngineUnreachableError, require
 
 if TYPE_CHECKING:

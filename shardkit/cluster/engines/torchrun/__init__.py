@@ -18,14 +18,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn, TextIO
 
-from shardkit.cluster import addresses
+from shardkit.cluster import _addresses as addresses
 from shardkit.errors import ConfigError, JobError, MissingDependencyError, ShardkitError, require
 from shardkit.job import protocol as p
 from shardkit.job.config import MAX_PROCESSES
 from shardkit.job.config.load import located
 
 if TYPE_CHECKING:
-    from shardkit.cluster.spec import ClusterSpec
+    from shardkit.cluster._spec import ClusterSpec
     from shardkit.cluster.supervisor.report import JobResult
     from shardkit.job.config import JobConfig
     from shardkit.trainer.rerun import Rerun
@@ -310,14 +310,14 @@ def run_node(config: JobConfig, *, node_rank: int | None = None, echo: bool = Tr
     opts = check_node(config, node_rank=node_rank)
     opts = dataclasses.replace(opts, local_addr=node_address(opts))
     require("torch.distributed.elastic", extra="torch", purpose=_PURPOSE)
-    from shardkit.cluster.engines.torchrun.agent import launch
+    from shardkit.cluster.engines.torchrun._agent import launch
 
     return launch(config, opts, echo=echo, console=console if console is not None else sys.stdout,
                   rerun=rerun)
 
 
 def node_address(opts: TorchrunOptions) -> str:
-    """The address this node binds to and advertises (`shardkit.cluster.addresses.node_address`):
+    """The address this node binds to and advertises (`shardkit.cluster._addresses.node_address`):
     ``engine.local_addr`` checked, or the one that routes to ``engine.rdzv_endpoint``.
 
     Raises:

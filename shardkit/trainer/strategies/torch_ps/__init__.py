@@ -1,6 +1,6 @@
 """torch parameter server over ``torch.distributed.rpc``: ps processes hold the parameters, workers push
 gradients and pull weights. This module joins a process to the rpc group (`serve`, `connect`); the
-worker's handle (`ParameterServerClient`, `assign`) is `shardkit.trainer.strategies.torch_ps.client`,
+worker's handle (`ParameterServerClient`, `assign`) is `shardkit.trainer.strategies.torch_ps._client`,
 importable
 from here too.
 
@@ -77,14 +77,14 @@ from torch.distributed import rpc
 
 from shardkit.errors import ConfigError
 from shardkit.job import protocol
-from shardkit.trainer.strategies.torch_ps.client import (  # the client's names are importable from here too
+from shardkit.trainer.strategies.torch_ps._client import (  # the client's names are importable from here too
     FINAL_WAIT,  # noqa: F401
     RPC_TIMEOUT,
     WAIT_SLICE,  # noqa: F401
     ParameterServerClient,
     assign,
 )
-from shardkit.trainer.strategies.torch_ps.optimizer import validate_optimizer
+from shardkit.trainer.strategies.torch_ps._optimizer import validate_optimizer
 
 __all__ = ["ParameterServerClient", "assign", "connect", "serve"]
 

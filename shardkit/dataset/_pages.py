@@ -2,7 +2,7 @@
 
 Parquet gives every page an optional CRC-32 of its bytes as stored (compressed; a v2 page's levels
 included) in its Thrift header. shardkit writes one on every page (`shardkit.dataset.write`), and the
-reader has pyarrow verify them (`shardkit.dataset.dataset.VERIFY_PAGE_CHECKSUMS`). This module reads the
+reader has pyarrow verify them (`shardkit.dataset._dataset.VERIFY_PAGE_CHECKSUMS`). This module reads the
 headers itself (Thrift's compact protocol, the few fields needed) so that a scrub can say more than
 pyarrow does: which column and page of which row group is damaged, and which pages carry no checksum
 to check (files written by other tools, or by shardkit before it wrote them).

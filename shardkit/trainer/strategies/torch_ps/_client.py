@@ -23,8 +23,8 @@ import torch
 from torch.distributed import rpc
 
 from shardkit.errors import CheckpointError, CheckpointWarning, ConfigError
-from shardkit.trainer.strategies.torch_ps import server
-from shardkit.trainer.strategies.torch_ps.optimizer import validate_optimizer
+from shardkit.trainer.strategies.torch_ps import _server as server
+from shardkit.trainer.strategies.torch_ps._optimizer import validate_optimizer
 
 __all__ = ["FINAL_WAIT", "RPC_TIMEOUT", "WAIT_SLICE", "ParameterServerClient", "assign"]
 

@@ -13,7 +13,7 @@ import warnings
 from typing import Any
 
 from shardkit._storage.location import Location
-from shardkit.dataset.footers import PARQUET_SUFFIXES
+from shardkit.dataset._footers import PARQUET_SUFFIXES
 from shardkit.errors import DatasetNotFoundError, FilesLeftOutWarning, NotADatasetError, SchemaMismatchError
 
 __all__ = ["COMPRESSED", "FORMATS", "Files", "holding_rows", "is_pattern", "listed", "related", "suffix"]

@@ -10,8 +10,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
+from shardkit.cluster._spec import ClusterSpec, ProcessSpec
 from shardkit.cluster.engines.local import LocalEngine, LocalGroup
-from shardkit.cluster.spec import ClusterSpec, ProcessSpec
 from shardkit.job import protocol as p
 from shardkit.job.layout import free_ports
 

@@ -24,7 +24,7 @@ import pyarrow.parquet as pq
 
 from shardkit._storage.access import is_denied, permission_error
 from shardkit._storage.location import Location
-from shardkit.dataset.footers import RowGroup
+from shardkit.dataset._footers import RowGroup
 from shardkit.dataset.schema import Field, Schema
 from shardkit.errors import CorruptDatasetError, SchemaMismatchError, one_line
 
@@ -203,10 +203,10 @@ class Dataset:
     def _verify_local(self, i: int, pf: pq.ParquetFile, names: list[str] | None, where: str) -> bool:
         """Check the page checksums of row group ``i``'s column chunks of ``names`` (None: all) in a local
         file, before pyarrow decodes them: ISA-L's CRC-32 over the file's memory mapping (no copy) runs
-        at about 4x the speed of pyarrow's own check (`shardkit.dataset.pages.crc32`). False when a page
+        at about 4x the speed of pyarrow's own check (`shardkit.dataset._pages.crc32`). False when a page
         header does not parse (a truncated or overwritten file): pyarrow's read then checks and names it.
         """
-        from shardkit.dataset.pages import MISMATCH, check_row_group, ranges_of
+        from shardkit.dataset._pages import MISMATCH, check_row_group, ranges_of
 
         group = pf.metadata.row_group(self.row_group_index(i))
         # the mapping pyarrow decodes from (at offsets: the position is ours): pages faulted in once
@@ -231,7 +231,7 @@ class Dataset:
     def _damaged_pages(self, pf: pq.ParquetFile, i: int) -> str:
         """Which columns of row group ``i`` (of the index) fail their page checksums, and where: one
         more read of the row group's bytes, made only once a read has failed."""
-        from shardkit.dataset.pages import check_row_group
+        from shardkit.dataset._pages import check_row_group
 
         group = pf.metadata.row_group(self.row_group_index(i))
         try:

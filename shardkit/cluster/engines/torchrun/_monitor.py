@@ -313,7 +313,7 @@ class NodeMonitor:
             if self.attempts:
                 self.progress.tick(self.attempts[-1].steps, self._samples(), self.metrics)
 
-    # -- the job lost (`shardkit.cluster.engines.torchrun.agent.LostJobWatch`, from its thread)
+    # -- the job lost (`shardkit.cluster.engines.torchrun._agent.LostJobWatch`, from its thread)
     # -----------------
     def job_lost(self, message: str) -> None:
         """Record that this node lost the job: a note for the summary, the attempt's outcome, a line."""

@@ -44,7 +44,7 @@ PETASTORM: dict[str, str] = {
     "results_queue_size": "prefetch= (row-group slices read ahead)",
     "cache_type": "cache= ('auto', None, a folder or a CacheConfig)",
     "cache_location": "cache= (a folder)",
-    "cache_size_limit": "cache=CacheConfig(folder, size_limit=...), from shardkit.reader.cache",
+    "cache_size_limit": "cache=CacheConfig(folder, size_limit=...), from shardkit.reader._cache",
     "cache_row_size_estimate": "nothing: the cache keeps whole row groups",
     "cache_extra_settings": "cache= (a CacheConfig)",
     "hdfs_driver": "storage_options= (passed to fsspec)",

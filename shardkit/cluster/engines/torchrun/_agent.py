@@ -1,5 +1,5 @@
 """One torchrun node at work: torch's elastic agent with a shared attempt number, run to the end of the
-job with the thread that watches this node's workers (`shardkit.cluster.engines.torchrun.monitor`)."""
+job with the thread that watches this node's workers (`shardkit.cluster.engines.torchrun._monitor`)."""
 
 from __future__ import annotations
 
@@ -23,10 +23,10 @@ from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs, SignalEx
 from torch.distributed.elastic.rendezvous import RendezvousClosedError, RendezvousError, RendezvousParameters
 from torch.distributed.elastic.rendezvous import registry as rdzv_registry
 
-from shardkit.cluster.addresses import collective_env
+from shardkit.cluster._addresses import collective_env
+from shardkit.cluster._rerun import prepare_rerun
 from shardkit.cluster.engines.torchrun import ENV_AGENT_PID, ENV_LOG_DIR, TorchrunOptions
-from shardkit.cluster.engines.torchrun.monitor import NodeMonitor
-from shardkit.cluster.rerun import prepare_rerun
+from shardkit.cluster.engines.torchrun._monitor import NodeMonitor
 from shardkit.cluster.supervisor import signals_raise
 from shardkit.cluster.supervisor.heartbeats import HeartbeatReceiver
 from shardkit.cluster.supervisor.preflight import check_here, prepare_logdir
@@ -248,7 +248,7 @@ def launch(config: JobConfig, opts: TorchrunOptions, *, echo: bool, console: Tex
     the logdir is locked for this node (`shardkit.cluster.supervisor.preflight.LogdirLock`: nodes may share
     it,
     two agents of one node rank may not) and this node's logs of an earlier run cleared. Node 0 first
-    decides what to do with a completed run (``rerun``, `shardkit.cluster.rerun.prepare_rerun`).
+    decides what to do with a completed run (``rerun``, `shardkit.cluster._rerun.prepare_rerun`).
     """
     secrets = config.secret_values()  # first: a missing secret fails before anything starts
     config = check_here(config, {"worker": opts.nproc_per_node or config.roles["worker"].count})

@@ -20,8 +20,9 @@ import pyarrow.parquet as pq
 
 from shardkit._storage.access import root_exists
 from shardkit._storage.location import COMMON, SUMMARY, Location
+from shardkit.dataset._footers import read_footer
 from shardkit.dataset.codecs.scalar import arrow_scalar_type
-from shardkit.dataset.convert.files import (
+from shardkit.dataset.convert._files import (
     COMPRESSED,
     FORMATS,
     Files,
@@ -31,9 +32,8 @@ from shardkit.dataset.convert.files import (
     related,
     suffix,
 )
-from shardkit.dataset.convert.integers import UINT64_MAX, integer_columns_each, rounds, to_floats
-from shardkit.dataset.convert.json import json_batches
-from shardkit.dataset.footers import read_footer
+from shardkit.dataset.convert._integers import UINT64_MAX, integer_columns_each, rounds, to_floats
+from shardkit.dataset.convert._json import json_batches
 from shardkit.dataset.open import PETASTORM_KEY, Dataset, SummaryMissingWarning, open_location
 from shardkit.dataset.schema import SCHEMA_KEY, Field, field_from_arrow, schema_from_arrow
 from shardkit.errors import (

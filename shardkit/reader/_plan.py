@@ -24,7 +24,7 @@ nothing is skipped.
 
 Lost rows. With ``on_error="skip"``, a row that cannot be read keeps its place in the order; the reader
 puts a readable sample there, half an epoch further in ``pi`` or at places hashed from its own
-(`shardkit.reader.lost.places`; `first_readable` tells what is known to be unreadable,
+(`shardkit.reader._lost.places`; `first_readable` tells what is known to be unreadable,
 `EpochOrder.locate` says where a sample is), so which row takes its place depends on the data and
 ``pi`` only, and a resume (with any number of shards) agrees.
 """

@@ -125,7 +125,7 @@ class CacheConfig:
         if not isinstance(path, str) or not path.strip():
             raise ReaderError(
                 f"cache={cache!r} is not a cache setting; pass None (no cache), 'auto', a local folder, or "
-                "shardkit.reader.cache.CacheConfig(directory, size_limit)"
+                "shardkit.reader._cache.CacheConfig(directory, size_limit)"
             )
         return cls(os.path.expanduser(path), _default_size())
 

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any, Literal
 from shardkit.errors import ConfigError
 from shardkit.job import protocol as p
 from shardkit.job.config import JobConfig
+from shardkit.trainer._heartbeat import Beacon
 from shardkit.trainer._setup import (
     CONFIG_ENV,
     check_place,
@@ -21,7 +22,6 @@ from shardkit.trainer._setup import (
     serve_if_server,
 )
 from shardkit.trainer.checkpoint.policy import Checkpoints
-from shardkit.trainer.heartbeat import Beacon
 
 if TYPE_CHECKING:
     from shardkit.reader.reader import Reader

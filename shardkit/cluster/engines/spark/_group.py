@@ -15,10 +15,10 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from shardkit.cluster.addresses import local_addresses
+from shardkit.cluster._addresses import local_addresses
+from shardkit.cluster.engines._remote import Update
 from shardkit.cluster.engines.local import group_members
 from shardkit.cluster.engines.mirror import MirrorGroup, MirrorProcess, describe_error, is_local
-from shardkit.cluster.engines.remote import Update
 
 __all__ = ["SparkGroup"]
 

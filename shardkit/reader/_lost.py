@@ -12,7 +12,7 @@ import numpy as np
 from shardkit.errors import CorruptDatasetError
 from shardkit.reader._pipeline import batching
 from shardkit.reader._pipeline.source import Columns, Part, RowGroupSource
-from shardkit.reader.plan import EpochOrder, Task, first_readable
+from shardkit.reader._plan import EpochOrder, Task, first_readable
 
 #: Places of ``pi`` tried for a lost sample (`probes`) before the first readable one after the last.
 PROBES = 32
