@@ -23,7 +23,7 @@ import yaml
 
 import shardkit
 from shardkit.cluster import run_job
-from shardkit.cluster.supervisor.report import JobResult
+from shardkit.cluster.monitor.report import JobResult
 from shardkit.job.config import load_config
 from tests.trainer.scripts import proctree
 

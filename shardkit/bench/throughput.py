@@ -14,8 +14,8 @@ from typing import Any, Literal
 
 import numpy as np
 
-from shardkit.bench._sizes import nbytes, peak_rss, size_of_batch
-from shardkit.dataset.open import Dataset
+from shardkit.bench._sizes import peak_rss, size_of_batch
+from shardkit.dataset import Dataset
 from shardkit.errors import ReaderError
 from shardkit.reader.adapters.collate import jump_to_epoch
 from shardkit.reader.api import make_reader
@@ -126,7 +126,7 @@ def measure(
     """Read batches of one shard as a training loop would, and time it (Petastorm's ``petastorm-throughput``).
 
     Example:
-        >>> result = shardkit.bench.throughput.measure("s3://bucket/train", adapter="torch", seconds=30)
+        >>> result = shardkit.bench.measure("s3://bucket/train", adapter="torch", seconds=30)
         >>> result.rows_per_second, result.mb_per_second, result.peak_rss
 
     The reader is made with `make_reader` (the arguments of the same names; its errors for bad ones) and
@@ -303,4 +303,4 @@ def _progress_bar(progress: bool | None) -> Any:
     return tqdm(unit=" rows", unit_scale=True, desc="shardkit bench", dynamic_ncols=True)
 
 
-__all__ = ["ADAPTERS", "Adapter", "Throughput", "measure", "nbytes", "peak_rss"]
+__all__ = ["ADAPTERS", "Adapter", "Throughput", "measure"]

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, TextIO
 
 if TYPE_CHECKING:
-    from shardkit.cluster.supervisor.report import JobResult
+    from shardkit.cluster.monitor.report import JobResult
     from shardkit.job.config import JobConfig
     from shardkit.trainer.rerun import Rerun
 
@@ -54,7 +54,7 @@ def run_job(config: JobConfig, *, node_rank: int | None = None, echo: bool = Tru
     - Ctrl-C, SIGTERM or SIGHUP stops every process (no orphans), writes the summary and raises
       KeyboardInterrupt (its ``signum`` attribute says which; ``shardkit train`` exits 128 + it). If the
       trainer is SIGKILLed, the roles die with it (parent-death signal) and a watcher process stops
-      what they started (`shardkit.cluster.supervisor.watcher`).
+      what they started (`shardkit.cluster.monitor.watcher`).
     - Showing progress never stops a job: a TensorBoard or progress error is shown once as a warning.
     - The engine the supervisor made is closed at the end (a local Ray instance or a SparkSession it
       started is shut down).

@@ -15,7 +15,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from shardkit.cluster.supervisor.preflight import LOCK_FILE, LogdirLock
+from shardkit.cluster.monitor.preflight import LOCK_FILE, LogdirLock
 from shardkit.errors import CheckpointError, ShardkitError
 from shardkit.job.config import JobConfig
 from shardkit.trainer.rerun import (

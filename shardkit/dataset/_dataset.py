@@ -24,8 +24,9 @@ import pyarrow.parquet as pq
 
 from shardkit._storage.access import is_denied, permission_error
 from shardkit._storage.location import Location
+from shardkit.dataset._field import Field
 from shardkit.dataset._footers import RowGroup
-from shardkit.dataset.schema import Field, Schema
+from shardkit.dataset.schema import Schema
 from shardkit.errors import CorruptDatasetError, SchemaMismatchError, one_line
 
 if TYPE_CHECKING:

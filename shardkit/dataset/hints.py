@@ -22,7 +22,8 @@ from collections.abc import Sequence
 import pyarrow as pa
 
 from shardkit.dataset._dataset import Dataset
-from shardkit.dataset.schema import Field, Schema
+from shardkit.dataset._field import Field
+from shardkit.dataset.schema import Schema
 from shardkit.errors import SchemaError
 
 Hints = Schema | Sequence[Field]

@@ -31,7 +31,8 @@ import pyarrow as pa
 
 from shardkit._storage.access import root_exists, storage_errors
 from shardkit._storage.location import COMMON, SUMMARY, Location
-from shardkit.dataset._dataset import FOOTERS_KEPT, SLICE_ROWS, Dataset, partition_keys
+from shardkit.dataset._dataset import FOOTERS_KEPT, Dataset, partition_keys
+from shardkit.dataset._field import Field
 from shardkit.dataset._footers import (
     Footers,
     RowGroup,
@@ -41,7 +42,7 @@ from shardkit.dataset._footers import (
     summary_row_groups,
 )
 from shardkit.dataset._footers import summary as _summary
-from shardkit.dataset.schema import SCHEMA_KEY, Field, Schema, field_from_arrow, schema_from_arrow
+from shardkit.dataset.schema import SCHEMA_KEY, Schema, field_from_arrow, schema_from_arrow
 from shardkit.errors import (
     ColumnsLeftOutWarning,
     CorruptDatasetError,
@@ -325,16 +326,12 @@ def check_columns(loc: Location, schema: Schema, arrow_schema: pa.Schema, *, whe
         )
 
 
-__all__ = [  # with the names of `shardkit.dataset._dataset` that were defined here, imported from here too
-    "FOOTERS_KEPT",
+__all__ = [
     "PETASTORM_KEY",
-    "SLICE_ROWS",
-    "Dataset",
     "SummaryMissingWarning",
     "UncommittedFilesWarning",
     "check_columns",
     "is_petastorm",
     "open_dataset",
     "open_location",
-    "partition_keys",
 ]

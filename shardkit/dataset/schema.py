@@ -17,7 +17,6 @@ import numpy as np
 import pyarrow as pa
 
 from shardkit.dataset._field import Field, _zoned, _zoned_error
-from shardkit.dataset.codecs import ImageCodec
 from shardkit.dataset.codecs.base import first_null, is_bytes_type, is_text_type
 from shardkit.errors import CorruptDatasetError, SchemaError, SchemaMismatchError
 
@@ -316,4 +315,4 @@ def schema_from_arrow(arrow_schema: pa.Schema) -> Schema:
     return Schema([field_from_arrow(f) for f in arrow_schema])
 
 
-__all__ = ["Field", "ImageCodec", "Schema", "field_from_arrow", "infer_field", "schema_from_arrow"]
+__all__ = ["Schema", "field_from_arrow", "infer_field", "schema_from_arrow"]

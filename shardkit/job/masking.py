@@ -5,7 +5,7 @@ file (the local engine's pump threads, `LocalEngine`; the Ray and Spark engines'
 their process with the local engine; a torchrun worker's own tee, `redirect_output`), so every line
 read from a log afterwards (the console echo, a failure's last lines in the summary and the job's
 error) is masked already; the supervisor and the torchrun agent mask what they print once more
-(`shardkit.cluster.supervisor.report.scrub`).
+(`shardkit.cluster.monitor.report.scrub`).
 """
 
 from __future__ import annotations

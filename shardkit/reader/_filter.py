@@ -30,7 +30,7 @@ import pyarrow.compute as pc
 import pyarrow.dataset as pads
 import pyarrow.parquet as pq
 
-from shardkit.dataset.open import Dataset
+from shardkit.dataset import Dataset
 from shardkit.errors import CorruptDatasetError, ReaderError
 
 Filter: TypeAlias = pc.Expression | Sequence[Any]

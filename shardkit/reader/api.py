@@ -10,8 +10,8 @@ from typing import Any, Literal
 
 import numpy as np
 
-from shardkit.dataset.open import Dataset, open_dataset
-from shardkit.dataset.schema import Field, Schema
+from shardkit.dataset import Dataset, Field, Schema
+from shardkit.dataset.open import open_dataset
 from shardkit.errors import CacheWarning, ReaderError
 from shardkit.reader._arguments import explained
 from shardkit.reader._filter import Filter

@@ -37,8 +37,7 @@ from typing import Any, Literal
 
 import numpy as np
 
-from shardkit.dataset.open import SLICE_ROWS, Dataset
-from shardkit.dataset.schema import Schema
+from shardkit.dataset import SLICE_ROWS, Dataset, Schema
 from shardkit.errors import ReaderError
 from shardkit.reader._filter import Filter, Partitions, select_rows, to_expression
 from shardkit.reader._lost import substitutes

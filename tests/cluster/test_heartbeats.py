@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 
-from shardkit.cluster.supervisor.heartbeats import SampleLedger, apply_beat
+from shardkit.cluster.monitor.heartbeats import SampleLedger, apply_beat
 from shardkit.job.protocol import Heartbeat, HeartbeatKind
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
-from shardkit.cluster.supervisor.output import LineSplitter
+from shardkit.cluster.monitor.output import LineSplitter
 
 
 def test_lines_crlf_and_a_finished_bar_show_what_a_terminal_leaves() -> None:

@@ -15,7 +15,7 @@ import pytest
 import yaml
 
 import shardkit
-from shardkit.cluster.supervisor.preflight import (
+from shardkit.cluster.monitor.preflight import (
     FRAMEWORKS,
     LogdirLock,
     check_local_data,

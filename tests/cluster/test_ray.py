@@ -23,8 +23,8 @@ import yaml
 
 from shardkit.cluster.engines import get_engine
 from shardkit.cluster.engines.ray import bundle, check_answers, shortfall
+from shardkit.cluster.monitor.report import JobResult
 from shardkit.cluster.supervisor import Supervisor
-from shardkit.cluster.supervisor.report import JobResult
 from shardkit.errors import ConfigError, EngineUnreachableError, MissingDependencyError
 from shardkit.job.config import JobConfig, load_config
 from shardkit.job.layout import free_ports

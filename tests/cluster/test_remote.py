@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 from shardkit.cluster._spec import ProcessSpec, build_spec
 from shardkit.cluster.engines._remote import NodeRunner, Update, place
 from shardkit.cluster.engines.mirror import MirrorGroup, MirrorProcess, Options
-from shardkit.cluster.supervisor.heartbeats import HeartbeatReceiver
+from shardkit.cluster.monitor.heartbeats import HeartbeatReceiver
 from shardkit.errors import ConfigError
 from shardkit.job import protocol as p
 from shardkit.job.config import JobConfig

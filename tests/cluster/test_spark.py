@@ -25,8 +25,8 @@ import pytest
 from shardkit import Field, Schema
 from shardkit.cluster.engines import get_engine
 from shardkit.cluster.engines.spark import check_master
+from shardkit.cluster.monitor.report import JobResult
 from shardkit.cluster.supervisor import Supervisor
-from shardkit.cluster.supervisor.report import JobResult
 from shardkit.errors import ConfigError, EngineUnreachableError, MissingDependencyError
 from tests.cluster.test_ray import digits_config, kill_after_first_checkpoint
 from tests.trainer.scripts import proctree

@@ -20,8 +20,9 @@ import pytest
 import yaml
 
 from shardkit.cluster import run_job
-from shardkit.cluster.supervisor import HeartbeatReceiver, driver_roles
-from shardkit.cluster.supervisor.report import JobResult
+from shardkit.cluster.monitor.heartbeats import HeartbeatReceiver
+from shardkit.cluster.monitor.report import JobResult
+from shardkit.cluster.supervisor import driver_roles
 from shardkit.errors import ConfigError, JobError
 from shardkit.job.config import load_config
 from tests.trainer.scripts import proctree
@@ -563,8 +564,8 @@ def test_procstate_reports_a_stopped_process_of_this_machine(tmp_path: Path) -> 
     """The supervisor's evidence: `procstate.stopped` is ``T`` for a SIGSTOPped role process, None for a
     running one; `os_state` is None where there is nothing to read (no such pid, pid 0)."""
     from shardkit.cluster._spec import ClusterSpec, ProcessSpec
+    from shardkit.cluster.engines import procstate
     from shardkit.cluster.engines.local import LocalEngine
-    from shardkit.cluster.supervisor import procstate
 
     code = "import time; time.sleep(3600)"
     spec = ClusterSpec([ProcessSpec("worker", i, [sys.executable, "-c", code], {}) for i in range(2)],

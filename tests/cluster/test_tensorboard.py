@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from shardkit.cluster.supervisor._tensorboard import ScalarWriter, _varint, crc32c, masked_crc32c
+from shardkit.cluster.monitor._tensorboard import ScalarWriter, _varint, crc32c, masked_crc32c
 
 
 def _accumulate(logdir: Path):  # type: ignore[no-untyped-def]

@@ -230,7 +230,7 @@ def node_monitor(tmp_path: Path, *, workers: int = 1, echo: bool = True,
     """A started `NodeMonitor` of a job of ``workers`` workers (its node folder ``tmp_path/node``), the
     address its heartbeats go to, and the lines it says; the caller stops it."""
     from shardkit.cluster.engines.torchrun._agent import NodeMonitor
-    from shardkit.cluster.supervisor.heartbeats import HeartbeatReceiver
+    from shardkit.cluster.monitor.heartbeats import HeartbeatReceiver
 
     config = JobConfig.from_dict({"name": "node", "entrypoint": str(IDS), "framework": "torch",
                                   "roles": {"worker": {"count": workers}}, "logdir": str(tmp_path / "job"),

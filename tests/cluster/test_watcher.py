@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from shardkit.cluster.supervisor.watcher import GroupWatcher
+from shardkit.cluster.monitor.watcher import GroupWatcher
 from tests.trainer.scripts import proctree
 
 pytestmark = [pytest.mark.distributed]
@@ -89,6 +89,6 @@ def test_it_lives_outside_the_trainers_session_and_exits_when_nothing_is_listed(
 
 def test_it_never_lists_group_0_1_or_its_own() -> None:
     """killpg(0) is the caller's own group and killpg(1) is kill(-1), every process: never sent."""
-    from shardkit.cluster.supervisor.watcher import _listed
+    from shardkit.cluster.monitor.watcher import _listed
 
     assert _listed(f"+0\n+1\n+{os.getpgid(0)}\n+123456\n+77\n-77\nnoise\n+\n".encode()) == [123456]

@@ -16,8 +16,8 @@ import numpy as np
 import pytest
 
 import shardkit
+from shardkit.dataset import Field
 from shardkit.dataset.codecs.tensor import STORAGES, TensorCodec
-from shardkit.dataset.schema import Field
 
 
 @pytest.fixture

@@ -567,7 +567,7 @@ def test_open_never_warns_for_a_shardkit_dataset(tmp_path: Path) -> None:
 
 
 def test_row_groups_are_read_in_slices_equal_to_pyarrow(tmp_path: Path) -> None:
-    from shardkit.dataset.open import SLICE_ROWS
+    from shardkit.dataset import SLICE_ROWS
 
     n = 3 * SLICE_ROWS + 17
     data = {"x": np.arange(n, dtype=np.int64), "t": np.arange(2 * n, dtype=np.float32).reshape(n, 2)}

@@ -20,6 +20,7 @@ import pytest
 
 import shardkit
 from shardkit.cli import main
+from shardkit.dataset import Field, Schema
 from shardkit.dataset.codecs import codec_from_json
 from shardkit.dataset.petastorm import _safe_pickle as safe_pickle
 from shardkit.dataset.petastorm.codecs import (
@@ -28,7 +29,6 @@ from shardkit.dataset.petastorm.codecs import (
     PetastormPng16Codec,
     PetastormScalarCodec,
 )
-from shardkit.dataset.schema import Field, Schema
 from shardkit.errors import (
     CorruptDatasetError,
     PartitionColumnsWarning,

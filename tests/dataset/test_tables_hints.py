@@ -13,8 +13,8 @@ import pytest
 from PIL import Image
 
 import shardkit
+from shardkit.dataset import Field
 from shardkit.dataset.codecs import ImageCodec
-from shardkit.dataset.schema import Field
 from shardkit.errors import SchemaError, SchemaMismatchError
 
 

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 import shardkit
-from shardkit.dataset.schema import Field, Schema
+from shardkit.dataset import Field, Schema
 from shardkit.errors import SchemaError
 from tests.dataset.tables import make_history, read_ids
 

@@ -19,7 +19,7 @@ from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 import shardkit
-from shardkit.dataset.open import Dataset
+from shardkit.dataset import Dataset
 from shardkit.errors import PartitionColumnsWarning, ReaderError
 from shardkit.reader._filter import Partitions
 from tests.reader.datasets import ids_of

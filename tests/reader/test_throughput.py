@@ -19,8 +19,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import shardkit
-from shardkit.bench._sizes import size_of_batch
-from shardkit.bench.throughput import Throughput, measure, nbytes, peak_rss
+from shardkit.bench import Throughput, measure
+from shardkit.bench._sizes import nbytes, peak_rss, size_of_batch
 from shardkit.errors import CorruptDatasetError, ReaderError
 
 N = 60

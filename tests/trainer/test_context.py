@@ -16,7 +16,7 @@ import pytest
 import yaml
 
 import shardkit
-from shardkit.cluster.supervisor import HeartbeatReceiver
+from shardkit.cluster.monitor.heartbeats import HeartbeatReceiver
 from shardkit.errors import ConfigError
 from shardkit.job import protocol as p
 from shardkit.job.config import load_config

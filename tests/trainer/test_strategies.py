@@ -25,7 +25,7 @@ from hypothesis import strategies as st
 
 import shardkit
 from shardkit.cluster import run_job
-from shardkit.cluster.supervisor.report import JobResult
+from shardkit.cluster.monitor.report import JobResult
 from shardkit.errors import ConfigError
 from shardkit.job.config import load_config
 from shardkit.trainer.strategies import torch_ps

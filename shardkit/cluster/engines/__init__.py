@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from shardkit.cluster._spec import ClusterSpec
 from shardkit.errors import ConfigError
-from shardkit.job.config.load import located
+from shardkit.job.config.messages import located
 
 if TYPE_CHECKING:
     from shardkit.job.config import JobConfig
@@ -142,7 +142,7 @@ def check_engine(config: JobConfig, *, node_rank: int | None = None) -> None:
     options, its package installed) and closed again, or for ``engine: torchrun`` the node's checks
     (`shardkit.cluster.engines.torchrun.check_node`: options, with ``node_rank`` as ``--node-rank``,
     and a job torch's elastic agent can run), and a ``module:function`` entrypoint's module located by
-    the roles' Python (`shardkit.cluster.supervisor.preflight.check_entrypoint`, which runs it once without
+    the roles' Python (`shardkit.cluster.monitor.preflight.check_entrypoint`, which runs it once without
     running any of the job's code). Nothing else is started, connected, read or written: the data
     and the logdir are `run_job`'s to check (they may exist only where the job runs), and so are
     secrets' values.
@@ -152,7 +152,7 @@ def check_engine(config: JobConfig, *, node_rank: int | None = None) -> None:
             engine option the engine does not take or a bad value, or a job the engine cannot run.
         MissingDependencyError: the engine's package (torch, ray, pyspark) is not installed.
     """
-    from shardkit.cluster.supervisor.preflight import check_entrypoint
+    from shardkit.cluster.monitor.preflight import check_entrypoint
 
     check_entrypoint(config)  # as train does: a module:function the roles' Python cannot find
     if config.engine.name == "torchrun":  # as run_job: one node's agent, not an engine the supervisor builds

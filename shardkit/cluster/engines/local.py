@@ -13,8 +13,8 @@ from pathlib import Path
 from typing import IO, Any
 
 from shardkit.cluster._spec import ClusterSpec, ProcessSpec
-from shardkit.cluster.supervisor.output import LineSplitter
-from shardkit.cluster.supervisor.watcher import GroupWatcher
+from shardkit.cluster.monitor.output import LineSplitter
+from shardkit.cluster.monitor.watcher import GroupWatcher
 from shardkit.job import protocol
 from shardkit.job.masking import Masker, OutputPump
 
@@ -113,7 +113,7 @@ class LocalProcess:
 
     def new_lines(self, final: bool = False) -> list[str]:
         """Lines appended to the log since the last call (``final``: the unterminated rest too), as
-        `shardkit.cluster.supervisor.output.LineSplitter` shows them (``\\r`` progress bars, long lines)."""
+        `shardkit.cluster.monitor.output.LineSplitter` shows them (``\\r`` progress bars, long lines)."""
         if self._closed:
             return []
         if self._reader is None:
@@ -302,7 +302,7 @@ class LocalEngine:
     runs_here = True  # the roles run on this machine: the supervisor checks a local data.url and GPUs first
 
     def __init__(self, options: Mapping[str, Any] | None = None) -> None:
-        from shardkit.job.config.load import option_error  # it imports the config models
+        from shardkit.job.config.messages import option_error  # it imports the config models
 
         options = dict(options or {})
         grace = options.pop("grace", DEFAULT_GRACE)

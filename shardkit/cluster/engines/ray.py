@@ -157,7 +157,7 @@ def _own_signal_handlers() -> Iterator[None]:
     with its own (``sys.exit(15)``; its core worker's prints "SIGTERM received" and aborts): the
     supervisor's handler must stay, so that ``shardkit train`` stopped with SIGTERM stops its processes,
     writes its summary ("interrupted") and exits 143, and Ray is shut down by the engine's `close`."""
-    from shardkit.cluster.supervisor import STOP_SIGNALS
+    from shardkit.cluster.monitor.stop_signals import STOP_SIGNALS
 
     if threading.current_thread() is not threading.main_thread():
         yield
@@ -243,7 +243,7 @@ class RayEngine:
         self.grace = opts.number("grace", 5.0) or 0.0
         placement = opts.text("placement", "spread") or "spread"
         if placement not in PLACEMENTS:
-            from shardkit.job.config.load import option_error  # it imports the engines' config models
+            from shardkit.job.config.messages import option_error  # it imports the engines' config models
 
             raise option_error([(("engine", "placement"), placement, "not a placement of the Ray engine",
                                  f"use one of: {', '.join(PLACEMENTS)}")])

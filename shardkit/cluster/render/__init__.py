@@ -110,7 +110,7 @@ def _write_all(folder: Path, files: dict[str, str]) -> None:
 def engine_options(config: JobConfig, model: type[_Options], engine: str) -> _Options:
     """The config's engine options checked against ``model`` (pydantic, ``extra="forbid"``); each problem
     is reported with its key path ``engine.<option>``."""
-    from shardkit.job.config.load import config_error
+    from shardkit.job.config.messages import config_error
 
     try:
         return model.model_validate(dict(config.engine.options))

@@ -1,9 +1,8 @@
 """The supervisor: starts a job's processes on an engine, watches heartbeats and exits, restarts, sums up.
 
-The rules it judges a silent or lingering process by are `shardkit.cluster.supervisor._watch`; the signals
-that stop a job are `shardkit.cluster.supervisor._stop_signals` (`STOP_SIGNALS` and `signals_raise` are
-importable
-from here too).
+The rules it judges a silent or lingering process by are `shardkit.cluster.supervisor._watch`; what it
+watches with (heartbeats, output, progress, the report, the signals that stop a job) is
+`shardkit.cluster.monitor`, shared with the torchrun node.
 """
 
 from __future__ import annotations
@@ -20,12 +19,10 @@ from typing import TextIO
 from shardkit.cluster._rerun import prepare_rerun
 from shardkit.cluster._spec import build_spec
 from shardkit.cluster.engines import Engine, ProcessGroup, RoleProcess, check_job, get_engine
-from shardkit.cluster.supervisor._stop_signals import STOP_SIGNALS, signals_raise
-from shardkit.cluster.supervisor._watch import _Watch, lingering, silence, unreported
-from shardkit.cluster.supervisor.heartbeats import HeartbeatReceiver, SampleLedger, apply_beat
-from shardkit.cluster.supervisor.preflight import LogdirLock, check_here, prepare_logdir
-from shardkit.cluster.supervisor.progress import Progress
-from shardkit.cluster.supervisor.report import (
+from shardkit.cluster.monitor.heartbeats import HeartbeatReceiver, SampleLedger, apply_beat
+from shardkit.cluster.monitor.preflight import LogdirLock, check_here, prepare_logdir
+from shardkit.cluster.monitor.progress import Progress
+from shardkit.cluster.monitor.report import (
     AttemptRecord,
     CheckpointRecord,
     Failure,
@@ -35,14 +32,16 @@ from shardkit.cluster.supervisor.report import (
     reached_step,
     scrub,
 )
+from shardkit.cluster.monitor.stop_signals import signals_raise
+from shardkit.cluster.supervisor._watch import _Watch, lingering, silence, unreported
 from shardkit.errors import JobError
 from shardkit.job import protocol
 from shardkit.job.config import JobConfig
-from shardkit.job.config.load import located
+from shardkit.job.config.messages import located
 from shardkit.job.masking import Masker
 from shardkit.trainer.rerun import Rerun, check_rerun
 
-__all__ = ["STOP_SIGNALS", "HeartbeatReceiver", "Supervisor", "driver_roles", "signals_raise"]
+__all__ = ["Supervisor", "driver_roles"]
 
 _POLL_S = 0.1
 
@@ -182,7 +181,7 @@ class Supervisor:
 
     def _prepare_logdir(self) -> LogdirLock:
         """Lock the logdir for this run, clear one run's outputs (checkpoints stay: the job resumes from
-        them), write job.json, open TensorBoard (`shardkit.cluster.supervisor.preflight.prepare_logdir`)."""
+        them), write job.json, open TensorBoard (`shardkit.cluster.monitor.preflight.prepare_logdir`)."""
         lock = prepare_logdir(self.config, clear=[self.logdir / "logs", self.logdir / "tensorboard"])
         self.progress.open()
         return lock

@@ -11,10 +11,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from shardkit.cluster.engines import RoleProcess
-from shardkit.cluster.supervisor import procstate
-from shardkit.cluster.supervisor.heartbeats import Quiet, suspects
-from shardkit.cluster.supervisor.report import NO_STEP, exit_reason
+from shardkit.cluster.engines import RoleProcess, procstate
+from shardkit.cluster.monitor.heartbeats import Quiet, suspects
+from shardkit.cluster.monitor.report import NO_STEP, exit_reason
 from shardkit.job.config import FaultTolerance
 
 __all__ = ["lingering", "quiet", "silence", "unreported"]
@@ -95,7 +94,7 @@ def silence(watches: dict[str, _Watch], now: float, ft: FaultTolerance,
     (one a step, when steps are slower). The one named is:
 
     - a suspect the OS reports stopped (SIGSTOP, a debugger; for processes on this machine, see
-      `shardkit.cluster.supervisor.procstate`), the other suspects listed as waiting for it; else
+      `shardkit.cluster.engines.procstate`), the other suspects listed as waiting for it; else
     - the suspect longest past its limit (the one named if it were alone), ties in the group's
       order. Nothing tells it apart from the others (each just waits), so the reason lists them as
       silent too and says that any of them may be the cause: their logs tell which.

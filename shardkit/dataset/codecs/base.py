@@ -17,7 +17,7 @@ import pyarrow as pa
 from shardkit.errors import SchemaError, SchemaMismatchError
 
 if TYPE_CHECKING:
-    from shardkit.dataset.schema import Field
+    from shardkit.dataset._field import Field
 
 ArrowColumn: TypeAlias = pa.Array | pa.ChunkedArray
 

@@ -43,7 +43,7 @@ from shardkit.dataset.codecs import _png as png
 from shardkit.errors import ConfigError, CorruptDatasetError, ImageShapeError
 
 if TYPE_CHECKING:
-    from shardkit.dataset.schema import Field
+    from shardkit.dataset._field import Field
 
 # 2**28 pixels, 16384 x 16384: 1 GiB decoded as 8-bit RGBA (1.5 GiB as Petastorm's 16-bit RGB). No
 # training pipeline decodes such an image whole (ImageNet's average is 0.2 Mpx, an 8K frame 33 Mpx, a

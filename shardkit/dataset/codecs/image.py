@@ -60,7 +60,7 @@ if TYPE_CHECKING:
     from PIL.Image import Image
     from PIL.ImageFile import ImageFile
 
-    from shardkit.dataset.schema import Field
+    from shardkit.dataset._field import Field
 
 _MODES = {(2, 1): "L", (3, 1): "L", (3, 3): "RGB", (3, 4): "RGBA"}
 IMAGE_SLICE = 256  # images per thread-pool task when decoding a column

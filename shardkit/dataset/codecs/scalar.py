@@ -26,7 +26,7 @@ from shardkit.dataset.codecs.base import (
 from shardkit.errors import SchemaError, SchemaMismatchError
 
 if TYPE_CHECKING:
-    from shardkit.dataset.schema import Field
+    from shardkit.dataset._field import Field
 
 
 def column_source(values: Any) -> pa.Array | np.ndarray:

@@ -42,7 +42,7 @@ from shardkit.dataset.codecs.scalar import arrow_scalar_type, scalar_stored_prob
 from shardkit.errors import SchemaError, SchemaMismatchError
 
 if TYPE_CHECKING:
-    from shardkit.dataset.schema import Field
+    from shardkit.dataset._field import Field
 
 
 def _check_numeric(field: Field) -> None:

@@ -19,13 +19,15 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from shardkit._storage.location import SUMMARY, Location
+from shardkit.dataset._dataset import Dataset
+from shardkit.dataset._field import Field
 from shardkit.dataset.codecs import headers
 from shardkit.dataset.codecs.base import combine, first_null, is_bytes_type, is_text_type, null_error
 from shardkit.dataset.codecs.image import decode_image, open_image, pillow_claim
 from shardkit.dataset.codecs.tensor import check_no_null_elements
 from shardkit.dataset.convert._sources import FORMATS, READ_ERRORS, Batches, Source, open_source, read_error
-from shardkit.dataset.open import Dataset, open_location
-from shardkit.dataset.schema import Field, Schema, field_from_arrow
+from shardkit.dataset.open import open_location
+from shardkit.dataset.schema import Schema, field_from_arrow
 from shardkit.dataset.write import EncodedTables, Mode, write_dataset
 from shardkit.errors import (
     CorruptDatasetError,

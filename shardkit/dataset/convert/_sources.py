@@ -20,6 +20,8 @@ import pyarrow.parquet as pq
 
 from shardkit._storage.access import root_exists
 from shardkit._storage.location import COMMON, SUMMARY, Location
+from shardkit.dataset._dataset import Dataset
+from shardkit.dataset._field import Field
 from shardkit.dataset._footers import read_footer
 from shardkit.dataset.codecs.scalar import arrow_scalar_type
 from shardkit.dataset.convert._files import (
@@ -34,8 +36,8 @@ from shardkit.dataset.convert._files import (
 )
 from shardkit.dataset.convert._integers import UINT64_MAX, integer_columns_each, rounds, to_floats
 from shardkit.dataset.convert._json import json_batches
-from shardkit.dataset.open import PETASTORM_KEY, Dataset, SummaryMissingWarning, open_location
-from shardkit.dataset.schema import SCHEMA_KEY, Field, field_from_arrow, schema_from_arrow
+from shardkit.dataset.open import PETASTORM_KEY, SummaryMissingWarning, open_location
+from shardkit.dataset.schema import SCHEMA_KEY, field_from_arrow, schema_from_arrow
 from shardkit.errors import (
     ColumnsLeftOutWarning,
     DatasetNotFoundError,

@@ -42,6 +42,7 @@ from typing import Any, Literal
 
 import numpy as np
 
+from shardkit.dataset._field import Field
 from shardkit.dataset.codecs import Codec, ImageCodec, NdarrayCodec, ScalarCodec
 from shardkit.dataset.petastorm import _safe_pickle as safe_pickle
 from shardkit.dataset.petastorm.codecs import (
@@ -50,7 +51,7 @@ from shardkit.dataset.petastorm.codecs import (
     PetastormPng16Codec,
     PetastormScalarCodec,
 )
-from shardkit.dataset.schema import Field, Schema
+from shardkit.dataset.schema import Schema
 from shardkit.errors import SchemaError
 
 __all__ = [

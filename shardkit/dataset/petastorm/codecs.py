@@ -34,10 +34,10 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
+from shardkit.dataset._field import Field
 from shardkit.dataset.codecs import Codec, ScalarCodec, headers, register
 from shardkit.dataset.codecs.base import ArrowColumn, as_masked, combine, is_text_type, mask_of, plain_type
 from shardkit.dataset.codecs.image import open_image
-from shardkit.dataset.schema import Field
 from shardkit.errors import CorruptDatasetError, SchemaError, one_line, require
 
 __all__ = ["PetastormCompressedNdarrayCodec", "PetastormNdarrayCodec", "PetastormPng16Codec",

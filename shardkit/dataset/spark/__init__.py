@@ -35,9 +35,11 @@ import pyarrow as pa
 
 from shardkit import errors
 from shardkit._storage.location import STAGING, Location
+from shardkit.dataset._dataset import Dataset
+from shardkit.dataset._field import Field
 from shardkit.dataset._footers import data_files, read_footer
-from shardkit.dataset.open import Dataset, open_location
-from shardkit.dataset.schema import Field, Schema
+from shardkit.dataset.open import open_location
+from shardkit.dataset.schema import Schema
 from shardkit.dataset.spark._columns import check_spark_columns, columns_from_batch, schema_from_spark
 from shardkit.dataset.write import (
     Mode,

@@ -30,8 +30,9 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from shardkit.dataset._field import Field
 from shardkit.dataset.codecs.base import cast_array
-from shardkit.dataset.schema import Field, Schema
+from shardkit.dataset.schema import Schema
 from shardkit.errors import SchemaError, SchemaMismatchError, require
 
 _SCALARS = {

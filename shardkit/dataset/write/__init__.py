@@ -25,10 +25,12 @@ import pyarrow.parquet as pq
 
 from shardkit._storage.access import root_exists, storage_errors
 from shardkit._storage.location import STAGING, Location
+from shardkit.dataset._dataset import Dataset
+from shardkit.dataset._field import Field
 from shardkit.dataset._footers import data_files
 from shardkit.dataset.codecs import TensorCodec
-from shardkit.dataset.open import Dataset, open_location
-from shardkit.dataset.schema import Field, Schema, infer_field
+from shardkit.dataset.open import open_location
+from shardkit.dataset.schema import Schema, infer_field
 from shardkit.dataset.write._sources import is_row, iter_batches, whole_columns
 from shardkit.dataset.write._summary import write_summary
 from shardkit.dataset.write._target import (
@@ -51,9 +53,24 @@ from shardkit.errors import (
 )
 
 __all__ = [
-    "AUTO_CODEC", "AUTO_MIN_SAVING", "AUTO_SAMPLE_BYTES", "PART_NAME", "EncodedTables", "Mode", "PartWriter",
-    "check_bucket", "check_compression", "check_existing", "check_writable", "column_codecs",
-    "discard_staging", "infer_schema", "parse_size", "resolve_target", "unfinished_write", "write_dataset",
+    "AUTO_CODEC",
+    "AUTO_MIN_SAVING",
+    "AUTO_SAMPLE_BYTES",
+    "EncodedTables",
+    "Mode",
+    "PART_NAME",
+    "PartWriter",
+    "check_bucket",
+    "check_compression",
+    "check_existing",
+    "check_writable",
+    "column_codecs",
+    "discard_staging",
+    "infer_schema",
+    "parse_size",
+    "resolve_target",
+    "unfinished_write",
+    "write_dataset",
     "write_summary",
 ]
 

@@ -8,8 +8,9 @@ from typing import Any
 
 from shardkit._storage.access import root_exists
 from shardkit._storage.location import COMMON, SUMMARY, Location
+from shardkit.dataset._dataset import Dataset
 from shardkit.dataset._footers import data_files, read_footer, read_footers, summary_row_groups
-from shardkit.dataset.open import Dataset, UncommittedFilesWarning, is_petastorm, open_location
+from shardkit.dataset.open import UncommittedFilesWarning, is_petastorm, open_location
 from shardkit.dataset.schema import SCHEMA_KEY
 from shardkit.dataset.write.commit import summary_bytes, write_lock
 from shardkit.errors import CorruptDatasetError, DatasetNotFoundError, NotADatasetError

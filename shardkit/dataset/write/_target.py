@@ -14,9 +14,11 @@ from typing import Any, Literal
 
 from shardkit._storage.access import is_denied
 from shardkit._storage.location import STAGING, SUMMARY, Location
+from shardkit.dataset._dataset import Dataset
+from shardkit.dataset._field import Field
 from shardkit.dataset._footers import data_files, read_footer
-from shardkit.dataset.open import Dataset, open_location
-from shardkit.dataset.schema import SCHEMA_KEY, Field, Schema
+from shardkit.dataset.open import open_location
+from shardkit.dataset.schema import SCHEMA_KEY, Schema
 from shardkit.dataset.write.commit import collect_garbage, write_refusals
 from shardkit.errors import (
     DatasetExistsError,

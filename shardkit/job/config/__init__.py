@@ -37,7 +37,8 @@ from shardkit.job.masking import warn_short_secrets
 from shardkit.job.protocol import ALL_ENV
 
 if TYPE_CHECKING:
-    from shardkit.job.config.load import describe, load_config, translate
+    from shardkit.job.config.load import describe, load_config
+    from shardkit.job.config.messages import translate
 
 __all__ = [
     "CheckpointConfig",
@@ -378,19 +379,19 @@ _LOADING = frozenset({"describe", "load_config", "translate"})
 
 def __getattr__(name: str) -> Any:
     if name in _LOADING:
-        from shardkit.job.config import load as config_load
+        from shardkit.job.config import load, messages
 
-        return getattr(config_load, name)
+        return getattr(messages if name == "translate" else load, name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def _translate(error: ValidationError, source: Path | None) -> ConfigError:
-    from shardkit.job.config.load import translate
+    from shardkit.job.config.messages import translate
 
     return translate(error, source)
 
 
 def _error(source: Path | None, items: Sequence[tuple[tuple[str | int, ...], Any, str, str]]) -> ConfigError:
-    from shardkit.job.config.load import config_error
+    from shardkit.job.config.messages import config_error
 
     return config_error(source, items)

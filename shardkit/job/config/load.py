@@ -1,6 +1,6 @@
 """Job config files: YAML -> `JobConfig` (with ``--set`` overrides, and the line where each key was set,
 for the errors), and `describe` (what ``shardkit validate`` prints). Problems become a `ConfigError` with
-key paths in `shardkit.job.config._messages`, whose names are importable from here too."""
+key paths in `shardkit.job.config.messages`, whose names are importable from here too."""
 
 from __future__ import annotations
 
@@ -16,21 +16,17 @@ from pydantic import BaseModel
 
 from shardkit.errors import ConfigError
 from shardkit.job.config import EngineConfig, JobConfig
-from shardkit.job.config._messages import (
+from shardkit.job.config.messages import (
     _WHERE,
     _a,
     _show,
     _unwrap,
     _yaml_kind,
-    config_error,
-    located,
-    option_error,
-    translate,
 )
 from shardkit.job.config.sections import _did_you_mean
 from shardkit.job.protocol import ROLES
 
-__all__ = ["config_error", "describe", "load_config", "located", "option_error", "translate"]
+__all__ = ["describe", "load_config"]
 
 
 # -- loading ---------------------------------------------------------------------------------------

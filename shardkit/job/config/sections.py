@@ -70,7 +70,7 @@ class Resources(_Model):
     ``memory`` is read in binary units (``512M``, ``2G``, ``1.5Gi``, ``2GB`` all mean powers of 1024, as
     Docker and the JVM read them) and stored in bytes; None means no limit. Engines that schedule
     (kubernetes, yarn, ray) use these; where the processes run on this machine, GPUs it lacks are
-    refused before anything starts (`shardkit.cluster.supervisor.preflight.check_local_gpus`).
+    refused before anything starts (`shardkit.cluster.monitor.preflight.check_local_gpus`).
     """
 
     cpus: float = Field(default=1.0, gt=0, le=MAX_CPUS)

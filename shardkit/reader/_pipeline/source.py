@@ -38,7 +38,7 @@ from typing import TYPE_CHECKING, Literal
 import numpy as np
 import pyarrow as pa
 
-from shardkit.dataset.open import Dataset
+from shardkit.dataset import Dataset
 from shardkit.errors import CorruptDatasetError, ImageShapeError
 from shardkit.reader._pipeline import batching
 from shardkit.reader._plan import Task

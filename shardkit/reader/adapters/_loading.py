@@ -15,8 +15,7 @@ from typing import Any, Self, TypeVar
 
 import numpy as np
 
-from shardkit.dataset.open import Dataset
-from shardkit.dataset.schema import Schema
+from shardkit.dataset import Dataset, Schema
 from shardkit.errors import AdapterError
 from shardkit.reader.adapters.collate import Passes
 from shardkit.reader.api import make_reader

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 
-from shardkit.dataset.schema import Field, Schema
+from shardkit.dataset import Field, Schema
 from shardkit.errors import AdapterError
 
 if TYPE_CHECKING:

@@ -18,7 +18,7 @@ require("jax", extra="jax", purpose="shardkit.jax (jax.Array batches on a device
 
 import jax  # noqa: E402
 
-from shardkit.dataset.open import Dataset  # noqa: E402
+from shardkit.dataset import Dataset  # noqa: E402
 from shardkit.reader.adapters._loading import LoaderBase, open_loader  # noqa: E402
 from shardkit.reader.adapters.collate import Collate, FieldPlan, plan_fields, prepare  # noqa: E402
 from shardkit.reader.reader import Reader  # noqa: E402
@@ -282,4 +282,4 @@ def make_loader(reader_or_url: Reader | str | os.PathLike[str] | Dataset, *,
                        lambda reader: Loader(reader, target=target, prefetch=prefetch, collate=collate))
 
 
-__all__ = ["Collate", "Loader", "make_loader", "resolve_device", "resolve_target", "to_jax", "x64_enabled"]
+__all__ = ["Loader", "make_loader", "resolve_device", "resolve_target", "to_jax", "x64_enabled"]

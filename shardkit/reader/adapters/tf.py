@@ -20,7 +20,7 @@ require("tensorflow", extra="tf", purpose="shardkit.tf (tf.data datasets)")
 
 import tensorflow as tf  # noqa: E402
 
-from shardkit.dataset.schema import Schema  # noqa: E402
+from shardkit.dataset import Schema  # noqa: E402
 from shardkit.reader._pipeline import batching  # noqa: E402
 from shardkit.reader.adapters.collate import (  # noqa: E402
     MASK_SUFFIX,

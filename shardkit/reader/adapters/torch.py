@@ -391,4 +391,4 @@ def make_loader(reader_or_url: Reader | str | Any, *, device: str | torch.device
                        lambda reader: Loader(reader, device=dev, pin_memory=pin_memory, collate=collate))
 
 
-__all__ = ["Collate", "Loader", "make_loader", "resolve_device", "to_torch"]
+__all__ = ["Loader", "make_loader", "resolve_device", "to_torch"]

@@ -37,7 +37,7 @@ from typing import Any
 
 import numpy as np
 
-from shardkit.dataset.open import Dataset
+from shardkit.dataset import Dataset
 from shardkit.errors import AdapterError, ReaderError, require
 from shardkit.reader.adapters.collate import Collate, Passes, jump_to_epoch, plan_fields, prepare
 from shardkit.reader.adapters.torch import Batch, CollateFn, to_torch

@@ -22,11 +22,11 @@ from shardkit.cluster import _addresses as addresses
 from shardkit.errors import ConfigError, JobError, MissingDependencyError, ShardkitError, require
 from shardkit.job import protocol as p
 from shardkit.job.config import MAX_PROCESSES
-from shardkit.job.config.load import located
+from shardkit.job.config.messages import located
 
 if TYPE_CHECKING:
     from shardkit.cluster._spec import ClusterSpec
-    from shardkit.cluster.supervisor.report import JobResult
+    from shardkit.cluster.monitor.report import JobResult
     from shardkit.job.config import JobConfig
     from shardkit.trainer.rerun import Rerun
 
@@ -167,7 +167,7 @@ def parse_options(options: Mapping[str, Any] | None, *, source: Path | None = No
         ConfigError: an unknown option (with a did-you-mean), a wrong type or value, or a node rank
             that the node range cannot hold.
     """
-    from shardkit.job.config.load import config_error
+    from shardkit.job.config.messages import config_error
 
     values: dict[str, Any] = {}
     items: list[tuple[tuple[str | int, ...], Any, str, str]] = []

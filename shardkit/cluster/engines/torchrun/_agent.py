@@ -27,17 +27,17 @@ from shardkit.cluster._addresses import collective_env
 from shardkit.cluster._rerun import prepare_rerun
 from shardkit.cluster.engines.torchrun import ENV_AGENT_PID, ENV_LOG_DIR, TorchrunOptions
 from shardkit.cluster.engines.torchrun._monitor import NodeMonitor
-from shardkit.cluster.supervisor import signals_raise
-from shardkit.cluster.supervisor.heartbeats import HeartbeatReceiver
-from shardkit.cluster.supervisor.preflight import check_here, prepare_logdir
-from shardkit.cluster.supervisor.report import JobResult, Status, scrub
+from shardkit.cluster.monitor.heartbeats import HeartbeatReceiver
+from shardkit.cluster.monitor.preflight import check_here, prepare_logdir
+from shardkit.cluster.monitor.report import JobResult, Status, scrub
+from shardkit.cluster.monitor.stop_signals import signals_raise
 from shardkit.errors import JobError, LostJobError
 from shardkit.job import protocol as p
 from shardkit.job.config import JobConfig
 from shardkit.job.masking import Masker
 from shardkit.trainer.rerun import Rerun
 
-__all__ = ["LostJobWatch", "NodeInterrupted", "NodeMonitor", "ShardkitAgent", "launch"]
+__all__ = ["LostJobWatch", "NodeInterrupted", "ShardkitAgent", "launch"]
 
 _ATTEMPT_KEY = "shardkit/attempt"
 _AGENT_END_S = 3.0  # how long a node that lost the job waits for torch's agent to end before ending it
@@ -245,7 +245,7 @@ def launch(config: JobConfig, opts: TorchrunOptions, *, echo: bool, console: Tex
 
     Before anything starts: the secrets are read, a local ``data.url`` is checked (this node's workers
     read it), so are the GPUs this node's workers ask for and their interpreter (`check_here`), and
-    the logdir is locked for this node (`shardkit.cluster.supervisor.preflight.LogdirLock`: nodes may share
+    the logdir is locked for this node (`shardkit.cluster.monitor.preflight.LogdirLock`: nodes may share
     it,
     two agents of one node rank may not) and this node's logs of an earlier run cleared. Node 0 first
     decides what to do with a completed run (``rerun``, `shardkit.cluster._rerun.prepare_rerun`).

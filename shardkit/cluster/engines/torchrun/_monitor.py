@@ -12,12 +12,12 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from shardkit.cluster.engines import procstate
 from shardkit.cluster.engines.torchrun import TorchrunOptions, worker_log
-from shardkit.cluster.supervisor import procstate
-from shardkit.cluster.supervisor.heartbeats import HeartbeatReceiver, Quiet, apply_beat, suspects
-from shardkit.cluster.supervisor.output import LineSplitter
-from shardkit.cluster.supervisor.progress import Progress
-from shardkit.cluster.supervisor.report import (
+from shardkit.cluster.monitor.heartbeats import HeartbeatReceiver, Quiet, apply_beat, suspects
+from shardkit.cluster.monitor.output import LineSplitter
+from shardkit.cluster.monitor.progress import Progress
+from shardkit.cluster.monitor.report import (
     NO_STEP,
     AttemptRecord,
     CheckpointRecord,
@@ -217,7 +217,7 @@ class NodeMonitor:
 
     def _check_silence(self, now: float) -> None:
         """Kill a worker silent past its limit (torch's agent then restarts the group), chosen among
-        this node's workers as the supervisor chooses (`shardkit.cluster.supervisor.heartbeats.suspects`, a
+        this node's workers as the supervisor chooses (`shardkit.cluster.monitor.heartbeats.suspects`, a
         beat
         being ``heartbeat_interval``): one the OS reports stopped is the one killed, else the one
         longest past its limit, and the reason names the other suspects. Workers on other nodes are

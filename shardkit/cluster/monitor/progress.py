@@ -7,7 +7,7 @@ from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager, suppress
 from pathlib import Path
 
-from shardkit.cluster.supervisor._tensorboard import ScalarWriter
+from shardkit.cluster.monitor._tensorboard import ScalarWriter
 
 __all__ = ["Progress"]
 

@@ -109,7 +109,7 @@ class JobResult:
       checkpoint the restart resumed from is trained again, and counted again.
     - ``samples_lost``: those trained again (lost to restarts), ``samples_kept`` the others: the
       samples in the final model (the last attempt's, and those of this run in the checkpoint it
-      resumed from; see `shardkit.cluster.supervisor.heartbeats.SampleLedger` for where that is exact).
+      resumed from; see `shardkit.cluster.monitor.heartbeats.SampleLedger` for where that is exact).
     - ``samples_unreported``: the processes whose count may stop at their last heartbeat. Heartbeats go
       out at most every ``heartbeat_interval``; a process that ends by itself reports its count on the
       way out (``done``, or a last ``step`` beat as an exception leaves ``with ctx``), but one killed by

@@ -33,7 +33,7 @@ _NO_LOCKS = {errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS, errno.EINVAL}
 
 
 def _error(config: JobConfig, key: tuple[str, ...], value: object, problem: str, fix: str) -> ConfigError:
-    from shardkit.job.config.load import config_error
+    from shardkit.job.config.messages import config_error
 
     return config_error(config.source, [(key, value, problem, fix)])
 
