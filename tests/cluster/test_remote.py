@@ -96,7 +96,7 @@ def runner_for(code: str, **env: str) -> NodeRunner:
 @pytest.mark.timeout(60)
 @pytest.mark.usefixtures("_no_orphans")
 def test_node_runner_relays_heartbeats_output_and_the_exit() -> None:
-    code = ("import os, socket; from shardkit.cluster import protocol as p\n"
+    code = ("import os, socket; from shardkit.job import protocol as p\n"
             "host, port = p.parse_addr(os.environ[p.ENV_HEARTBEAT_ADDR])\n"
             "beat = p.Heartbeat(role='worker', index=0, attempt=0, pid=os.getpid(), kind='step', step=7)\n"
             "socket.socket(socket.AF_INET, socket.SOCK_DGRAM).sendto(beat.to_bytes(), (host, port))\n"

@@ -703,7 +703,7 @@ import json, os, signal, sys
 import torch
 from torch import nn
 import shardkit.trainer as package
-from shardkit.trainer import _store
+from shardkit.trainer.checkpoint import _store
 from shardkit.trainer.checkpoint import CheckpointManager
 
 _store.CHUNK = 1 << 18  # the 1 MiB weight goes out in 4 writes

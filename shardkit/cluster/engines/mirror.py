@@ -170,7 +170,7 @@ class Options:
 
     def _error(self, key: str, what: str, fix: str) -> ConfigError:
         """As the config's own problems read: the file, the key's line (or ``--set``), the value, the fix
-        (`shardkit.job.config.load.located`)."""
+        (`shardkit.job.config.messages.located`)."""
         from shardkit.job.config.messages import option_error  # it imports the engines' config models
 
         return option_error([(("engine", key), self.values[key], what, fix)])

@@ -1,4 +1,10 @@
-"""What a running job shows: progress lines on the console and TensorBoard scalars in the logdir."""
+"""What a running job shows: progress lines on the console and TensorBoard scalars in the logdir.
+
+The scalars are written by TensorBoard's own event-file writer (the one ``torch.utils.tensorboard``
+uses; the ``tensorboard`` package, extra ``shardkit[tensorboard]``), without torch or TensorFlow. Where
+it is not installed the job runs without scalars and says so once, as Lightning falls back from its
+TensorBoard logger.
+"""
 
 from __future__ import annotations
 
@@ -6,10 +12,51 @@ import time
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager, suppress
 from pathlib import Path
+from typing import Any
 
-from shardkit.cluster.monitor._tensorboard import ScalarWriter
+__all__ = ["Progress", "ScalarWriter"]
 
-__all__ = ["Progress"]
+
+class ScalarWriter:
+    """Scalars into a new TensorBoard event file in ``logdir``, flushed at every call (a live TensorBoard
+    sees them at once).
+
+    Example:
+        >>> tb = ScalarWriter("runs/digits/tensorboard")
+        >>> tb.add_scalars({"loss": 0.3, "samples_per_s": 2100.0}, step=17)
+
+    Values that are not numbers are skipped; finite values beyond float32's range (a diverging loss)
+    are stored as +-inf, since TensorBoard stores float32. After `close`, writes are ignored.
+
+    Raises:
+        ImportError: the ``tensorboard`` package is not installed.
+    """
+
+    def __init__(self, logdir: str | Path) -> None:
+        from tensorboard.compat.proto.event_pb2 import Event
+        from tensorboard.compat.proto.summary_pb2 import Summary
+        from tensorboard.summary.writer.event_file_writer import EventFileWriter
+
+        self._event, self._summary = Event, Summary
+        self._writer: Any = EventFileWriter(str(logdir))
+
+    def add_scalars(self, scalars: Mapping[str, object], step: int, wall_time: float | None = None) -> None:
+        """Write one event with every numeric value of ``scalars`` (tag -> value) at ``step``."""
+        values = [self._summary.Value(tag=tag, simple_value=float(v))  # type: ignore[arg-type]
+                  for tag, v in scalars.items() if isinstance(v, int | float) and not isinstance(v, bool)]
+        if not values or self._writer is None:
+            return
+        self._writer.add_event(self._event(wall_time=time.time() if wall_time is None else wall_time,
+                                           step=step, summary=self._summary(value=values)))
+        self._writer.flush()
+
+    def add_scalar(self, tag: str, value: float, step: int) -> None:
+        self.add_scalars({tag: value}, step)
+
+    def close(self) -> None:
+        writer, self._writer = self._writer, None
+        if writer is not None:
+            writer.close()
 
 
 def _metrics(metrics: Mapping[str, float]) -> str:
@@ -51,7 +98,12 @@ class Progress:
 
     def open(self) -> None:
         with self._guard(f"opening TensorBoard's event file in {self.tb_dir}"):
-            self.tb = ScalarWriter(self.tb_dir)
+            try:
+                self.tb = ScalarWriter(self.tb_dir)
+            except ImportError:
+                self.say("[shardkit] TensorBoard scalars are off: the tensorboard package is not installed "
+                         "(pip install 'shardkit[tensorboard]')")
+                return
             self.tb.add_scalar("restarts", 0, 0)
 
     def first_step(self, attempt: int, seconds: float) -> None:

@@ -221,7 +221,7 @@ class SparkEngine:
     ``connect_timeout`` (seconds a ``spark://`` master has to accept a connection, default 5),
     ``slots_timeout`` (seconds a barrier stage waits for the cluster to have a task slot for every
     process, default 60). If a SparkSession is already active in this process it is used as it is, and
-    not stopped: a program can materialize the dataset with `shardkit.write_spark` and then train in
+    not stopped: a program can materialize the dataset with `shardkit.dataset.write_spark` and then train in
     the same session.
 
     Choices:
