@@ -19,6 +19,9 @@ Cases (ratios are to the best raw pyarrow reader of shardkit's files and to Peta
     shardkit-noshuffle     make_reader(tensor dataset, batch_size=256, shuffle=False)
     shardkit               make_reader(tensor dataset, batch_size=256) (default shuffle)
     shardkit-shard         the same, num_shards=2, shard 0 (half the rows)
+    shardkit-mixture       make_reader({"a": first half, "b": second half}, weights 1:1, samples_per_epoch=
+                           rows): a 2-source mixture of the same rows, one epoch (each half once); run
+                           round-robin with shardkit (--checksum-repeat runs each): >= 0.95x its rows/s
     shardkit-noverify      shardkit on the same files with page-checksum verification off
                            (shardkit.dataset._dataset.VERIFY_PAGE_CHECKSUMS = False in its process): the
                            cost of verifying the CRC-32 that shardkit's writer puts on every page
@@ -121,13 +124,15 @@ LOCAL = ["raw-iter", "raw-table", "raw-iter-plain", "shardkit-noshuffle", "shard
 # shardkit with and without page-checksum verification, same files, round-robin (see Run.interleaved)
 CHECKSUM_PAIRS = [("shardkit-noshuffle", "shardkit-noshuffle-noverify"), ("shardkit", "shardkit-noverify")]
 CHECKSUM_COST = 0.05  # verifying page checksums costs at most 5 % of rows/s (issue 27)
+MIXTURE_RATIO = 0.95  # a 2-source mixture reads >= 0.95x the rows/s of one source of the same rows (issue 30)
 PETASTORM = ["petastorm-batch", "petastorm-batch-dflt", "petastorm-rows", "shardkit-petastorm",
              "shardkit-petastorm-ns"]
 HF = ["hf-mmap", "hf-mmap-u8"]
 S3 = ["s3-cache", "s3-cache-fresh"]
 EXTRA = ["rss-small", "rss-large", "plan", "quality"]
-ALL_CASES = [*LOCAL, *PETASTORM, *HF, *S3, *EXTRA]
-QUICK = [*LOCAL, *S3, *EXTRA]
+MIXTURE = ["shardkit-mixture"]
+ALL_CASES = [*LOCAL, *MIXTURE, *PETASTORM, *HF, *S3, *EXTRA]
+QUICK = [*LOCAL, *MIXTURE, *S3, *EXTRA]
 SLOW = ["petastorm-rows", "shardkit-petastorm", "shardkit-petastorm-ns", *S3]
 
 
@@ -219,6 +224,18 @@ def case_shardkit(url: str, shuffle: bool = True, num_shards: int = 1, shard: in
         result = _drain(reader, started)
         settings = {"workers": reader.workers, "prefetch": reader.prefetch,
                     "shuffle_buffer": reader.shuffle_buffer, "row_groups": len(reader.dataset.row_groups)}
+    return {**result, "rss": phase_peak_rss(), **settings}
+
+
+def case_mixture(urls: list[str]) -> dict[str, Any]:
+    """``shardkit.make_reader({"a": urls[0], "b": urls[1]}, weights 1:1)``, one epoch of both sources' rows
+    together (each source read once), everything else default: what mixing costs over one source."""
+    started = _clock()
+    sources = {"a": urls[0], "b": urls[1]}
+    with shardkit.make_reader(sources, weights={"a": 1, "b": 1}, batch_size=BATCH) as reader:
+        result = _drain(reader, started)
+        settings = {"workers": reader.workers, "prefetch": reader.prefetch, "sources": len(sources),
+                    "samples_per_epoch": reader.num_samples}
     return {**result, "rss": phase_peak_rss(), **settings}
 
 
@@ -367,6 +384,28 @@ def materialize_list_copy(rows: int) -> Path:
             writer.close()
 
     return _atomic_dir(data.CACHE / f"list-v{data.VERSION}-w{data.writer_key()}-n{rows}", build)
+
+
+def materialize_halves(rows: int) -> list[Path]:
+    """The tensor rows as two shardkit datasets, the first half and the rest (ids as in the whole), for
+    the mixture case; written as `data.materialize_shardkit` writes the whole, cached."""
+    half = rows // 2
+    out = []
+    for i, (lo, hi) in enumerate([(0, half), (half, rows)]):
+        def part(lo: int = lo, hi: int = hi) -> Iterator[pa.RecordBatch]:
+            at = 0
+            for batch in data.iter_batches(rows, "tensor"):
+                a, b = max(lo - at, 0), min(hi - at, batch.num_rows)
+                if b > a:
+                    yield batch.slice(a, b - a)
+                at += batch.num_rows
+
+        path = data.CACHE / f"halves-v{data.VERSION}-w{data.writer_key()}-tensor-n{rows}-{i}"
+        if not (path / "_metadata").exists():
+            shardkit.write_dataset(part(), path, schema=data.shardkit_schema("tensor"), mode="overwrite",
+                                   compression=data.COMPRESSION, progress=False)
+        out.append(path)
+    return out
 
 
 def materialize_petastorm(rows: int) -> Path:
@@ -545,6 +584,10 @@ def run(rows: int, cases: list[str], repeat: int, slow_repeat: int,
             r.local(n, "case_shardkit", verified[n])
     if "shardkit-shard" in want:
         r.local("shardkit-shard", "case_shardkit", {"url": tensor, "num_shards": 2, "shard": 0})
+    if "shardkit-mixture" in want:  # against one source of the same rows, round-robin: a few percent
+        halves = [str(p) for p in materialize_halves(rows)]
+        r.interleaved({"shardkit-mixture": ("case_mixture", {"urls": halves}),
+                       "shardkit-mixture-ref": ("case_shardkit", {"url": tensor})}, r.checksum_repeat)
     if want & {"raw-iter-auto", "shardkit-auto"}:  # the same rows written with write_dataset's default
         auto = str(data.materialize_shardkit(rows, "tensor", compression="auto"))
         if "raw-iter-auto" in want:
@@ -665,6 +708,8 @@ def report(run_: Run) -> tuple[str, list[dict[str, Any]]]:
          rows),
         ("shardkit, default shuffle, no page-checksum verification", "shardkit-noverify", "", pb_best, rows),
         ("shardkit make_reader, num_shards=2 (one shard)", "shardkit-shard", "", pb_best, rows // 2),
+        ("shardkit 2-source mixture (halves, weights 1:1)", "shardkit-mixture", "", pb_best, rows),
+        ("shardkit make_reader, default (mixture's reference)", "shardkit-mixture-ref", "", pb_best, rows),
         ("raw pyarrow iter_batches(256), compression='auto' files", "raw-iter-auto", "", None, rows),
         ("shardkit make_reader, default, compression='auto' files", "shardkit-auto", "", pb_best, rows),
         ("Petastorm make_batch_reader, thread x2 (list copy)", "petastorm-batch", "", pb_best, rows),
@@ -803,11 +848,29 @@ def report_checksums(run_: Run) -> tuple[str, list[dict[str, Any]]]:
     return "\n".join(lines), verdicts
 
 
+def report_mixture(run_: Run) -> tuple[str, list[dict[str, Any]]]:
+    """What mixing costs: the 2-source mixture against one source of the same rows, same run, round-robin."""
+    a, b = run_.results.get("shardkit-mixture"), run_.results.get("shardkit-mixture-ref")
+    rate_a, rate_b = _rate(a), _rate(b)
+    if not (a and b and rate_a and rate_b):
+        return "", []
+    ratio = rate_a / rate_b
+    ok = ratio >= MIXTURE_RATIO
+    cpu = f"{b['cpu_seconds'] / a['cpu_seconds']:.2f}x" if a.get("cpu_seconds") and b.get("cpu_seconds") \
+        else "-"
+    verdict = {"target": f"2-source mixture: >= {MIXTURE_RATIO}x the rows/s of one source of the same rows",
+               "result": "PASS" if ok else "MISS", "detail": f"{ratio:.2f}x"}
+    return (f"mixture cost: 2 sources vs 1 = {ratio:.2f}x rows/s, {cpu} rows/CPU-s ({rate_a:,.0f} vs "
+            f"{rate_b:,.0f} rows/s; k={len(a.get('runs', [])) or 1}) target >= {MIXTURE_RATIO:.2f}x: "
+            f"{verdict['result']}"), [verdict]
+
+
 def render(r: Run, total: float, load_before: Any, load_after: Any, cpus: int) -> tuple[str, list[Any]]:
     main_table, verdicts = report(r)
     checksum_text, checksum_verdicts = report_checksums(r)
-    verdicts += checksum_verdicts
-    parts = [main_table, checksum_text, report_plan(r.results.get("plan")),
+    mixture_text, mixture_verdicts = report_mixture(r)
+    verdicts += checksum_verdicts + mixture_verdicts
+    parts = [main_table, checksum_text, mixture_text, report_plan(r.results.get("plan")),
              report_quality(r.results.get("quality"))]
     before, after = ("/".join(f"{v:.1f}" for v in la) for la in (load_before, load_after))
     mb = r.rows * data.ROW_BYTES / 1e6
@@ -837,8 +900,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--repeat", type=int, default=3, help="fresh-process runs per case (median)")
     parser.add_argument("--slow-repeat", type=int, default=2, help=f"runs for the slow cases {SLOW}")
     parser.add_argument("--checksum-repeat", type=int, default=9,
-                        help="runs of shardkit(-noshuffle) and their -noverify twins, round-robin "
-                             "(a few percent to measure on a ~0.3 s epoch)")
+                        help="runs of shardkit(-noshuffle) and their -noverify twins, and of the "
+                             "mixture and its reference, round-robin (a few percent to measure on a "
+                             "~0.3 s epoch)")
     parser.add_argument("--no-save", action="store_true", help="do not write benchmarks/results/")
     parser.add_argument("--report-only", metavar="RESULTS_JSON",
                         help="print the tables of a saved run again (and update its table), measure nothing")

@@ -335,11 +335,16 @@ def request_error(url: str, path: str, e: BaseException) -> DatasetError | None:
                             f"{one_line(cause)}). Nothing was skipped: read again once this is fixed (a "
                             "reader's state_dict() resumes where it stopped)")
     if isinstance(e, ValueError) and "support range requests" in str(e):
-        return DatasetError(f"cannot read {path!r} of {url!r}: the HTTP server does not answer range "
-                            "requests (HTTP Range headers), and shardkit reads each row group by its "
-                            "range. Serve the folder with a server that does (nginx, Apache, a cloud "
-                            "bucket; `python -m http.server` does not), or copy the dataset locally")
+        return no_ranges_error(url, path)
     return None
+
+
+def no_ranges_error(url: str, path: str) -> DatasetError:
+    """The error for a server that answers a range request with other bytes than those asked for."""
+    return DatasetError(f"cannot read {path!r} of {url!r}: the HTTP server does not answer range "
+                        "requests (HTTP Range headers), and shardkit reads each row group by its "
+                        "range. Serve the folder with a server that does (nginx, Apache, a cloud "
+                        "bucket; `python -m http.server` does not), or copy the dataset locally")
 
 
 def _package_of(protocol: str) -> str:

@@ -19,6 +19,7 @@ from shardkit.dataset import Dataset
 from shardkit.errors import ReaderError
 from shardkit.reader.adapters.collate import jump_to_epoch
 from shardkit.reader.api import make_reader
+from shardkit.reader.mixture import SOURCE, MixedReader
 from shardkit.reader.reader import Reader
 
 Adapter = Literal["numpy", "torch", "tf"]
@@ -36,7 +37,9 @@ class Throughput:
     null text or row counts 0); the adapters' ``<field>__valid`` masks are not counted (`nbytes`).
     ``peak_rss`` is this process's peak so far, in bytes (None where the platform does not tell),
     ``stats`` the reader's counters over the whole run, warm-up included (``reader.stats``, and
-    ``cache_hits``... when it reads through a row-group cache).
+    ``cache_hits``... when it reads through a row-group cache). Of a mixture: ``mixture``, its sources
+    (`shardkit.reader.mixture.Mixture.to_json`: rows, weight, share, samples per epoch), and
+    ``rows_by_source``, the measured rows of each.
     """
 
     url: str
@@ -55,6 +58,8 @@ class Throughput:
     cpu_seconds: float
     peak_rss: int | None
     stats: Mapping[str, int]
+    mixture: Sequence[Mapping[str, Any]] | None = None
+    rows_by_source: Mapping[str, int] | None = None
 
     @property
     def rows_per_second(self) -> float:
@@ -78,6 +83,8 @@ class Throughput:
         """A JSON-able dict: the fields and the rates (what ``shardkit bench --json`` prints)."""
         out = dataclasses.asdict(self)
         out["stats"] = dict(self.stats)
+        out["mixture"] = None if self.mixture is None else [dict(m) for m in self.mixture]
+        out["rows_by_source"] = None if self.rows_by_source is None else dict(self.rows_by_source)
         for name in ("rows_per_second", "batches_per_second", "mb_per_second", "cpu_percent"):
             out[name] = getattr(self, name)
         return out
@@ -100,11 +107,17 @@ class Throughput:
         ]
         if self.stats:
             lines.append("reader stats " + ", ".join(f"{k} {v:,}" for k, v in self.stats.items()))
+        for i, source in enumerate(self.mixture or ()):
+            got = (self.rows_by_source or {}).get(source["name"], 0)
+            lines.append(f"{'mixture' if i == 0 else '':<12} {source['name']}: weight {source['weight']:g}, "
+                         f"share {source['share']:.2%}, measured {got:,} rows "
+                         f"({got / max(self.rows, 1):.2%}); {source['rows']:,} rows, "
+                         f"{source['passes_per_epoch']:.3g} passes per epoch")
         return "\n".join(lines)
 
 
 def measure(
-    url: str | os.PathLike[str] | Dataset,
+    url: str | os.PathLike[str] | Dataset | Mapping[str, Any],
     *,
     adapter: Adapter = "numpy",
     warmup_batches: int = 10,
@@ -122,6 +135,8 @@ def measure(
     cache: Any = "auto",
     storage_options: dict[str, Any] | None = None,
     progress: bool | None = None,
+    weights: Mapping[str, Any] | None = None,
+    samples_per_epoch: int | None = None,
 ) -> Throughput:
     """Read batches of one shard as a training loop would, and time it (Petastorm's ``petastorm-throughput``).
 
@@ -147,13 +162,17 @@ def measure(
     the shard's rows, including the read-ahead's refill at each epoch's start that training sees.
 
     Args:
-        url: a dataset URL (or an opened `Dataset`).
+        url: a dataset URL (or an opened `Dataset`), or a dict of them: a mixture (with ``weights`` and
+            ``samples_per_epoch``, as `make_reader` takes them); the result says how many rows of each
+            source were measured.
         adapter: ``"numpy"`` (the reader's dicts of arrays), ``"torch"`` or ``"tf"``; the last two need
             ``shardkit[torch]`` / ``shardkit[tf]`` (`MissingDependencyError`), imported before the clock.
         warmup_batches: batches read before measuring (``>= 0``).
-        batches, seconds, epochs: when to stop measuring (see above); None: no such bound.
-        shard, num_shards, batch_size, columns, shuffle, seed, workers, prefetch, cache,
-            storage_options: as for `make_reader`.
+        batches: stop after this many batches (see above); None: no such bound.
+        seconds: stop after this many seconds; None: no such bound.
+        epochs: stop after this many epochs; None: no such bound.
+        shard: as for `make_reader`, and so ``num_shards``, ``batch_size``, ``columns``, ``shuffle``,
+            ``seed``, ``workers``, ``prefetch``, ``cache`` and ``storage_options``.
         progress: a live line on stderr (rows and rows/s) while measuring; None: when stderr is a
             terminal.
 
@@ -171,7 +190,8 @@ def measure(
     started = time.perf_counter()
     reader = make_reader(url, shard=shard, num_shards=num_shards, batch_size=batch_size, columns=columns,
                          shuffle=shuffle, seed=seed, num_epochs=None, workers=workers, prefetch=prefetch,
-                         cache=cache, storage_options=storage_options)
+                         cache=cache, storage_options=storage_options, weights=weights,
+                         samples_per_epoch=samples_per_epoch)
     close: Callable[[], None] = reader.close
     it: Iterator[Any] | None = None
     read_error = _no_read_error
@@ -190,8 +210,10 @@ def measure(
                 jump_to_epoch(reader, int(reader.state_dict()["epoch"]) + 1)
             it = iter(source)
         bar = _progress_bar(progress)  # tqdm imported before the clock starts
+        by_source = np.zeros(len(reader.sources), dtype=np.int64) if isinstance(reader, MixedReader) else None
         cpu0, t0 = time.process_time(), time.perf_counter()
-        count, rows, decoded, first_at, timed_out = _timed(it, fields, limit, seconds, bar)
+        count, rows, decoded, first_at, timed_out = _timed(it, fields, limit, seconds, bar,
+                                                           by_source=by_source)
         elapsed, cpu = max(time.perf_counter() - t0, 1e-9), time.process_time() - cpu0
         first = first_at - started if first is None else first
         stopped_by = "seconds" if timed_out else stopped_by
@@ -210,11 +232,19 @@ def measure(
         _stop(it)
         it = None  # a tf.data iterator lets go of the reader when dropped, before the reader closes
         close()
+    mixture = rows_by_source = None
+    if isinstance(reader, MixedReader) and by_source is not None:
+        where = ", ".join(f"{name}={d.url}" for name, d in reader.datasets.items())
+        mixture = reader.mixture.to_json()
+        rows_by_source = {name: int(n) for name, n in zip(reader.sources, by_source, strict=True)}
+    else:
+        where = reader.dataset.url
     return Throughput(
-        url=reader.dataset.url, adapter=adapter, shard=reader.shard, num_shards=reader.num_shards,
+        url=where, adapter=adapter, shard=reader.shard, num_shards=reader.num_shards,
         batch_size=reader.batch_size, batches_per_epoch=per_epoch, warmup_batches=warmup_batches,
         stopped_by=stopped_by, batches=count, rows=rows, decoded_bytes=decoded, seconds=elapsed,
-        first_batch_seconds=first, cpu_seconds=cpu, peak_rss=peak_rss(), stats=stats,
+        first_batch_seconds=first, cpu_seconds=cpu, peak_rss=peak_rss(), stats=stats, mixture=mixture,
+        rows_by_source=rows_by_source,
     )
 
 
@@ -271,16 +301,19 @@ def _stop(it: Iterator[Any] | None) -> None:
     getattr(it, "close", lambda: None)()
 
 
-def _timed(it: Iterator[Any], fields: Sequence[str], limit: int | None, seconds: float | None, bar: Any
-           ) -> tuple[int, int, int, float, bool]:
+def _timed(it: Iterator[Any], fields: Sequence[str], limit: int | None, seconds: float | None, bar: Any, *,
+           by_source: np.ndarray | None = None) -> tuple[int, int, int, float, bool]:
     """Batches, rows and decoded bytes (of ``fields``) taken from ``it`` until ``limit`` batches or
     ``seconds`` (then True, last), and when the first batch came; ``bar`` (if any) counts the rows and is
-    closed."""
+    closed. ``by_source`` (a mixture's): each source's rows are added to it."""
     count = rows = decoded = 0
     t0 = first = time.perf_counter()
     try:
         while limit is None or count < limit:
-            n, b = size_of_batch(next(it), fields)
+            batch = next(it)
+            n, b = size_of_batch(batch, fields)
+            if by_source is not None:
+                by_source += np.bincount(np.asarray(batch[SOURCE]), minlength=len(by_source))
             now = time.perf_counter()
             first = now if count == 0 else first
             count, rows, decoded = count + 1, rows + n, decoded + b

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from shardkit.cli._flags import _json_object, in_flags
-from shardkit.cli._output import column_names, warnings_after
+from shardkit.cli._output import column_names, sources_of, warnings_after, weights_of
 from shardkit.errors import DatasetError, ReaderError
 
 
@@ -26,7 +26,14 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
                        description="Read one shard as training would (after --warmup batches) and print "
                                    "its throughput; stops after --batches, --seconds or --epochs, whichever "
                                    "comes first (with none of them: one epoch).")
-    p.add_argument("url", help="the dataset's folder (any fsspec URL, e.g. s3://bucket/ds)")
+    p.add_argument("url", nargs="+", metavar="URL",
+                   help="the dataset's folder (any fsspec URL, e.g. s3://bucket/ds); several, each NAME=URL "
+                        "or named by its last path part: a mixture of them")
+    p.add_argument("--weights", metavar="W,W",
+                   help="a mixture's weights: one per URL in order (3,1) or by name (web=3,books=1); "
+                        "default: the sources' rows")
+    p.add_argument("--samples-per-epoch", type=int, metavar="N",
+                   help="a mixture's epoch in samples of all sources (default: their rows together)")
     p.add_argument("--adapter", choices=["numpy", "torch", "tf"], default="numpy",
                    help="the reader's numpy batches, shardkit.torch.make_loader or shardkit.tf.make_dataset")
     p.add_argument("--batch-size", type=int, metavar="N", help="rows per batch (default 256)")
@@ -76,11 +83,16 @@ def run(args: argparse.Namespace) -> int:
     for name in ("batch_size", "warmup_batches", "seed"):  # None is no default of measure's for these
         if getattr(args, name) is not None:
             kwargs[name] = getattr(args, name)
+    url: str | dict[str, str] = args.url[0]
+    if len(args.url) > 1 or args.weights is not None or args.samples_per_epoch is not None:
+        url = sources_of(args.url)
+        kwargs["weights"] = weights_of(args.weights, list(url))
+        kwargs["samples_per_epoch"] = args.samples_per_epoch
     if args.adapter == "tf":
         _import_tensorflow_quietly()
     try:
         with warnings_after(UserWarning, worded=lambda message: in_flags(message, args.parser, kwargs)):
-            result = measure(args.url, **kwargs)
+            result = measure(url, **kwargs)
     except (ReaderError, DatasetError) as e:
         message = in_flags(str(e), args.parser, kwargs)
         if message == str(e):

@@ -13,7 +13,16 @@ import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from shardkit.cli._output import describe, format_description, human, warnings_after
+from shardkit.cli._output import (
+    describe,
+    describe_mixture,
+    format_description,
+    format_mixture,
+    human,
+    sources_of,
+    warnings_after,
+    weights_of,
+)
 from shardkit.errors import JobError, ShardkitError, interrupt_behind
 
 # Only the standard library and shardkit.errors at import: the console script imports this module before
@@ -57,12 +66,26 @@ def _interrupted(argv: Sequence[str]) -> str:
 
 
 def _inspect(args: argparse.Namespace) -> int:
+    """``shardkit inspect URL``: one dataset; ``shardkit inspect URL URL ...``: each of them and the
+    mixture they make (`describe_mixture`), with ``--weights`` and ``--samples-per-epoch``."""
     from shardkit.dataset import SummaryMissingWarning, open_dataset
 
+    mixed = len(args.url) > 1 or args.weights is not None or args.samples_per_epoch is not None
+    if not mixed:
+        with warnings_after(SummaryMissingWarning):
+            ds = open_dataset(args.url[0], version=args.table_version)
+        info = describe(ds)
+        print(json.dumps(info, indent=2) if args.json else format_description(info))
+        return 0
+    if args.table_version is not None:
+        args.parser.error("--table-version reads one table; with several sources, inspect each table "
+                          "alone (shardkit inspect URL --table-version N)")
+    sources = sources_of(args.url)
+    weights = weights_of(args.weights, list(sources))
     with warnings_after(SummaryMissingWarning):
-        ds = open_dataset(args.url, version=args.table_version)
-    info = describe(ds)
-    print(json.dumps(info, indent=2) if args.json else format_description(info))
+        datasets = {name: open_dataset(url) for name, url in sources.items()}
+    info = describe_mixture(datasets, weights, args.samples_per_epoch)
+    print(json.dumps(info, indent=2) if args.json else format_mixture(info))
     return 0
 
 
@@ -184,6 +207,14 @@ def _add_table_version(p: argparse.ArgumentParser) -> None:
                         "current one)")
 
 
+def _add_mixture(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--weights", metavar="W,W",
+                   help="a mixture's weights: one per URL in order (3,1) or by name (web=3,books=1); "
+                        "default: the sources' rows")
+    p.add_argument("--samples-per-epoch", type=int, metavar="N",
+                   help="a mixture's epoch in samples of all sources (default: their rows together)")
+
+
 def _add_config(p: argparse.ArgumentParser) -> None:
     p.add_argument("config", help="the job's YAML file")
     p.add_argument("--set", action="append", default=[], metavar="KEY.PATH=VALUE",
@@ -203,9 +234,13 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"shardkit {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
     # every command's parser= is its own: `main`'s usage errors after parsing print its usage, not the top's
-    p = sub.add_parser("inspect", help="print a dataset's schema, files and row groups")
-    p.add_argument("url", help="the dataset's folder (any fsspec URL, e.g. s3://bucket/ds)")
+    p = sub.add_parser("inspect", help="print a dataset's schema, files and row groups (several: and the "
+                                       "mixture they make)")
+    p.add_argument("url", nargs="+", metavar="URL",
+                   help="the dataset's folder (any fsspec URL, e.g. s3://bucket/ds); several, each NAME=URL "
+                        "or named by its last path part, for a mixture")
     p.add_argument("--json", action="store_true", help="machine-readable output")
+    _add_mixture(p)
     _add_table_version(p)
     p.set_defaults(func=_inspect, parser=p)
     p = sub.add_parser("verify", help="scrub a dataset: check every page checksum and decode every row "

@@ -1,13 +1,17 @@
-"""What the commands print: sizes, a dataset's description (``inspect``, ``write``) and the warnings a
-command shows after its work; shared by the commands of `shardkit.cli`."""
+"""What the commands print: sizes, a dataset's description (``inspect``, ``write``), a mixture's
+(``inspect URL URL ...``) and the warnings a command shows after its work; and the sources and weights
+of ``inspect`` and ``bench`` as typed. Shared by the commands of `shardkit.cli`."""
 
 from __future__ import annotations
 
 import contextlib
+import re
 import sys
 import warnings
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
+
+from shardkit.errors import ReaderError
 
 if TYPE_CHECKING:
     from shardkit.dataset import Dataset
@@ -111,6 +115,97 @@ def warnings_after(show: type[Warning], *, hide: type[Warning] | None = None,
     for w in caught:
         message = str(w.message)
         print(f"warning: {message if worded is None else worded(message)}", file=sys.stderr)
+
+
+_NAMED = re.compile(r"([A-Za-z_][\w.-]*)=(.+)\Z")
+
+
+def sources_of(urls: Sequence[str]) -> dict[str, str]:
+    """The sources of ``shardkit inspect|bench URL [URL ...]``: each ``NAME=URL``, or a URL named by its
+    last path part (``s3://lake/web`` is ``web``). A path with ``=`` in its first part (a Hive folder,
+    ``year=2024``) is written ``./year=2024``.
+
+    Example:
+        >>> sources_of(["web=s3://lake/web-2024", "s3://lake/books"])
+        {'web': 's3://lake/web-2024', 'books': 's3://lake/books'}
+    """
+    out: dict[str, str] = {}
+    for text in urls:
+        match = _NAMED.match(text)
+        name, url = (match.group(1), match.group(2)) if match else (_last_part(text), text)
+        if name in out:
+            raise ReaderError(f"two sources are named {name!r} ({out[name]!r} and {url!r}); name each one: "
+                             f"NAME=URL, e.g. a={out[name]} b={url}")
+        out[name] = url
+    return out
+
+
+def _last_part(url: str) -> str:
+    return url.rstrip("/").rsplit("/", 1)[-1].split("://")[-1] or url
+
+
+def weights_of(text: str | None, names: Sequence[str]) -> dict[str, float] | None:
+    """``--weights 3,1`` (in the order of the sources) or ``--weights web=3,books=1``; None when not given.
+    The numbers are checked by the mixture (`shardkit.reader.mixture.check_weights`)."""
+    if text is None:
+        return None
+    parts = [p.strip() for p in text.split(",") if p.strip()]
+    named = [p.partition("=") for p in parts]
+    try:
+        if all(sep for _, sep, _ in named):
+            return {k.strip(): _number(v) for k, _, v in named}
+        if not any(sep for _, sep, _ in named) and len(parts) == len(names):
+            return {name: _number(p) for name, p in zip(names, parts, strict=True)}
+    except ValueError as e:
+        raise ReaderError(f"--weights {text}: {e}; give numbers, e.g. --weights 3,1") from None
+    example = ",".join(f"{n}=1" for n in names)
+    raise ReaderError(f"--weights {text} gives {len(parts)} weight(s) for {len(names)} source(s) "
+                     f"{list(names)}; give one per source, in their order (--weights "
+                     f"{','.join('1' for _ in names)}) or by name (--weights {example})")
+
+
+def _number(text: str) -> float:
+    value = float(text.strip())
+    return int(value) if value.is_integer() and "." not in text and "e" not in text.lower() else value
+
+
+def describe_mixture(datasets: Mapping[str, Dataset], weights: Mapping[str, Any] | None,
+                     samples_per_epoch: int | None) -> dict[str, Any]:
+    """A JSON-able description of a mixture of ``datasets`` (what ``shardkit inspect --json URL URL ...``
+    prints): each dataset's `describe` with its name, and the mixture: each source's rows, weight, share,
+    samples and passes per epoch, the schedule's bound, and whether the fields agree (the message of the
+    mismatch, as a reader would raise it, or None)."""
+    from shardkit.errors import ShardkitError
+    from shardkit.reader.mixture import Mixture, shared_schema  # on use: the reader pulls in pyarrow
+
+    names = list(datasets)
+    mixture = Mixture.of(names, [d.num_rows for d in datasets.values()], weights, samples_per_epoch)
+    try:
+        shared_schema({name: d.schema for name, d in datasets.items()})
+        fields = None
+    except ShardkitError as e:
+        fields = str(e)
+    return {
+        "sources": [{"name": name, **describe(d)} for name, d in datasets.items()],
+        "mixture": {"samples_per_epoch": mixture.samples_per_epoch, "sources": mixture.to_json(),
+                    "bound": mixture.schedule.bound, "period": mixture.schedule.period,
+                    "fields_differ": fields},
+    }
+
+
+def format_mixture(info: dict[str, Any]) -> str:
+    """`describe_mixture` for people: each source as ``inspect`` shows it, then the mixture."""
+    parts = [f"source {d['name']}: {format_description(d)}" for d in info["sources"]]
+    mix = info["mixture"]
+    rows = [[m["name"], f"{m['rows']:,}", f"{m['weight']:g}", f"{m['share']:.2%}",
+             f"{m['samples_per_epoch']:,.1f}", f"{m['passes_per_epoch']:.3g}"] for m in mix["sources"]]
+    head = (f"mixture: {len(rows)} sources, {mix['samples_per_epoch']:,} samples per epoch; in every prefix "
+            f"of the stream each source is within {mix['bound']:.3g} of its share (schedule period "
+            f"{mix['period']:,})")
+    fields = ("fields: the same in every source" if mix["fields_differ"] is None
+              else f"fields: DIFFER: {mix['fields_differ']}")
+    table = _table(rows, ["source", "rows", "weight", "share", "samples/epoch", "passes/epoch"])
+    return "\n\n".join([*parts, "\n".join([head, fields]), table])
 
 
 def column_names(text: str | None) -> list[str] | None:

@@ -3,9 +3,11 @@ and each file's row groups (`RowGroup`), read without reading any data."""
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -23,6 +25,7 @@ __all__ = ["PARQUET_SUFFIXES", "Footers", "RowGroup", "data_files", "read_footer
            "summary_row_groups"]
 
 PARQUET_SUFFIXES = (".parquet", ".parq", ".pq")
+FOOTER_READS = 16  # footers read at once from an object store (a dataset without a summary)
 Footers = list[tuple[str, pq.FileMetaData]]
 
 
@@ -85,14 +88,20 @@ def _has_magic(loc: Location, path: str) -> bool:
 def summary(loc: Location) -> pq.FileMetaData | None:
     """The ``_metadata`` footer, or None when it cannot be opened (missing, or the root is no folder);
     `DatasetPermissionError` when this user may not read it."""
+    path = loc.join(SUMMARY)
+    if not loc.is_local:  # one request (its size and then its bytes would be two round trips) ...
+        with contextlib.suppress(Exception):  # ... and where it fails, the checks below say why
+            data = loc.fs.cat_file(path, start=0)  # s3fs: a HEAD first without a start
+            with pa.BufferReader(data) as f:
+                return _footer_of(loc, f, path)
     try:
-        f = loc.arrow_fs.open_input_file(loc.join(SUMMARY))
+        f = loc.arrow_fs.open_input_file(path)
     except OSError as e:
         if is_denied(e):
-            raise permission_error(loc, loc.join(SUMMARY), e) from e
+            raise permission_error(loc, path, e) from e
         return None
     with f:
-        return _footer_of(loc, f, loc.join(SUMMARY))
+        return _footer_of(loc, f, path)
 
 
 def read_footer(loc: Location, name: str) -> pq.FileMetaData:
@@ -126,8 +135,14 @@ def _not_a_footer(loc: Location, path: str, e: Exception) -> DatasetError:
 
 
 def read_footers(loc: Location, files: Sequence[str]) -> list[tuple[str, pq.FileMetaData]]:
-    """The footers of ``files``, which must all have the columns and types of the first one."""
-    footers = [(name, read_footer(loc, name)) for name in files]
+    """The footers of ``files``, which must all have the columns and types of the first one; on an object
+    store read in parallel (a round trip or two each)."""
+    if loc.is_local or len(files) < 2:
+        footers = [(name, read_footer(loc, name)) for name in files]
+    else:
+        with ThreadPoolExecutor(max_workers=min(FOOTER_READS, len(files)),
+                                thread_name_prefix="shardkit-footer") as pool:
+            footers = list(zip(files, pool.map(lambda name: read_footer(loc, name), files), strict=True))
     first_name, first = footers[0]
     for name, md in footers[1:]:
         if not md.schema.equals(first.schema):

@@ -48,7 +48,7 @@ ENV_ATTEMPT: Final = "SHARDKIT_ATTEMPT"  # 0, then 1 after the first restart, ..
 ENV_HEARTBEAT_ADDR: Final = "SHARDKIT_HEARTBEAT_ADDR"  # "127.0.0.1:PORT" (UDP); absent: heartbeats off
 # Seconds one torch.distributed collective may wait (fault_tolerance.collective_timeout); absent: torch's.
 ENV_COLLECTIVE_TIMEOUT: Final = "SHARDKIT_COLLECTIVE_TIMEOUT"
-# The newest checkpoint step when the attempt started (0: none), which every process of the attempt
+# The newest checkpoint folder's step when the attempt started (0: none), which every process of the attempt
 # restores at most: a checkpoint a faster peer saved while this process was still starting is not taken.
 # Absent (torchrun, by hand, or the supervisor could not list them): the newest.
 ENV_RESUME_STEP: Final = "SHARDKIT_RESUME_STEP"

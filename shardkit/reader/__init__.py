@@ -1,7 +1,9 @@
-"""Readers: a dataset URL plus a shard -> batches of numpy arrays (see DESIGN.md, the reader contracts)."""
+"""Readers: a dataset URL plus a shard -> batches of numpy arrays (see DESIGN.md, the reader contracts); a
+dict of them -> a weighted mixture read as one (`MixedReader`, `shardkit.reader.mixture`)."""
 
 from shardkit.reader._cache import CacheConfig
 from shardkit.reader.api import make_reader
+from shardkit.reader.mixture import SOURCE, MixedReader, Mixture
 from shardkit.reader.reader import Reader
 
-__all__ = ["CacheConfig", "Reader", "make_reader"]
+__all__ = ["CacheConfig", "MixedReader", "Mixture", "Reader", "SOURCE", "make_reader"]

@@ -200,6 +200,10 @@ class RowGroupCache:
         self._count("hits" if table is not None else "misses")
         return table
 
+    def has(self, key: str) -> bool:
+        """Whether an entry of ``key`` is there (not verified, not counted: what to fetch ahead)."""
+        return os.path.exists(self.path_of(key))
+
     def put(self, key: str, table: pa.Table) -> None:
         """Cache ``table`` as ``key`` (a folder that cannot be written only logs a warning)."""
         self._store(self.path_of(key), table)

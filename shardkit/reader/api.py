@@ -5,17 +5,19 @@ from __future__ import annotations
 import os
 import sys
 import warnings
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any, Literal
 
 import numpy as np
 
 from shardkit.dataset import Dataset, Field, Schema
 from shardkit.dataset.open import open_dataset
-from shardkit.errors import CacheWarning, ReaderError
+from shardkit.dataset.write import parse_size
+from shardkit.errors import CacheWarning, ReaderError, SchemaError
 from shardkit.reader._arguments import explained
 from shardkit.reader._filter import Filter
 from shardkit.reader._plan import Remainder, validate_shard
+from shardkit.reader.mixture import open_mixture
 from shardkit.reader.reader import WINDOW_BYTES, Reader
 
 
@@ -37,10 +39,13 @@ def make_reader(
     cache: Any = "auto",
     prefetch: int | None = None,
     workers: int | None = None,
+    max_inflight_bytes: int | str = "512MiB",
     on_error: Literal["raise", "skip"] = "raise",
     storage_options: dict[str, Any] | None = None,
     version: int | None = None,
     schema: Schema | Sequence[Field] | None = None,
+    weights: Mapping[str, float] | None = None,
+    samples_per_epoch: int | None = None,
 ) -> Reader:
     """Read one shard of a dataset as batches (dicts of column name -> numpy array).
 
@@ -54,10 +59,15 @@ def make_reader(
     same number of steps), and ``state_dict()``/``load_state_dict()`` resume mid-epoch, with the same
     or a different number of shards, without repeating or skipping a sample.
 
+    Several datasets mix into one stream (a `shardkit.reader.mixture.MixedReader`; see the guide
+    "Mixing datasets"): ``make_reader({"web": url_a, "books": url_b}, weights={"web": 3, "books": 1})``.
+
     Args:
         url: a shardkit dataset, a Petastorm dataset, a plain Parquet folder, a Delta Lake or an Iceberg
             table (any fsspec URL), an opened `Dataset`, or a ``deltalake.DeltaTable`` /
-            ``pyiceberg.table.Table``. A table is read at one snapshot (see ``version``).
+            ``pyiceberg.table.Table``. A table is read at one snapshot (see ``version``). A dict of
+            source name -> any of these reads a weighted mixture of them; ``filter``,
+            ``storage_options``, ``version`` and ``schema`` may then be dicts of source name -> value.
         shard: this worker's rank. ``make_reader(url, shard=rank)`` takes ``num_shards`` from the job
             (``WORLD_SIZE`` or an initialized ``torch.distributed``); with neither given, a single shard
             outside a job.
@@ -83,6 +93,10 @@ def make_reader(
             ``shardkit.reader._cache.CacheConfig`` (whose folder must be writable: `ReaderError`).
         prefetch: tasks (row-group slices) read ahead; default ``2 * workers``.
         workers: reading/decoding threads; default ``min(4, cpus)``, at least 2.
+        max_inflight_bytes: of a remote dataset, the most bytes fetched ahead of the reads (in flight, or
+            fetched and not yet read): an int or a size such as ``"256MiB"``. The reader requests the
+            row groups it will read next, in its order, as far ahead as the store's round trips need
+            (measured), up to this. Local files are not fetched ahead (they are memory-mapped).
         on_error: ``"raise"`` on a corrupt row group (naming file and row group), or ``"skip"`` it,
             count it in ``reader.stats`` and warn at the end of the epoch. Each lost row's place in its
             batch is taken by a readable sample (half an epoch further in the epoch's order, see
@@ -97,6 +111,10 @@ def make_reader(
             ``[Field("emb", "float32", (16,)), Field("image", "uint8", (64, 64, 3), codec=ImageCodec())]``
             for Spark's arrays and binary images; the other columns keep the fields their Arrow types
             give (`shardkit.dataset.hints`).
+        weights: a mixture's weights, source name -> number >= 0 (each source's share of the stream is
+            its weight over their sum); default: the sources' rows (after ``filter``).
+        samples_per_epoch: a mixture's epoch, in samples of all sources together; default: the rows of
+            the sources of positive weight together.
 
     Raises:
         ReaderError: a bad argument (shard, columns, filter, sizes) — before anything is read.
@@ -121,6 +139,23 @@ def make_reader(
         raise ReaderError(f"on_error={on_error!r} must be 'raise' or 'skip'")
     workers = _positive("workers", workers) if workers is not None else max(2, min(4, os.cpu_count() or 2))
     prefetch = _positive("prefetch", prefetch, 0) if prefetch is not None else 2 * workers
+    if isinstance(url, Mapping):
+        each = {"columns": columns, "filter": filter, "shuffle_buffer": shuffle_buffer, "cache": cache,
+                "on_error": on_error, "max_inflight_bytes": max_inflight_bytes,
+                "storage_options": storage_options, "version": version, "schema": schema}
+        return open_mixture(url, make_reader, weights=weights, samples_per_epoch=samples_per_epoch,
+                            shard=shard, num_shards=num_shards, batch_size=batch_size, shuffle=bool(shuffle),
+                            seed=seed, num_epochs=num_epochs, remainder=remainder, drop_last=bool(drop_last),
+                            prefetch=prefetch, workers=workers, options=each)
+    for name, value in (("weights", weights), ("samples_per_epoch", samples_per_epoch)):
+        if value is not None:
+            raise ReaderError(f"{name}={value!r} is for a mixture of several datasets, given as a dict: "
+                              "make_reader({'web': url_a, 'books': url_b}, weights={'web': 3, 'books': 1}); "
+                              f"with one dataset, leave {name}= out")
+    try:
+        inflight = parse_size(max_inflight_bytes, what="max_inflight_bytes")
+    except SchemaError as e:
+        raise ReaderError(str(e)) from None
 
     if isinstance(url, Dataset):
         if version is not None and (url.snapshot is None or url.snapshot.version != version):
@@ -189,7 +224,7 @@ def make_reader(
                   drop_last=bool(drop_last), shuffle_buffer=shuffle_buffer, filter=filter,
                   cache=row_cache, prefetch=prefetch,
                   workers=workers, on_error=on_error,
-                  row_bytes=row_bytes)
+                  row_bytes=row_bytes, max_inflight_bytes=inflight)
 
 
 def _plain(value: Any) -> Any:

@@ -44,7 +44,7 @@ from shardkit.reader._lost import substitutes
 from shardkit.reader._pipeline import batching
 from shardkit.reader._pipeline.assemble import POSITION, needed_rows, pi_at, scatter_plan
 from shardkit.reader._pipeline.assemble import chunks as assemble_chunks
-from shardkit.reader._pipeline.source import Columns, Part, RowGroupSource
+from shardkit.reader._pipeline.source import DEFAULT_INFLIGHT, Columns, Part, RowGroupSource
 from shardkit.reader._plan import (
     EpochOrder,
     Remainder,
@@ -77,13 +77,15 @@ class Reader:
     def __init__(self, dataset: Dataset, *, columns: Sequence[str], shard: int, num_shards: int,
                  batch_size: int, shuffle: bool, seed: int, num_epochs: int | None, remainder: Remainder,
                  drop_last: bool, shuffle_buffer: int, filter: Filter | None, cache: Any, prefetch: int,
-                 workers: int, on_error: Literal["raise", "skip"], row_bytes: int) -> None:
+                 workers: int, on_error: Literal["raise", "skip"], row_bytes: int,
+                 max_inflight_bytes: int = DEFAULT_INFLIGHT) -> None:
         # kept to open the reader again on another snapshot of a table (`load_state_dict`)
         self._arguments: dict[str, Any] = {
             "columns": columns, "shard": shard, "num_shards": num_shards, "batch_size": batch_size,
             "shuffle": shuffle, "seed": seed, "num_epochs": num_epochs, "remainder": remainder,
             "drop_last": drop_last, "shuffle_buffer": shuffle_buffer, "filter": filter, "cache": cache,
-            "prefetch": prefetch, "workers": workers, "on_error": on_error, "row_bytes": row_bytes}
+            "prefetch": prefetch, "workers": workers, "on_error": on_error, "row_bytes": row_bytes,
+            "max_inflight_bytes": max_inflight_bytes}
         self.dataset = dataset
         self.schema: Schema = dataset.schema.select(columns)
         self.shard, self.num_shards = shard, num_shards
@@ -128,7 +130,8 @@ class Reader:
                 f"{f' matching the filter {self.filter_text}' if filter is not None else ''}, and every "
                 "shard needs one; use fewer shards or more data"
             )
-        self._source = RowGroupSource(dataset, columns, selection=selection, cache=cache, on_error=on_error)
+        self._source = RowGroupSource(dataset, columns, selection=selection, cache=cache, on_error=on_error,
+                                      max_inflight_bytes=max_inflight_bytes)
         # arrays for about four windows: one being assembled, one consumed, those the consumer still holds
         self._recycler = batching.Recycler(4 * shuffle_buffer * row_bytes)
         self._pool: ThreadPoolExecutor | None = None
@@ -195,6 +198,7 @@ class Reader:
         # the first batch comes sooner: its rows are read first, the rest of the window in tasks
         first = split_tasks(windows[:1], self.task_rows, -(-self.batch_size // SLICE_ROWS) * SLICE_ROWS)
         windows[:1] = first
+        self._source.plan([t.row_group for w in windows for t in w.tasks])  # remote: fetched ahead
         # the cut tasks read their row group only as far as they need, but the last one of each row
         # group reads it to its end (so that a cache holds the whole row group)
         cut = [t for w in first for t in w.tasks]

@@ -77,12 +77,17 @@ class TrainContext:
 
     # -- data ------------------------------------------------------------------------------------------
     def reader_kwargs(self, **overrides: Any) -> dict[str, Any]:
-        """The `make_reader` arguments of this process's shard of ``config.data`` with ``overrides``."""
+        """The `make_reader` arguments of this process's shard of ``config.data`` with ``overrides``: of a
+        mixture (``data.sources``), ``url`` is the dict of its sources' URLs, with ``weights`` and
+        ``samples_per_epoch`` (`shardkit.job.config.DataConfig.reader_kwargs`)."""
         kwargs: dict[str, Any] = {}
         data = self.config.data if self.config is not None else None
         if data is not None:
-            kwargs = {"url": data.url, "batch_size": data.batch_size, "seed": data.seed,
-                      "shuffle": data.shuffle, "num_epochs": data.num_epochs, **data.options}
+            kwargs = data.reader_kwargs()  # a mixture's: its sources' URLs, weights and own options
+            if "url" in overrides and data.sources is not None:  # another dataset in the mixture's place
+                for key in ("weights", "samples_per_epoch", "filter", "version", "storage_options"):
+                    if key not in data.options:
+                        kwargs.pop(key, None)
         shard = (self.data_shard, self.num_data_shards) if self.data_shard is not None else (0, 1)
         kwargs["shard"], kwargs["num_shards"] = shard
         kwargs.update(overrides)
@@ -97,6 +102,9 @@ class TrainContext:
         Example:
             >>> reader = ctx.reader()                                   # this rank's shard of the job data
             >>> test = ctx.reader(filter=[("split", "=", "test")], shard=0, num_shards=1, shuffle=False)
+
+        With ``data.sources`` in the config, a `shardkit.reader.MixedReader` of them; checkpoints hold its
+        state as a reader's (`Checkpoints` saves and restores it alike).
 
         Roles that read no job data (an evaluator) get the whole dataset (shard 0 of 1). The reader is
         closed by `finish`.

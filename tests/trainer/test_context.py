@@ -276,7 +276,8 @@ def test_every_seconds_in_tensorflow_allreduce_needs_the_strategy_to_agree(
         assert ctx.checkpoint.manager is not None
         assert ctx.checkpoint.manager.schedule.every_seconds == 5
         ctx.checkpoint.track(reader=Counter())
-        with pytest.raises(ConfigError, match=r"shardkit\.trainer\.tf\.strategy\(ctx\).*share_decisions"):
+        with pytest.raises(ConfigError,
+                           match=r"shardkit\.trainer\.strategies\.tf\.strategy\(ctx\).*share_decisions"):
             ctx.step()
         ctx.finish(save=False)
     assert not (job / "checkpoints").exists()

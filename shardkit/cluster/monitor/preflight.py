@@ -17,6 +17,7 @@ import sys
 import warnings
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 from shardkit.errors import ConfigError, MissingDependencyError, ShardkitError
 from shardkit.job import protocol
@@ -69,25 +70,43 @@ def check_local_data(config: JobConfig) -> JobConfig:
     """
     if config.data is None:
         return config
-    path = local_path(config.data.url)
-    if path is None:
+    if config.data.sources is not None:  # a mixture: each local source, each table pinned in its entry
+        sources = dict(config.data.sources)
+        for name, source in config.data.sources.items():
+            version = source.version if source.version is not None else config.data.options.get("version")
+            snapshot = _local_snapshot(config, ("data", "sources", name, "url"), source.url, version)
+            if snapshot is not None and version is None:
+                sources[name] = source.model_copy(update={"version": snapshot.version})
+        if sources == config.data.sources:
+            return config
+        return config.model_copy(update={"data": config.data.model_copy(update={"sources": sources})})
+    assert config.data.url is not None  # DataConfig: url or sources
+    version = config.data.options.get("version")
+    snapshot = _local_snapshot(config, ("data", "url"), config.data.url, version)
+    if snapshot is None or version is not None:
         return config
+    data = config.data.model_copy(update={"options": {**config.data.options, "version": snapshot.version}})
+    return config.model_copy(update={"data": data})
+
+
+def _local_snapshot(config: JobConfig, key: tuple[str, ...], url: str, version: Any) -> Any:
+    """Open the dataset at ``url`` if it is a path on this machine: its table snapshot (None: a folder, or
+    a remote URL, not checked here); a `ConfigError` naming ``key`` when there is no dataset."""
+    path = local_path(url)
+    if path is None:
+        return None
     from shardkit.dataset import open_dataset
 
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            version = config.data.options.get("version")
-            snapshot = open_dataset(path, version=version).snapshot
+            return open_dataset(path, version=version).snapshot
     except (ShardkitError, OSError) as e:
-        raise _error(config, ("data", "url"), config.data.url, f"there is no dataset to read there ({e})",
-                     "point data.url at the dataset's folder (a relative path is relative to the config "
+        where = ".".join(key)
+        raise _error(config, key, url, f"there is no dataset to read there ({e})",
+                     f"point {where} at the dataset's folder (a relative path is relative to the config "
                      "file's folder), or write the dataset there first (shardkit.write_dataset, or "
                      "`shardkit index` for a plain Parquet folder)") from e
-    if snapshot is None or version is not None:
-        return config
-    data = config.data.model_copy(update={"options": {**config.data.options, "version": snapshot.version}})
-    return config.model_copy(update={"data": data})
 
 
 def check_here(config: JobConfig, processes: Mapping[str, int] | None = None) -> JobConfig:

@@ -205,10 +205,14 @@ def rendered_from(config: JobConfig) -> str:
 
 
 def local_paths(config: JobConfig) -> list[str]:
-    """Header notes for ``data.url``/``checkpoint.dir`` that are paths of this machine."""
+    """Header notes for ``data.url`` (a mixture's sources' URLs)/``checkpoint.dir`` that are paths of this
+    machine."""
     notes = []
-    for key, value in (("data.url", config.data.url if config.data else None),
-                       ("checkpoint.dir", config.checkpoint_dir)):
+    data = config.data
+    urls: list[tuple[str, str | None]] = [("data.url", data.url if data else None)]
+    if data is not None and data.sources is not None:
+        urls = [(f"data.sources.{name}.url", source.url) for name, source in data.sources.items()]
+    for key, value in [*urls, ("checkpoint.dir", config.checkpoint_dir)]:
         if value is not None and not _SCHEME.match(value):
             notes.append(f"{key} is the local path {value}: every container must see it at that path (a "
                          "mounted volume), or make it a URL (s3://bucket/path)")

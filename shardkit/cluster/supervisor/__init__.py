@@ -132,9 +132,16 @@ class Supervisor:
         if getattr(self.engine, "runs_here", False):  # the roles run on this machine
             given = self.config
             self.config = check_here(self.config)  # a local table's version pinned for every role
-            if self.config.data is not None and given.data is not None and given.data != self.config.data:
-                self._say(f"[shardkit] data: the table {self.config.data.url} is read at version "
-                          f"{self.config.data.options['version']} by every role of this run")
+            data, before = self.config.data, given.data
+            if data is not None and before is not None and before != data:
+                if data.sources is not None and before.sources is not None:  # a mixture's tables
+                    for name, source in data.sources.items():
+                        if source.version != before.sources[name].version:
+                            self._say(f"[shardkit] data: the table {source.url} (source {name}) is read at "
+                                      f"version {source.version} by every role of this run")
+                else:
+                    self._say(f"[shardkit] data: the table {data.url} is read at version "
+                              f"{data.options['version']} by every role of this run")
         prepare_rerun(self.config, self.rerun, say=self._say)  # a completed run: refused, resumed or moved
         lock = self._prepare_logdir()
         try:
@@ -266,16 +273,19 @@ class Supervisor:
                 self._echo(final())
 
     def _latest_checkpoint(self) -> int | None:
-        """The newest checkpoint's step, None when there is none or it cannot be listed from here; what
-        was listed (0 for none) is kept for the attempt's processes as the newest they may restore."""
+        """The newest checkpoint's step, None when there is none or it cannot be listed from here; the
+        newest folder's step (0 for none) is kept for the attempt's processes as the newest they may
+        restore."""
         self._listed_step = None
         try:  # the script restores the checkpoint itself; this is what the attempt starts from
             from shardkit.trainer.checkpoint import CheckpointManager
 
-            info = CheckpointManager(self.config.checkpoint_dir, keep=None).latest()
+            manager = CheckpointManager(self.config.checkpoint_dir, keep=None)
+            info, newest = manager.latest(), manager.newest_folder()
         except Exception:  # remote storage without the roles' credentials, a missing extra, ...
             return None
-        self._listed_step = 0 if info is None else info.step
+        # an uncommitted folder too: the processes then skip it with a warning naming it (a crash's)
+        self._listed_step = newest
         return None if info is None else info.step
 
     # -- watching one attempt ------------------------------------------------------------------------

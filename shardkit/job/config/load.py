@@ -281,7 +281,17 @@ def describe(config: JobConfig) -> str:
         d = config.data
         options = f", options: {', '.join(sorted(d.options))}" if d.options else ""
         shuffle = f"shuffle seed {d.seed}" if d.shuffle else "no shuffle"
-        out.append(f"  data: {d.url}, batch {d.batch_size}, {shuffle}, epochs {d.num_epochs}{options}")
+        where = d.url
+        if d.sources is not None:
+            weights = {name: s.weight for name, s in d.sources.items()}
+            where = "mixture of " + ", ".join(
+                f"{name} {s.url}" + (f" (weight {s.weight:g})" if s.weight is not None else "")
+                for name, s in d.sources.items())
+            if all(w is None for w in weights.values()):
+                where += " (weighed by their rows)"
+            if d.samples_per_epoch is not None:
+                where += f", {d.samples_per_epoch:,} samples per epoch"
+        out.append(f"  data: {where}, batch {d.batch_size}, {shuffle}, epochs {d.num_epochs}{options}")
     c = config.checkpoint
     every = " and ".join(
         ([f"every {c.every_steps} steps"] if c.every_steps is not None else [])

@@ -33,6 +33,7 @@ __all__ = [
     "Resources",
     "RoleConfig",
     "SecretRef",
+    "SourceConfig",
 ]
 
 EngineName = Literal["local", "torchrun", "ray", "spark", "kubernetes", "yarn"]
@@ -50,6 +51,10 @@ MIN_LOST_JOB_TIMEOUT, MIN_COLLECTIVE_TIMEOUT = 3.0, 1.0
 MAX_PROCESSES = 10_000
 # Keys of make_reader that the trainer sets itself (from the job and the process's shard).
 _READER_OWNED = frozenset({"url", "shard", "num_shards", "batch_size", "seed", "shuffle", "num_epochs"})
+_PER_SOURCE = ("filter", "version", "storage_options")  # a mixture's source's own make_reader options
+# Keys of make_reader that a mixture's config gives elsewhere, with where
+_MIXTURE_KEYS = {"weights": "give each source its weight: data.sources.<name>.weight",
+                 "samples_per_epoch": "use data.samples_per_epoch (with data.sources)"}
 # storage_options keys that hold credentials (s3fs, gcsfs, adlfs, fsspec's http/ftp/sftp/smb): a config
 # value lands in job.json, the processes' logs and rendered specs in plain text; secrets: does not
 _CREDENTIAL_KEYS = frozenset({"key", "secret", "token", "password", "session_token", "account_key",
@@ -126,6 +131,44 @@ class RoleConfig(_Model):
         return value
 
 
+class SourceConfig(_Model):
+    """One source of a mixture (``data.sources.<name>``): ``{url: s3://lake/web, weight: 3}``.
+
+    ``url`` is resolved as ``data.url`` is. ``weight``: its share of the stream is its weight over the
+    sum of the sources' (0 leaves it out); give every source one, or none (then the sources weigh as
+    their rows). ``filter``, ``version`` and ``storage_options`` are this source's own `make_reader`
+    options (a filter for every source goes in ``data.options.filter``).
+    """
+
+    url: str
+    weight: float | None = Field(default=None, ge=0)
+    filter: Any = None
+    version: int | None = Field(default=None, ge=0)
+    storage_options: dict[str, Any] | None = None
+
+    @field_validator("url")
+    @classmethod
+    def _resolve_url(cls, value: str) -> str:
+        if not value.strip():
+            raise Problem((), value, "the source's URL is empty", "give the dataset's folder or URL")
+        return location(value)
+
+    @field_validator("storage_options")
+    @classmethod
+    def _no_credentials(cls, value: dict[str, Any] | None) -> dict[str, Any] | None:
+        if value is not None:  # the paths of these problems are below the field, not data.options
+            found = [Problem(path[1:], bad, problem, fix) for p in _credential_problems(value)
+                     for path, bad, problem, fix in p.items]
+            _raise_all(found or plain_data_problems(value))
+        return value
+
+    @field_validator("filter")
+    @classmethod
+    def _plain_filter(cls, value: Any) -> Any:
+        _raise_all(plain_data_problems({"filter": value}))
+        return value
+
+
 class DataConfig(_Model):
     """The job's dataset; each data-reading process opens its own shard with `make_reader`.
 
@@ -133,9 +176,17 @@ class DataConfig(_Model):
     ``options`` are more `shardkit.make_reader` keyword arguments (``columns``, ``filter``, ``cache``,
     ...); their names are checked against make_reader's signature here, their values when the reader
     opens. ``shard``/``num_shards`` come from the process's place in the job, never from the config.
+
+    A mixture of datasets gives ``sources`` instead of ``url`` (name -> `SourceConfig`, with weights) and
+    may give ``samples_per_epoch``, the epoch's samples of all sources together (default: their rows)::
+
+        data: {sources: {web: {url: s3://lake/web, weight: 3}, books: {url: s3://lake/books, weight: 1}},
+               samples_per_epoch: 1000000, batch_size: 256}
     """
 
-    url: str
+    url: str | None = None
+    sources: dict[str, SourceConfig] | None = None
+    samples_per_epoch: int | None = Field(default=None, ge=1)
     batch_size: int = Field(default=256, ge=1)
     seed: int = Field(default=0, ge=0)
     shuffle: bool = True
@@ -144,7 +195,9 @@ class DataConfig(_Model):
 
     @field_validator("url")
     @classmethod
-    def _resolve_url(cls, value: str) -> str:
+    def _resolve_url(cls, value: str | None) -> str | None:
+        if value is None:
+            return value
         if not value.strip():
             raise Problem((), value, "the data URL is empty", "give the dataset's folder or URL")
         return location(value)
@@ -159,7 +212,10 @@ class DataConfig(_Model):
         allowed = [name for name in inspect.signature(make_reader).parameters if name not in _READER_OWNED]
         problems: list[Problem] = []
         for key, option in value.items():
-            if key in _READER_OWNED:
+            if key in _MIXTURE_KEYS:
+                problems.append(Problem((key,), option, f"{key!r} belongs to a mixture's sources",
+                                        _MIXTURE_KEYS[key]))
+            elif key in _READER_OWNED:
                 fix = f"use data.{key} instead" if key not in ("url", "shard", "num_shards") else (
                     "remove it: the trainer sets it for each process")
                 problems.append(Problem((key,), option, f"{key!r} is set by the trainer, not in data.options",
@@ -171,6 +227,63 @@ class DataConfig(_Model):
                 problems.extend(_credential_problems(option))
         _raise_all(problems or plain_data_problems(value))
         return value
+
+    @model_validator(mode="after")
+    def _one_dataset_or_sources(self) -> DataConfig:
+        if (self.url is None) == (self.sources is None):
+            both = self.url is not None
+            raise Problem(("url",), self.url if both else _NO_VALUE,
+                          "both url and sources are given" if both else "missing (and so is data.sources)",
+                          ("keep one: url: for one dataset, or sources: for a mixture" if both else
+                           "add url: <the dataset's folder or URL>, or sources: {name: {url: ..., weight: "
+                           "...}} for a mixture of several"))
+        if self.sources is None:
+            if self.samples_per_epoch is not None:
+                raise Problem(("samples_per_epoch",), self.samples_per_epoch,
+                              "samples_per_epoch is for a mixture (data.sources)",
+                              "remove it: an epoch of one dataset is its rows")
+            return self
+        if not self.sources:
+            raise Problem(("sources",), self.sources, "no source is given",
+                          "give at least one: sources: {web: {url: s3://lake/web, weight: 1}}")
+        weighed = [name for name, source in self.sources.items() if source.weight is not None]
+        if weighed and len(weighed) < len(self.sources):
+            missing = [name for name in self.sources if name not in weighed]
+            raise Problem(("sources", missing[0], "weight"), _NO_VALUE,
+                          f"the sources {weighed} have a weight and {missing} do not",
+                          "give every source a weight (0 leaves one out), or none (they then weigh as "
+                          "their rows)")
+        if weighed and not any(source.weight for source in self.sources.values()):
+            raise Problem(("sources",), {n: s.weight for n, s in self.sources.items()},
+                          "every source's weight is 0, so none would be read",
+                          "give at least one source a positive weight")
+        problems = [Problem(("sources", name, key), getattr(source, key),
+                            f"data.options.{key} is set too, for every source",
+                            f"give {key} either per source or in data.options, not both")
+                    for name, source in self.sources.items() for key in _PER_SOURCE
+                    if getattr(source, key) is not None and key in self.options]
+        _raise_all(problems)
+        return self
+
+    def reader_kwargs(self) -> dict[str, Any]:
+        """The `make_reader` arguments of this section (but the shard): ``url`` is the dataset's, or a
+        mixture's dict of its sources' URLs, with ``weights``, ``samples_per_epoch`` and the per-source
+        ``filter``, ``version`` and ``storage_options`` as dicts of source name -> value."""
+        kwargs: dict[str, Any] = {"batch_size": self.batch_size, "seed": self.seed, "shuffle": self.shuffle,
+                                  "num_epochs": self.num_epochs, **self.options}
+        if self.sources is None:
+            return {"url": self.url, **kwargs}
+        kwargs["url"] = {name: source.url for name, source in self.sources.items()}
+        if any(source.weight is not None for source in self.sources.values()):
+            kwargs["weights"] = {name: source.weight for name, source in self.sources.items()}
+        if self.samples_per_epoch is not None:
+            kwargs["samples_per_epoch"] = self.samples_per_epoch
+        for key in _PER_SOURCE:
+            given = {name: getattr(source, key) for name, source in self.sources.items()
+                     if getattr(source, key) is not None}
+            if given:
+                kwargs[key] = given
+        return kwargs
 
 
 def _credential_problems(options: Mapping[str, Any]) -> Iterator[Problem]:

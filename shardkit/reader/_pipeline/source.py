@@ -11,6 +11,12 @@ far as the tasks so far need: the reader cuts the first window of a pass into sm
 first rows are decoded while the rest of their row group is still being read. A read that fails fails
 every task that shares it (none gets the rows read before the failure as a whole task).
 
+Remote row groups are fetched ahead (`shardkit.dataset.fetch`): the reader gives the order it will
+read them in (`RowGroupSource.plan`), and their column chunks are requested in that order, within a
+budget of bytes, so that a store's round trips overlap instead of adding up. A row group read before
+its turn is fetched at once; one whose fetch failed is read directly, which retries and names the
+failure as a direct read does. Row groups the cache holds are not fetched.
+
 With a cache, a row group's key names its file's version (`Location.versions`: the ETag on object
 stores, ``size:mtime_ns`` locally), so a file rewritten in place under the same name, with the same
 rows and bytes, is fetched again instead of served from the old entry. The versions come from one
@@ -31,6 +37,7 @@ from __future__ import annotations
 
 import dataclasses
 import threading
+import weakref
 from collections import OrderedDict
 from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Literal
@@ -39,6 +46,7 @@ import numpy as np
 import pyarrow as pa
 
 from shardkit.dataset import Dataset
+from shardkit.dataset.fetch import Fetched, Fetcher, fetch_getter
 from shardkit.errors import CorruptDatasetError, ImageShapeError
 from shardkit.reader._pipeline import batching
 from shardkit.reader._plan import Task
@@ -63,6 +71,7 @@ class Part:
         return not len(self.lost)
 
 RECENT_READS = 2  # row-group tables kept for the next task (bounded memory: two row groups)
+DEFAULT_INFLIGHT = 512 << 20  # bytes fetched ahead of a remote dataset's reads, at most (make_reader's)
 
 
 class RowGroupSource:
@@ -76,6 +85,7 @@ class RowGroupSource:
         selection: dict[int, np.ndarray] | None = None,
         cache: RowGroupCache | None = None,
         on_error: Literal["raise", "skip"] = "raise",
+        max_inflight_bytes: int = DEFAULT_INFLIGHT,
     ) -> None:
         self.dataset = dataset
         self.columns = list(columns)
@@ -92,6 +102,9 @@ class RowGroupSource:
         self._recent: OrderedDict[int, _Shared] = OrderedDict()
         self._versions: dict[str, str | None] | None = None  # file -> version, when a cache is in use
         self._versions_lock = threading.Lock()
+        self._fetcher: Fetcher | None = None
+        if not dataset.location.is_local:
+            self._fetcher = Fetcher(fetch_getter(dataset.location.fs), max_inflight_bytes)
 
     def close(self) -> None:
         """Let go of the row groups being read (their open files), as `Reader.close` does: a reader kept
@@ -101,16 +114,45 @@ class RowGroupSource:
             self._recent.clear()
         for read in reads:
             read.close()
+        if self._fetcher is not None:
+            self._fetcher.close()
 
     def known_bad(self) -> tuple[frozenset[int], dict[int, frozenset[int]]]:
         """A snapshot of `bad_groups` and `bad_rows` (worker threads add to them meanwhile)."""
         with self._lock:
             return frozenset(self.bad_groups), {g: frozenset(r) for g, r in self.bad_rows.items()}
 
+    def plan(self, row_groups: Sequence[int]) -> None:
+        """The row groups about to be read, in order (repeats ignored): a remote dataset's are fetched
+        ahead (see the module docstring), but for those the cache holds."""
+        if self._fetcher is None:
+            return
+        items = []
+        for g in dict.fromkeys(row_groups):
+            if self.cache is not None and self._cached(g):
+                continue
+            where = self.dataset.chunk_ranges(g, self.columns)
+            if where is not None:
+                items.append((g, *where))
+        self._fetcher.plan(items)
+
+    def _cached(self, row_group: int) -> bool:
+        key = self._key(row_group)
+        return key is None or (self.cache is not None and self.cache.has(key))
+
     def _stream(self, row_group: int, on_done: Callable[[pa.Table], None] | None = None) -> _Stream:
         with self._lock:
             self.remote_reads += 1
-        return _Stream(self.dataset, row_group, self.columns, on_done)
+        fetched = None
+        if self._fetcher is not None:
+            try:
+                fetched = self._fetcher.take(row_group)
+            except Exception:  # read directly: its retries, and today's words for what went wrong
+                fetched = None
+        stream = _Stream(self.dataset, row_group, self.columns, on_done, fetched)
+        if fetched is not None:  # its bytes are let go of when the stream is
+            weakref.finalize(stream, self._fetcher.release, row_group)  # type: ignore[union-attr]
+        return stream
 
     def _version(self, file: str) -> str | None:
         """``file``'s version as of this source's first read of it (see the module docstring)."""
@@ -122,18 +164,25 @@ class RowGroupSource:
                 self._versions[file] = loc.version(file)
             return self._versions[file]
 
-    def _open(self, row_group: int) -> _Stream | pa.Table:
-        """A new read of the row group: the cached table, or a stream (which fills the cache at its end)."""
-        if self.cache is None:
-            return self._stream(row_group)
+    def _key(self, row_group: int) -> str | None:
+        """The cache key of the row group's rows; None when its file gives no version (never cached)."""
         rg = self.dataset.row_groups[row_group]
         version = self._version(rg.file)
         if version is None:  # nothing tells a rewritten file from this one: never cache it
-            return self._stream(row_group)
+            return None
         key = "|".join([self.dataset.url, rg.file, version, str(rg.index), str(rg.num_rows),
                         str(rg.num_bytes), ",".join(self.columns)])
         if tag := self.dataset.deletions_tag(row_group):  # a table's deleted rows: per version, not per file
             key += "|" + tag
+        return key
+
+    def _open(self, row_group: int) -> _Stream | pa.Table:
+        """A new read of the row group: the cached table, or a stream (which fills the cache at its end)."""
+        if self.cache is None:
+            return self._stream(row_group)
+        key = self._key(row_group)
+        if key is None:
+            return self._stream(row_group)
         cache = self.cache
         table = cache.get(key)
         return table if table is not None else self._stream(row_group, lambda t: cache.put(key, t))
@@ -266,11 +315,12 @@ class _Stream:
     """One row group read slice by slice (`Dataset.iter_row_group`), as far as asked so far."""
 
     def __init__(self, dataset: Dataset, row_group: int, columns: Sequence[str],
-                 on_done: Callable[[pa.Table], None] | None = None) -> None:
+                 on_done: Callable[[pa.Table], None] | None = None, fetched: Fetched | None = None) -> None:
         self._on_done = on_done  # called once with the whole table, when the last slice is read
         self._batches: list[pa.RecordBatch] = []
         self._rows = 0
-        self._it: Iterator[pa.RecordBatch] | None = dataset.iter_row_group(row_group, columns)
+        self._it: Iterator[pa.RecordBatch] | None = dataset.iter_row_group(row_group, columns,
+                                                                            fetched=fetched)
         self._dataset = dataset
         self._columns = list(columns)
 

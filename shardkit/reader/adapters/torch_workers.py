@@ -42,6 +42,7 @@ from shardkit.errors import AdapterError, ReaderError, require
 from shardkit.reader.adapters.collate import Collate, Passes, jump_to_epoch, plan_fields, prepare
 from shardkit.reader.adapters.torch import Batch, CollateFn, to_torch
 from shardkit.reader.api import make_reader
+from shardkit.reader.mixture import MixedReader
 from shardkit.reader.reader import Reader
 
 require("torch", extra="torch", purpose="shardkit.torch (PyTorch tensors and DataLoader workers)")
@@ -293,7 +294,8 @@ class ShardkitIterableDataset(torch.utils.data.IterableDataset[Batch]):
     `_Segments.MAX_SEGMENTS` per worker; beyond that, batches go torch's way, a segment each).
 
     Args:
-        url: the dataset (any fsspec URL).
+        url: the dataset (any fsspec URL), or a dict of them: a mixture (``weights=`` and
+            ``samples_per_epoch=`` then go with the reader options; see `make_reader`).
         rank: this process's rank; by default the job's (``RANK`` or an initialized
             ``torch.distributed``), else 0.
         world_size: the number of processes; by default the job's (``WORLD_SIZE``), else 1.
@@ -317,7 +319,11 @@ class ShardkitIterableDataset(torch.utils.data.IterableDataset[Batch]):
             # runtime does not survive a fork (it panics); spawned ones open the snapshot again.
             self._table: Dataset | None = None
             self._table_pid = os.getpid()
-            if probe.dataset.snapshot is not None:
+            if isinstance(probe, MixedReader):  # a mixture's tables: their snapshots pinned by version
+                pinned = {name: d.snapshot.version for name, d in probe.datasets.items() if d.snapshot}
+                if pinned and reader_kwargs.get("version") is None:
+                    reader_kwargs = {**reader_kwargs, "version": pinned}
+            elif probe.dataset.snapshot is not None:
                 self._table = probe.dataset
                 if reader_kwargs.get("version") is None:
                     reader_kwargs = {**reader_kwargs, "version": probe.dataset.snapshot.version}

@@ -385,6 +385,11 @@ class CheckpointManager:
         """Committed checkpoints whose files have the committed sizes, oldest first."""
         return [info for info in map(self._info, self._store.steps()) if info is not None]
 
+    def newest_folder(self) -> int:
+        """The step of the newest checkpoint folder, committed or not (0: none): the newest a process
+        starting now could find (`restore`'s ``at_most``)."""
+        return max(self._store.steps(), default=0)
+
     def latest(self) -> CheckpointInfo | None:
         """The newest entry of `list` (sha256 not checked: `restore` does that)."""
         for step in reversed(self._store.steps()):

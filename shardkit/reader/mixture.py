@@ -1,0 +1,875 @@
+"""Mixtures: several datasets read as one weighted stream, sharded, shuffled and resumable like one.
+
+``make_reader({"web": url_a, "books": url_b}, weights={"web": 3, "books": 1}, samples_per_epoch=N)``
+returns a `MixedReader`. What it reads is a pure function of the seed and the sources:
+
+The mixed stream. Global positions ``0, 1, 2, ...`` run on without end; position ``p`` belongs to the
+source `Schedule.sources` says, and is that source's ``k``-th sample, ``k`` the number of positions of
+the source before ``p``. A source's samples run through passes: sample ``k`` is row ``k % rows`` of pass
+``k // rows`` in the pass's order, which is the order a one-shard `Reader` of that source gives its epoch
+``k // rows`` (row groups permuted, rows shuffled within a window), seeded by the mixture's seed and the
+source's name. So within a pass every row of the source comes exactly once, before any row repeats, and
+a source that runs out starts its next pass. Nothing here depends on the number of shards.
+
+The schedule. Tijdeman's solution of the chairman assignment problem (R. Tijdeman, "The chairman
+assignment problem", Discrete Mathematics 32, 1980): at each position, among the sources that are owed
+at least ``1/(2n-2)`` of a sample, the one whose next sample is due first. With shares ``s_i`` (the
+weights normalized; see `Mixture.of` for how they are made exact) and ``n`` sources of positive weight,
+every prefix of ``p`` positions holds ``c_i`` samples of source ``i`` with ``|c_i - s_i * p| <= 1 -
+1/(2n-2)``, so any ``m`` consecutive positions hold it ``s_i * m`` times to within ``2 - 1/(n-1)``
+(two sources: within 1 in every window). It repeats with the period ``W`` of the shares' common
+denominator, so a position's source and a source's count are looked up, never replayed. (A smooth
+weighted round robin, the largest deficit first, passes 1 for some weights; a random draw per sample, as
+torchdata's ``MultiNodeWeightedSampler`` makes, is off by about the square root of the window.)
+
+Epochs and shards. An epoch is ``samples_per_epoch`` positions of the stream, split among the shards
+exactly as a `Reader` splits its epoch (`shardkit.reader._plan.shard_ranges`: contiguous, equal
+pieces; resume stages; the remainder policy), so a shard's stream is a contiguous run of the global
+stream, and each source's rows for it are a contiguous run of that source's passes, read in whole
+windows by the source's own `Reader`. A mixture never skips a position: those an epoch leaves out
+(``remainder="drop"``, ``drop_last``) are the first ones of the next epoch, so the next epoch starts
+where the last one stopped (`_Boundary`). ``remainder="pad"`` repeats a few positions of the epoch
+(their rows come twice in their pass).
+
+Resume. `MixedReader.state_dict` holds the epoch, its stages (as a `Reader`'s, so every adapter reads
+it the same way), where the epoch starts in the stream, and each source's own reader state (its table
+snapshot, its fingerprint); a reader with the same or another number of shards continues from it, and
+what the two runs read together is a prefix of the stream, each position once.
+
+Reading. Each source is read by a one-shard `Reader` (its filter, cache, lost rows and table snapshot as
+for one dataset), positioned with its own state at the first sample the shard needs of it, with the
+source's share of the threads, the read-ahead and the shuffle window; a batch takes its rows from their
+batches in the schedule's order, one copy per row (`_interleave`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import heapq
+import json
+import math
+import numbers
+from collections import deque
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from fractions import Fraction
+from functools import cached_property, lru_cache
+from typing import Any
+
+import numpy as np
+
+from shardkit.dataset import Field, Schema
+from shardkit.errors import ReaderError, SchemaMismatchError, ShardkitError
+from shardkit.reader._pipeline import batching
+from shardkit.reader._plan import Ranges, Remainder, shard_ranges, take, total
+from shardkit.reader.reader import Reader
+
+Columns = dict[str, np.ndarray]
+
+#: The column of every mixed batch that says which source each row came from: the source's index in
+#: ``reader.sources`` (int32).
+SOURCE = "__source__"
+#: The longest schedule period: shares whose common denominator is larger are rounded to multiples of
+#: ``1 / MAX_PERIOD`` (see `Mixture.of`).
+MAX_PERIOD = 1 << 16
+#: The `make_reader` arguments a mixture takes per source, as a dict of source name -> value.
+PER_SOURCE = frozenset({"filter", "storage_options", "version", "schema"})
+STATE_KIND = "shardkit.mixture"
+STATE_VERSION = 1
+
+
+# ---- the schedule ------------------------------------------------------------------------------------
+
+@dataclasses.dataclass(frozen=True)
+class Schedule:
+    """Which source each position of the mixed stream belongs to, for integer ``quotas`` per period.
+
+    Example:
+        >>> s = Schedule((3, 1))
+        >>> s.sources(0, 8).tolist()
+        [0, 0, 1, 0, 0, 0, 1, 0]
+        >>> s.counts(6).tolist()       # positions 0..5: five of source 0, one of source 1
+        [5, 1]
+
+    See the module docstring for the bound it keeps; `bound` is its value for these quotas.
+    """
+
+    quotas: tuple[int, ...]
+
+    @property
+    def period(self) -> int:
+        return sum(self.quotas)
+
+    @property
+    def bound(self) -> float:
+        """The most ``|count - share * p|`` reaches over every prefix ``p`` of the stream, for any source."""
+        n = sum(1 for q in self.quotas if q)
+        return 0.0 if n <= 1 else 1 - 1 / (2 * n - 2)
+
+    @cached_property
+    def sequence(self) -> np.ndarray:
+        """One period: the source of positions ``0 .. period - 1`` (int32)."""
+        return _tijdeman(self.quotas)
+
+    @cached_property
+    def _occurrences(self) -> list[np.ndarray]:
+        """Per source, its positions within one period, ascending."""
+        order = np.argsort(self.sequence, kind="stable")
+        cuts = np.searchsorted(self.sequence[order], np.arange(len(self.quotas) + 1))
+        return [order[cuts[i] : cuts[i + 1]] for i in range(len(self.quotas))]
+
+    def sources(self, start: int, stop: int) -> np.ndarray:
+        """The source of each position in ``[start, stop)`` (int32)."""
+        w = self.period
+        return np.take(self.sequence, np.arange(start % w, start % w + (stop - start)), mode="wrap")
+
+    def counts(self, position: int) -> np.ndarray:
+        """How many positions before ``position`` each source has (int64, one per source)."""
+        full, rest = divmod(position, self.period)
+        return np.array([full * q + int(np.searchsorted(occ, rest)) for q, occ in
+                         zip(self.quotas, self._occurrences, strict=True)], dtype=np.int64)
+
+
+@lru_cache(maxsize=32)
+def _tijdeman(quotas: tuple[int, ...]) -> np.ndarray:
+    """One period of Tijdeman's schedule for ``quotas`` (see the module docstring), in exact integers.
+
+    Slot ``t`` (1-based) goes, among the sources eligible for their next sample (``s_i t - c_i >= d``,
+    ``d = 1/(2n-2)``, ``c_i`` their count so far), to the one with the earliest deadline ``(c_i + 1 - d)
+    / s_i``, ties to the lower index. Sources become eligible at known slots, so it runs on two heaps:
+    O(W log n) for a period of W slots. After W slots every source has exactly its quota (the bound is
+    below 1), so the next period repeats this one.
+    """
+    period = sum(quotas)
+    active = [i for i, q in enumerate(quotas) if q]
+    out = np.empty(period, dtype=np.int32)
+    if len(active) == 1:
+        out.fill(active[0])
+        return out
+    d = 2 * len(active) - 2  # d = 1/D below: scaled by D to stay in integers
+    scale = math.lcm(*(quotas[i] for i in active))  # deadlines as integers: W (jD - 1) / (q D) * (L D / W)
+    counts = [0] * len(quotas)
+
+    def release(i: int) -> int:  # the first slot where source i is owed 1/D of its next sample
+        return -(-(counts[i] * d + 1) * period // (quotas[i] * d))
+
+    def deadline(i: int) -> int:
+        return ((counts[i] + 1) * d - 1) * (scale // quotas[i])
+
+    waiting = [(release(i), i) for i in active]
+    heapq.heapify(waiting)
+    ready: list[tuple[int, int]] = []
+    for t in range(1, period + 1):
+        while waiting and waiting[0][0] <= t:
+            i = heapq.heappop(waiting)[1]
+            heapq.heappush(ready, (deadline(i), i))
+        if not ready:  # cannot happen (Tijdeman's theorem); a wrong schedule must not pass silently
+            raise AssertionError(f"no source is eligible at slot {t} of the schedule for {quotas}")
+        i = heapq.heappop(ready)[1]
+        out[t - 1] = i
+        counts[i] += 1
+        if counts[i] < quotas[i]:
+            heapq.heappush(waiting, (release(i), i))
+    return out
+
+
+# ---- what a mixture reads ----------------------------------------------------------------------------
+
+@dataclasses.dataclass(frozen=True)
+class Mixture:
+    """The sources of a mixture, their rows and shares, and its epoch: what `MixedReader` reads and
+    ``shardkit inspect`` shows. Make one with `Mixture.of`.
+
+    ``weights`` are as given (the rows, when none were); ``shares`` the fractions of the stream used:
+    the weights normalized, exactly when their common denominator is at most `MAX_PERIOD`, else rounded
+    to multiples of ``1 / MAX_PERIOD`` (largest remainders; a positive weight keeps a positive share).
+    The schedule's bound holds against ``shares``.
+    """
+
+    names: tuple[str, ...]
+    rows: tuple[int, ...]
+    weights: tuple[Any, ...]
+    shares: tuple[Fraction, ...]
+    samples_per_epoch: int
+
+    @classmethod
+    def of(cls, names: Sequence[str], rows: Sequence[int], weights: Mapping[str, Any] | None,
+           samples_per_epoch: Any) -> Mixture:
+        """Check ``weights`` (see `check_weights`) and ``samples_per_epoch`` (default: the rows of the
+        sources of positive weight together), and make the shares."""
+        names = tuple(names)
+        exact = check_weights(weights, names)
+        if exact is None:  # weighted by their rows: an epoch reads each source about once
+            given: tuple[Any, ...] = tuple(int(r) for r in rows)
+            exact = tuple(Fraction(int(r)) for r in rows)
+        else:
+            given = tuple(weights[n] for n in names)  # type: ignore[index]
+        if samples_per_epoch is None:
+            samples_per_epoch = sum(int(r) for r, w in zip(rows, exact, strict=True) if w)
+        samples_per_epoch = int(samples_per_epoch) if isinstance(samples_per_epoch, np.integer) \
+            else samples_per_epoch
+        if not isinstance(samples_per_epoch, int) or isinstance(samples_per_epoch, bool) \
+                or samples_per_epoch < 1:
+            raise ReaderError(f"samples_per_epoch={samples_per_epoch!r} must be an int >= 1 (positions of "
+                              "the mixed stream per epoch); leave it out for the sources' rows together")
+        return cls(names, tuple(int(r) for r in rows), given, _shares(exact), samples_per_epoch)
+
+    @cached_property
+    def schedule(self) -> Schedule:
+        period = math.lcm(*(s.denominator for s in self.shares))
+        return Schedule(tuple(int(s * period) for s in self.shares))
+
+    def to_json(self) -> list[dict[str, Any]]:
+        """Per source: name, rows, weight, share, samples per epoch and passes per epoch (expected)."""
+        out = []
+        for name, rows, weight, share in zip(self.names, self.rows, self.weights, self.shares, strict=True):
+            samples = float(share * self.samples_per_epoch)
+            out.append({"name": name, "rows": rows, "weight": _plain_number(weight), "share": float(share),
+                        "samples_per_epoch": samples, "passes_per_epoch": samples / rows if rows else 0.0})
+        return out
+
+
+def check_weights(weights: Mapping[str, Any] | None, names: Sequence[str]) -> tuple[Fraction, ...] | None:
+    """``weights`` as exact fractions in the order of ``names`` (None: none given), or a `ReaderError`:
+    not a dict, a weight for a source not given or a source without one, a weight that is not a finite
+    number, a negative one, or all of them zero."""
+    if weights is None:
+        return None
+    if not isinstance(weights, Mapping):
+        example = ", ".join(f"{n!r}: 1" for n in names[:3])
+        raise ReaderError(f"weights={weights!r} must be a dict of source name -> weight, e.g. {{{example}}}")
+    unknown = [k for k in weights if k not in names]
+    if unknown:
+        raise ReaderError(f"weights= names {unknown!r}, which are not sources of the mixture (its sources: "
+                          f"{list(names)}); weigh only the sources given, by their names")
+    missing = [n for n in names if n not in weights]
+    if missing:
+        raise ReaderError(f"weights= gives no weight for the source(s) {missing!r} (weights given: "
+                          f"{dict(weights)!r}); give every source a weight (0 leaves one out), or leave "
+                          "weights= out to weigh the sources by their rows")
+    out = []
+    for name in names:
+        w = weights[name]
+        if isinstance(w, bool) or not isinstance(w, numbers.Real) or not math.isfinite(float(w)):
+            raise ReaderError(f"weights[{name!r}]={w!r} is not a number; a weight is an int or float >= 0 "
+                              "(its share of the stream is weight / sum of weights)")
+        if w < 0:
+            raise ReaderError(f"weights[{name!r}]={w!r} is negative; a weight is >= 0 (0 leaves the source "
+                              "out of the stream)")
+        out.append(Fraction(str(w)) if isinstance(w, float | np.floating) else Fraction(w))  # type: ignore[call-overload]
+    if not any(out):
+        raise ReaderError(f"weights={dict(weights)!r} are all zero, so no source would be read; give at "
+                          "least one source a positive weight")
+    return tuple(out)
+
+
+def _shares(weights: Sequence[Fraction]) -> tuple[Fraction, ...]:
+    """``weights`` normalized; rounded to multiples of 1/MAX_PERIOD if their denominator is larger."""
+    exact = [w / sum(weights) for w in weights]
+    if math.lcm(*(s.denominator for s in exact)) <= MAX_PERIOD:
+        return tuple(exact)
+    raw = [s * MAX_PERIOD for s in exact]
+    quotas = [math.floor(r) for r in raw]
+    for i in sorted(range(len(raw)), key=lambda i: (quotas[i] - raw[i], i))[: MAX_PERIOD - sum(quotas)]:
+        quotas[i] += 1
+    for i, s in enumerate(exact):  # a positive weight keeps a positive share, from the largest one
+        if s and not quotas[i]:
+            quotas[max(range(len(quotas)), key=lambda j: quotas[j])] -= 1
+            quotas[i] = 1
+    return tuple(Fraction(q, MAX_PERIOD) for q in quotas)
+
+
+def _plain_number(value: Any) -> Any:
+    if isinstance(value, np.generic):
+        return value.item()
+    return float(value) if isinstance(value, Fraction) else value
+
+
+def shared_schema(schemas: Mapping[str, Schema]) -> Schema:
+    """The fields every source's reader reads, the same in each (dtype and shape), as one schema; a
+    `SchemaMismatchError` names the source, the field and both types where they differ.
+
+    A field nullable in one source is nullable in the mixture; its codec is the first source's (the
+    batches hold decoded values: a PNG image and a JPEG one of one shape mix)."""
+    names = list(schemas)
+    first, fields = names[0], list(schemas[names[0]])
+    if SOURCE in schemas[first].names:
+        raise ReaderError(f"source {first!r} has a field named {SOURCE!r}, the column a mixture adds to tell "
+                          "the sources apart; leave it out with columns=")
+    for name in names[1:]:
+        schema = schemas[name]
+        missing = [f.name for f in fields if f.name not in schema.names]
+        extra = [f for f in schema.names if f not in schemas[first].names]
+        if missing or extra:
+            shared = [f.name for f in fields if f.name in schema.names]
+            what = (f"has no field(s) {missing!r} of source {first!r}" if missing
+                    else f"has the field(s) {extra!r}, which source {first!r} has not")
+            raise SchemaMismatchError(
+                f"source {name!r} {what}: the sources of a mixture give the same columns; read the fields "
+                f"they share with columns={shared!r}")
+        for i, f in enumerate(fields):
+            other = schema[f.name]
+            if other.dtype != f.dtype or other.shape != f.shape:
+                raise SchemaMismatchError(
+                    f"field {f.name!r} is {_type(other)} in source {name!r} and {_type(f)} in source "
+                    f"{first!r}: the sources of a mixture must agree on each field's dtype and shape; "
+                    f"rewrite one of them, pass schema= hints for its columns, or leave {f.name!r} out "
+                    "with columns=")
+            if other.nullable and not f.nullable:
+                fields[i] = Field(f.name, f.dtype, f.shape, codec=f.codec, nullable=True)
+    return Schema([*fields, Field(SOURCE, "int32")])
+
+
+def _type(field: Field) -> str:
+    return f"{field.dtype_name}{list(field.shape) if field.shape else ''}"
+
+
+# ---- the reader --------------------------------------------------------------------------------------
+
+@dataclasses.dataclass(frozen=True)
+class _Boundary:
+    """Where epoch ``epoch`` lies in the stream: ``carry``, the positions the epoch before left out
+    (ascending ranges), then positions from ``fresh`` on, ``samples_per_epoch`` in all."""
+
+    epoch: int
+    fresh: int
+    carry: tuple[tuple[int, int], ...] = ()
+
+    def positions(self, samples: int) -> Ranges:
+        """The epoch's positions, as ranges in their order (index ``i`` of the epoch is its ``i``-th)."""
+        carried = total(self.carry)
+        return [*self.carry, (self.fresh, self.fresh + samples - carried)]
+
+    def to_json(self) -> dict[str, Any]:
+        return {"epoch": self.epoch, "fresh": self.fresh, "carry": [list(r) for r in self.carry]}
+
+
+class _Feed:
+    """One source's rows for a shard's epoch: runs of the source's sample stream (``ranges``, in the order
+    they are needed), read through the source's own one-shard `Reader`, positioned with its state."""
+
+    def __init__(self, reader: Reader, ranges: Sequence[tuple[int, int]]) -> None:
+        self.reader = reader
+        self.ranges = deque((a, b) for a, b in ranges if b > a)
+        self._buffer: deque[Columns] = deque()
+        self._it: Iterator[Columns] | None = None
+        self._next = -1  # the sample the iterator yields next
+
+    def take(self, count: int) -> list[Columns]:
+        """The next ``count`` rows, as views of the source reader's batches."""
+        out: list[Columns] = []
+        while count:
+            if not self._buffer:
+                self.fill()
+            chunk = self._buffer[0]
+            n = batching.num_rows(chunk)
+            if n <= count:
+                out.append(self._buffer.popleft())
+                count -= n
+            else:
+                out.append(batching.take(chunk, slice(0, count)))
+                self._buffer[0] = batching.take(chunk, slice(count, n))
+                count = 0
+        return out
+
+    def fill(self) -> None:
+        """Read the source reader's next batch into the buffer (positioning it first where it must be)."""
+        if not self.ranges:
+            raise ReaderError(f"a mixture took more rows of {self.reader.dataset.url!r} than its plan holds; "
+                              "report this as a shardkit bug")
+        if self._it is None or self._next != self.ranges[0][0]:
+            self._seek(self.ranges[0][0])
+        assert self._it is not None
+        batch = next(self._it)
+        start, n = self._next, batching.num_rows(batch)
+        self._next = start + n
+        offset = 0
+        while offset < n and self.ranges and self.ranges[0][0] == start + offset:
+            a, b = self.ranges[0]
+            use = min(n - offset, b - a)
+            self._buffer.append(batch if use == n else batching.take(batch, slice(offset, offset + use)))
+            offset += use
+            if a + use == b:
+                self.ranges.popleft()
+            else:
+                self.ranges[0] = (a + use, b)
+
+    def _seek(self, sample: int) -> None:
+        """Put the source's reader at sample ``sample`` of its stream: pass ``sample // rows``, that many
+        rows into it (a one-shard reader's state: the epoch is the pass)."""
+        self.close()
+        reader = self.reader
+        state = reader.state_dict()
+        state["epoch"], offset = divmod(sample, reader.num_samples)
+        state["history"] = [[1, offset]] if offset else []
+        reader.load_state_dict(state)
+        self._it, self._next = iter(reader), sample
+
+    def close(self) -> None:
+        it, self._it = self._it, None
+        if it is not None:
+            it.close()  # type: ignore[attr-defined]  # a generator: its pending reads are cancelled
+
+
+class MixedReader(Reader):
+    """Batches of one shard of a weighted mixture of datasets. Create with ``make_reader({name: url, ...},
+    weights=...)``; see `make_reader` and the module docstring.
+
+    A `Reader` to everything that takes one (the torch, tf.data and JAX adapters, DataLoader workers,
+    checkpoints, ``shardkit bench``): the same iteration, ``len``, ``state_dict``/``load_state_dict``
+    and ``epoch``. It is not built like one: each source is read by a one-shard `Reader` of its own
+    (``readers[name]``, with the source's share of ``workers``, ``prefetch`` and ``shuffle_buffer``), and
+    each batch is put together from their rows in the order of the schedule, one copy per row. Every
+    batch has the column `SOURCE` (``"__source__"``): the index in ``sources`` of the source each row
+    came from.
+
+    Attributes: ``sources`` (names, in the order given), ``readers`` (name -> its `Reader`), ``datasets``
+    (name -> `Dataset`), ``mixture`` (`Mixture`: rows, weights, shares, ``samples_per_epoch``),
+    ``shares`` (name -> the share of the stream), ``num_samples`` (``samples_per_epoch``).
+    """
+
+    def __init__(self, readers: Mapping[str, Reader], *, mixture: Mixture, shard: int, num_shards: int,
+                 batch_size: int, shuffle: bool, seed: int, num_epochs: int | None, remainder: Remainder,
+                 drop_last: bool, prefetch: int, workers: int) -> None:
+        # Reader's own __init__ opens one dataset: a mixture sets what a Reader's users read instead
+        self.sources: tuple[str, ...] = tuple(readers)
+        self.readers: dict[str, Reader] = dict(readers)
+        self.datasets = {name: r.dataset for name, r in self.readers.items()}
+        self.mixture = mixture
+        self.shares = dict(zip(mixture.names, mixture.shares, strict=True))
+        self.schedule = mixture.schedule
+        self.schema: Schema = shared_schema({name: r.schema for name, r in self.readers.items()})
+        self.shard, self.num_shards = shard, num_shards
+        self.batch_size, self.shuffle, self.seed = batch_size, shuffle, seed
+        self.num_epochs, self.remainder, self.drop_last = num_epochs, remainder, drop_last
+        self.prefetch, self.workers = prefetch, workers
+        self.num_samples = self.samples_per_epoch = mixture.samples_per_epoch
+        self.stats: dict[str, int] = {}
+        self._refresh_stats()
+        row_bytes = max(r.dataset.decoded_row_bytes(r.schema.names) for r in self.readers.values())
+        self._recycler = batching.Recycler(8 * batch_size * row_bytes)
+        self.epoch = 0
+        self._boundary = _Boundary(0, 0)
+        self._history: list[tuple[int, int]] = []
+        self._consumed = 0  # piece positions of the current stage covered by yielded batches
+        self._steps = 0  # batches yielded in the current stage
+        self._generation = 0  # bumped to end the live iteration (new iteration, load_state_dict, close)
+        if num_shards > self.num_samples:
+            raise ReaderError(f"num_shards={num_shards} is more than samples_per_epoch={self.num_samples} of "
+                              "the mixture, and every shard needs one; use fewer shards or more samples")
+        if len(self) == 0:
+            samples = total(self._ranges(()))
+            raise ReaderError(
+                f"shard {shard} of {num_shards} gets no batch: its {samples} samples per epoch are fewer "
+                f"than batch_size={batch_size} with drop_last=True; use a smaller batch_size, fewer "
+                "shards, more samples_per_epoch, or drop_last=False")
+
+    # ---- sizes -------------------------------------------------------------------------------
+    def _ranges(self, history: Sequence[tuple[int, int]], shard: int | None = None,
+                num_shards: int | None = None) -> Ranges:
+        return shard_ranges(self.num_samples, shard=self.shard if shard is None else shard,
+                            num_shards=self.num_shards if num_shards is None else num_shards,
+                            history=history, remainder=self.remainder, batch_size=self.batch_size,
+                            drop_last=self.drop_last)
+
+    def __len__(self) -> int:
+        """Batches this shard yields in a whole epoch (not counting resumes)."""
+        return (total(self._ranges(())) + self.batch_size - 1) // self.batch_size
+
+    def _stage_steps(self) -> int:
+        return -(-total(self._ranges(self._history, 0)) // self.batch_size)
+
+    @property
+    def fingerprint(self) -> str:
+        """Identifies what resume states refer to: the sources (each reader's fingerprint), their shares
+        and the samples per epoch."""
+        h = hashlib.sha256()
+        for name, reader in self.readers.items():
+            h.update(f"{name}\0{reader.fingerprint}\0{self.shares[name]}\0".encode())
+        h.update(str(self.samples_per_epoch).encode())
+        return h.hexdigest()[:24]
+
+    # ---- iteration ---------------------------------------------------------------------------
+    def __iter__(self) -> Iterator[Columns]:
+        """Batches of every remaining epoch (``num_epochs=None``: forever)."""
+        self._generation += 1
+        generation = self._generation
+        while (self.num_epochs is None or self.epoch < self.num_epochs) and generation == self._generation:
+            yield from self._epoch(generation)
+
+    def iter_epoch(self) -> Iterator[Columns]:
+        """Batches of the rest of the current epoch; the reader then moves to the next epoch."""
+        self._generation += 1
+        yield from self._epoch(self._generation)
+
+    def _epoch(self, generation: int) -> Iterator[Columns]:
+        ranges = self._ranges(self._history)
+        position = self._consumed
+        epoch_positions = self._boundary.positions(self.num_samples)
+        segments = [g for a, b in take(ranges, position, total(ranges)) for g in take(epoch_positions, a, b)]
+        counts = {s: self.schedule.counts(s) for g in segments for s in g}
+        feeds = [_Feed(reader, [(int(counts[a][i]), int(counts[b][i])) for a, b in segments])
+                 for i, reader in enumerate(self.readers.values())]
+        try:
+            _prime(feeds)
+            for spans, consumed in _batches(segments, self.batch_size, position):
+                yield self._hand_out(self._build(spans, feeds), consumed)
+                if generation != self._generation:
+                    return
+        finally:
+            for feed in feeds:
+                feed.close()
+        if generation == self._generation:
+            self._finish_epoch()
+
+    def _build(self, spans: Sequence[tuple[int, int]], feeds: Sequence[_Feed]) -> Columns:
+        """The batch of stream positions ``spans``, from the sources' ``feeds``."""
+        which = np.concatenate([self.schedule.sources(a, b) for a, b in spans])
+        need = np.bincount(which, minlength=len(feeds))
+        parts = [feeds[i].take(int(n)) if n else [] for i, n in enumerate(need)]
+        batch = _interleave(which, parts, self.schema.names[:-1], self._recycler)
+        batch[SOURCE] = which
+        return batch
+
+    def _hand_out(self, batch: Columns, consumed: int) -> Columns:
+        """A batch about to be yielded: from now on `state_dict` counts it as consumed."""
+        self._consumed = consumed
+        self._steps += 1
+        self._refresh_stats()
+        return batch
+
+    def _finish_epoch(self) -> None:
+        self._boundary = self._next_boundary([*self._history, (self.num_shards, self._longest())])
+        self.epoch += 1
+        self._history, self._consumed, self._steps = [], 0, 0
+
+    def _longest(self) -> int:
+        return total(self._ranges(self._history, 0))
+
+    def _next_boundary(self, stages: Sequence[tuple[int, int]], boundary: _Boundary | None = None
+                       ) -> _Boundary:
+        """Where the epoch after ``boundary``'s (default: the current one) starts, its stages ``stages``
+        read to the end: the positions none of them read are carried over (see the module docstring)."""
+        boundary = self._boundary if boundary is None else boundary
+        n = self.num_samples
+        positions = boundary.positions(n)
+        carry = [g for a, b in self._unread(stages) for g in take(positions, a, b)]
+        return _Boundary(boundary.epoch + 1, boundary.fresh + n - total(boundary.carry), tuple(_merge(carry)))
+
+    def _unread(self, stages: Sequence[tuple[int, int]]) -> Ranges:
+        """The epoch indices that no shard reads when the epoch's stages are ``stages`` (the last one read
+        whole): none unless ``remainder="drop"`` or ``drop_last`` leave some out."""
+        n = self.num_samples
+        if self.remainder != "drop" and not self.drop_last:
+            return []
+        if len(stages) == 1:  # one stage: the pieces lie one after another from index 0
+            shards = stages[0][0]
+            pieces = [total(self._ranges((), k, shards)) for k in (0, shards - 1)]
+            extra = n % shards if self.remainder == "uneven" else 0
+            read = extra * pieces[0] + (shards - extra) * pieces[1]
+            return [(read, n)] if read < n else []
+        done: Ranges = []
+        for i, (shards, consumed) in enumerate(stages):
+            for k in range(shards):
+                done.extend(take(self._ranges(stages[:i], k, shards), 0, consumed))
+        out, at = [], 0
+        for a, b in _merge(done):
+            if a > at:
+                out.append((at, a))
+            at = max(at, b)
+        return out + ([(at, n)] if at < n else [])
+
+    def _refresh_stats(self) -> None:
+        stats: dict[str, int] = {}
+        for reader in self.readers.values():
+            for key, value in reader.stats.items():
+                stats[key] = stats.get(key, 0) + value
+        self.stats.clear()
+        self.stats.update(stats)
+
+    # ---- state -------------------------------------------------------------------------------
+    def set_batch_memory(self, allocate: Callable[[int], np.ndarray]) -> None:
+        """Where the memory of the mixed batches comes from (see `Reader.set_batch_memory`)."""
+        self._recycler.clear()
+        self._recycler.allocate = allocate
+
+    def state_dict(self) -> dict[str, Any]:
+        """Position in the epoch (JSON-able), as a `Reader`'s (``epoch``, ``history``), with where the epoch
+        starts in the stream (``start``) and each source's reader state (``sources``: its snapshot and
+        fingerprint; its position is the mixture's)."""
+        epoch, history, boundary = self.epoch, list(self._history), self._boundary
+        if self._steps and self._steps >= self._stage_steps():
+            boundary = self._next_boundary([*history, (self.num_shards, self._longest())])
+            epoch, history = epoch + 1, []
+        elif self._consumed:
+            history.append((self.num_shards, self._consumed))
+        return {
+            "version": STATE_VERSION, "kind": STATE_KIND, "fingerprint": self.fingerprint, "seed": self.seed,
+            "shuffle": self.shuffle, "remainder": self.remainder, "drop_last": self.drop_last,
+            "batch_size": self.batch_size, "samples_per_epoch": self.samples_per_epoch,
+            "shares": {name: str(share) for name, share in self.shares.items()},
+            "epoch": epoch, "history": [[w, c] for w, c in history], "start": boundary.to_json(),
+            "sources": {name: _own(reader.state_dict()) for name, reader in self.readers.items()},
+        }
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Continue from ``state`` (from a mixture with the same sources and weights, and the same or a
+        different ``num_shards``). A state whose ``epoch`` was moved (``jump_to_epoch``) starts that
+        epoch where this reader's shards, read from the start, would."""
+        if not isinstance(state, Mapping) or state.get("kind") != STATE_KIND \
+                or state.get("version") != STATE_VERSION:
+            raise ReaderError(f"not the state of a shardkit mixture (kind {STATE_KIND!r}, version "
+                              f"{STATE_VERSION}): {json.dumps(state, default=str)[:200]}; a mixture "
+                              "resumes from a mixture's state")
+        saved = state.get("sources")
+        if not isinstance(saved, Mapping) or list(saved) != list(self.sources):
+            got = list(saved) if isinstance(saved, Mapping) else saved
+            raise ReaderError(f"the mixture state was saved with the sources {got!r}, this reader has "
+                              f"{list(self.sources)}; resume with the same sources, in the same order")
+        shares = {name: str(share) for name, share in self.shares.items()}
+        mine: Any
+        for key, mine in (("shares", shares), ("samples_per_epoch", self.samples_per_epoch)):
+            if state.get(key) != mine:
+                raise ReaderError(f"the mixture state was saved with {key}={state.get(key)!r}, this reader "
+                                  f"has {mine!r}; resume with the same weights and samples_per_epoch, or "
+                                  "start a fresh reader")
+        for key in ("seed", "shuffle", "remainder", "drop_last"):
+            if state.get(key) != getattr(self, key):
+                raise ReaderError(f"the mixture state was saved with {key}={state.get(key)!r}, this reader "
+                                  f"has {key}={getattr(self, key)!r}; resume with the same {key}, or start "
+                                  "a fresh reader")
+        if state.get("drop_last") and state.get("batch_size") != self.batch_size:
+            raise ReaderError("drop_last=True needs the same batch_size to resume; "
+                              f"the state has {state.get('batch_size')}, this reader {self.batch_size}")
+        try:
+            epoch = state["epoch"]
+            history = [(w, c) for w, c in state["history"]]
+            start = state["start"]
+            boundary = _Boundary(start["epoch"], start["fresh"], tuple((a, b) for a, b in start["carry"]))
+            numbers_ = [epoch, boundary.epoch, boundary.fresh, *(v for h in history for v in h),
+                        *(v for r in boundary.carry for v in r)]
+            if not all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in numbers_):
+                raise TypeError("epochs, positions and history entries must be ints >= 0")
+        except (KeyError, TypeError, ValueError) as e:
+            raise ReaderError(f"the mixture state is malformed ({e!r}): "
+                              f"{json.dumps(state, default=str)[:200]}") from e
+        for name, reader in self.readers.items():
+            try:
+                reader.load_state_dict(saved[name])  # its snapshot, its fingerprint; its place is ours
+            except ReaderError as e:
+                raise ReaderError(f"source {name!r} of the mixture: {e}") from e
+        if state.get("fingerprint") != self.fingerprint:  # after the sources' snapshots are pinned
+            raise ReaderError("the mixture state was saved with other sources (its fingerprint "
+                              f"{state.get('fingerprint')!r}, this reader's {self.fingerprint!r}); resume "
+                              "with the same sources, or start a fresh reader")
+        self._ranges(history)  # validates the history against this epoch's samples
+        if boundary.epoch != epoch:  # moved to another epoch: start it where these shards would have
+            boundary = self._moved(boundary if boundary.epoch < epoch else _Boundary(0, 0), epoch)
+        self.epoch, self._history, self._boundary = epoch, history, boundary
+        self._consumed, self._steps = 0, 0
+        self._generation += 1
+
+    def _moved(self, boundary: _Boundary, epoch: int) -> _Boundary:
+        """Where ``epoch`` starts when the epochs from ``boundary``'s on are read whole by these shards."""
+        whole = [(self.num_shards, total(self._ranges((), 0)))]
+        unread = total(self._unread(whole))
+        while boundary.epoch < epoch:
+            if boundary.carry and (len(boundary.carry) > 1 or boundary.carry[0][1] != boundary.fresh):
+                boundary = self._next_boundary(whole, boundary)
+                continue
+            # the epoch's positions are one run: each epoch after it starts as many positions further
+            start = boundary.fresh - total(boundary.carry)
+            start += (epoch - boundary.epoch) * (self.num_samples - unread)
+            boundary = _Boundary(epoch, start + unread, ((start, start + unread),) if unread else ())
+        return boundary
+
+    # ---- lifecycle ---------------------------------------------------------------------------
+    def close(self) -> None:
+        """Close every source's reader (their threads stop, their files are let go of)."""
+        self._generation += 1
+        for reader in self.readers.values():
+            reader.close()
+        self._recycler.clear()
+
+    def __repr__(self) -> str:
+        shares = ", ".join(f"{name!r}: {float(share):.3g}" for name, share in self.shares.items())
+        return (f"MixedReader({{{shares}}}, shard={self.shard}/{self.num_shards}, epoch={self.epoch}, "
+                f"batch_size={self.batch_size}, samples_per_epoch={self.samples_per_epoch})")
+
+
+def _own(state: dict[str, Any]) -> dict[str, Any]:
+    """A source reader's state as a mixture keeps it: its snapshot and fingerprint, at the start (its
+    place in the stream is the mixture's to say)."""
+    state["epoch"], state["history"] = 0, []
+    return state
+
+
+def _merge(ranges: Sequence[tuple[int, int]]) -> Ranges:
+    out: Ranges = []
+    for a, b in sorted(r for r in ranges if r[1] > r[0]):
+        if out and a <= out[-1][1]:
+            out[-1] = (out[-1][0], max(out[-1][1], b))
+        else:
+            out.append((a, b))
+    return out
+
+
+def _batches(segments: Sequence[tuple[int, int]], batch_size: int, position: int
+             ) -> Iterator[tuple[list[tuple[int, int]], int]]:
+    """The stream positions of each batch (the runs of ``segments`` it takes), and the piece position
+    after it (``position``: where the segments start)."""
+    spans: list[tuple[int, int]] = []
+    rows = 0
+    for first, stop in segments:
+        a = first
+        while a < stop:
+            step = min(stop - a, batch_size - rows)
+            spans.append((a, a + step))
+            rows += step
+            a += step
+            if rows == batch_size:
+                position += rows
+                yield spans, position
+                spans, rows = [], 0
+    if spans:
+        yield spans, position + rows
+
+
+def _prime(feeds: Sequence[_Feed]) -> None:
+    """Start every source's reading at once (each reader's first read, on threads of its own), so that the
+    first batch waits for the slowest source, not for them all in turn."""
+    started = [f for f in feeds if f.ranges]
+    if len(started) > 1:
+        with ThreadPoolExecutor(len(started), thread_name_prefix="shardkit-mix") as pool:
+            list(pool.map(_Feed.fill, started))
+
+
+def _interleave(which: np.ndarray, parts: Sequence[Sequence[Columns]], names: Sequence[str],
+                recycler: batching.Recycler) -> Columns:
+    """The rows of ``parts`` (per source, its rows in order) placed where ``which`` (the source of each
+    row of the batch) puts them: one copy per row, into arrays of ``recycler``."""
+    n = len(which)
+    order = np.argsort(which, kind="stable")
+    cuts = np.searchsorted(which[order], np.arange(len(parts) + 1))
+    present = [i for i, p in enumerate(parts) if p]
+    if len(present) == 1 and len(parts[present[0]]) == 1:  # one source: its rows as they are
+        return dict(parts[present[0]][0])
+    out: Columns = {}
+    for name in names:
+        pieces: list[tuple[np.ndarray, np.ndarray]] = []  # (rows of the batch, values)
+        for i in present:
+            dest = order[cuts[i] : cuts[i + 1]]
+            at = 0
+            for chunk in parts[i]:
+                values = chunk[name]
+                pieces.append((dest[at : at + len(values)], values))
+                at += len(values)
+        first = pieces[0][1]
+        if all(type(v) is np.ndarray and v.dtype == first.dtype and v.shape[1:] == first.shape[1:]
+               for _, v in pieces):
+            result = recycler.empty((n, *first.shape[1:]), first.dtype)
+            for dest, values in pieces:
+                result[dest] = values
+        else:  # masked (nulls) in some sources, or rows of other shapes: joined, then put in place
+            joined = batching.concat([{name: v} for _, v in pieces])[name]
+            inverse = np.empty(n, dtype=np.int64)
+            inverse[np.concatenate([d for d, _ in pieces])] = np.arange(n)
+            result = joined[inverse]
+        out[name] = result
+    return out
+
+
+# ---- opening -----------------------------------------------------------------------------------------
+
+def open_mixture(sources: Mapping[str, Any], open_source: Callable[..., Reader], *,
+                 weights: Mapping[str, Any] | None, samples_per_epoch: Any, shard: int, num_shards: int,
+                 batch_size: int, shuffle: bool, seed: int, num_epochs: int | None, remainder: Remainder,
+                 drop_last: bool, prefetch: int, workers: int, options: Mapping[str, Any]) -> MixedReader:
+    """A `MixedReader` of ``sources`` (name -> URL, `Dataset` or table), each opened with ``open_source``
+    (`make_reader`) as a one-shard reader with ``options``, the other arguments of `make_reader`; of
+    those, ``filter``, ``storage_options``, ``version`` and ``schema`` may be per source (`PER_SOURCE`)."""
+    if not sources:
+        raise ReaderError("make_reader got an empty dict of sources; give at least one, "
+                          "e.g. {'web': 's3://bucket/web'}")
+    names = list(sources)
+    bad = [n for n in names if not isinstance(n, str) or not n]
+    if bad:
+        raise ReaderError(f"source names must be non-empty strings, got {bad!r}; name each source, e.g. "
+                          "{'web': url_a, 'books': url_b}")
+    for name, value in sources.items():
+        if isinstance(value, Mapping):
+            raise ReaderError(f"source {name!r} is {value!r}: give its URL, an opened Dataset or a table; "
+                              "weights go in weights={...}, per-source options in filter=, storage_options=, "
+                              "version= or schema= as {source name: value}")
+    check_weights(weights, names)  # before anything is opened
+    each = {key: _per_source(key, value, names) if key in PER_SOURCE else dict.fromkeys(names, value)
+            for key, value in options.items()}
+    readers: dict[str, Reader] = {}
+    try:
+        for name in names:
+            try:
+                readers[name] = open_source(
+                    sources[name], shard=0, num_shards=1, batch_size=batch_size, shuffle=shuffle,
+                    seed=source_seed(seed, name), num_epochs=None, remainder="drop", drop_last=False,
+                    prefetch=prefetch, workers=workers, **{key: value[name] for key, value in each.items()})
+            except ShardkitError as e:
+                about = _about(name, e)
+                if about is None:
+                    raise
+                raise about from e
+        mixture = Mixture.of(names, [r.num_samples for r in readers.values()], weights, samples_per_epoch)
+        for reader, share in zip(readers.values(), mixture.shares, strict=True):
+            # the threads, the read-ahead and the shuffle window are the mixture's, shared by share:
+            # sources that each had them all crowded the cores with threads (2 sources x 4 threads on 2
+            # cores: 45% more CPU per row) and held a window each (the memory of one dataset, per source)
+            reader.workers = max(1, round(workers * share))
+            reader.prefetch = max(1 if prefetch else 0, math.ceil(prefetch * share))
+            reader.shuffle_buffer = max(1, round(reader.shuffle_buffer * share))
+        return MixedReader(readers, mixture=mixture, shard=shard, num_shards=num_shards,
+                           batch_size=batch_size, shuffle=shuffle, seed=seed, num_epochs=num_epochs,
+                           remainder=remainder, drop_last=drop_last, prefetch=prefetch, workers=workers)
+    except BaseException:
+        for reader in readers.values():
+            reader.close()
+        raise
+
+
+def source_seed(seed: int, name: str) -> int:
+    """The seed of source ``name``'s passes: a hash of the mixture's seed and the name (so two sources
+    never share an order, and a source keeps its order whatever the others are)."""
+    digest = hashlib.sha256(f"shardkit.mixture\0{seed}\0{name}".encode()).digest()
+    return int.from_bytes(digest[:8], "big") >> 1
+
+
+def _per_source(key: str, value: Any, names: Sequence[str]) -> dict[str, Any]:
+    """``value`` for each source: a dict of source name -> value gives each its own (those it leaves out
+    get None), anything else is every source's. ``storage_options`` is itself a dict: it is per source
+    when its keys are all source names and its values dicts (or None)."""
+    if not isinstance(value, Mapping) or not value:
+        return dict.fromkeys(names, value)
+    keys = list(value)
+    if key == "storage_options":
+        per = all(k in names for k in keys) and all(v is None or isinstance(v, Mapping)
+                                                    for v in value.values())
+        return {n: value.get(n) for n in names} if per else dict.fromkeys(names, value)
+    unknown = [k for k in keys if k not in names]
+    if unknown:
+        raise ReaderError(f"{key}= is a dict, so it gives each source its own {key}, but it names "
+                          f"{unknown!r}, which are not sources (the sources: {list(names)}); key it by "
+                          f"source names, or give one {key} for every source")
+    return {n: value.get(n) for n in names}
+
+
+def _about(name: str, error: ShardkitError) -> ShardkitError | None:
+    """``error`` of opening source ``name`` with a message that says which source, of its class (None
+    where the class takes other arguments: the source is then a note on the error, shown with it)."""
+    try:
+        return type(error)(f"source {name!r} of the mixture: {error}")
+    except TypeError:
+        error.add_note(f"(reading source {name!r} of the mixture)")
+        return None
+
+
+__all__ = ["MAX_PERIOD", "PER_SOURCE", "SOURCE", "MixedReader", "Mixture", "Schedule", "check_weights",
+           "open_mixture", "shared_schema", "source_seed"]
