@@ -47,6 +47,15 @@ Cases (ratios are to the best raw pyarrow reader of shardkit's files and to Peta
                            the cache, on a ~0.2 s epoch; the "cached epoch >= uncached local read"
                            target is the epoch (same process, s3-cache epoch 2), this row shows the
                            restart's first batch and its ratio to the local read
+    latency                an object store as far away as a real one: moto in its own process, a relay
+                           (`benchmarks.relay`, its own process) holding each response back 0, 20, 50
+                           and 100 ms; for each, in fresh processes: shardkit's uncached epoch (default
+                           shuffle, cache=None; rows/s, first batch, peak RSS) and raw parallel GETs of
+                           the same files through the same relay (s3fs ``cat``); and the same reader on
+                           the local copy, for the RSS bound. Targets (issue 29): >= 0.9x the 0 ms epoch
+                           at 50 ms, >= 0.8x at 100 ms, >= 0.85x raw GETs' bytes/s at every latency,
+                           first batch <= 0.5 s + 4 x latency, peak RSS <= the local read's + the
+                           fetch budget (max_inflight_bytes, 512 MiB)
     rss-small              shardkit (defaults) and raw-iter at rows/10 (context: at 20k rows the dataset's
                            5 row groups fit in the read-ahead window, so the pipeline never fills)
     rss-large              the same at rows x 10 (2M rows, 7.3 GB on disk, written once): peak RSS flat
@@ -83,6 +92,7 @@ import pyarrow.parquet as pq
 import shardkit
 from benchmarks import data
 from benchmarks.common import (
+    RESULTS,
     ROOT,
     SCRATCH,
     CaseFailed,
@@ -124,14 +134,19 @@ LOCAL = ["raw-iter", "raw-table", "raw-iter-plain", "shardkit-noshuffle", "shard
 # shardkit with and without page-checksum verification, same files, round-robin (see Run.interleaved)
 CHECKSUM_PAIRS = [("shardkit-noshuffle", "shardkit-noshuffle-noverify"), ("shardkit", "shardkit-noverify")]
 CHECKSUM_COST = 0.05  # verifying page checksums costs at most 5 % of rows/s (issue 27)
+LATENCY_EPOCH_RATIO = {50: 0.9, 100: 0.8}  # the uncached epoch at 50 / 100 ms vs at 0 ms (issue 29)
+LATENCY_RAW_RATIO = 0.85  # ... and vs raw parallel GETs of the same bytes through the same relay
+FETCH_BUDGET = 512 * 2**20  # make_reader's max_inflight_bytes default: what fetching ahead may add to RSS
 MIXTURE_RATIO = 0.95  # a 2-source mixture reads >= 0.95x the rows/s of one source of the same rows (issue 30)
 PETASTORM = ["petastorm-batch", "petastorm-batch-dflt", "petastorm-rows", "shardkit-petastorm",
              "shardkit-petastorm-ns"]
 HF = ["hf-mmap", "hf-mmap-u8"]
 S3 = ["s3-cache", "s3-cache-fresh"]
+LATENCY = ["latency"]
+DELAYS = (0.0, 0.02, 0.05, 0.1)  # seconds the relay holds each response back
 EXTRA = ["rss-small", "rss-large", "plan", "quality"]
 MIXTURE = ["shardkit-mixture"]
-ALL_CASES = [*LOCAL, *MIXTURE, *PETASTORM, *HF, *S3, *EXTRA]
+ALL_CASES = [*LOCAL, *MIXTURE, *PETASTORM, *HF, *S3, *LATENCY, *EXTRA]
 QUICK = [*LOCAL, *MIXTURE, *S3, *EXTRA]
 SLOW = ["petastorm-rows", "shardkit-petastorm", "shardkit-petastorm-ns", *S3]
 
@@ -237,6 +252,63 @@ def case_mixture(urls: list[str]) -> dict[str, Any]:
         settings = {"workers": reader.workers, "prefetch": reader.prefetch, "sources": len(sources),
                     "samples_per_epoch": reader.num_samples}
     return {**result, "rss": phase_peak_rss(), **settings}
+
+
+def case_remote_epoch(url: str, storage_options: dict[str, Any]) -> dict[str, Any]:
+    """shardkit's uncached epoch over S3 (default shuffle, ``cache=None``): rows/s, first batch (reader
+    creation included: the S3 client, the summary), peak RSS; and what the fetch-ahead did."""
+    import fsspec
+
+    _local_cases_env()
+    fsspec.get_filesystem_class("s3")  # imports s3fs (imports are not counted); makes no client
+    started = _clock()
+    with shardkit.make_reader(url, batch_size=BATCH, cache=None, storage_options=storage_options) as reader:
+        result = _drain(reader, started)
+        fetcher = reader._source._fetcher
+        fetched = {} if fetcher is None else {**fetcher.stats, "concurrency": fetcher.concurrency}
+    return {**result, "rss": phase_peak_rss(), "fetch": fetched}
+
+
+def case_raw_gets(url: str, storage_options: dict[str, Any], rows: int) -> dict[str, Any]:
+    """The dataset's data files fetched whole, in parallel (s3fs ``cat``: its own concurrency), bytes/s:
+    what the store and the link give, with nothing decoded (``rows``: the rows the files hold)."""
+    import fsspec
+
+    _local_cases_env()
+    fs = fsspec.filesystem("s3", skip_instance_cache=True, **storage_options)
+    root = url.removeprefix("s3://")
+    files = [f for f in fs.find(root) if f.endswith(".parquet")]
+    started = time.perf_counter()
+    got = fs.cat(files)
+    seconds = time.perf_counter() - started
+    return {"bytes": sum(len(v) for v in got.values()), "seconds": seconds, "files": len(files), "rows": rows,
+            "rss": phase_peak_rss()}
+
+
+class RelayProcess:
+    """``python -m benchmarks.relay`` in its own process (it must not take the reader's GIL)."""
+
+    def __init__(self, target: str, delay: float) -> None:
+        self.target, self.delay = target, delay
+
+    def __enter__(self) -> str:
+        port_file = SCRATCH / f"relay-{os.getpid()}-{self.delay}.port"
+        port_file.unlink(missing_ok=True)
+        self.proc = subprocess.Popen([sys.executable, "-m", "benchmarks.relay", "--target", self.target,
+                                      "--delay", str(self.delay), "--port-file", str(port_file)],
+                                     cwd=str(Path(__file__).resolve().parent.parent))
+        deadline = time.monotonic() + 30
+        while not port_file.exists():
+            if self.proc.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError("the relay did not start")
+            time.sleep(0.02)
+        port = port_file.read_text()
+        port_file.unlink()
+        return f"http://127.0.0.1:{port}"
+
+    def __exit__(self, *exc: object) -> None:
+        self.proc.terminate()
+        self.proc.wait(timeout=20)
 
 
 def case_s3_cache(url: str, storage_options: dict[str, Any], cache_dir: str, epochs: int = 2,
@@ -641,6 +713,20 @@ def run(rows: int, cases: list[str], repeat: int, slow_repeat: int,
                 r.local("s3-cache-fresh", "case_s3_cache", {**where, "epochs": 1, "clear": False})
         shutil.rmtree(cache_dir, ignore_errors=True)
 
+    if "latency" in want:
+        with MotoServer() as moto:
+            url, upload_s = moto.upload(rows)
+            _log(f"  s3 dataset: {url} via {moto.endpoint} ({upload_s:.0f} s to write)")
+            r.local("latency-local", "case_shardkit", {"url": tensor})
+            for delay in DELAYS:
+                ms = round(delay * 1000)
+                with RelayProcess(moto.endpoint, delay) as relay_url:
+                    client = {**moto.storage_options["client_kwargs"], "endpoint_url": relay_url}
+                    where = {"url": url, "storage_options": {**moto.storage_options, "client_kwargs": client}}
+                    r.interleaved({f"latency-{ms}ms": ("case_remote_epoch", where),
+                                   f"latency-{ms}ms-raw": ("case_raw_gets", {**where, "rows": rows})},
+                                  r.k("latency"))
+
     for name, n in rss_sizes(rows).items():
         if name in want:
             path = str(data.materialize_shardkit(n, "tensor"))
@@ -865,18 +951,90 @@ def report_mixture(run_: Run) -> tuple[str, list[dict[str, Any]]]:
             f"{verdict['result']}"), [verdict]
 
 
+def report_latency(run_: Run) -> tuple[str, list[dict[str, Any]]]:
+    """The object store at 0-100 ms: the uncached epoch against the 0 ms one and against raw parallel GETs
+    of the same bytes through the same relay, the first batch, peak RSS (see the `latency` case)."""
+    res = run_.results
+    base = _rate(res.get("latency-0ms"))
+    local_rss = res.get("latency-local", {}).get("rss")
+    lines, verdicts = [], []
+
+    def verdict(what: str, ok: bool, detail: str) -> str:
+        verdicts.append({"target": what, "result": "PASS" if ok else "MISS", "detail": detail})
+        return "PASS" if ok else "MISS"
+
+    for delay in DELAYS:
+        ms = round(delay * 1000)
+        epoch, raw = res.get(f"latency-{ms}ms"), res.get(f"latency-{ms}ms-raw")
+        rate = _rate(epoch)
+        if not epoch or not rate:
+            continue
+        targets = []
+        epoch_bytes_s = raw_bytes_s = None
+        if raw and raw.get("seconds"):
+            raw_bytes_s = raw["bytes"] / raw["seconds"]
+            epoch_bytes_s = raw["bytes"] / epoch["seconds"]  # the same files' bytes, read as an epoch
+            targets.append(verdict(f"latency {ms} ms: >= {LATENCY_RAW_RATIO}x raw parallel GETs",
+                                   epoch_bytes_s >= LATENCY_RAW_RATIO * raw_bytes_s,
+                                   f"{epoch_bytes_s / raw_bytes_s:.2f}x"))
+        floor = LATENCY_EPOCH_RATIO.get(ms)
+        if floor is not None and base:
+            targets.append(verdict(f"latency {ms} ms: >= {floor}x the 0 ms epoch", rate >= floor * base,
+                                   f"{rate / base:.2f}x"))
+        fb = epoch.get("first_batch_seconds", 0.0)
+        fb_limit = FIRST_BATCH_S + 4 * delay  # four requests' latency
+        targets.append(verdict(f"latency {ms} ms: first batch <= {fb_limit:.2f} s", fb <= fb_limit,
+                               f"{fb:.2f} s"))
+        rss = epoch.get("rss")
+        if rss and local_rss:
+            targets.append(verdict(f"latency {ms} ms: peak RSS <= local read's + the fetch budget",
+                                   rss <= local_rss + FETCH_BUDGET, fmt_bytes(rss)))
+        fetched = epoch.get("fetch") or {}
+        lines.append([
+            f"{ms} ms", f"{rate:,.0f}", f"{rate / base:.2f}x" if base else "-",
+            f"{epoch_bytes_s / 1e6:,.0f}" if epoch_bytes_s else "-",
+            f"{raw_bytes_s / 1e6:,.0f}" if raw_bytes_s else "-",
+            f"{epoch_bytes_s / raw_bytes_s:.2f}x" if epoch_bytes_s and raw_bytes_s else "-",
+            f"{epoch['rows'] / epoch['cpu_seconds']:,.0f}" if epoch.get("cpu_seconds") else "-",
+            f"{fb:.2f} s", fmt_bytes(rss) if rss else "-",
+            f"{fetched.get('requests', '-')} / {fetched.get('max_concurrency', '-')}",
+            f"{epoch.get('load_1m', 0):.1f}", " ".join(targets)])
+    if not lines:
+        return "", []
+    headers = ["store latency", "rows/s", "vs 0 ms", "epoch MB/s", "raw GETs MB/s", "vs raw GETs",
+               "rows/CPU-s", "first batch", "peak RSS", "requests / most in flight", "load", "targets"]
+    local = f"local read of the same rows: peak RSS {fmt_bytes(local_rss)}" if local_rss else ""
+    return "\n".join(p for p in (table(headers, lines), local) if p), verdicts
+
+
 def render(r: Run, total: float, load_before: Any, load_after: Any, cpus: int) -> tuple[str, list[Any]]:
     main_table, verdicts = report(r)
     checksum_text, checksum_verdicts = report_checksums(r)
     mixture_text, mixture_verdicts = report_mixture(r)
-    verdicts += checksum_verdicts + mixture_verdicts
-    parts = [main_table, checksum_text, mixture_text, report_plan(r.results.get("plan")),
+    latency_text, latency_verdicts = report_latency(r)
+    verdicts += checksum_verdicts + mixture_verdicts + latency_verdicts
+    parts = [main_table, checksum_text, mixture_text, latency_text, report_plan(r.results.get("plan")),
              report_quality(r.results.get("quality"))]
     before, after = ("/".join(f"{v:.1f}" for v in la) for la in (load_before, load_after))
     mb = r.rows * data.ROW_BYTES / 1e6
     parts.append(f"{r.rows:,} rows ({mb:,.0f} MB decoded); ran {total / 60:.1f} min; "
                  f"load average (1/5/15 min) before {before}, after {after} on {cpus} CPUs")
     return "\n\n".join(p for p in parts if p), verdicts
+
+
+def merge_into(path: Path, r: Run, cases: list[str], seconds: float, load_before: Any,
+               load_after: Any) -> None:
+    """Put run ``r``'s results into the saved run at ``path`` (its other cases kept), note when this part
+    ran, and render the whole again."""
+    doc = json.loads(path.read_text())
+    doc["results"].update(r.results)
+    doc.setdefault("parts", []).append({
+        "cases": cases, "command": " ".join(["python", *sys.orig_argv[1:]]),
+        "created": time.strftime("%Y-%m-%dT%H:%M:%S+00:00", time.gmtime()), "seconds": seconds,
+        "load_before": load_before, "load_after": load_after})
+    path.write_text(json.dumps(doc, indent=2) + "\n")
+    rerender(path)
+    _log(f"merged {cases} into {path.name}")
 
 
 def rerender(path: Path) -> None:
@@ -904,6 +1062,9 @@ def main(argv: list[str] | None = None) -> None:
                              "mixture and its reference, round-robin (a few percent to measure on a "
                              "~0.3 s epoch)")
     parser.add_argument("--no-save", action="store_true", help="do not write benchmarks/results/")
+    parser.add_argument("--merge", action="store_true",
+                        help="keep the other cases of this machine's saved run (same --rows): these cases' "
+                             "results replace theirs, and the file records when each part ran")
     parser.add_argument("--report-only", metavar="RESULTS_JSON",
                         help="print the tables of a saved run again (and update its table), measure nothing")
     args = parser.parse_args(argv)
@@ -927,6 +1088,11 @@ def main(argv: list[str] | None = None) -> None:
     load_after = os.getloadavg()
     text, verdicts = render(r, total, load_before, load_after, info["cpus"])
     print(text)
+    if args.merge and not (args.quick or args.no_save):
+        saved = RESULTS / f"read-{machine_id(info)}.json"
+        if saved.exists() and json.loads(saved.read_text()).get("rows") == rows:
+            merge_into(saved, r, cases, total, load_before, load_after)
+            return
     if not (args.quick or args.no_save):
         path = save_results("read", {
             "rows": rows, "cases": cases, "repeat": repeat, "slow_repeat": slow, "checksum_repeat": checksum,

@@ -37,8 +37,7 @@ if TYPE_CHECKING:
 
 #: Rows Parquet decodes at a time. A whole row group at once needs several times its decoded size in
 #: scratch buffers (uint8 tensors go through int32 values plus repetition and definition levels), and
-#: small slices decode faster (measured on the benchmark rows: 256 rows 14 % less CPU than 1024, which
-#: took 30 % less than whole 4,600-row groups) as their scratch buffers stay in the CPU caches.
+#: small slices decode faster as their scratch buffers stay in the CPU caches.
 SLICE_ROWS = 256
 FETCHED_PIECE = 1 << 20  # a fetched column chunk is decoded as its parts come, in pieces of this size
 FOOTERS_KEPT = 256  # data-file footers an opened dataset keeps (LRU), so a file's footer is read once
@@ -132,7 +131,7 @@ class Dataset:
                                 pre_buffer=not self.location.is_local and fetched is None,
                                 # fetched: each column chunk read in pieces, decoded as its parts come
                                 buffer_size=FETCHED_PIECE if fetched is not None else 0,
-                                # a local file's pages: checked by `_verify_local` (4x pyarrow's CRC speed)
+                                # a local file's pages: checked by `_verify_local` (faster than pyarrow's CRC)
                                 page_checksum_verification=VERIFY_PAGE_CHECKSUMS
                                 and not self.location.is_local)
         except FileNotFoundError as e:
@@ -255,8 +254,8 @@ class Dataset:
 
     def _verify_local(self, i: int, pf: pq.ParquetFile, names: list[str] | None, where: str) -> bool:
         """Check the page checksums of row group ``i``'s column chunks of ``names`` (None: all) in a local
-        file, before pyarrow decodes them: ISA-L's CRC-32 over the file's memory mapping (no copy) runs
-        at about 4x the speed of pyarrow's own check (`shardkit.dataset._pages.crc32`). False when a page
+        file, before pyarrow decodes them: ISA-L's CRC-32 over the file's memory mapping (no copy) is
+        much faster than pyarrow's own check (`shardkit.dataset._pages.crc32`). False when a page
         header does not parse (a truncated or overwritten file): pyarrow's read then checks and names it.
         """
         from shardkit.dataset._pages import MISMATCH, check_row_group, ranges_of

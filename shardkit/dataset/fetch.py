@@ -1,8 +1,8 @@
 """Row groups of a remote dataset fetched ahead of their reads, in the order the reader will read them.
 
-An object store answers each request after a round trip (20-100 ms to a real one), and then sends at its
-own speed. A reader that asks for one row group at a time, as it decodes, waits a round trip per row
-group and leaves the link idle meanwhile. `Fetcher` keeps requests in flight ahead of the reads instead:
+An object store answers each request after a round trip, and then sends at its own speed. A reader
+that asks for one row group at a time, as it decodes, waits a round trip per row group and leaves the
+link idle meanwhile. `Fetcher` keeps requests in flight ahead of the reads instead:
 
 - **Coalesced ranges.** A row group's column chunks of the columns read are one or a few byte ranges
   (chunks less than `GAP` apart are fetched as one range, the bytes between them too), cut into parts

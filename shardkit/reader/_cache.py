@@ -6,7 +6,7 @@ per entry (no sidecar) means an entry and its checksum are always replaced toget
 previous format (``SKC1``, crc32) is a miss: fetched again and replaced, without a warning.
 
 - Reading maps the file (`pyarrow.memory_map`): the table's buffers point into the page cache and a
-  cached epoch copies nothing. Verifying the checksum reads every byte once (xxh3: ~30 GB/s here, 5x
+  cached epoch copies nothing. Verifying the checksum reads every byte once (xxh3: much faster than
   zlib's crc32, which made checking a restarted job's cache cost more than reading it); it is done once
   per process per entry version, remembered as (path, inode, size, mtime_ns, ctime_ns), and an entry
   this process wrote counts as verified. Entries are only ever replaced by rename, never changed in

@@ -61,7 +61,7 @@ def substitutes(order: EpochOrder, lost: np.ndarray, source: RowGroupSource,
     many distinct rows. When that one cannot be read either, by the first readable of `PROBES` - 1
     places hashed from ``x`` (`probe`), then by the first readable after the last: a long run of
     lost rows spreads over the readable ones (it took the first readable row after the unreadable
-    ones it fell on, and with most of the data lost one row took 150 places). The choice depends
+    ones it fell on, and with most of the data lost one row took a great many places). The choice depends
     only on the epoch's order and on which rows can be read: a resumed reader, or another number
     of shards, makes the same choice. Rows already known to be unreadable are passed over unread;
     the others are read (again), and when found unreadable, passed over too.

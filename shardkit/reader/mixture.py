@@ -821,8 +821,8 @@ def open_mixture(sources: Mapping[str, Any], open_source: Callable[..., Reader],
         mixture = Mixture.of(names, [r.num_samples for r in readers.values()], weights, samples_per_epoch)
         for reader, share in zip(readers.values(), mixture.shares, strict=True):
             # the threads, the read-ahead and the shuffle window are the mixture's, shared by share:
-            # sources that each had them all crowded the cores with threads (2 sources x 4 threads on 2
-            # cores: 45% more CPU per row) and held a window each (the memory of one dataset, per source)
+            # sources that each had them all crowded the cores with threads (more CPU per row) and held
+            # a window each (the memory of one dataset, per source)
             reader.workers = max(1, round(workers * share))
             reader.prefetch = max(1 if prefetch else 0, math.ceil(prefetch * share))
             reader.shuffle_buffer = max(1, round(reader.shuffle_buffer * share))

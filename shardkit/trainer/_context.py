@@ -215,8 +215,8 @@ class TrainContext:
         """Close the readers and end the torch process group `init` started; ``together`` (`finish`):
         after a barrier, so every rank ends the group at once, as `destroy_process_group` asks. A rank
         that left while another still saved its checkpoint aborted at exit in gloo's destructor
-        (``terminate called without an active exception``, 5 runs in 80 of two ranks, torch 2.13). A
-        failing process does not wait: the others may never get there."""
+        (``terminate called without an active exception``, torch 2.13). A failing process does not
+        wait: the others may never get there."""
         for reader in self._readers:
             reader.close()
         self._readers.clear()

@@ -293,9 +293,9 @@ class LocalEngine:
     Options: ``grace`` (seconds between SIGTERM and SIGKILL when stopping, default 5).
 
     Why not torch's elastic agent: it starts only torch workers (no TensorFlow, no parameter servers),
-    it knows exits but not hangs, and its restarts reuse a rendezvous store that hung restarted gloo
-    workers here about half the time (ENGINES.md). Each attempt here gets fresh ports instead, and
-    torch's own ``env://`` rendezvous.
+    it knows exits but not hangs, and its restarts reuse a rendezvous store that often hung restarted
+    gloo workers (ENGINES.md). Each attempt here gets fresh ports instead, and torch's own ``env://``
+    rendezvous.
     """
 
     name = "local"

@@ -194,7 +194,7 @@ class RayEngine:
       engine) and relaying its output and heartbeats through Ray calls, so the script is the same on
       every engine and no port of the trainer has to be reachable from the nodes. Not Ray Train's
       ``TorchTrainer``: it owns the process group, the restarts and the checkpoints (through
-      ``ray.train.report``, ~2 s a call here) that shardkit's supervisor and ``ctx.step`` own, and it
+      ``ray.train.report``, slow per call) that shardkit's supervisor and ``ctx.step`` own, and it
       runs only torch (no TensorFlow, no parameter servers).
     - The actors of an attempt share one placement group of a bundle per process, so that they are
       placed together or not at all (never half a group waiting for the rest). ``spread`` (Ray

@@ -42,7 +42,7 @@ class LineSplitter:
       ends the data fed so far may be half of a ``\\r\\n`` and waits for the next bytes.
     - The kept rest is at most ``max_line`` bytes: beyond that it is shown in pieces of that size.
       So each call costs what was fed plus at most ``max_line`` bytes, however long a line grows
-      (the whole unterminated line, copied on every poll, cost a core at 60 MB of tqdm output).
+      (copying the whole unterminated line on every poll made long tqdm output cost ever more CPU).
     """
 
     def __init__(self, *, max_line: int = MAX_LINE_BYTES, redraw_interval: float = REDRAW_INTERVAL) -> None:

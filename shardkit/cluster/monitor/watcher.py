@@ -3,7 +3,7 @@ stopping them (SIGKILL, a crash), so that even what the roles started goes with 
 
 This file is also the watcher's program: it is run by path (``python -I -S watcher.py GRACE``), and so
 imports nothing but the standard library (not shardkit, whose package import pulls in numpy and pyarrow:
-the watcher starts in ~20 ms and holds ~10 MB).
+the watcher starts fast and holds little memory).
 """
 
 from __future__ import annotations

@@ -4,11 +4,11 @@ A PNG is a signature, an ``IHDR`` chunk, ``IDAT`` chunks holding one zlib stream
 scanlines (a filter byte, then the row's bytes), and ``IEND``. For a column of such images the work
 that libpng (behind OpenCV and Pillow) does per image besides inflating — setting up its reader,
 checking every chunk's CRC, unfiltering row by row through callbacks — costs about as much as the
-inflate itself on a 32x32 image (25 us an image by ``cv2.imdecode``, 15 of them zlib's). Here the
-headers of a slice of images are checked with numpy in one pass, each image's ``IDAT`` is inflated by
-one call that releases the GIL (`isal` when installed, about 1.5x zlib's speed on small streams, else
-`zlib`), and the scanlines of the whole slice are unfiltered together: ``Sub`` rows are a cumulative
-sum along the row (uint8 wraps like PNG's modulo 256), ``Up`` rows add the row above.
+inflate itself on a small image. Here the headers of a slice of images are checked with numpy in one
+pass, each image's ``IDAT`` is inflated by one call that releases the GIL (`isal` when installed,
+faster than zlib on small streams, else `zlib`), and the scanlines of the whole slice are unfiltered
+together: ``Sub`` rows are a cumulative sum along the row (uint8 wraps like PNG's modulo 256), ``Up``
+rows add the row above.
 
 Taken only where it is exact: 8-bit, non-interlaced, the field's width, height and colour type, one
 ``IDAT`` followed by ``IEND``, the inflated size exactly ``height * (1 + width * channels)``, and rows

@@ -6,9 +6,9 @@ on training images it gives nearly the size of level 6 at several times the spee
 
 Decoding, for a fixed-shape field: the 8-bit PNGs filtered as OpenCV (hence Petastorm) writes them
 are decoded a slice at a time by `shardkit.dataset.codecs._png` (numpy, and one inflate call per
-image: about 2x OpenCV's speed). The rest of PNG goes through OpenCV's ``cv2.imdecode`` when ``cv2``
+image: faster than OpenCV). The rest of PNG goes through OpenCV's ``cv2.imdecode`` when ``cv2``
 is importable (``pip install 'shardkit[image]'``, which also brings ``isal``'s faster inflate): it
-releases the GIL for the whole decode and takes about half of Pillow's time on small images, whose
+releases the GIL for the whole decode and is much faster than Pillow on small images, whose
 cost is mostly Pillow's Python-level parsing. PNG is lossless, so all three give the same pixels;
 OpenCV is used only for 8-bit grey, RGB and RGBA PNGs and only where its result has the expected
 layout, every other image (JPEG, whose decoders may differ by a rounding, palettes, transparency keys)
@@ -352,10 +352,10 @@ def _fast_png(field: Field, shape: tuple[int, ...]) -> FastPng | None:
     return the rows left for the general path (None: no fast path for this shape).
 
     First `png.decode_pngs` (headers checked for the whole slice with numpy, each image inflated by one
-    call, the slice unfiltered together: 10-16 us an image instead of 25 by OpenCV on the benchmark's
-    32x32 images); the images it does not take go to OpenCV when it is installed, whose slice-wide
-    checks replace `_opencv_png`'s per image, its pixels landing in one scratch array that changes
-    channel order (OpenCV's BGR) in one copy; what is left after both goes to the general path.
+    call, the slice unfiltered together: faster than OpenCV on small images); the images it does not
+    take go to OpenCV when it is installed, whose slice-wide checks replace `_opencv_png`'s per image,
+    its pixels landing in one scratch array that changes channel order (OpenCV's BGR) in one copy; what
+    is left after both goes to the general path.
     """
     if len(shape) not in (2, 3):
         return None

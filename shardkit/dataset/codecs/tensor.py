@@ -5,12 +5,12 @@ Arrow input may give). In the Parquet files, by default (``storage="bytes"``), e
 ``FIXED_LEN_BYTE_ARRAY`` value: the tensor's C-order bytes, little-endian. Parquet has no fixed-size
 list, so the other layout (``storage="list"``, the canonical type's own storage) writes a repeated
 column with a repetition and a definition level per element, and stores 1- and 2-byte integers as
-INT32; decoding those levels is what bounds its read speed (measured on 32x32x3 uint8 images:
-~75k rows/s per core for a list column, ~4M for the bytes one, the same file size with snappy). The
-bytes layout is what Petastorm users know (its ndarrays were bytes too); other engines (Spark,
-DuckDB, pandas) read it as binary, and the field's dtype and shape are in the schema JSON. Choose
-``TensorCodec(storage="list")`` for a dataset that other engines should read as arrays. Both layouts
-decode zero-copy: numpy views the one contiguous buffer as ``(rows, *shape)``.
+INT32; decoding those levels is what bounds its read speed (a list column reads far slower than the
+bytes one, for the same file size with snappy). The bytes layout is what Petastorm users know (its
+ndarrays were bytes too); other engines (Spark, DuckDB, pandas) read it as binary, and the field's
+dtype and shape are in the schema JSON. Choose ``TensorCodec(storage="list")`` for a dataset that
+other engines should read as arrays. Both layouts decode zero-copy: numpy views the one contiguous
+buffer as ``(rows, *shape)``.
 
 Variable-shape tensors (``None`` in the shape) store a flat list of
 values per row (1-D), or Arrow's ``variable_shape_tensor`` storage layout (``struct<data: list<T>,
@@ -237,7 +237,7 @@ class TensorCodec(Codec):
     Args:
         storage: the layout in the Parquet files: ``"bytes"`` (default; one fixed-length binary value
             per row, fast to read) or ``"list"`` (a fixed-size list, which other engines read as
-            arrays). See the module docstring for the measured difference.
+            arrays). See the module docstring for the difference.
     """
 
     name = "tensor"

@@ -27,9 +27,9 @@ __all__ = ["INT64", "UINT64_MAX", "integer_columns", "integer_columns_each", "ke
 INT64 = (-(2**63), 2**63 - 1)
 UINT64_MAX = 2**64 - 1
 #: A number token past int64 in a file's bytes: 19 digits from a 9 (int64 ends at 9223372036854775807) or
-#: 20 and more, in no float (no ``.`` or exponent next to it) and no word. Searched by pyarrow's RE2 at
-#: ~500 MB/s: the first 16 MiB of a file cost ~30 ms (a 1e6-row, 62 MB CSV converts in ~0.7 s), where
-#: parsing them once more as text would cost ~140 ms. Snowflake IDs (19 digits from a 1) do not match.
+#: 20 and more, in no float (no ``.`` or exponent next to it) and no word. Searched by pyarrow's RE2:
+#: much cheaper than parsing a file's first block once more as text. Snowflake IDs (19 digits from a 1)
+#: do not match.
 _PAST_INT64 = r"(?:^|[^0-9A-Za-z_.])(?:9[0-9]{18}|[0-9]{20,})(?:[^0-9A-Za-z_.]|$)"
 _CSV_INTEGER = r"^\s*-?[0-9]+\s*$"  # what pyarrow's CSV parser takes as an integer (no "+")
 _JSON_FLOAT = re.compile(r"couldn't parse:\S*[.eE]")  # pyarrow's words for a JSON float read as an integer
@@ -58,7 +58,7 @@ def integer_columns(loc: Location, path: str, fmt: str, names: list[str], *, blo
     """
     with loc.arrow_fs.open_input_stream(path, compression="detect") as stream:
         head = stream.read_buffer(block_bytes)
-    offsets = pa.py_buffer(np.array([0, head.size], np.int64))  # (one value, no copy: pa.array takes 150 ms)
+    offsets = pa.py_buffer(np.array([0, head.size], np.int64))  # (one value, no copy, unlike pa.array)
     text = pa.LargeBinaryArray.from_buffers(pa.large_binary(), 1, [None, offsets, head])
     if not pc.match_substring_regex(text, _PAST_INT64)[0].as_py():
         return {}
@@ -162,8 +162,8 @@ def _csv_values(loc: Location, path: str, names: list[str], block_bytes: int, nu
 def _json_values(head: bytes, names: list[str], *, whole: bool) -> dict[str, Values]:
     """As `_csv_values`, of a JSON-lines file whose first bytes are ``head`` (the file itself if
     ``whole``, else cut at its last line's end, as pyarrow cuts its first block). pyarrow reads no JSON
-    number as text: each column is read as uint64 (~130 ms a 16 MiB block), and one that fails on a
-    value with no fraction nor exponent (-1, 99999999999999999999) by Python's json (~800 ms), which
+    number as text: each column is read as uint64 (fast), and one that fails on a value with no
+    fraction nor exponent (-1, 99999999999999999999) by Python's json (slower, so only then), which
     keeps every digit of an integer and tells ``1.0`` and ``1e3`` as floats, as pyarrow does."""
     block = head if whole else head[:head.rfind(b"\n") + 1]
     found: dict[str, Values] = {}

@@ -258,10 +258,10 @@ def _files_source(loc: Location, files: Files, declared: dict[str, Field]) -> So
             lines if fmt == "json" else "") + (none if folder else "")
         raise NotADatasetError(f"cannot convert {loc.url!r}: it cannot be read as {fmt} ({e}); {fix}") from e
 
-    # pre_buffer (pyarrow's default) keeps what it read of a file until the file is done: scanning the
-    # ADAPTERS data's one 719 MB file (44 row groups) from copied reads peaked at 1.3 GB with it, 0.55 GB
-    # without. (Local files are memory-mapped: their pages count in RSS as they are read, but are the
-    # page cache's, not the process's.)
+    # pre_buffer (pyarrow's default) keeps what it read of a file until the file is done: scanning a
+    # large file from copied reads then holds far more memory with it than without. (Local files are
+    # memory-mapped: their pages count in RSS as they are read, but are the page cache's, not the
+    # process's.)
     scan = {"fragment_scan_options": pads.ParquetFragmentScanOptions(pre_buffer=False)} if fmt == "parquet" \
         else {}
 

@@ -140,18 +140,18 @@ def _host_bytes(nbytes: int) -> np.ndarray:
 class Recycler:
     """Window-sized arrays used again once nothing refers to them any more.
 
-    A fresh array of many MiB costs the kernel a zeroed page per 4 KiB on first touch (measured: a
-    fifth of a shuffled read's CPU). An array handed out before is reused when its reference count
+    A fresh array of many MiB costs the kernel a zeroed page per 4 KiB on first touch (a large share
+    of a shuffled read's CPU). An array handed out before is reused when its reference count
     shows that only this recycler holds it: every numpy view (and whatever holds a view: a torch tensor
     from ``torch.from_numpy``, a memoryview) refers to the array that owns the memory, so a batch still
     in use keeps its window's arrays out of reuse. A request takes the smallest free array that fits it
     (a window's small columns do not take its large ones' arrays). ``keep_bytes`` bounds what is kept
     while free: past it, free arrays go, the oldest first; an array in use is never let go, since its
     memory is held anyway and it is free again soon (dropping it made the next window fault in fresh
-    pages: a DataLoader worker, whose queued batches keep one window more alive, allocated 7x the bytes
-    it reused). Object arrays are never kept (they hold references). Arrays start at a multiple of
-    `ALIGN` bytes: TensorFlow takes such an array as a tensor without copying it (measured: an aligned
-    run of batches costs tf.data half the CPU of one 16 bytes off).
+    pages: a DataLoader worker, whose queued batches keep one window more alive, allocated far more
+    bytes than it reused). Object arrays are never kept (they hold references). Arrays start at a
+    multiple of `ALIGN` bytes: TensorFlow takes such an array as a tensor without copying it (an
+    unaligned run of batches costs tf.data a copy, and much more CPU).
 
     ``allocate(nbytes)`` makes a new array (a flat uint8 array of that many bytes; default: ordinary
     memory): `shardkit.torch` gives page-locked memory for a CUDA device (`Reader.set_batch_memory`).

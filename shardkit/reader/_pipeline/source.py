@@ -291,7 +291,7 @@ def _take(table: pa.Table, index: np.ndarray) -> list[pa.RecordBatch]:
     `assemble.needed_rows`).
 
     ``Table.take`` first concatenates each column's chunks, all the rows read so far of the row group,
-    into fresh memory (a shuffled DataLoader worker spent 7% of its CPU there); here each record
+    into fresh memory (a noticeable share of a shuffled DataLoader worker's CPU); here each record
     batch gives the indices that fall in it, and a batch needed whole is kept as it is.
     """
     if len(index) == 0:

@@ -118,12 +118,12 @@ def make_dataset(reader_or_url: Reader | Any, *, label: str | None = None,
     The element spec comes from the schema (`element_spec`), so nothing is read to build it. Batches
     come from a Python generator yielding numpy arrays with that spec (``from_generator`` with
     ``output_signature``), and ``prefetch`` batches are prepared ahead of the model (the reader itself
-    reads ahead too). Each call from tf.data into Python costs ~0.2 ms whatever it carries (measured on
-    2 cores, a third of the reader's time per 256-row batch), so when every field is dense or text,
-    consecutive batches that lie one after another in the reader's memory (those of a shuffle window)
-    go as one run of up to `RUN_BYTES`, which tf.data takes without a copy (the reader's arrays are
-    64-byte aligned) and cuts back into the same batches (``rebatch``: one copy each). Variable shapes
-    and padding go batch by batch.
+    reads ahead too). Each call from tf.data into Python has a fixed cost whatever it carries (a large
+    part of the reader's time per batch), so when every field is dense or text, consecutive batches
+    that lie one after another in the reader's memory (those of a shuffle window) go as one run of up
+    to `RUN_BYTES`, which tf.data takes without a copy (the reader's arrays are 64-byte aligned) and
+    cuts back into the same batches (``rebatch``: one copy each). Variable shapes and padding go batch
+    by batch.
 
     Each iteration of the dataset (each Keras epoch) is ``num_epochs`` whole epochs (one, by default),
     each shuffled anew, and its cardinality is known (Keras sees its steps); ``num_epochs=None`` never
@@ -252,11 +252,11 @@ def _options(num_shards: int) -> tf.data.Options:
 
     Autotuning: deleting an iterator of an autotuned dataset (the end of every ``for batch in ds``)
     waits, now and then, for the autotuner's next round, which comes 10 ms, 20 ms, ... up to 60 s
-    apart: measured with TensorFlow 2.21 on plain ``Dataset.range(n).map(f)``, an 11-second pass then
-    stood still 9.4 s (the cancellation wakes the autotuner before it counts as cancelled, so it sleeps
-    on). A custom loop or ``strategy.run`` loop pays that at every epoch. Off, this dataset reads as
-    fast (measured on the ADAPTERS benchmark's data), and a later ``map(num_parallel_calls=AUTOTUNE)``
-    keeps tf.data's default parallelism instead of a tuned one. To turn it back on:
+    apart: with TensorFlow 2.21, even a pass of plain ``Dataset.range(n).map(f)`` then stood still for
+    seconds (the cancellation wakes the autotuner before it counts as cancelled, so it sleeps on). A
+    custom loop or ``strategy.run`` loop pays that at every epoch. Off, this dataset reads as fast, and
+    a later ``map(num_parallel_calls=AUTOTUNE)`` keeps tf.data's default parallelism instead of a tuned
+    one. To turn it back on:
     ``ds.with_options(opts)`` with ``opts.autotune.enabled = True``.
     """
     policy = tf.data.experimental.AutoShardPolicy

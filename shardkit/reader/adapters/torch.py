@@ -151,13 +151,12 @@ class _CudaStager:
     `Reader.set_batch_memory`) and goes to the device without a host copy; the others are copied into the
     slot first. The host copy into the pinned slot is numpy's (`_host_copy`), not ``Tensor.copy_``:
     torch's CPU copy runs on its OpenMP pool, whose threads spin after every parallel region and took the
-    cores the reader's own threads decode on (a batch of 1 MB cost milliseconds, and the loader ran at a
-    third of the reader's speed on a 16-core host). A tensor larger than `_CHUNK` is copied chunk by
-    chunk, each chunk sent as soon as it is in pinned memory, so the host copy of chunk k+1 overlaps the
-    transfer of chunk k; a chunk is split over a few threads in pieces of `_PARALLEL_MIN` or more
-    (numpy's copy releases the GIL). The tensors of a batch up to `_PACK_MAX` each go together: one
-    pinned buffer, one transfer, the device tensors views of it (a transfer costs tens of microseconds
-    of CPU, whatever its size, and batches are usually a few small tensors).
+    cores the reader's own threads decode on (the loader then ran well below the reader's speed). A
+    tensor larger than `_CHUNK` is copied chunk by chunk, each chunk sent as soon as it is in pinned
+    memory, so the host copy of chunk k+1 overlaps the transfer of chunk k; a chunk is split over a few
+    threads in pieces of `_PARALLEL_MIN` or more (numpy's copy releases the GIL). The tensors of a batch
+    up to `_PACK_MAX` each go together: one pinned buffer, one transfer, the device tensors views of it
+    (a transfer has a fixed CPU cost, whatever its size, and batches are usually a few small tensors).
     """
 
     def __init__(self, device: torch.device, slots: int = _STAGING_SLOTS) -> None:
@@ -195,8 +194,8 @@ class _CudaStager:
         return out.view(value.dtype).view(value.shape)
 
     def _send_packed(self, slot: int, parts: list[tuple[str, torch.Tensor, np.ndarray]]) -> Batch:
-        """Small tensors of one batch in one pinned buffer and one transfer (a transfer costs tens of
-        microseconds of CPU whatever its size)."""
+        """Small tensors of one batch in one pinned buffer and one transfer (a transfer has a fixed
+        CPU cost whatever its size)."""
         offsets, total = [], 0
         for _, _, src in parts:
             offsets.append(total)

@@ -61,16 +61,14 @@ class _Segments:
 
     torch sends every batch through a new shared-memory segment: the worker creates and fills it
     (fresh pages, faulted in), and the main process fetches its file descriptor over a new,
-    authenticated connection to the worker (``multiprocessing.resource_sharer``), then maps it. On the
-    2-core benchmark machine, making and filling a new segment of one 930 KB batch took 0.4-0.6 ms and
-    the handover ~0.6 ms, more than reading the batch; reusing segments took the benchmark's
-    DataLoader(num_workers=2) case from 98-112k to 185-197k rows/s (A/B, 3 runs each). Each worker keeps
-    up to `MAX_SEGMENTS` anonymous segments (``memfd_create``: no name, so nothing is left behind
-    when a process dies). A segment's file descriptor goes to the main process once, with its first
-    batch; the main process keeps it mapped (`_MAPPED`) and, when the last tensor of a batch is gone,
-    marks the segment free in its first byte, and the worker fills it again. When none is free (the
-    consumer holds on to batches), a batch goes the way torch sends it. Linux only (elsewhere every
-    batch goes torch's way).
+    authenticated connection to the worker (``multiprocessing.resource_sharer``), then maps it. Making
+    and filling a new segment, and the handover, cost more than reading the batch, so reusing segments
+    makes a DataLoader with workers much faster. Each worker keeps up to `MAX_SEGMENTS` anonymous
+    segments (``memfd_create``: no name, so nothing is left behind when a process dies). A segment's
+    file descriptor goes to the main process once, with its first batch; the main process keeps it
+    mapped (`_MAPPED`) and, when the last tensor of a batch is gone, marks the segment free in its first
+    byte, and the worker fills it again. When none is free (the consumer holds on to batches), a batch
+    goes the way torch sends it. Linux only (elsewhere every batch goes torch's way).
     """
 
     MAX_SEGMENTS = 6
@@ -147,7 +145,7 @@ class _WorkerBatch(dict[str, Any]):
     it unpickles in the main process as a plain dict of tensors that are views of that block. Other
     values (strings, row lists) are pickled as usual. Text comes as the reader's object arrays (keys in
     ``lists``) and becomes lists in the main process: DataLoader's ``default_convert`` passes an array
-    through, but walks a list string by string (~0.4 ms per 256 strings on the benchmark machine).
+    through, but walks a list string by string (a Python step per string).
     """
 
     def __init__(self, values: Mapping[str, Any], lists: frozenset[str] = frozenset()) -> None:

@@ -15,19 +15,18 @@ as the step's arguments (`Scheduler`).
 
 Why not a dataset on the workers: a shardkit reader is Python, and a ``tf.data`` pipeline built from
 Python (``from_generator``, ``py_function``) keeps calling a function that exists only in the chief's
-process. Measured with TensorFlow 2.21: such a per-worker dataset ran 50 steps, then the
-coordinator hung on the next function it scheduled (2 hangs in 2 tries). A per-worker dataset from
-in-memory tensors works (median 1.16x the samples/s of passing batches, 6 paired runs on 2 busy
-cores) but copies the whole dataset into every worker and has no resume position. Passing batches
-costs one transfer per batch from the chief, and makes checkpoints exact: before a save the chief
-waits for every scheduled step (``coordinator.join()``), so the variables and the reader's position
-match.
+process. With TensorFlow 2.21 such a per-worker dataset ran some steps, then the coordinator hung
+on the next function it scheduled. A per-worker dataset from in-memory tensors works (a little
+faster than passing batches) but copies the whole dataset into every worker and has no resume
+position. Passing batches costs one transfer per batch from the chief, and makes checkpoints exact:
+before a save the chief waits for every scheduled step (``coordinator.join()``), so the variables and
+the reader's position match.
 
 Updates in a parameter-server job are asynchronous: each step applies its gradients to the ps
 variables when it finishes on its worker. A Keras 3 optimizer counts ``iterations`` with a read and a
-write, so steps finishing together lose increments (measured: 38 counted of 50 applied, 2 workers):
-Adam's bias correction and learning-rate schedules see fewer steps than ran. Count steps with
-``ctx.step_count``, or with a ``tf.Variable.assign_add`` in the step function, which is exact.
+write, so steps finishing together lose increments: Adam's bias correction and learning-rate
+schedules see fewer steps than ran. Count steps with ``ctx.step_count``, or with a
+``tf.Variable.assign_add`` in the step function, which is exact.
 """
 
 from __future__ import annotations
