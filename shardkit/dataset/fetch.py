@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import bisect
 import heapq
+import os
 import threading
 import time
 from collections import deque
@@ -114,6 +115,12 @@ class Fetcher:
                  part: int = PART, min_ahead: int = MIN_AHEAD) -> None:
         self._get, self.max_bytes, self._part = get, max_bytes, part
         self._min_ahead = min(min_ahead, max_bytes)
+        self._reset()
+
+    def _reset(self) -> None:
+        """A fetcher with nothing started: at the start, and in a process forked from one that had
+        fetched (a DataLoader worker): the parent's threads and their requests are not in the child."""
+        self._pid = os.getpid()
         self._lock = threading.Condition()
         self._queue: deque[Hashable] = deque()  # planned, not started, in plan order
         self._planned: dict[Hashable, tuple[str, list[tuple[int, int]]]] = {}
@@ -132,10 +139,15 @@ class Fetcher:
         self._consumed: deque[tuple[float, int]] = deque(maxlen=64)
         self.stats = {"requests": 0, "bytes": 0, "max_held": 0, "max_concurrency": MIN_REQUESTS}
 
+    def _forked(self) -> None:
+        if self._pid != os.getpid():
+            self._reset()
+
     # -- the plan -----------------------------------------------------------------------------------
     def plan(self, items: Iterable[tuple[Hashable, str, Sequence[tuple[int, int]]]]) -> None:
         """The keys to fetch, in order, with their file and byte ranges (``(start, end)``); replaces the
         keys planned and not started (a new pass). Entries started stay until released."""
+        self._forked()
         with self._lock:
             self._queue.clear()
             self._planned.clear()
@@ -149,6 +161,7 @@ class Fetcher:
     def take(self, key: Hashable) -> Fetched | None:
         """``key``'s bytes as they come (requested now, first, when not started yet); None when ``key``
         was never planned."""
+        self._forked()
         with self._lock:
             entry = self._entries.get(key)
             if entry is None:
@@ -160,6 +173,7 @@ class Fetcher:
 
     def release(self, key: Hashable) -> None:
         """``key``'s read has ended: its bytes are let go of, and more is fetched in their place."""
+        self._forked()
         with self._lock:
             entry = self._entries.pop(key, None)
             if entry is None:
@@ -171,6 +185,7 @@ class Fetcher:
             self._fill()
 
     def close(self) -> None:
+        self._forked()
         with self._lock:
             self._closed = True
             self._queue.clear()
