@@ -446,3 +446,17 @@ def test_the_loader_reads_a_table_at_its_snapshot_and_resumes_on_it(fmt: str, tm
             loader.load_state_dict(state)
             seen += [int(i) for batch in loader for i in np.asarray(batch["id"])]
     assert sorted(seen) == sorted(expected)
+
+
+def test_a_mixed_reader_feeds_jax_unchanged(tmp_path: Path) -> None:
+    """Here, not beside the other mixture tests: the JAX tests run last (see ``tests/conftest.py``)."""
+    from collections import Counter
+
+    from tests.reader.test_mixture import items, stream_of, write_sources
+
+    two = write_sources(tmp_path, [[5, 5], [4]])
+    kw: dict[str, Any] = {"weights": {"s0": 1, "s1": 2}, "samples_per_epoch": 18, "batch_size": 6, "seed": 1}
+    collate = skj.Collate(cast={"id": "int32"})
+    with skj.make_loader(shardkit.make_reader(two, **kw), collate=collate) as loader:
+        got = Counter(i for b in loader for i in items({k: np.asarray(v) for k, v in b.items()}))
+    assert got == stream_of(two, 1, **kw)
