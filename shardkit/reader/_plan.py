@@ -264,7 +264,8 @@ def _subtract(remaining: Ranges, consumed: Ranges) -> Ranges:
     return out
 
 
-def _merge(ranges: Ranges) -> Ranges:
+def merge(ranges: Sequence[tuple[int, int]]) -> Ranges:
+    """Ranges sorted, empty ones dropped, overlapping or touching ones joined."""
     out: Ranges = []
     for a, b in sorted(r for r in ranges if r[1] > r[0]):
         if out and a <= out[-1][1]:
@@ -307,7 +308,7 @@ def shard_ranges(
                 f"resume state says each of {past_shards} shards consumed {consumed} samples, more than "
                 f"the stage holds; the state belongs to another dataset or reader configuration"
             )
-        remaining = _subtract(stage, _merge(gone))  # padding not consumed stays (see `_split`)
+        remaining = _subtract(stage, merge(gone))  # padding not consumed stays (see `_split`)
     pieces, _ = _split(remaining, num_shards, remainder, batch_size, drop_last, n=num_samples)
     return _real(pieces[shard], num_samples)
 

@@ -62,7 +62,7 @@ import numpy as np
 from shardkit.dataset import Field, Schema
 from shardkit.errors import ReaderError, SchemaMismatchError, ShardkitError
 from shardkit.reader._pipeline import batching
-from shardkit.reader._plan import Ranges, Remainder, shard_ranges, take, total
+from shardkit.reader._plan import Ranges, Remainder, merge, shard_ranges, take, total
 from shardkit.reader.reader import Reader
 
 Columns = dict[str, np.ndarray]
@@ -555,7 +555,7 @@ class MixedReader(Reader):
         n = self.num_samples
         positions = boundary.positions(n)
         carry = [g for a, b in self._unread(stages) for g in take(positions, a, b)]
-        return _Boundary(boundary.epoch + 1, boundary.fresh + n - total(boundary.carry), tuple(_merge(carry)))
+        return _Boundary(boundary.epoch + 1, boundary.fresh + n - total(boundary.carry), tuple(merge(carry)))
 
     def _unread(self, stages: Sequence[tuple[int, int]]) -> Ranges:
         """The epoch indices that no shard reads when the epoch's stages are ``stages`` (the last one read
@@ -574,7 +574,7 @@ class MixedReader(Reader):
             for k in range(shards):
                 done.extend(take(self._ranges(stages[:i], k, shards), 0, consumed))
         out, at = [], 0
-        for a, b in _merge(done):
+        for a, b in merge(done):
             if a > at:
                 out.append((at, a))
             at = max(at, b)
@@ -703,16 +703,6 @@ def _own(state: dict[str, Any]) -> dict[str, Any]:
     place in the stream is the mixture's to say)."""
     state["epoch"], state["history"] = 0, []
     return state
-
-
-def _merge(ranges: Sequence[tuple[int, int]]) -> Ranges:
-    out: Ranges = []
-    for a, b in sorted(r for r in ranges if r[1] > r[0]):
-        if out and a <= out[-1][1]:
-            out[-1] = (out[-1][0], max(out[-1][1], b))
-        else:
-            out.append((a, b))
-    return out
 
 
 def _batches(segments: Sequence[tuple[int, int]], batch_size: int, position: int
