@@ -199,3 +199,55 @@ def test_an_interrupt_that_pyarrow_turned_into_its_error_ends_as_ctrl_c(
     err = capsys.readouterr().err
     assert "interrupted" in err, err
     assert "Traceback" not in err, err
+
+
+@pytest.mark.parametrize("command", ["write", "inspect"])
+def test_an_interrupt_that_a_library_swallowed_before_it_failed_ends_as_ctrl_c(
+        command: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A CI run of ``shardkit write`` stopped with SIGINT exited 1 with ``ValueError: I/O operation on
+    closed file`` and no interrupt in its chain: pyarrow had swallowed the ``KeyboardInterrupt`` and failed
+    afterwards. A real SIGINT arrives during the command, is swallowed, and a plain error follows: the
+    command still says ``interrupted`` and exits 130."""
+    from shardkit import cli
+    from shardkit.dataset import convert as convert_module
+
+    def swallowed_then_failed(*args: object, **kwargs: object) -> None:
+        try:
+            os.kill(os.getpid(), signal.SIGINT)
+            time.sleep(5)
+            raise AssertionError("SIGINT did not arrive")
+        except KeyboardInterrupt:
+            pass  # what pyarrow does with an exception inside a file object it calls
+        raise ValueError("I/O operation on closed file")
+
+    monkeypatch.setattr(convert_module, "convert", swallowed_then_failed)
+    monkeypatch.setattr("shardkit.dataset.open_dataset", swallowed_then_failed)
+    argv = ["write", str(tmp_path / "src.parquet"), str(tmp_path / "out")] if command == "write" else [
+        "inspect", str(tmp_path)]
+    handler = signal.signal(signal.SIGINT, signal.default_int_handler)  # as in a shell's foreground
+    try:
+        assert cli.main(argv) == 130
+        assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # given back
+    finally:
+        signal.signal(signal.SIGINT, handler)
+    err = capsys.readouterr().err
+    assert "interrupted" in err, err
+    assert "Traceback" not in err, err
+
+
+def test_an_error_without_a_ctrl_c_keeps_its_traceback(monkeypatch: pytest.MonkeyPatch) -> None:
+    """An error after an earlier command's Ctrl-C is not taken for one: each command counts afresh."""
+    from shardkit import cli
+    from shardkit.dataset import convert as convert_module
+
+    def failed(*args: object, **kwargs: object) -> None:
+        raise ValueError("a bug")
+
+    monkeypatch.setattr(convert_module, "convert", failed)
+    handler = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        with pytest.raises(ValueError, match="a bug"):
+            cli.main(["write", "src.parquet", "out"])
+    finally:
+        signal.signal(signal.SIGINT, handler)

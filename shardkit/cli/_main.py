@@ -13,6 +13,7 @@ import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
+from shardkit.cli import _interrupts
 from shardkit.cli._output import (
     describe,
     describe_mixture,
@@ -23,7 +24,7 @@ from shardkit.cli._output import (
     warnings_after,
     weights_of,
 )
-from shardkit.errors import JobError, ShardkitError, interrupt_behind
+from shardkit.errors import JobError, ShardkitError
 
 # Only the standard library and shardkit.errors at import: the console script imports this module before
 # it calls `main`, and a Ctrl-C during an import outside `main` would end in a traceback (see `main`).
@@ -329,13 +330,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     is Python's own.
     """
     try:
-        parser = build_parser()
-        args, extra = parser.parse_known_args(argv)
-        if extra:
-            _unrecognized(getattr(args, "parser", parser), args.command, extra)
-        return _run(args)
+        with _interrupts.counting():
+            parser = build_parser()
+            args, extra = parser.parse_known_args(argv)
+            if extra:
+                _unrecognized(getattr(args, "parser", parser), args.command, extra)
+            return _run(args)
     except Exception as e:  # a Ctrl-C that a library turned into its own error is still one
-        if (interrupt := interrupt_behind(e)) is None:
+        if (interrupt := _interrupts.behind(e)) is None:
             raise
         print(_interrupted(sys.argv[1:] if argv is None else argv), file=sys.stderr)
         return 128 + int(getattr(interrupt, "signum", signal.SIGINT))

@@ -12,9 +12,10 @@ import warnings
 from collections.abc import Mapping
 from typing import Any
 
+from shardkit.cli import _interrupts
 from shardkit.cli._flags import in_flags
 from shardkit.cli._output import column_names, describe, format_description, human, warnings_after
-from shardkit.errors import DatasetError, SchemaError, ShardkitError, interrupt_behind
+from shardkit.errors import DatasetError, SchemaError, ShardkitError
 
 # convert's `columns=` followed by the names of --columns it is about (absent from the source, or too few
 # for the dataset appended to): `in_flags` alone would write `--columns ['zz']`, a Python list after a flag
@@ -76,8 +77,8 @@ def run(args: argparse.Namespace) -> int:
         try:
             with warnings_after(UserWarning, worded=lambda message: worded(message, args.parser, kwargs)):
                 ds = convert(args.src, args.dest, **kwargs)
-        except Exception as e:  # a Ctrl-C that pyarrow turned into its own error (`interrupt_behind`)
-            if (interrupt := interrupt_behind(e)) is not None:
+        except Exception as e:  # a Ctrl-C that pyarrow turned into its own error (`_interrupts`)
+            if (interrupt := _interrupts.behind(e)) is not None:
                 raise interrupt from e
             raise
     except (DatasetError, SchemaError) as e:
