@@ -91,6 +91,10 @@ def render(results: Path = RESULTS) -> str:
             out += [f"## {bench}", "", ABOUT.get(bench, ""), ""]
         out += [f"### {name.removesuffix('.json').removeprefix(bench + '-')}", "",
                 f"{_machine(doc)}; `{doc.get('command', '?')}`; {doc.get('created', '?')}", ""]
+        for part in doc.get("parts", []):  # cases measured again later (`--merge`) on the same machine
+            out += [f"- {', '.join(part['cases'])}: `{part['command']}`; {part['created']}"]
+        if doc.get("parts"):
+            out += [""]
         text = doc["table"] if "table" in doc else _tables_text(doc)
         out += ["```text", text.rstrip(), "```", ""]
     return "\n".join(out).rstrip() + "\n"
