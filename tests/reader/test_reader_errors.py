@@ -416,3 +416,15 @@ def test_a_null_in_a_field_that_is_not_nullable_is_corruption(tmp_path: Path, na
         batches = list(shardkit.make_reader(url, shuffle=False, cache=None, batch_size=1, on_error="skip"))
     assert 8 not in {int(b["id"][0]) for b in batches}
     assert all(not isinstance(b[name], np.ma.MaskedArray) for b in batches)
+
+
+@pytest.mark.parametrize("options", ["anon=true", ["anon"], 987654])
+def test_storage_options_that_are_not_a_dict_are_named_and_not_shown(ids_ds: str, options: Any) -> None:
+    """``storage_options="anon=true"`` raised ``AttributeError: 'str' object has no attribute 'get'``; it is
+    a `StorageOptionsError` naming the URL and the type, without the value (it may hold a secret)."""
+    from shardkit.errors import StorageOptionsError
+
+    for call in (shardkit.open_dataset, shardkit.make_reader):
+        with pytest.raises(StorageOptionsError, match=f"is a {type(options).__name__}, not a dict") as e:
+            call(ids_ds, storage_options=options)
+        assert repr(ids_ds) in str(e.value) and str(options) not in str(e.value)
