@@ -185,8 +185,8 @@ def storage_option_error(url: str, options: Mapping[Any, Any]) -> StorageOptions
     if not isinstance(options, Mapping):
         return StorageOptionsError(
             f"storage_options for {url!r} is a {type(options).__name__}, not a dict (not shown: options "
-            "may hold credentials); give a dict of the filesystem's options, e.g. storage_options={'anon': True} or "
-            "{'client_kwargs': {'endpoint_url': 'http://127.0.0.1:9000'}}")
+            "may hold credentials); give a dict of the filesystem's options, e.g. "
+            "storage_options={'anon': True} or {'client_kwargs': {'endpoint_url': 'http://127.0.0.1:9000'}}")
     if "::" in url or not options:
         return None
     protocol = options.get("protocol") or fsspec.core.split_protocol(url)[0] or "file"
