@@ -32,6 +32,7 @@ PINS = [
     "pandas==3.0.6",
     "pyspark==4.3.0",
     "opencv-python-headless==4.11.0.86",
+    "s3fs==2026.9.0",  # Petastorm reads s3:// through s3fs (the latency cases of benchmarks.read)
 ]
 TORCH = "torch==2.13.0"  # never unpinned: an unpinned torch pulls several GB of CUDA packages
 # for make_petastorm_dataset (benchmarks/adapters.py): a THIRD pip command, after torch; 2.21 is the

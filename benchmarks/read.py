@@ -58,6 +58,10 @@ Cases (ratios are to the best raw pyarrow reader of shardkit's files and to Peta
                            >= 0.85x raw GETs' bytes/s at every latency,
                            first batch <= 0.5 s + 4 x latency, peak RSS <= the local read's + the
                            fetch budget (max_inflight_bytes, 512 MiB)
+    latency-petastorm      Petastorm's make_batch_reader (thread x2, its venv with s3fs) on the list copy
+                           of the same rows, uploaded beside it, through the same relays, for context
+                           (Petastorm 0.13.1 with pyarrow 14 cannot open an s3:// dataset through s3fs:
+                           the report says why)
     rss-small              shardkit (defaults) and raw-iter at rows/10 (context: at 20k rows the dataset's
                            5 row groups fit in the read-ahead window, so the pipeline never fills)
     rss-large              the same at rows x 10 (2M rows, 7.3 GB on disk, written once): peak RSS flat
@@ -144,7 +148,7 @@ PETASTORM = ["petastorm-batch", "petastorm-batch-dflt", "petastorm-rows", "shard
              "shardkit-petastorm-ns"]
 HF = ["hf-mmap", "hf-mmap-u8"]
 S3 = ["s3-cache", "s3-cache-fresh"]
-LATENCY = ["latency"]
+LATENCY = ["latency", "latency-petastorm"]
 DELAYS = (0.0, 0.02, 0.05, 0.1)  # seconds the relay holds each response back
 EXTRA = ["rss-small", "rss-large", "plan", "quality"]
 MIXTURE = ["shardkit-mixture"]
@@ -298,6 +302,16 @@ def case_raw_gets(url: str, storage_options: dict[str, Any], rows: int) -> dict[
     seconds = time.perf_counter() - started
     return {"bytes": sum(len(v) for v in got.values()), "seconds": seconds, "files": len(files), "rows": rows,
             "rss": phase_peak_rss()}
+
+
+def case_petastorm_remote(url: str, storage_options: dict[str, Any]) -> dict[str, Any]:
+    """Petastorm's ``make_batch_reader`` (thread pool x2, as its local row) over S3 through the relay, in
+    its own venv (s3fs there): one epoch of the list copy of the same rows, for context."""
+    r = run_in_petastorm(SIDE / "read_batch.py", [url, "--pool", "thread", "--workers", "2",
+                                                  "--storage-options", json.dumps(storage_options)],
+                         timeout=1800)
+    r["rss"] = r["rss"] + r.pop("children_rss", 0)
+    return r
 
 
 class RelayProcess:
@@ -570,6 +584,17 @@ class MotoServer:
         return {"key": "x", "secret": "x",
                 "client_kwargs": {"endpoint_url": self.endpoint, "region_name": "us-east-1"}}
 
+    def put(self, folder: Path, name: str) -> str:
+        """Copy a local dataset folder to ``s3://shardkit-bench/<name>`` as it is; its URL."""
+        import fsspec
+
+        _local_cases_env()
+        fs = fsspec.filesystem("s3", **self.storage_options)
+        with contextlib.suppress(Exception):  # already there
+            fs.call_s3("create_bucket", Bucket=BUCKET)
+        fs.put(str(folder), f"{BUCKET}/{name}", recursive=True)
+        return f"s3://{BUCKET}/{name}"
+
     def upload(self, rows: int) -> tuple[str, float]:
         """Write the tensor dataset to ``s3://shardkit-bench/`` with shardkit; its URL and seconds taken."""
         import fsspec
@@ -728,11 +753,14 @@ def run(rows: int, cases: list[str], repeat: int, slow_repeat: int,
                 r.local("s3-cache-fresh", "case_s3_cache", {**where, "epochs": 1, "clear": False})
         shutil.rmtree(cache_dir, ignore_errors=True)
 
-    if "latency" in want:
+    if want & set(LATENCY):
         with MotoServer() as moto:
             url, upload_s = moto.upload(rows)
             _log(f"  s3 dataset: {url} via {moto.endpoint} ({upload_s:.0f} s to write)")
-            r.local("latency-local", "case_shardkit", {"url": tensor})
+            listed_s3 = moto.put(materialize_list_copy(rows), f"list-n{rows}") \
+                if "latency-petastorm" in want else None
+            if "latency" in want:
+                r.local("latency-local", "case_shardkit", {"url": tensor})
             # every latency's relay at once, the cases round-robin over them: a drift of the machine or
             # of moto over the run hits every latency alike, not the last ones
             specs: dict[str, tuple[str, dict[str, Any]]] = {}
@@ -741,9 +769,14 @@ def run(rows: int, cases: list[str], repeat: int, slow_repeat: int,
                     ms = round(delay * 1000)
                     relay_url = relays.enter_context(RelayProcess(moto.endpoint, delay))
                     client = {**moto.storage_options["client_kwargs"], "endpoint_url": relay_url}
-                    where = {"url": url, "storage_options": {**moto.storage_options, "client_kwargs": client}}
-                    specs[f"latency-{ms}ms"] = ("case_remote_epoch", where)
-                    specs[f"latency-{ms}ms-raw"] = ("case_raw_gets", {**where, "rows": rows})
+                    so = {**moto.storage_options, "client_kwargs": client}
+                    if "latency" in want:
+                        specs[f"latency-{ms}ms"] = ("case_remote_epoch", {"url": url, "storage_options": so})
+                        specs[f"latency-{ms}ms-raw"] = ("case_raw_gets",
+                                                        {"url": url, "storage_options": so, "rows": rows})
+                    if listed_s3 is not None:
+                        specs[f"latency-{ms}ms-petastorm"] = ("case_petastorm_remote",
+                                                              {"url": listed_s3, "storage_options": so})
                 r.interleaved(specs, r.k("latency"))
 
     for name, n in rss_sizes(rows).items():
@@ -1009,6 +1042,8 @@ def report_latency(run_: Run) -> tuple[str, list[dict[str, Any]]]:
             targets.append(verdict(f"latency {ms} ms: peak RSS <= local read's + the fetch budget",
                                    rss <= local_rss + FETCH_BUDGET, fmt_bytes(rss)))
         fetched = epoch.get("fetch") or {}
+        peta = res.get(f"latency-{ms}ms-petastorm")
+        peta_rate = _rate(peta)
         lines.append([
             f"{ms} ms", f"{rate:,.0f}", f"{rate / base:.2f}x" if base else "-",
             f"{epoch_bytes_s / 1e6:,.0f}" if epoch_bytes_s else "-",
@@ -1017,13 +1052,29 @@ def report_latency(run_: Run) -> tuple[str, list[dict[str, Any]]]:
             f"{epoch['rows'] / epoch['cpu_seconds']:,.0f}" if epoch.get("cpu_seconds") else "-",
             f"{fb:.2f} s", fmt_bytes(rss) if rss else "-",
             f"{fetched.get('requests', '-')} / {fetched.get('max_concurrency', '-')}",
+            f"{peta_rate:,.0f} ({peta.get('first_batch_seconds', 0):.2f} s)" if peta and peta_rate else "-",
             f"{epoch.get('load_1m', 0):.1f}", " ".join(targets)])
     if not lines:
         return "", []
     headers = ["store latency", "rows/s", "vs 0 ms", "epoch MB/s", "raw GETs MB/s", "vs raw GETs",
-               "rows/CPU-s", "first batch", "peak RSS", "requests / most in flight", "load", "targets"]
+               "rows/CPU-s", "first batch", "peak RSS", "requests / most in flight",
+               "Petastorm rows/s (first batch)", "load", "targets"]
+    at = headers.index("Petastorm rows/s (first batch)")
+    if all(line[at] == "-" for line in lines):  # not measured, or it could not read (said below)
+        headers.pop(at)
+        for line in lines:
+            line.pop(at)
     local = f"local read of the same rows: peak RSS {fmt_bytes(local_rss)}" if local_rss else ""
-    return "\n".join(p for p in (table(headers, lines), local) if p), verdicts
+    failed = [res[k]["error"] for k in res if k.endswith("ms-petastorm") and "error" in res[k]]
+    petastorm = ("Petastorm (make_batch_reader, its pinned venv with s3fs) over the same relay could not "
+                 f"read the dataset: {_last_line(failed[0])}") if failed else ""
+    return "\n".join(p for p in (table(headers, lines), local, petastorm) if p), verdicts
+
+
+def _last_line(error: str) -> str:
+    """The last non-empty line of a case's error (a traceback's exception)."""
+    lines = [line.strip() for line in error.splitlines() if line.strip()]
+    return lines[-1] if lines else error
 
 
 def render(r: Run, total: float, load_before: Any, load_after: Any, cpus: int) -> tuple[str, list[Any]]:

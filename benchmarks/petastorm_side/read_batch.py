@@ -1,7 +1,8 @@
 """Runs in the Petastorm venv: one epoch of ``make_batch_reader`` over a plain Parquet folder, timed.
 
 Usage: python benchmarks/petastorm_side/read_batch.py URL [--pool thread|process|dummy] [--workers N]
-(``--workers 0``: Petastorm's default, 10). Prints one JSON line: rows, id_sum (to check that the epoch
+[--storage-options JSON] (``--workers 0``: Petastorm's default, 10; ``--storage-options``: for an s3://
+URL, passed to s3fs). Prints one JSON line: rows, id_sum (to check that the epoch
 was complete), seconds, first_batch_seconds (make_batch_reader called -> first batch in hand), peak RSS of
 this process and the summed peak RSS of its live children (process pool workers).
 """
@@ -21,8 +22,11 @@ def main() -> None:
     parser.add_argument("url")
     parser.add_argument("--pool", default="thread")
     parser.add_argument("--workers", type=int, default=0)
+    parser.add_argument("--storage-options", type=json.loads, default=None)
     args = parser.parse_args()
     kwargs = {"reader_pool_type": args.pool, "num_epochs": 1}
+    if args.storage_options:
+        kwargs["storage_options"] = args.storage_options
     if args.workers:
         kwargs["workers_count"] = args.workers
     load = os.getloadavg()[0]
@@ -47,7 +51,8 @@ def main() -> None:
     print(json.dumps({"rows": rows, "id_sum": id_sum, "batches": batches, "fields": fields,
                       "seconds": seconds, "first_batch_seconds": first, "rss": _proc.phase_peak_rss(),
                       "children_rss": children, "cpu_seconds": cpu,
-                      "load_1m": max(load, os.getloadavg()[0]), "options": kwargs}))
+                      "load_1m": max(load, os.getloadavg()[0]),
+                      "options": {k: v for k, v in kwargs.items() if k != "storage_options"}}))
 
 
 if __name__ == "__main__":
