@@ -577,3 +577,27 @@ def test_tf_data_takes_a_mixed_reader(two: dict[str, str]) -> None:
     ds = stf.make_dataset(shardkit.make_reader(two, **kw))
     got = Counter(i for b in ds for i in items({k: v.numpy() for k, v in b.items()}))
     assert got == stream_of(two, 1, **kw)
+
+
+@given(st.sets(st.integers(0, 300), max_size=40), st.integers(0, 5), st.integers(1, 4), st.integers(0, 40))
+def test_a_batchs_rows_of_one_source_are_placed_as_a_slice_exactly_when_evenly_spaced(
+        picked: set[int], start: int, step: int, count: int) -> None:
+    """`_interleave` copies a source's rows with a slice where they are a fixed step apart (equal
+    weights): the slice selects exactly those rows, and uneven rows stay an index array."""
+    from shardkit.reader.mixture import _as_slice
+
+    everything = np.arange(400)
+    for rows in (np.array(sorted(picked), dtype=np.int64), np.arange(start, start + step * count, step)):
+        placed = _as_slice(rows)
+        assert np.array_equal(everything[placed], rows)
+        if len(rows):  # (no rows: either does)
+            even = len(rows) == 1 or len(set(np.diff(rows).tolist())) == 1
+            assert isinstance(placed, slice) == even
+
+
+def test_the_schedules_sources_are_the_same_from_its_repeated_periods_and_past_them() -> None:
+    schedule = Schedule((3, 1, 2))
+    w = schedule.period
+    for start, stop in [(0, 7), (5, 300), (w * 1000 + 1, w * 1000 + 900), (3, 20_000)]:
+        want = np.array([schedule.sequence[p % w] for p in range(start, stop)])
+        assert np.array_equal(schedule.sources(start, stop), want)

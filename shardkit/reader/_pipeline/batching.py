@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import sys
 import threading
 from collections.abc import Callable, Iterable, Iterator, Sequence
@@ -177,7 +178,7 @@ class Recycler:
         """An uninitialized array, reused when one is free."""
         if dtype.hasobject:
             return np.empty(shape, dtype)
-        nbytes = int(np.prod(shape)) * dtype.itemsize
+        nbytes = math.prod(shape) * dtype.itemsize
         with self._lock:
             free = [i for i in range(len(self._arrays)) if sys.getrefcount(self._arrays[i]) <= self._free]
             fits = [i for i in free if self._arrays[i].nbytes - ALIGN >= nbytes]
