@@ -749,21 +749,11 @@ def _interleave(which: np.ndarray, parts: Sequence[Sequence[Columns]], names: Se
     """The rows of ``parts`` (per source, its rows in order) placed where ``which`` (the source of each
     row of the batch) puts them: one copy per row, into arrays of ``recycler``."""
     n = len(which)
-    order = np.argsort(which, kind="stable")
-    cuts = np.searchsorted(which[order], np.arange(len(parts) + 1))
     present = [i for i, p in enumerate(parts) if p]
     if len(present) == 1 and len(parts[present[0]]) == 1:  # one source: its rows as they are
         return dict(parts[present[0]][0])
-    # where each chunk's rows go, the same for every column: a slice where they are evenly spaced (equal
-    # weights put every source's rows a fixed step apart), which numpy copies faster than an index array
-    places: list[tuple[int, int, np.ndarray | slice]] = []  # (source, chunk, rows of the batch)
-    for i in present:
-        dest = order[cuts[i] : cuts[i + 1]]
-        at = 0
-        for j, chunk in enumerate(parts[i]):
-            rows = dest[at : at + batching.num_rows(chunk)]
-            at += len(rows)
-            places.append((i, j, _as_slice(rows)))
+    lengths = tuple(tuple(batching.num_rows(chunk) for chunk in p) for p in parts)
+    places = _places(which.astype(np.int32, copy=False).tobytes(), lengths)
     out: Columns = {}
     for name in names:
         pieces = [(rows, parts[i][j][name]) for i, j, rows in places]
@@ -780,6 +770,25 @@ def _interleave(which: np.ndarray, parts: Sequence[Sequence[Columns]], names: Se
             result = joined[inverse]
         out[name] = result
     return out
+
+
+@lru_cache(maxsize=256)
+def _places(which: bytes, lengths: tuple[tuple[int, ...], ...]) -> list[tuple[int, int, np.ndarray | slice]]:
+    """Where each chunk's rows go in a batch whose rows' sources are ``which`` (int32 bytes), the chunks
+    of source ``i`` holding ``lengths[i]`` rows: ``(source, chunk, rows of the batch)``, the same for
+    every column. Rows a fixed step apart (equal weights) are a slice, which numpy copies faster than an
+    index array. Batches repeat the schedule's pattern, so this is kept for the next ones."""
+    sources = np.frombuffer(which, dtype=np.int32)
+    order = np.argsort(sources, kind="stable")
+    order.flags.writeable = False  # kept in the cache: its views must not change
+    cuts = np.searchsorted(sources[order], np.arange(len(lengths) + 1))
+    places: list[tuple[int, int, np.ndarray | slice]] = []
+    for i, chunks in enumerate(lengths):
+        dest, at = order[cuts[i] : cuts[i + 1]], 0
+        for j, rows in enumerate(chunks):
+            places.append((i, j, _as_slice(dest[at : at + rows])))
+            at += rows
+    return places
 
 
 def _as_slice(rows: np.ndarray) -> np.ndarray | slice:
