@@ -251,3 +251,25 @@ def test_an_error_without_a_ctrl_c_keeps_its_traceback(monkeypatch: pytest.Monke
             cli.main(["write", "src.parquet", "out"])
     finally:
         signal.signal(signal.SIGINT, handler)
+
+
+def test_a_program_with_its_own_handler_is_not_told_of_an_earlier_commands_ctrl_c(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A Ctrl-C counted during one call of `main` does not turn a later call's plain error (in a program
+    with a SIGINT handler of its own, where nothing is counted) into an interruption."""
+    from shardkit import cli
+    from shardkit.cli import _interrupts
+
+    _interrupts._seen.append(KeyboardInterrupt())  # what an earlier command's Ctrl-C left
+    from shardkit.dataset import convert as convert_module
+
+    def failed(*args: object, **kwargs: object) -> None:
+        raise ValueError("a bug")
+
+    monkeypatch.setattr(convert_module, "convert", failed)
+    handler = signal.signal(signal.SIGINT, lambda signum, frame: None)  # the program's own
+    try:
+        with pytest.raises(ValueError, match="a bug"):
+            cli.main(["write", str(tmp_path / "src.parquet"), str(tmp_path / "out")])
+    finally:
+        signal.signal(signal.SIGINT, handler)

@@ -31,11 +31,11 @@ def counting() -> Iterator[None]:
     """Count the SIGINTs that arrive inside the block (each still raises ``KeyboardInterrupt`` as
     Python's own handler does). Only where Python's handler is the one installed, in the main thread: a
     program that calls `shardkit.cli.main` with a handler of its own keeps it."""
+    _seen.clear()  # an earlier command's, in a program that calls main more than once
     if threading.current_thread() is not threading.main_thread() \
             or signal.getsignal(signal.SIGINT) is not signal.default_int_handler:
         yield
         return
-    _seen.clear()
     signal.signal(signal.SIGINT, _on_sigint)
     try:
         yield
