@@ -307,11 +307,8 @@ def case_raw_gets(url: str, storage_options: dict[str, Any], rows: int) -> dict[
 def case_petastorm_remote(url: str, storage_options: dict[str, Any]) -> dict[str, Any]:
     """Petastorm's ``make_batch_reader`` (thread pool x2, as its local row) over S3 through the relay, in
     its own venv (s3fs there): one epoch of the list copy of the same rows, for context."""
-    r = run_in_petastorm(SIDE / "read_batch.py", [url, "--pool", "thread", "--workers", "2",
-                                                  "--storage-options", json.dumps(storage_options)],
-                         timeout=1800)
-    r["rss"] = r["rss"] + r.pop("children_rss", 0)
-    return r
+    return _petastorm_run("read_batch.py", url, ["--pool", "thread", "--workers", "2",
+                                                 "--storage-options", json.dumps(storage_options)])
 
 
 class RelayProcess:
@@ -584,25 +581,24 @@ class MotoServer:
         return {"key": "x", "secret": "x",
                 "client_kwargs": {"endpoint_url": self.endpoint, "region_name": "us-east-1"}}
 
-    def put(self, folder: Path, name: str) -> str:
-        """Copy a local dataset folder to ``s3://shardkit-bench/<name>`` as it is; its URL."""
+    def bucket(self) -> Any:
+        """An s3fs filesystem on this server, its bucket ``shardkit-bench`` made (once)."""
         import fsspec
 
         _local_cases_env()
         fs = fsspec.filesystem("s3", **self.storage_options)
-        with contextlib.suppress(Exception):  # already there
+        with contextlib.suppress(Exception):  # already there (a second dataset in one run)
             fs.call_s3("create_bucket", Bucket=BUCKET)
-        fs.put(str(folder), f"{BUCKET}/{name}", recursive=True)
+        return fs
+
+    def put(self, folder: Path, name: str) -> str:
+        """Copy a local dataset folder to ``s3://shardkit-bench/<name>`` as it is; its URL."""
+        self.bucket().put(str(folder), f"{BUCKET}/{name}", recursive=True)
         return f"s3://{BUCKET}/{name}"
 
     def upload(self, rows: int) -> tuple[str, float]:
         """Write the tensor dataset to ``s3://shardkit-bench/`` with shardkit; its URL and seconds taken."""
-        import fsspec
-
-        _local_cases_env()
-        fs = fsspec.filesystem("s3", **self.storage_options)
-        with contextlib.suppress(Exception):  # already there (a second size in one run)
-            fs.call_s3("create_bucket", Bucket=BUCKET)
+        self.bucket()
         url = f"s3://{BUCKET}/tensor-n{rows}"
         started = time.perf_counter()
         shardkit.write_dataset(data.iter_batches(rows, "tensor"), url, schema=data.shardkit_schema("tensor"),
@@ -617,13 +613,15 @@ def _log(msg: str) -> None:
     print(msg, file=sys.stderr, flush=True)
 
 
+def _petastorm_run(script: str, url: str, args: list[str]) -> dict[str, Any]:
+    """One run of a `petastorm_side` script, its pool workers' peak RSS counted in its own."""
+    r = run_in_petastorm(SIDE / script, [url, *args], timeout=1800)
+    r["rss"] = r["rss"] + r.pop("children_rss", 0)
+    return r
+
+
 def _petastorm(script: str, url: str, args: list[str], k: int) -> dict[str, Any]:
-    runs = []
-    for _ in range(k):
-        r = run_in_petastorm(SIDE / script, [url, *args], timeout=1800)
-        r["rss"] = r["rss"] + r.pop("children_rss", 0)
-        runs.append(r)
-    return median_of(runs)
+    return median_of([_petastorm_run(script, url, args) for _ in range(k)])
 
 
 class Run:
@@ -1010,6 +1008,8 @@ def report_latency(run_: Run) -> tuple[str, list[dict[str, Any]]]:
     base = _rate(res.get("latency-0ms"))
     local_rss = res.get("latency-local", {}).get("rss")
     lines, verdicts = [], []
+    # Petastorm's column only where it read (where it could not, a line below the table says why)
+    petastorm_read = any(_rate(res.get(f"latency-{round(d * 1000)}ms-petastorm")) for d in DELAYS)
 
     def verdict(what: str, ok: bool, detail: str) -> str:
         verdicts.append({"target": what, "result": "PASS" if ok else "MISS", "detail": detail})
@@ -1044,6 +1044,8 @@ def report_latency(run_: Run) -> tuple[str, list[dict[str, Any]]]:
         fetched = epoch.get("fetch") or {}
         peta = res.get(f"latency-{ms}ms-petastorm")
         peta_rate = _rate(peta)
+        petastorm_column = [f"{peta_rate:,.0f} ({peta.get('first_batch_seconds', 0):.2f} s)"
+                            if peta and peta_rate else "-"] if petastorm_read else []
         lines.append([
             f"{ms} ms", f"{rate:,.0f}", f"{rate / base:.2f}x" if base else "-",
             f"{epoch_bytes_s / 1e6:,.0f}" if epoch_bytes_s else "-",
@@ -1052,18 +1054,12 @@ def report_latency(run_: Run) -> tuple[str, list[dict[str, Any]]]:
             f"{epoch['rows'] / epoch['cpu_seconds']:,.0f}" if epoch.get("cpu_seconds") else "-",
             f"{fb:.2f} s", fmt_bytes(rss) if rss else "-",
             f"{fetched.get('requests', '-')} / {fetched.get('max_concurrency', '-')}",
-            f"{peta_rate:,.0f} ({peta.get('first_batch_seconds', 0):.2f} s)" if peta and peta_rate else "-",
-            f"{epoch.get('load_1m', 0):.1f}", " ".join(targets)])
+            *petastorm_column, f"{epoch.get('load_1m', 0):.1f}", " ".join(targets)])
     if not lines:
         return "", []
     headers = ["store latency", "rows/s", "vs 0 ms", "epoch MB/s", "raw GETs MB/s", "vs raw GETs",
                "rows/CPU-s", "first batch", "peak RSS", "requests / most in flight",
-               "Petastorm rows/s (first batch)", "load", "targets"]
-    at = headers.index("Petastorm rows/s (first batch)")
-    if all(line[at] == "-" for line in lines):  # not measured, or it could not read (said below)
-        headers.pop(at)
-        for line in lines:
-            line.pop(at)
+               *(["Petastorm rows/s (first batch)"] if petastorm_read else []), "load", "targets"]
     local = f"local read of the same rows: peak RSS {fmt_bytes(local_rss)}" if local_rss else ""
     failed = [res[k]["error"] for k in res if k.endswith("ms-petastorm") and "error" in res[k]]
     petastorm = ("Petastorm (make_batch_reader, its pinned venv with s3fs) over the same relay could not "
