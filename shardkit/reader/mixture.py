@@ -45,6 +45,7 @@ batches in the schedule's order, one copy per row (`_interleave`).
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
 import heapq
 import json
@@ -62,6 +63,7 @@ import numpy as np
 from shardkit.dataset import Field, Schema
 from shardkit.errors import ReaderError, SchemaMismatchError, ShardkitError
 from shardkit.reader._pipeline import batching
+from shardkit.reader._pipeline.placing import Blocks, WindowPlacement, destinations
 from shardkit.reader._plan import Ranges, Remainder, merge, shard_ranges, take, total
 from shardkit.reader.reader import Reader
 
@@ -76,6 +78,8 @@ MAX_PERIOD = 1 << 16
 #: The `make_reader` arguments a mixture takes per source, as a dict of source name -> value.
 PER_SOURCE = frozenset({"filter", "storage_options", "version", "schema"})
 STATE_KIND = "shardkit.mixture"
+#: About the most bytes of rows one block of a mixture's batches' memory holds (`_pipeline.placing.Blocks`).
+BLOCK_BYTES = 128 << 20
 STATE_VERSION = 1
 
 
@@ -124,7 +128,7 @@ class Schedule:
         w, n = self.period, stop - start
         if start % w + n <= len(self._repeated):  # a slice of periods laid end to end (a batch's worth)
             return self._repeated[start % w : start % w + n]
-        return np.take(self.sequence, np.arange(start % w, start % w + n), mode="wrap")
+        return self.sequence[np.arange(start % w, start % w + n) % w]  # (np.take's mode="wrap" is slow)
 
     @cached_property
     def _repeated(self) -> np.ndarray:
@@ -354,66 +358,109 @@ class _Boundary:
         return {"epoch": self.epoch, "fresh": self.fresh, "carry": [list(r) for r in self.carry]}
 
 
-class _Feed:
-    """One source's rows for a shard's epoch: runs of the source's sample stream (``ranges``, in the order
-    they are needed), read through the source's own one-shard `Reader`, positioned with its state."""
+def _seek(reader: Reader, sample: int) -> None:
+    """Put a source's reader at sample ``sample`` of its stream: pass ``sample // rows``, that many rows
+    into it (a one-shard reader's state: the epoch is the pass)."""
+    state = reader.state_dict()
+    state["epoch"], offset = divmod(sample, reader.num_samples)
+    state["history"] = [[1, offset]] if offset else []
+    reader.load_state_dict(state)
 
-    def __init__(self, reader: Reader, ranges: Sequence[tuple[int, int]]) -> None:
-        self.reader = reader
-        self.ranges = deque((a, b) for a, b in ranges if b > a)
-        self._buffer: deque[Columns] = deque()
-        self._it: Iterator[Columns] | None = None
-        self._next = -1  # the sample the iterator yields next
 
-    def take(self, count: int) -> list[Columns]:
-        """The next ``count`` rows, as views of the source reader's batches."""
-        out: list[Columns] = []
+class _Claims:
+    """Where source ``index``'s samples go in a shard's piece, in their order: its `batching.Placer`.
+
+    The piece is the run of stream positions ``segments`` (in order); its positions are numbered from 0.
+    ``left`` is how many samples the source's reader is still to read from where it stands."""
+
+    SCAN = 1 << 16  # piece positions looked up at a time
+
+    def __init__(self, index: int, segments: Sequence[tuple[int, int]], schedule: Schedule,
+                 blocks: Blocks) -> None:
+        self.index, self.schedule, self.blocks = index, schedule, blocks
+        self.left = 0
+        self._segments = deque(segments)
+        self._scanned = 0  # piece positions looked up so far
+        self._found: deque[np.ndarray] = deque()  # this source's positions among them, not yet claimed
+
+    def remaining(self) -> int:
+        return self.left
+
+    def plan(self, emit: np.ndarray | None, sizes: list[int]
+             ) -> tuple[WindowPlacement, list[np.ndarray] | None]:
+        positions = self._claim(sum(sizes) if emit is None else len(emit))
+        self.left -= len(positions)
+        return WindowPlacement(self.blocks, positions), destinations(emit, sizes, positions)
+
+    def _claim(self, count: int) -> np.ndarray:
+        """The next ``count`` positions of the source in the piece."""
+        out: list[np.ndarray] = []
         while count:
-            if not self._buffer:
-                self.fill()
-            chunk = self._buffer[0]
-            n = batching.num_rows(chunk)
-            if n <= count:
-                out.append(self._buffer.popleft())
-                count -= n
+            while not self._found and self._scan():
+                pass
+            if not self._found:
+                raise ReaderError(f"a mixture's source {self.index} read more rows than the shard's piece "
+                                  "holds of it; report this as a shardkit bug")
+            found = self._found[0]
+            out.append(found[:count])
+            if len(found) > count:
+                self._found[0] = found[count:]
             else:
-                out.append(batching.take(chunk, slice(0, count)))
-                self._buffer[0] = batching.take(chunk, slice(count, n))
-                count = 0
-        return out
+                self._found.popleft()
+            count -= len(out[-1])
+        return np.concatenate(out) if len(out) != 1 else out[0]
 
-    def fill(self) -> None:
-        """Read the source reader's next batch into the buffer (positioning it first where it must be)."""
-        if not self.ranges:
-            raise ReaderError(f"a mixture took more rows of {self.reader.dataset.url!r} than its plan holds; "
-                              "report this as a shardkit bug")
-        if self._it is None or self._next != self.ranges[0][0]:
-            self._seek(self.ranges[0][0])
-        assert self._it is not None
-        batch = next(self._it)
-        start, n = self._next, batching.num_rows(batch)
-        self._next = start + n
-        offset = 0
-        while offset < n and self.ranges and self.ranges[0][0] == start + offset:
-            a, b = self.ranges[0]
-            use = min(n - offset, b - a)
-            self._buffer.append(batch if use == n else batching.take(batch, slice(offset, offset + use)))
-            offset += use
-            if a + use == b:
-                self.ranges.popleft()
+    def _scan(self) -> bool:
+        if not self._segments:
+            return False
+        a, b = self._segments[0]
+        stop = min(b, a + self.SCAN)
+        found = np.flatnonzero(self.schedule.sources(a, stop) == self.index) + self._scanned
+        if len(found):
+            self._found.append(found)
+        self._scanned += stop - a
+        if stop == b:
+            self._segments.popleft()
+        else:
+            self._segments[0] = (stop, b)
+        return True
+
+
+class _Placing:
+    """One source's rows for a shard's epoch placed straight in the mixed batches' `Blocks`: runs of the
+    source's sample stream (``ranges``, in the order they are needed) read by its `Reader` (its
+    `Reader._placing`), positioned with its state at the start of each run; ``placed`` counts the samples
+    whose rows are all in place, in order."""
+
+    def __init__(self, reader: Reader, ranges: Sequence[tuple[int, int]], claims: _Claims) -> None:
+        self.reader, self.claims = reader, claims
+        self.ranges: deque[tuple[int, int]] = deque()
+        for a, b in ranges:
+            if b <= a:
+                continue
+            if self.ranges and self.ranges[-1][1] == a:  # one run: no seek between them
+                self.ranges[-1] = (self.ranges[-1][0], b)
             else:
-                self.ranges[0] = (a + use, b)
+                self.ranges.append((a, b))
+        self.placed = 0
+        self._it: Iterator[int] | None = None
 
-    def _seek(self, sample: int) -> None:
-        """Put the source's reader at sample ``sample`` of its stream: pass ``sample // rows``, that many
-        rows into it (a one-shard reader's state: the epoch is the pass)."""
-        self.close()
-        reader = self.reader
-        state = reader.state_dict()
-        state["epoch"], offset = divmod(sample, reader.num_samples)
-        state["history"] = [[1, offset]] if offset else []
-        reader.load_state_dict(state)
-        self._it, self._next = iter(reader), sample
+    def until(self, count: int) -> None:
+        """Read on until the first ``count`` samples are in place."""
+        while self.placed < count:
+            if self._it is None:
+                if not self.ranges:
+                    raise ReaderError(f"a mixture took more rows of {self.reader.dataset.url!r} than its "
+                                      "plan holds; report this as a shardkit bug")
+                a, b = self.ranges.popleft()
+                _seek(self.reader, a)
+                self.claims.left = b - a
+                self._it = self.reader._placing(self.claims)
+            n = next(self._it, None)
+            if n is None:  # the run is read
+                self._it = None
+            else:
+                self.placed += n
 
     def close(self) -> None:
         it, self._it = self._it, None
@@ -457,7 +504,13 @@ class MixedReader(Reader):
         self.stats: dict[str, int] = {}
         self._refresh_stats()
         row_bytes = max(r.dataset.decoded_row_bytes(r.schema.names) for r in self.readers.values())
-        self._recycler = batching.Recycler(8 * batch_size * row_bytes)
+        # the sources' workers place their rows straight in the mixed batches (`_Placing`), in blocks of
+        # about two of a source's windows (the rows of a window that crosses a block are copied twice)
+        span = max((r.shuffle_buffer if shuffle else r.task_rows or 1) / share
+                   for r, share in zip(self.readers.values(), mixture.shares, strict=True) if share)
+        most = max(batch_size, BLOCK_BYTES // row_bytes)
+        self._block_rows = -(-min(2 * math.ceil(span), most) // batch_size) * batch_size
+        self._recycler = batching.Recycler(4 * self._block_rows * row_bytes)
         self.epoch = 0
         self._boundary = _Boundary(0, 0)
         self._history: list[tuple[int, int]] = []
@@ -518,12 +571,32 @@ class MixedReader(Reader):
         epoch_positions = self._boundary.positions(self.num_samples)
         segments = [g for a, b in take(ranges, position, total(ranges)) for g in take(epoch_positions, a, b)]
         counts = {s: self.schedule.counts(s) for g in segments for s in g}
-        feeds = [_Feed(reader, [(int(counts[a][i]), int(counts[b][i])) for a, b in segments])
-                 for i, reader in enumerate(self.readers.values())]
+        runs = [[(int(counts[a][i]), int(counts[b][i])) for a, b in segments]
+                for i in range(len(self.readers))]
+        yield from self._placed_epoch(generation, segments, runs, position)
+
+    def _placed_epoch(self, generation: int, segments: Sequence[tuple[int, int]],
+                      runs: Sequence[Sequence[tuple[int, int]]], position: int) -> Iterator[Columns]:
+        """The rest of the epoch (the stream positions ``segments``; per source, the ``runs`` of its
+        samples they hold), the sources' rows placed in the batches' memory by their own workers."""
+        blocks = Blocks(self._block_rows, self._recycler)
+        names = self.schema.names[:-1]
+        feeds = [_Placing(reader, run, _Claims(i, segments, self.schedule, blocks))
+                 for i, (reader, run) in enumerate(zip(self.readers.values(), runs, strict=True))]
+        needed = np.zeros(len(feeds), dtype=np.int64)  # per source, its samples in the batches so far
+        at = 0  # the piece position of the next batch, from where this iteration started
         try:
-            _prime(feeds)
+            _prime([functools.partial(f.until, 1) for f, run in zip(feeds, runs, strict=True) if total(run)])
             for spans, consumed in _batches(segments, self.batch_size, position):
-                yield self._hand_out(self._build(spans, feeds), consumed)
+                which = np.concatenate([self.schedule.sources(a, b) for a, b in spans])
+                needed += np.bincount(which, minlength=len(feeds))
+                for feed, count in zip(feeds, needed.tolist(), strict=True):
+                    feed.until(count)
+                blocks.release(at)
+                batch = blocks.batch(at, at + len(which), names)
+                batch[SOURCE] = which
+                at += len(which)
+                yield self._hand_out(batch, consumed)
                 if generation != self._generation:
                     return
         finally:
@@ -531,15 +604,6 @@ class MixedReader(Reader):
                 feed.close()
         if generation == self._generation:
             self._finish_epoch()
-
-    def _build(self, spans: Sequence[tuple[int, int]], feeds: Sequence[_Feed]) -> Columns:
-        """The batch of stream positions ``spans``, from the sources' ``feeds``."""
-        which = np.concatenate([self.schedule.sources(a, b) for a, b in spans])
-        need = np.bincount(which, minlength=len(feeds))
-        parts = [feeds[i].take(int(n)) if n else [] for i, n in enumerate(need)]
-        batch = _interleave(which, parts, self.schema.names[:-1], self._recycler)
-        batch[SOURCE] = which
-        return batch
 
     def _hand_out(self, batch: Columns, consumed: int) -> Columns:
         """A batch about to be yielded: from now on `state_dict` counts it as consumed."""
@@ -735,70 +799,13 @@ def _batches(segments: Sequence[tuple[int, int]], batch_size: int, position: int
         yield spans, position + rows
 
 
-def _prime(feeds: Sequence[_Feed]) -> None:
+def _prime(starts: Sequence[Callable[[], None]]) -> None:
     """Start every source's reading at once (each reader's first read, on threads of its own), so that the
     first batch waits for the slowest source, not for them all in turn."""
-    started = [f for f in feeds if f.ranges]
-    if len(started) > 1:
-        with ThreadPoolExecutor(len(started), thread_name_prefix="shardkit-mix") as pool:
-            list(pool.map(_Feed.fill, started))
-
-
-def _interleave(which: np.ndarray, parts: Sequence[Sequence[Columns]], names: Sequence[str],
-                recycler: batching.Recycler) -> Columns:
-    """The rows of ``parts`` (per source, its rows in order) placed where ``which`` (the source of each
-    row of the batch) puts them: one copy per row, into arrays of ``recycler``."""
-    n = len(which)
-    present = [i for i, p in enumerate(parts) if p]
-    if len(present) == 1 and len(parts[present[0]]) == 1:  # one source: its rows as they are
-        return dict(parts[present[0]][0])
-    lengths = tuple(tuple(batching.num_rows(chunk) for chunk in p) for p in parts)
-    places = _places(which.astype(np.int32, copy=False).tobytes(), lengths)
-    out: Columns = {}
-    for name in names:
-        pieces = [(rows, parts[i][j][name]) for i, j, rows in places]
-        first = pieces[0][1]
-        if all(type(v) is np.ndarray and v.dtype == first.dtype and v.shape[1:] == first.shape[1:]
-               for _, v in pieces):
-            result = recycler.empty((n, *first.shape[1:]), first.dtype)
-            for where, values in pieces:
-                result[where] = values
-        else:  # masked (nulls) in some sources, or rows of other shapes: joined, then put in place
-            joined = batching.concat([{name: v} for _, v in pieces])[name]
-            inverse = np.empty(n, dtype=np.int64)
-            inverse[np.concatenate([np.arange(n)[d] for d, _ in pieces])] = np.arange(n)
-            result = joined[inverse]
-        out[name] = result
-    return out
-
-
-@lru_cache(maxsize=256)
-def _places(which: bytes, lengths: tuple[tuple[int, ...], ...]) -> list[tuple[int, int, np.ndarray | slice]]:
-    """Where each chunk's rows go in a batch whose rows' sources are ``which`` (int32 bytes), the chunks
-    of source ``i`` holding ``lengths[i]`` rows: ``(source, chunk, rows of the batch)``, the same for
-    every column. Rows a fixed step apart (equal weights) are a slice, which numpy copies faster than an
-    index array. Batches repeat the schedule's pattern, so this is kept for the next ones."""
-    sources = np.frombuffer(which, dtype=np.int32)
-    order = np.argsort(sources, kind="stable")
-    order.flags.writeable = False  # kept in the cache: its views must not change
-    cuts = np.searchsorted(sources[order], np.arange(len(lengths) + 1))
-    places: list[tuple[int, int, np.ndarray | slice]] = []
-    for i, chunks in enumerate(lengths):
-        dest, at = order[cuts[i] : cuts[i + 1]], 0
-        for j, rows in enumerate(chunks):
-            places.append((i, j, _as_slice(dest[at : at + rows])))
-            at += rows
-    return places
-
-
-def _as_slice(rows: np.ndarray) -> np.ndarray | slice:
-    """``rows`` (ascending) as a slice when they are evenly spaced, else as they are."""
-    if len(rows) < 2:
-        return slice(int(rows[0]), int(rows[0]) + 1) if len(rows) else rows
-    step = int(rows[1] - rows[0])
-    if step > 0 and int(rows[-1] - rows[0]) == step * (len(rows) - 1) and bool((np.diff(rows) == step).all()):
-        return slice(int(rows[0]), int(rows[-1]) + 1, step)
-    return rows
+    if len(starts) > 1:
+        with ThreadPoolExecutor(len(starts), thread_name_prefix="shardkit-mix") as pool:
+            for f in [pool.submit(start) for start in starts]:
+                f.result()
 
 
 # ---- opening -----------------------------------------------------------------------------------------

@@ -63,7 +63,7 @@ WINDOW_BYTES = 32 << 20  # default shuffle window: about this many decoded bytes
 #: size, so its first rows are decoded (and can be emitted) while its later slices are still read.
 TASK_BYTES = 8 << 20
 #: Where a worker places a task's decoded rows: its window's `batching.Scatter` and the rows there.
-_Slot = tuple[batching.Scatter, np.ndarray] | None
+_Slot = tuple[batching.Scatter | batching.Placement, np.ndarray] | None
 
 
 class Reader:
@@ -185,16 +185,31 @@ class Reader:
         """Batches of the rest of the current epoch; the reader then moves to the next epoch."""
         yield from self._epoch(self._claim())
 
+    def _placing(self, placer: batching.Placer) -> Iterator[int]:
+        """Read the samples ``placer`` asks for, from the reader's position on (into the next epochs as
+        needed), placing each window's rows where ``placer`` says instead of cutting them into batches:
+        yields the rows of each window once they are all in place (`batching.Placer`: a mixture's rows
+        go straight to the mixed batches' memory)."""
+        generation = self._claim()
+        while generation == self._generation and placer.remaining():
+            yield from self._epoch_of(generation, placer)
+
     def _claim(self) -> int:
         """Start a new iteration; the previous one, if still suspended somewhere, ends at its next batch."""
         self._generation += 1
         return self._generation
 
     def _epoch(self, generation: int) -> Iterator[Columns]:
+        yield from self._epoch_of(generation, None)
+
+    def _epoch_of(self, generation: int, placer: batching.Placer | None) -> Iterator[Any]:
+        """The rest of the current epoch: its batches, or with a ``placer``, the rows of each window
+        once they are in place (see `_placing`)."""
         order = EpochOrder(self.rows_per_group, self.seed, self.epoch, self.shuffle, self.shuffle_buffer)
         ranges = self._ranges(self._history)
         start = self._consumed  # > 0 when an earlier iteration of this stage stopped early
-        windows = shard_windows(order, take(ranges, start, total(ranges)))
+        stop = total(ranges) if placer is None else min(total(ranges), start + placer.remaining())
+        windows = shard_windows(order, take(ranges, start, stop))
         # the first batch comes sooner: its rows are read first, the rest of the window in tasks
         first = split_tasks(windows[:1], self.task_rows, -(-self.batch_size // SLICE_ROWS) * SLICE_ROWS)
         windows[:1] = first
@@ -205,15 +220,18 @@ class Reader:
         last_of = {t.row_group: i for i, t in enumerate(cut)}
         short = {t for i, t in enumerate(cut) if last_of[t.row_group] != i}
         batcher = batching.Batcher(self.batch_size)
-        prepared: deque[tuple[np.ndarray | None, list[int], batching.Scatter | None]] = deque()
+        prepared: deque[tuple[np.ndarray | None, list[int], batching.Scatter | batching.Placement | None]] = \
+            deque()
 
         def reads() -> Iterator[tuple[Task, np.ndarray | None, bool, _Slot]]:
             for w in windows:  # prepared just ahead of the reads, popped when the window is assembled
                 emit, rows, sizes = needed_rows(w, order)
-                plan = scatter_plan(emit, sizes, self._recycler)
+                plan = (scatter_plan(emit, sizes, self._recycler) if placer is None
+                        else placer.plan(emit, sizes))
                 prepared.append((emit, sizes, None if plan is None else plan[0]))
                 for i, (t, r) in enumerate(zip(w.tasks, rows, strict=True)):
-                    yield t, r, t not in short, None if plan is None else (plan[0], plan[1][i])
+                    slot = None if plan is None or plan[1] is None else (plan[0], plan[1][i])
+                    yield t, r, t not in short, slot
 
         results = self._prefetched(reads())
         position = start
@@ -223,12 +241,23 @@ class Reader:
                 emit, sizes, scatter = prepared.popleft()
                 placed = None if scatter is None else scatter.placed(
                     [p.chunks if p is not None and p.whole else None for p in parts])
-                if placed is not None:  # the workers put the rows in emission order
-                    chunks = assemble_chunks([Part([placed])], None, [window.num_rows], position,
-                                             batcher.need)
-                else:
+                need = batcher.need if placer is None else (lambda: window.num_rows)  # noqa: B023
+                if placed is None:
                     lost_at = functools.partial(self._in_place_of, order, ranges, position)
-                    chunks = assemble_chunks(parts, emit, sizes, position, batcher.need, lost_at=lost_at)
+                    chunks = assemble_chunks(parts, emit, sizes, position, need, lost_at=lost_at)
+                elif placer is None:  # the workers put the rows in emission order
+                    chunks = assemble_chunks([Part([placed])], None, [window.num_rows], position, need)
+                else:  # the workers put the rows where the placer said
+                    chunks = iter(())
+                if placer is not None:  # rows that the workers did not place go now
+                    for chunk in chunks:
+                        scatter.gathered(chunk, chunk.pop(POSITION) - position)  # type: ignore[union-attr]
+                    position += window.num_rows
+                    self._consumed = position
+                    yield window.num_rows
+                    if generation != self._generation:
+                        return
+                    continue
                 for chunk in chunks:
                     for batch in batcher.add(chunk):
                         yield self._step(batch)

@@ -179,3 +179,20 @@ def substitutes(pi_ids: Sequence[int] | np.ndarray, lost: Iterable[int]) -> dict
 def with_substitutes(ids: Iterable[int], table: dict[int, int]) -> list[int]:
     """``ids`` with each lost one replaced by its substitute (see `substitutes`)."""
     return [table.get(int(i), int(i)) for i in ids]
+
+
+def corrupt_ids(url: str, groups: list[int]) -> set[int]:
+    """Overwrite the first page header of the ``id`` column of each of ``groups`` (index order); the
+    ``label`` column stays readable, so a filter on it still counts these rows. Returns their ids."""
+    ds = shardkit.open_dataset(url)
+    lost: set[int] = set()
+    for k in groups:
+        rg = ds.row_groups[k]
+        path = os.path.join(url, rg.file)
+        chunk = pq.read_metadata(path).row_group(rg.index).column(0)
+        with open(path, "r+b") as f:
+            f.seek(chunk.dictionary_page_offset or chunk.data_page_offset)
+            f.write(b"\xff" * 32)
+        first = int(ds.rows_per_group[:k].sum())
+        lost.update(range(first, first + rg.num_rows))
+    return lost

@@ -6,11 +6,13 @@ from __future__ import annotations
 import json
 import math
 import tempfile
+import warnings
 from collections import Counter
 from collections.abc import Iterator, Mapping, Sequence
 from fractions import Fraction
 from pathlib import Path
 from typing import Any
+from unittest import mock
 
 import numpy as np
 import pyarrow as pa
@@ -20,11 +22,12 @@ from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 import shardkit
+import shardkit.reader.mixture as mixture
 from shardkit.errors import ReaderError, SchemaMismatchError
 from shardkit.reader import SOURCE, MixedReader
 from shardkit.reader.adapters.collate import jump_to_epoch
 from shardkit.reader.mixture import MAX_PERIOD, Mixture, Schedule, source_seed
-from tests.reader.datasets import write_all_codecs
+from tests.reader.datasets import corrupt_ids, write_all_codecs
 
 OFFSET = 10_000  # source i holds ids i * OFFSET, i * OFFSET + 1, ...
 Item = tuple[int, int]  # (source, id)
@@ -73,9 +76,13 @@ def items(batch: Mapping[str, Any]) -> list[Item]:
     return list(zip(np.asarray(batch[SOURCE]).tolist(), np.asarray(batch["id"]).tolist(), strict=True))
 
 
-def open_shards(sources: Mapping[str, str], world: int, **kw: Any) -> list[shardkit.Reader]:
-    return [shardkit.make_reader(dict(sources), shard=k, num_shards=world, workers=1, prefetch=2, **kw)
-            for k in range(world)]
+def open_shards(sources: Mapping[str, str], world: int, *, small_blocks: bool = False, **kw: Any
+                ) -> list[shardkit.Reader]:
+    """Shards of the mixture; ``small_blocks``: the memory the sources' workers place their rows in is cut
+    in blocks of one batch, so that most windows cross a block (`shardkit.reader._pipeline.placing`)."""
+    with mock.patch.object(mixture, "BLOCK_BYTES", 1 if small_blocks else mixture.BLOCK_BYTES):
+        return [shardkit.make_reader(dict(sources), shard=k, num_shards=world, workers=1, prefetch=2, **kw)
+                for k in range(world)]
 
 
 def read_epochs(sources: Mapping[str, str], world: int, epochs: int, **kw: Any
@@ -92,6 +99,8 @@ def read_epochs(sources: Mapping[str, str], world: int, epochs: int, **kw: Any
                 assert len(batches) == len(r) or kw.get("remainder") == "uneven"
                 counts.append(len(batches))
                 out[-1].append([i for b in batches for i in items(b)])
+                for b in batches:  # every value came with its row
+                    assert np.array_equal(b["x"], b["id"] / 2)
     finally:
         for r in readers:
             r.close()
@@ -99,7 +108,7 @@ def read_epochs(sources: Mapping[str, str], world: int, epochs: int, **kw: Any
 
 
 def reference(sources: Mapping[str, str], weights: Sequence[Fraction], length: int, *, seed: int,
-              shuffle: bool) -> list[Item]:
+              shuffle: bool, on_error: str = "raise") -> list[Item]:
     """The first ``length`` items of the mixed stream, made without a mixture: the schedule's sources,
     each source's samples in the order of its passes, each pass the epoch of a one-shard `Reader` of the
     source with its seed (`source_seed`)."""
@@ -111,7 +120,7 @@ def reference(sources: Mapping[str, str], weights: Sequence[Fraction], length: i
     for i, (name, url) in enumerate(sources.items()):
         ids: list[int] = []
         with shardkit.make_reader(url, seed=source_seed(seed, name), shuffle=shuffle, num_epochs=None,
-                                  batch_size=1024, columns=["id"], workers=1) as r:
+                                  batch_size=1024, columns=["id"], workers=1, on_error=on_error) as r:
             for batch in r:
                 if len(ids) >= need[i]:
                     break
@@ -219,6 +228,7 @@ def mixtures(draw: st.DrawFn) -> dict[str, Any]:
         "drop_last": draw(st.booleans()),
         "shuffle": draw(st.booleans()),
         "seed": draw(st.integers(0, 2**31)),
+        "small_blocks": draw(st.booleans()),
     }
 
 
@@ -230,7 +240,7 @@ def test_every_pass_of_every_source_comes_once_at_its_share_in_one_order(job: di
     start the next); each shard's epoch holds each source within the bound of its share in every window."""
     world, samples = job["world"], job["samples"]
     assume(world <= samples)
-    kw = {k: job[k] for k in ("batch_size", "remainder", "drop_last", "shuffle", "seed")}
+    kw = {k: job[k] for k in ("batch_size", "remainder", "drop_last", "shuffle", "seed", "small_blocks")}
     per_shard = samples // world if job["remainder"] == "drop" else -(-samples // world)
     assume(not job["drop_last"] or (samples // world) // job["batch_size"] > 0)
     with tempfile.TemporaryDirectory() as tmp:
@@ -352,10 +362,10 @@ def test_a_resume_on_another_number_of_shards_reads_what_the_uninterrupted_run_w
         job: dict[str, Any]) -> None:
     """A job stopped after ``steps`` steps on ``world`` shards and resumed from one rank's state on
     ``final`` shards reads, with what it read before, a prefix of the stream: nothing twice, nothing
-    skipped. Where no epoch leaves samples out (uneven, no drop_last), each epoch is exactly the
-    uninterrupted run's."""
+    skipped (positions its last epoch leaves out are the next epoch's first). Where no epoch leaves
+    samples out (uneven, no drop_last), each epoch is exactly the uninterrupted run's."""
     world, final, samples = job["world"], job["final"], job["samples"]
-    kw = {k: job[k] for k in ("batch_size", "remainder", "drop_last", "shuffle", "seed")}
+    kw = {k: job[k] for k in ("batch_size", "remainder", "drop_last", "shuffle", "seed", "small_blocks")}
     for shards in (world, final):
         assume(not job["drop_last"] or (samples // shards) // job["batch_size"] > 0)
     with tempfile.TemporaryDirectory() as tmp:
@@ -386,10 +396,14 @@ def test_a_resume_on_another_number_of_shards_reads_what_the_uninterrupted_run_w
                 for batch in r.iter_epoch() if r.epoch < 2 else []:
                     seen += items(batch)
                     epoch_of[epoch].update(items(batch))
+        # positions the last epoch left to the next one (``drop`` on fewer samples than shards after
+        # the resize): not read, not skipped either; the next epoch starts with them
+        carry = [p for a, b in readers[0].state_dict()["start"]["carry"] for p in range(a, b)]
         for r in readers:
             r.close()
-        want = reference(sources, shares_of(job["weights"]), len(seen), seed=job["seed"],
-                         shuffle=job["shuffle"])
+        stream = reference(sources, shares_of(job["weights"]), len(seen) + len(carry), seed=job["seed"],
+                           shuffle=job["shuffle"])
+        want = [item for p, item in enumerate(stream) if p not in set(carry)]
         if job["remainder"] == "uneven" and not job["drop_last"]:
             whole, _ = read_epochs(sources, world, 2, **{k: v for k, v in mix.items() if k != "num_epochs"})
     assert Counter(seen) == Counter(want)
@@ -579,25 +593,45 @@ def test_tf_data_takes_a_mixed_reader(two: dict[str, str]) -> None:
     assert got == stream_of(two, 1, **kw)
 
 
-@given(st.sets(st.integers(0, 300), max_size=40), st.integers(0, 5), st.integers(1, 4), st.integers(0, 40))
-def test_a_batchs_rows_of_one_source_are_placed_as_a_slice_exactly_when_evenly_spaced(
-        picked: set[int], start: int, step: int, count: int) -> None:
-    """`_interleave` copies a source's rows with a slice where they are a fixed step apart (equal
-    weights): the slice selects exactly those rows, and uneven rows stay an index array."""
-    from shardkit.reader.mixture import _as_slice
-
-    everything = np.arange(400)
-    for rows in (np.array(sorted(picked), dtype=np.int64), np.arange(start, start + step * count, step)):
-        placed = _as_slice(rows)
-        assert np.array_equal(everything[placed], rows)
-        if len(rows):  # (no rows: either does)
-            even = len(rows) == 1 or len(set(np.diff(rows).tolist())) == 1
-            assert isinstance(placed, slice) == even
-
-
 def test_the_schedules_sources_are_the_same_from_its_repeated_periods_and_past_them() -> None:
     schedule = Schedule((3, 1, 2))
     w = schedule.period
     for start, stop in [(0, 7), (5, 300), (w * 1000 + 1, w * 1000 + 900), (3, 20_000)]:
         want = np.array([schedule.sequence[p % w] for p in range(start, stop)])
         assert np.array_equal(schedule.sources(start, stop), want)
+
+
+# ---- the sources' workers place their rows in the mixed batches ---------------------------------------
+
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(job=mixtures(), lost=st.lists(st.integers(0, 3), min_size=1, max_size=2))
+def test_rows_lost_in_a_source_are_its_own_readers_substitutes_in_the_mixed_stream(
+        job: dict[str, Any], lost: list[int]) -> None:
+    """A corrupt row group of a source (``on_error="skip"``) costs the mixture no position: where its rows
+    were, the source's one-shard reader puts readable rows in their place (its window is then put
+    together by the consuming thread, not placed by the workers), and the mixed stream holds those."""
+    first = job["layouts"][0]
+    bad = sorted({g for g in lost if g < len(first) - 1})  # one row group of the source stays readable
+    assume(bad and job["weights"][0])
+    job["world"] = 1
+    kw = {k: job[k] for k in ("batch_size", "remainder", "drop_last", "shuffle", "seed", "small_blocks")}
+    assume(not job["drop_last"] or job["samples"] // job["batch_size"] > 0)
+    with tempfile.TemporaryDirectory() as tmp, warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)  # "skipped N corrupt row group(s)"
+        sources = write_sources(Path(tmp), job["layouts"])
+        corrupt_ids(sources["s0"], bad)
+        weights = dict(zip(sources, job["weights"], strict=True))
+        epochs, _ = read_epochs(sources, 1, 2, weights=weights, samples_per_epoch=job["samples"],
+                                on_error="skip", **kw)
+        stream = [i for epoch in epochs for shard in epoch for i in shard]
+        want = reference(sources, shares_of(job["weights"]), len(stream), seed=job["seed"],
+                         shuffle=job["shuffle"], on_error="skip")
+    assert stream == want
+
+
+def test_the_small_blocks_of_these_tests_are_one_batch_long(tmp_path: Path) -> None:
+    sources = write_sources(tmp_path, [[40, 30], [50]])
+    small = open_shards(sources, 1, small_blocks=True, batch_size=4)[0]
+    large = open_shards(sources, 1, batch_size=4)[0]
+    assert small._block_rows == 4
+    assert large._block_rows >= 2 * 1024  # two windows of the shuffle buffer's least

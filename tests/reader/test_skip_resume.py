@@ -27,7 +27,7 @@ import shardkit
 from shardkit import Field, ImageCodec, Schema
 from shardkit.errors import CorruptDatasetError, ReaderError
 from shardkit.reader._cache import CacheConfig
-from tests.reader.datasets import ids_of, substitutes, with_substitutes
+from tests.reader.datasets import corrupt_ids, ids_of, substitutes, with_substitutes
 
 
 def write_groups(path: Path, sizes: list[int], *, files: int = 2) -> str:
@@ -46,23 +46,6 @@ def write_groups(path: Path, sizes: list[int], *, files: int = 2) -> str:
                 start += size
     shardkit.write_summary(os.fspath(path))
     return os.fspath(path)
-
-
-def corrupt_ids(url: str, groups: list[int]) -> set[int]:
-    """Overwrite the first page header of the ``id`` column of each of ``groups`` (index order); the
-    ``label`` column stays readable, so a filter on it still counts these rows. Returns their ids."""
-    ds = shardkit.open_dataset(url)
-    lost: set[int] = set()
-    for k in groups:
-        rg = ds.row_groups[k]
-        path = os.path.join(url, rg.file)
-        chunk = pq.read_metadata(path).row_group(rg.index).column(0)
-        with open(path, "r+b") as f:
-            f.seek(chunk.dictionary_page_offset or chunk.data_page_offset)
-            f.write(b"\xff" * 32)
-        first = int(ds.rows_per_group[:k].sum())
-        lost.update(range(first, first + rg.num_rows))
-    return lost
 
 
 @contextlib.contextmanager

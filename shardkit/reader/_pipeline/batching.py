@@ -6,6 +6,7 @@ import math
 import sys
 import threading
 from collections.abc import Callable, Iterable, Iterator, Sequence
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -253,6 +254,33 @@ class Scatter:
             for name, a in chunk.items()
         )
         return columns if alike else None
+
+
+class Placement(Protocol):
+    """Where one window's rows go, when not in a window of their own (`Placer`): the worker threads
+    ``place`` each task's rows (``dest``: per decoded row, from `Placer.plan`); ``placed`` tells whether
+    they all are (``parts``: what the tasks returned, None where rows were lost), and ``gathered`` puts
+    the rows the workers did not (``emitted``: their indices in the window's emission order)."""
+
+    ok: bool
+
+    def place(self, part: Sequence[Columns], dest: np.ndarray) -> None: ...
+
+    def placed(self, parts: Sequence[Sequence[Columns] | None]) -> Any: ...
+
+    def gathered(self, chunk: Columns, emitted: np.ndarray) -> None: ...
+
+
+class Placer(Protocol):
+    """Takes a reader's rows in its order, as `shardkit.reader.Reader._placing` reads them: ``remaining``
+    samples from the reader's position on, each window's rows placed as ``plan`` says (``emit`` and
+    ``sizes`` as `assemble.needed_rows` gives them; the second item, per task, where each decoded row
+    goes, or None when the workers cannot place them and the window is gathered instead)."""
+
+    def remaining(self) -> int: ...
+
+    def plan(self, emit: np.ndarray | None, sizes: list[int]
+             ) -> tuple[Placement, list[np.ndarray] | None]: ...
 
 
 class Batcher:
