@@ -38,8 +38,9 @@ what the two runs read together is a prefix of the stream, each position once.
 
 Reading. Each source is read by a one-shard `Reader` (its filter, cache, lost rows and table snapshot as
 for one dataset), positioned with its own state at the first sample the shard needs of it, with the
-source's share of the threads, the read-ahead and the shuffle window; a batch takes its rows from their
-batches in the schedule's order, one copy per row (`_interleave`).
+source's share of the threads, the read-ahead and the shuffle window. Its workers copy each decoded row
+straight to its position in the mixed batches' memory (`_Placing`, `_pipeline.placing.Blocks`), so a
+row is copied once, in parallel, as in one reader's shuffled window; the batches are views of it.
 """
 
 from __future__ import annotations
@@ -476,7 +477,7 @@ class MixedReader(Reader):
     checkpoints, ``shardkit bench``): the same iteration, ``len``, ``state_dict``/``load_state_dict``
     and ``epoch``. It is not built like one: each source is read by a one-shard `Reader` of its own
     (``readers[name]``, with the source's share of ``workers``, ``prefetch`` and ``shuffle_buffer``), and
-    each batch is put together from their rows in the order of the schedule, one copy per row. Every
+    their workers place each row where the schedule puts it in the batches, one copy per row. Every
     batch has the column `SOURCE` (``"__source__"``): the index in ``sources`` of the source each row
     came from.
 

@@ -66,7 +66,12 @@ class Blocks:
                 raise ReaderError(f"column {name!r} decoded as {got} where the mixed batches hold {want}; "
                                   "the sources of a mixture must decode to the same types; report this as "
                                   "a shardkit bug, with the sources' schemas")
-            target[local] = data if rows is None else data[rows]
+            if rows is None:
+                target[local] = data
+            elif data.dtype.hasobject:
+                target[local] = data[rows]
+            else:  # through memory this thread reuses (a fresh array costs its pages' faults every time)
+                target[local] = np.take(data, rows, axis=0, out=_scratch(len(rows), data), mode="clip")
             if mask is not None:
                 self._mask(b, name, target.shape)[local] = mask if rows is None else mask[rows]
 
@@ -109,6 +114,18 @@ class Blocks:
                 del self._blocks[b]
             for key in [key for key in self._masks if (key[0] + 1) * self.rows <= before]:
                 del self._masks[key]
+
+
+_local = threading.local()
+
+
+def _scratch(n: int, like: np.ndarray) -> np.ndarray:
+    """An array of ``n`` rows like ``like``'s, in memory this thread keeps for it."""
+    nbytes = n * like[:1].nbytes
+    buffer: np.ndarray | None = getattr(_local, "buffer", None)
+    if buffer is None or buffer.nbytes < nbytes:
+        buffer = _local.buffer = np.empty(max(nbytes, 1 << 20), dtype=np.uint8)
+    return buffer[:nbytes].view(like.dtype).reshape((n, *like.shape[1:]))
 
 
 class WindowPlacement:
