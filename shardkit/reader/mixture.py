@@ -49,6 +49,7 @@ import dataclasses
 import functools
 import hashlib
 import heapq
+import itertools
 import json
 import math
 import numbers
@@ -143,6 +144,12 @@ class Schedule:
         full, rest = divmod(position, self.period)
         return np.array([full * q + int(np.searchsorted(occ, rest)) for q, occ in
                          zip(self.quotas, self._occurrences, strict=True)], dtype=np.int64)
+
+    def counts_at(self, positions: np.ndarray) -> np.ndarray:
+        """`counts` of each of ``positions`` (int64 ``(len(positions), sources)``)."""
+        full, rest = np.divmod(np.asarray(positions, dtype=np.int64), self.period)
+        return np.stack([full * q + np.searchsorted(occ, rest) for q, occ in
+                         zip(self.quotas, self._occurrences, strict=True)], axis=1)
 
 
 @lru_cache(maxsize=32)
@@ -586,20 +593,28 @@ class MixedReader(Reader):
         names = self.schema.names[:-1]
         feeds = [_Placing(reader, run, _Claims(i, segments, self.schedule, blocks))
                  for i, (reader, run) in enumerate(zip(self.readers.values(), runs, strict=True))]
-        needed = np.zeros(len(feeds), dtype=np.int64)  # per source, its samples in the batches so far
         at = 0  # the piece position of the next batch, from where this iteration started
         try:
             _prime([functools.partial(f.until, 1) for f, run in zip(feeds, runs, strict=True) if total(run)])
-            for spans, consumed in _batches(segments, self.batch_size, position):
-                which = np.concatenate([self.schedule.sources(a, b) for a, b in spans])
-                needed += np.bincount(which, minlength=len(feeds))
-                for feed, count in zip(feeds, needed.tolist(), strict=True):
-                    feed.until(count)
-                blocks.release(at)
+            for spans, consumed, needed in _needs(_batches(segments, self.batch_size, position),
+                                                  self.schedule):
+                which = self.schedule.sources(*spans[0]) if len(spans) == 1 else \
+                    np.concatenate([self.schedule.sources(a, b) for a, b in spans])
+                read = False
+                for feed, count in zip(feeds, needed, strict=True):
+                    if feed.placed < count:
+                        feed.until(count)
+                        read = True
+                if read:  # (a source's reader counts the rows it lost as it reads)
+                    self._refresh_stats()
+                if at % blocks.rows == 0:  # the batch starts a block (batches never cross one)
+                    blocks.release(at)
                 batch = blocks.batch(at, at + len(which), names)
                 batch[SOURCE] = which
                 at += len(which)
-                yield self._hand_out(batch, consumed)
+                self._consumed = consumed  # from now on `state_dict` counts the batch as consumed
+                self._steps += 1
+                yield batch
                 if generation != self._generation:
                     return
         finally:
@@ -607,13 +622,6 @@ class MixedReader(Reader):
                 feed.close()
         if generation == self._generation:
             self._finish_epoch()
-
-    def _hand_out(self, batch: Columns, consumed: int) -> Columns:
-        """A batch about to be yielded: from now on `state_dict` counts it as consumed."""
-        self._consumed = consumed
-        self._steps += 1
-        self._refresh_stats()
-        return batch
 
     def _finish_epoch(self) -> None:
         self._boundary = self._next_boundary([*self._history, (self.num_shards, self._longest())])
@@ -800,6 +808,22 @@ def _batches(segments: Sequence[tuple[int, int]], batch_size: int, position: int
                 spans, rows = [], 0
     if spans:
         yield spans, position + rows
+
+
+def _needs(batches: Iterator[tuple[list[tuple[int, int]], int]], schedule: Schedule, group: int = 1024
+           ) -> Iterator[tuple[list[tuple[int, int]], int, list[int]]]:
+    """``batches`` (`_batches`) with, for each, how many samples of each source the batches up to it
+    hold together (``group`` batches looked up at a time, with `Schedule.counts_at`)."""
+    so_far = np.zeros(len(schedule.quotas), dtype=np.int64)
+    while chunk := list(itertools.islice(batches, group)):
+        spans = [span for batch, _ in chunk for span in batch]
+        ends = np.cumsum([len(batch) for batch, _ in chunk]) - 1
+        edges = np.array(spans, dtype=np.int64)
+        held = np.cumsum(schedule.counts_at(edges[:, 1]) - schedule.counts_at(edges[:, 0]), axis=0)
+        held[:] += so_far
+        so_far = held[-1].copy()
+        for (batch, consumed), needed in zip(chunk, held[ends].tolist(), strict=True):
+            yield batch, consumed, needed
 
 
 def _prime(starts: Sequence[Callable[[], None]]) -> None:

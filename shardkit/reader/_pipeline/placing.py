@@ -35,6 +35,28 @@ class Blocks:
         self._masks: dict[tuple[int, str], np.ndarray] = {}
         self._lock = threading.Lock()
 
+    def place_all(self, chunks: Sequence[Columns], dest: np.ndarray) -> None:
+        """Copy the rows of ``chunks`` (in order) to the positions ``dest``, as `place` does: a task's
+        chunks whose rows lie in one block, the usual case, are placed with one look-up of the block."""
+        if not len(dest):
+            return
+        block = dest // self.rows
+        b = int(block.min())
+        if b < 0 or b != int(block.max()):
+            offset = 0
+            for chunk in chunks:
+                n = num_rows(chunk)
+                self.place(chunk, dest[offset : offset + n])
+                offset += n
+            return
+        local, offset, columns = dest - b * self.rows, 0, None
+        for chunk in chunks:
+            n = num_rows(chunk)
+            if columns is None or chunk.keys() != columns.keys():
+                columns = self._block(b, chunk)
+            self._put(b, columns, chunk, local[offset : offset + n], None)
+            offset += n
+
     def place(self, chunk: Columns, dest: np.ndarray) -> None:
         """Copy the rows of ``chunk`` to the positions ``dest`` (int64; -1: a row no position needs)."""
         if not len(dest):
@@ -43,22 +65,22 @@ class Blocks:
         lo, hi = int(block.min()), int(block.max())
         if lo == hi:  # the usual case: a task's rows lie in one block
             if lo >= 0:
-                self._put(lo, chunk, dest - lo * self.rows, None)
+                self._put(lo, self._block(lo, chunk), chunk, dest - lo * self.rows, None)
             return
         order = np.argsort(block, kind="stable")
         cuts = np.searchsorted(block[order], np.arange(max(lo, 0), hi + 2))
         for k, b in enumerate(range(max(lo, 0), hi + 1)):
             rows = order[cuts[k] : cuts[k + 1]]
             if len(rows):
-                self._put(b, chunk, dest[rows] - b * self.rows, rows)
+                self._put(b, self._block(b, chunk), chunk, dest[rows] - b * self.rows, rows)
 
-    def _put(self, b: int, chunk: Columns, local: np.ndarray, rows: np.ndarray | None) -> None:
-        block = self._block(b, chunk)
+    def _put(self, b: int, block: Columns, chunk: Columns, local: np.ndarray, rows: np.ndarray | None
+             ) -> None:
         for name, values in chunk.items():
             target = block.get(name)
             data, mask = values, None
-            if isinstance(values, np.ma.MaskedArray):  # nulls: their mask goes beside the values
-                data, mask = values.data, np.ma.getmaskarray(values)
+            if type(values) is not np.ndarray and isinstance(values, np.ma.MaskedArray):
+                data, mask = values.data, np.ma.getmaskarray(values)  # nulls: their mask beside the values
             if target is None or type(data) is not np.ndarray or data.dtype != target.dtype \
                     or data.shape[1:] != target.shape[1:]:
                 got = f"{type(data).__name__} {getattr(data, 'dtype', '?')}{list(np.shape(data)[1:])}"
@@ -100,6 +122,8 @@ class Blocks:
         if stop - b * self.rows > self.rows:
             raise ValueError(f"positions [{start}, {stop}) cross a block of {self.rows} rows")
         block, cut = self._blocks[b], slice(offset, offset + stop - start)
+        if not self._masks:  # no nulls placed (the usual case)
+            return {name: block[name][cut] for name in names}
         out: Columns = {}
         for name in names:
             mask = self._masks.get((b, name))
@@ -138,11 +162,7 @@ class WindowPlacement:
         self.ok = True
 
     def place(self, part: Sequence[Columns], dest: np.ndarray) -> None:
-        offset = 0
-        for chunk in part:
-            n = num_rows(chunk)
-            self.blocks.place(chunk, dest[offset : offset + n])
-            offset += n
+        self.blocks.place_all(part, dest)
 
     def placed(self, parts: Sequence[Sequence[Columns] | None]) -> WindowPlacement | None:
         return self if self.ok and all(p is not None for p in parts) else None
