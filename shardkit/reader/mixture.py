@@ -493,49 +493,67 @@ class MixedReader(Reader):
     ``shares`` (name -> the share of the stream), ``num_samples`` (``samples_per_epoch``).
     """
 
-    def __init__(self, readers: Mapping[str, Reader], *, mixture: Mixture, shard: int, num_shards: int,
-                 batch_size: int, shuffle: bool, seed: int, num_epochs: int | None, remainder: Remainder,
-                 drop_last: bool, prefetch: int, workers: int) -> None:
+    def __init__(self, readers: Mapping[str, Reader], *, weights: Mapping[str, Any] | None,
+                 samples_per_epoch: Any, shard: int, num_shards: int, batch_size: int, shuffle: bool,
+                 seed: int, num_epochs: int | None, remainder: Remainder, drop_last: bool, prefetch: int,
+                 workers: int) -> None:
         # Reader's own __init__ opens one dataset: a mixture sets what a Reader's users read instead
         self.sources: tuple[str, ...] = tuple(readers)
         self.readers: dict[str, Reader] = dict(readers)
-        self.datasets = {name: r.dataset for name, r in self.readers.items()}
-        self.mixture = mixture
-        self.shares = dict(zip(mixture.names, mixture.shares, strict=True))
-        self.schedule = mixture.schedule
-        self.schema: Schema = shared_schema({name: r.schema for name, r in self.readers.items()})
         self.shard, self.num_shards = shard, num_shards
         self.batch_size, self.shuffle, self.seed = batch_size, shuffle, seed
         self.num_epochs, self.remainder, self.drop_last = num_epochs, remainder, drop_last
         self.prefetch, self.workers = prefetch, workers
-        self.num_samples = self.samples_per_epoch = mixture.samples_per_epoch
         self.stats: dict[str, int] = {}
-        self._refresh_stats()
-        row_bytes = max(r.dataset.decoded_row_bytes(r.schema.names) for r in self.readers.values())
-        # the sources' workers place their rows straight in the mixed batches (`_Placing`), in blocks of
-        # about the stream positions one of a source's windows spans (a window that crosses two blocks
-        # has its rows copied through memory its worker reuses); larger blocks measured no faster, and
-        # every fresh MiB costs the kernel its zeroed pages
-        span = max((r.shuffle_buffer if shuffle else r.task_rows or 1) / share
-                   for r, share in zip(self.readers.values(), mixture.shares, strict=True) if share)
-        most = max(batch_size, BLOCK_BYTES // row_bytes)
-        self._block_rows = -(-min(math.ceil(span), most) // batch_size) * batch_size
-        self._recycler = batching.Recycler(4 * self._block_rows * row_bytes)
+        self._given = (weights, samples_per_epoch)  # as make_reader got them (None: the default)
+        # each source's own shuffle window, before the mixture gives it its share of it
+        self._windows = {name: r.shuffle_buffer for name, r in self.readers.items()}
         self.epoch = 0
         self._boundary = _Boundary(0, 0)
         self._history: list[tuple[int, int]] = []
         self._consumed = 0  # piece positions of the current stage covered by yielded batches
         self._steps = 0  # batches yielded in the current stage
         self._generation = 0  # bumped to end the live iteration (new iteration, load_state_dict, close)
-        if num_shards > self.num_samples:
-            raise ReaderError(f"num_shards={num_shards} is more than samples_per_epoch={self.num_samples} of "
-                              "the mixture, and every shard needs one; use fewer shards or more samples")
+        self._configure()
+
+    def _configure(self) -> None:
+        """The mixture of the sources' readers as they are (their rows: opened, or pinned to a saved table
+        snapshot), each source's share of the threads, the read-ahead and the shuffle window, and the
+        memory of the batches."""
+        rows = [r.num_samples for r in self.readers.values()]
+        self.mixture = mixture = Mixture.of(self.sources, rows, *self._given)
+        self.shares = dict(zip(mixture.names, mixture.shares, strict=True))
+        self.schedule = mixture.schedule
+        self.datasets = {name: r.dataset for name, r in self.readers.items()}
+        self.schema: Schema = shared_schema({name: r.schema for name, r in self.readers.items()})
+        self.num_samples = self.samples_per_epoch = mixture.samples_per_epoch
+        for (name, reader), share in zip(self.readers.items(), mixture.shares, strict=True):
+            # sources that each had all the threads crowded the cores (more CPU per row) and held a
+            # window each (the memory of one dataset, per source)
+            reader._share(workers=max(1, round(self.workers * share)),
+                          prefetch=max(1 if self.prefetch else 0, math.ceil(self.prefetch * share)),
+                          shuffle_buffer=max(1, round(self._windows[name] * share)))
+        self._refresh_stats()
+        row_bytes = max(r.dataset.decoded_row_bytes(r.schema.names) for r in self.readers.values())
+        # the sources' workers place their rows straight in the mixed batches (`_Placing`), in blocks of
+        # about the stream positions one of a source's windows spans (a window that crosses two blocks
+        # has its rows copied through memory its worker reuses); larger blocks measured no faster, and
+        # every fresh MiB costs the kernel its zeroed pages
+        span = max((r.shuffle_buffer if self.shuffle else r.task_rows or 1) / share
+                   for r, share in zip(self.readers.values(), mixture.shares, strict=True) if share)
+        most = max(self.batch_size, BLOCK_BYTES // row_bytes)
+        self._block_rows = -(-min(math.ceil(span), most) // self.batch_size) * self.batch_size
+        self._recycler = batching.Recycler(4 * self._block_rows * row_bytes)
+        if self.num_shards > self.num_samples:
+            raise ReaderError(f"num_shards={self.num_shards} is more than samples_per_epoch="
+                              f"{self.num_samples} of the mixture, and every shard needs one; use fewer "
+                              "shards or more samples")
         if len(self) == 0:
             samples = total(self._ranges(()))
             raise ReaderError(
-                f"shard {shard} of {num_shards} gets no batch: its {samples} samples per epoch are fewer "
-                f"than batch_size={batch_size} with drop_last=True; use a smaller batch_size, fewer "
-                "shards, more samples_per_epoch, or drop_last=False")
+                f"shard {self.shard} of {self.num_shards} gets no batch: its {samples} samples per epoch are "
+                f"fewer than batch_size={self.batch_size} with drop_last=True; use a smaller batch_size, "
+                "fewer shards, more samples_per_epoch, or drop_last=False")
 
     # ---- sizes -------------------------------------------------------------------------------
     def _ranges(self, history: Sequence[tuple[int, int]], shard: int | None = None,
@@ -711,6 +729,17 @@ class MixedReader(Reader):
             got = list(saved) if isinstance(saved, Mapping) else saved
             raise ReaderError(f"the mixture state was saved with the sources {got!r}, this reader has "
                               f"{list(self.sources)}; resume with the same sources, in the same order")
+        pinned = False
+        for name, reader in self.readers.items():  # first the snapshots the sources were read on
+            own = saved[name]
+            before = reader.dataset
+            try:
+                reader._pin(own.get("snapshot") if isinstance(own, Mapping) else None)
+            except ReaderError as e:
+                raise ReaderError(f"source {name!r} of the mixture: {e}") from e
+            pinned |= reader.dataset is not before
+        if pinned:  # their rows, and so the mixture's shares and epoch, may be other than when opened
+            self._configure()
         shares = {name: str(share) for name, share in self.shares.items()}
         mine: Any
         for key, mine in (("shares", shares), ("samples_per_epoch", self.samples_per_epoch)):
@@ -873,17 +902,10 @@ def open_mixture(sources: Mapping[str, Any], open_source: Callable[..., Reader],
                 if about is None:
                     raise
                 raise about from e
-        mixture = Mixture.of(names, [r.num_samples for r in readers.values()], weights, samples_per_epoch)
-        for reader, share in zip(readers.values(), mixture.shares, strict=True):
-            # the threads, the read-ahead and the shuffle window are the mixture's, shared by share:
-            # sources that each had them all crowded the cores with threads (more CPU per row) and held
-            # a window each (the memory of one dataset, per source)
-            reader.workers = max(1, round(workers * share))
-            reader.prefetch = max(1 if prefetch else 0, math.ceil(prefetch * share))
-            reader.shuffle_buffer = max(1, round(reader.shuffle_buffer * share))
-        return MixedReader(readers, mixture=mixture, shard=shard, num_shards=num_shards,
-                           batch_size=batch_size, shuffle=shuffle, seed=seed, num_epochs=num_epochs,
-                           remainder=remainder, drop_last=drop_last, prefetch=prefetch, workers=workers)
+        return MixedReader(readers, weights=weights, samples_per_epoch=samples_per_epoch, shard=shard,
+                           num_shards=num_shards, batch_size=batch_size, shuffle=shuffle, seed=seed,
+                           num_epochs=num_epochs, remainder=remainder, drop_last=drop_last,
+                           prefetch=prefetch, workers=workers)
     except BaseException:
         for reader in readers.values():
             reader.close()

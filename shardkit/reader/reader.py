@@ -312,6 +312,12 @@ class Reader:
             for i in range(batching.num_rows(batch)):
                 yield {name: batch[name][i] for name in names}
 
+    def _share(self, *, workers: int, prefetch: int, shuffle_buffer: int) -> None:
+        """Read with ``workers`` threads, ``prefetch`` tasks ahead and a window of ``shuffle_buffer`` rows
+        (a mixture's source: its share of the mixture's), also when opened again on another snapshot."""
+        self._arguments.update(workers=workers, prefetch=prefetch, shuffle_buffer=shuffle_buffer)
+        self.workers, self.prefetch, self.shuffle_buffer = workers, prefetch, shuffle_buffer
+
     def _executor(self) -> ThreadPoolExecutor:
         if self._pool is None:
             self._pool = ThreadPoolExecutor(max_workers=self.workers, thread_name_prefix="shardkit-read")

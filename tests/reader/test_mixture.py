@@ -635,3 +635,29 @@ def test_the_small_blocks_of_these_tests_are_one_batch_long(tmp_path: Path) -> N
     large = open_shards(sources, 1, batch_size=4)[0]
     assert small._block_rows == 4
     assert large._block_rows >= 2 * 1024  # two windows of the shuffle buffer's least
+
+
+@pytest.mark.parametrize("fmt", ["delta", "iceberg"])
+def test_a_mixture_of_a_table_that_moved_on_resumes_on_the_saved_snapshot(tmp_path: Path, fmt: str) -> None:
+    """A source's reader reopened on the snapshot a state names keeps the mixture's share of the shuffle
+    window, the threads and the read-ahead: the resumed mixture reads what the uninterrupted one would."""
+    from tests.dataset.tables import make_history
+
+    history = make_history(fmt, tmp_path / "t", [("append", 60), ("append", 40)])
+    table = shardkit.open_dataset(history.url)
+    sources = {"table": table, "folder": write_source(tmp_path / "f", [30, 20], OFFSET)}
+    kw: dict[str, Any] = {"weights": {"table": 2, "folder": 1}, "batch_size": 7, "seed": 4, "num_epochs": 1,
+                          "shuffle_buffer": 30, "columns": ["id"]}
+    with shardkit.make_reader(sources, **kw) as reader:
+        it = iter(reader)
+        head = [items(next(it)) for _ in range(4)]
+        state = json.loads(json.dumps(reader.state_dict()))
+        rest = [items(b) for b in it]
+    history.apply(("append", 25))  # the table moves on: a new reader opens the new version
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        with shardkit.make_reader({**sources, "table": history.url}, **kw) as resumed:
+            resumed.load_state_dict(state)
+            assert [items(b) for b in resumed] == rest
+            assert resumed.readers["table"].shuffle_buffer == reader.readers["table"].shuffle_buffer
+    assert len(head) + len(rest) == len(reader)
