@@ -181,6 +181,8 @@ def test_counts_and_sources_agree_anywhere_in_the_stream(q: list[int], start: in
     got = schedule.counts(start + length) - schedule.counts(start)
     assert got.tolist() == np.bincount(which, minlength=len(q)).tolist()
     assert (schedule.counts(start + schedule.period) - schedule.counts(start)).tolist() == q
+    many = [start, start + length, start + schedule.period, 0]  # counts_at: the same, many at a time
+    assert schedule.counts_at(np.array(many)).tolist() == [schedule.counts(p).tolist() for p in many]
 
 
 @settings(max_examples=100, deadline=None)
@@ -661,3 +663,23 @@ def test_a_mixture_of_a_table_that_moved_on_resumes_on_the_saved_snapshot(tmp_pa
             assert [items(b) for b in resumed] == rest
             assert resumed.readers["table"].shuffle_buffer == reader.readers["table"].shuffle_buffer
     assert len(head) + len(rest) == len(reader)
+
+
+@settings(max_examples=100, deadline=None)
+@given(q=quotas, cuts=st.lists(st.integers(0, 400), min_size=2, max_size=8, unique=True),
+       batch_size=st.integers(1, 40), group=st.integers(1, 5))
+def test_the_samples_each_batch_needs_of_each_source_add_up_its_rows(
+        q: list[int], cuts: list[int], batch_size: int, group: int) -> None:
+    """What each batch needs of each source, looked up ``group`` batches at a time, is what counting the
+    sources of every batch so far gives (the segments: runs of the stream with gaps between them)."""
+    schedule = Schedule(tuple(q))
+    cuts = sorted(cuts)
+    segments = [(a, b) for a, b in zip(cuts[::2], cuts[1::2], strict=False)]
+    held = np.zeros(len(q), dtype=np.int64)
+    batches = list(mixture._batches(segments, batch_size, 0))
+    got = list(mixture._needs(iter(batches), schedule, group))
+    assert [(spans, consumed) for spans, consumed, _ in got] == batches
+    for spans, _, needed in got:
+        for a, b in spans:
+            held += np.bincount(schedule.sources(a, b), minlength=len(q))
+        assert needed == held.tolist()
