@@ -849,7 +849,7 @@ def _needs(batches: Iterator[tuple[list[tuple[int, int]], int]], schedule: Sched
         ends = np.cumsum([len(batch) for batch, _ in chunk]) - 1
         edges = np.array(spans, dtype=np.int64)
         held = np.cumsum(schedule.counts_at(edges[:, 1]) - schedule.counts_at(edges[:, 0]), axis=0)
-        held[:] += so_far
+        held += so_far
         so_far = held[-1].copy()
         for (batch, consumed), needed in zip(chunk, held[ends].tolist(), strict=True):
             yield batch, consumed, needed

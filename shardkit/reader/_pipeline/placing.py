@@ -49,11 +49,9 @@ class Blocks:
                 self.place(chunk, dest[offset : offset + n])
                 offset += n
             return
-        local, offset, columns = dest - b * self.rows, 0, None
+        local, offset, columns = dest - b * self.rows, 0, self._block(b, chunks[0])
         for chunk in chunks:
             n = num_rows(chunk)
-            if columns is None or chunk.keys() != columns.keys():
-                columns = self._block(b, chunk)
             self._put(b, columns, chunk, local[offset : offset + n], None)
             offset += n
 
