@@ -55,6 +55,7 @@ from benchmarks.common import (
     save_results,
     table,
     tree_cpu_seconds,
+    write_json,
 )
 from benchmarks.petastorm_env import SIDE, ensure_venv, run_in_petastorm
 from benchmarks.petastorm_side._consume import drain
@@ -247,7 +248,7 @@ def main(argv: list[str] | None = None) -> None:
         doc = json.loads(Path(args.report_only).read_text())
         text, verdicts = report(doc["results"], doc["rows"], doc.get("epochs", 1))
         doc.update(table=text + doc["table"][doc["table"].rfind("\n\n"):], targets=verdicts)
-        Path(args.report_only).write_text(json.dumps(doc, indent=2) + "\n")
+        write_json(Path(args.report_only), doc)
         print(doc["table"])
         return
     rows = 4000 if args.quick else args.rows

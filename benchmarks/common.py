@@ -267,11 +267,19 @@ def save_results(name: str, payload: dict[str, Any], *, directory: Path = RESULT
            "command": " ".join(["python", *sys.orig_argv[1:]]), **payload}
     directory.mkdir(parents=True, exist_ok=True)
     path = directory / f"{name}-{machine_id(info)}.json"
-    text = json.dumps(doc, indent=2, sort_keys=False) + "\n"
-    # paths inside the repository as the repository names them: results speak of the project, not of
-    # the machine it was checked out on
-    path.write_text(text.replace(json.dumps(f"{ROOT}/")[1:-1], ""))
+    write_json(path, doc)
     return path
+
+
+def write_json(path: Path, doc: dict[str, Any]) -> None:
+    """Write a results document with the paths of the machine it ran on taken out: a path inside the
+    repository as the repository names it (``benchmarks/common.py``), one under the home folder as
+    ``~/...`` (a traceback of a case that failed names both). Results speak of the project, not of the
+    machine it was checked out on; every writer of ``results/`` goes through here."""
+    text = json.dumps(doc, indent=2, sort_keys=False) + "\n"
+    for prefix, short in ((f"{ROOT}/", ""), (f"{Path.home()}/", "~/")):
+        text = text.replace(json.dumps(prefix)[1:-1], short)
+    path.write_text(text)
 
 
 def fmt_bytes(n: float | None) -> str:

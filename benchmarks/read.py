@@ -114,6 +114,7 @@ from benchmarks.common import (
     save_results,
     table,
     tree_cpu_seconds,
+    write_json,
 )
 from benchmarks.petastorm_env import SIDE, run_in_petastorm
 from benchmarks.petastorm_side._consume import drain
@@ -1100,7 +1101,7 @@ def merge_into(path: Path, r: Run, cases: list[str], seconds: float, load_before
         "cases": cases, "command": " ".join(["python", *sys.orig_argv[1:]]),
         "created": time.strftime("%Y-%m-%dT%H:%M:%S+00:00", time.gmtime()), "seconds": seconds,
         "load_before": load_before, "load_after": load_after})
-    path.write_text(json.dumps(doc, indent=2) + "\n")
+    write_json(path, doc)
     rerender(path)
     _log(f"merged {cases} into {path.name}")
 
@@ -1113,7 +1114,7 @@ def rerender(path: Path) -> None:
     r.page_checksums = doc.get("page_checksums")
     text, verdicts = render(r, doc["seconds"], doc["load_before"], doc["load_after"], doc["machine"]["cpus"])
     doc.update(table=text, targets=verdicts)
-    path.write_text(json.dumps(doc, indent=2) + "\n")
+    write_json(path, doc)
     print(text)
 
 

@@ -110,3 +110,18 @@ def test_gpu_benchmark_reports_each_copy_and_case_against_its_target() -> None:
                         "torch-loader-cuda": False, "torch-dataloader": False}
     assert "| torch-loader-cuda | 40 |" in text
     assert "0.40x" in text
+
+
+def test_saved_results_name_no_path_of_the_machine(tmp_path: Path) -> None:
+    from benchmarks.common import ROOT as BENCH_ROOT
+    from benchmarks.common import write_json
+
+    error = (f'Traceback:\n  File "{BENCH_ROOT}/benchmarks/common.py", line 1\n'
+             f'  File "{Path.home()}/.cache/venv/lib/x.py", line 2\nOSError: no')
+    path = tmp_path / "read-x.json"
+    write_json(path, {"results": {"case": {"error": error}}})
+    text = path.read_text()
+    assert str(BENCH_ROOT) not in text, text
+    assert f"{Path.home()}/" not in text, text
+    assert 'File \\"benchmarks/common.py\\"' in text, text
+    assert 'File \\"~/.cache/venv/lib/x.py\\"' in text, text
