@@ -1,18 +1,30 @@
-"""A job's TensorBoard scalars (`shardkit.cluster.monitor.progress`), written by TensorBoard's own event-file
-writer and read back with its EventAccumulator; without the tensorboard package the job goes on without
-them and says so."""
+"""A job's TensorBoard scalars (`shardkit.cluster.monitor.progress`): TensorBoard's own event messages in
+TFRecord framing, read back with its EventAccumulator (through TensorFlow's record reader, and through
+TensorBoard's own where TensorFlow is absent); a torch job's supervisor and workers never import
+TensorFlow; without the tensorboard package the job goes on without them and says so."""
 
 from __future__ import annotations
 
+import json
 import math
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+import pytest
+import yaml
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
+import shardkit
+from shardkit.cluster.monitor._tfrecord import crc32c, masked_crc32c
 from shardkit.cluster.monitor.progress import Progress, ScalarWriter
+from tests.trainer.scripts import proctree
+
+REPO = Path(__file__).resolve().parents[2]
+DDP_IDS = REPO / "tests" / "trainer" / "scripts" / "ddp_ids.py"  # torch DDP, a shardkit reader, checkpoints
 
 
 def _accumulate(logdir: Path) -> Any:
@@ -92,3 +104,92 @@ def test_without_tensorboard_the_job_goes_on_without_scalars_and_says_how_to_hav
     assert "pip install 'shardkit[tensorboard]'" in out
     assert "errors 0" in out
     assert list(tmp_path.iterdir()) == []
+
+
+def test_crc32c_is_castagnolis_and_masked_as_tfrecord_does() -> None:
+    assert crc32c(b"123456789") == 0xE3069283  # the check value of CRC-32C
+    assert crc32c(b"") == 0
+    crc = crc32c(b"shardkit")
+    rotated = ((crc >> 15) | (crc << 17)) & 0xFFFFFFFF
+    assert masked_crc32c(b"shardkit") == (rotated + 0xA282EAD8) & 0xFFFFFFFF
+
+
+def test_tensorboards_own_reader_checks_the_records_without_tensorflow(tmp_path: Path) -> None:
+    """Where TensorFlow is absent, TensorBoard reads event files with its own reader, which checks every
+    record's CRCs: the files must pass it as they pass TensorFlow's."""
+    tb = ScalarWriter(tmp_path)
+    tb.add_scalars({"loss": 0.5, "samples_per_s": 12.0}, step=1)
+    tb.add_scalars({"loss": 0.25}, step=2)
+    tb.close()
+    code = (
+        "import sys; sys.modules['tensorflow'] = None\n"  # as where it is not installed
+        "from tensorboard.backend.event_processing.event_accumulator import EventAccumulator\n"
+        f"acc = EventAccumulator({str(tmp_path)!r}); acc.Reload()\n"
+        "print(sorted(acc.Tags()['scalars']), [(e.step, e.value) for e in acc.Scalars('loss')])\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                         timeout=120).stdout
+    assert out.strip() == "['loss', 'samples_per_s'] [(1, 0.5), (2, 0.25)]"
+    damaged = tb.path.read_bytes()
+    tb.path.write_bytes(damaged[:-5] + bytes([damaged[-5] ^ 1]) + damaged[-4:])  # the last record's data
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                         timeout=120).stdout
+    assert out.strip() == "['loss', 'samples_per_s'] [(1, 0.5)]"  # the damaged record is dropped
+
+
+_TENSORFLOW = "sorted(m for m in sys.modules if m.partition('.')[0] in ('tensorflow', 'keras', 'tf_keras'))"
+
+
+@pytest.fixture
+def _no_orphans() -> Iterator[None]:
+    with proctree.reaped():
+        yield
+
+
+@pytest.mark.distributed
+@pytest.mark.timeout(240)
+@pytest.mark.usefixtures("_no_orphans")
+def test_a_torch_job_imports_no_tensorflow_in_its_supervisor_or_workers(tmp_path: Path) -> None:
+    """TensorFlow is installed here (extra ``tf``); a torch job must not import it: TensorBoard's
+    ``EventFileWriter`` did, in the supervisor, seconds before the workers could start."""
+    rows = 64
+    x = np.random.default_rng(0).normal(size=(rows, 4)).astype(np.float32)
+    schema = shardkit.Schema([shardkit.Field("id", "int64"), shardkit.Field("x", "float32", (4,)),
+                              shardkit.Field("y", "float32")])
+    data = tmp_path / "ids"
+    shardkit.write_dataset({"id": np.arange(rows), "x": list(x), "y": x.sum(axis=1)}, str(data),
+                           schema=schema, row_group_size=8)
+    worker = tmp_path / "worker.py"  # the DDP script, then what it imported
+    worker.write_text(
+        "import json, os, runpy, sys\n"
+        f"runpy.run_path({str(DDP_IDS)!r}, run_name='__main__')\n"
+        "path = os.path.join(os.environ['SHARDKIT_JOB_DIR'], f\"modules-{os.environ['RANK']}.json\")\n"
+        f"open(path, 'w').write(json.dumps({_TENSORFLOW}))\n"
+    )
+    config = {
+        "name": "no-tf", "entrypoint": str(worker), "framework": "torch", "strategy": "allreduce",
+        "roles": {"worker": {"count": 2}},
+        "data": {"url": str(data), "batch_size": 4, "num_epochs": 1, "options": {"workers": 1}},
+        "checkpoint": {"every_steps": 4, "keep": 2},
+        "fault_tolerance": {"max_restarts": 0, "heartbeat_interval": 0.2, "startup_timeout": 120},
+        "logdir": str(tmp_path / "job"), "env": {"OMP_NUM_THREADS": "1"},
+    }
+    (tmp_path / "job.yaml").write_text(yaml.safe_dump(config))
+    supervisor = (  # `shardkit train`, then what it imported
+        "import json, sys\n"
+        "from shardkit.cli import main\n"
+        f"code = main(['train', {str(tmp_path / 'job.yaml')!r}])\n"
+        f"print('SUPERVISOR_TENSORFLOW', json.dumps({_TENSORFLOW}))\n"
+        "sys.exit(code)\n"
+    )
+    done = subprocess.run([sys.executable, "-c", supervisor], cwd=REPO, capture_output=True, text=True,
+                          timeout=200, check=False)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    acc = _accumulate(tmp_path / "job" / "tensorboard")
+    assert len(acc.Scalars("loss")) >= 1  # the supervisor wrote its scalars
+    line = next(x for x in done.stdout.splitlines() if x.startswith("SUPERVISOR_TENSORFLOW"))
+    assert json.loads(line.split(" ", 1)[1]) == [], "the supervisor imported TensorFlow"
+    for rank in range(2):
+        modules = json.loads((tmp_path / "job" / f"modules-{rank}.json").read_text())
+        assert modules == [], f"torch worker {rank} imported TensorFlow"
+    assert "oneDNN" not in done.stdout + done.stderr  # nor do TensorFlow's log lines reach the console

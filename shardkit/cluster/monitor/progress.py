@@ -1,18 +1,25 @@
 """What a running job shows: progress lines on the console and TensorBoard scalars in the logdir.
 
-The scalars are written by TensorBoard's own event-file writer (the one ``torch.utils.tensorboard``
-uses; the ``tensorboard`` package, extra ``shardkit[tensorboard]``), without torch or TensorFlow. Where
-it is not installed the job runs without scalars and says so once, as Lightning falls back from its
+The scalars are TensorBoard's own ``Event`` messages (the ``tensorboard`` package, extra
+``shardkit[tensorboard]``) in TFRecord framing written here (`shardkit.cluster.monitor._tfrecord`), so
+that neither torch nor TensorFlow is imported: TensorBoard's ``EventFileWriter`` imports TensorFlow
+wherever it is installed, seconds before a torch job's first process could start. Where the package is
+not installed the job runs without scalars and says so once, as Lightning falls back from its
 TensorBoard logger.
 """
 
 from __future__ import annotations
 
+import itertools
+import os
+import socket
 import time
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager, suppress
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
+
+from shardkit.cluster.monitor._tfrecord import frame
 
 __all__ = ["Progress", "ScalarWriter"]
 
@@ -35,28 +42,45 @@ class ScalarWriter:
     def __init__(self, logdir: str | Path) -> None:
         from tensorboard.compat.proto.event_pb2 import Event
         from tensorboard.compat.proto.summary_pb2 import Summary
-        from tensorboard.summary.writer.event_file_writer import EventFileWriter
 
         self._event, self._summary = Event, Summary
-        self._writer: Any = EventFileWriter(str(logdir))
+        folder = Path(logdir)
+        folder.mkdir(parents=True, exist_ok=True)
+        # TensorBoard's name for an event file (it reads the files named events.out.tfevents.*)
+        name = (f"events.out.tfevents.{int(time.time()):010d}.{socket.gethostname()}.{os.getpid()}."
+                f"{next(_FILE_IDS)}")
+        self.path = folder / name
+        self._file: IO[bytes] | None = open(self.path, "xb")  # noqa: SIM115 (open until `close`)
+        try:
+            self._write(Event(wall_time=time.time(), file_version="brain.Event:2"))
+        except BaseException:
+            self.close()
+            raise
+
+    def _write(self, event: Any) -> None:
+        if self._file is None:
+            return
+        self._file.write(frame(event.SerializeToString()))
+        self._file.flush()
 
     def add_scalars(self, scalars: Mapping[str, object], step: int, wall_time: float | None = None) -> None:
         """Write one event with every numeric value of ``scalars`` (tag -> value) at ``step``."""
         values = [self._summary.Value(tag=tag, simple_value=float(v))  # type: ignore[arg-type]
                   for tag, v in scalars.items() if isinstance(v, int | float) and not isinstance(v, bool)]
-        if not values or self._writer is None:
-            return
-        self._writer.add_event(self._event(wall_time=time.time() if wall_time is None else wall_time,
-                                           step=step, summary=self._summary(value=values)))
-        self._writer.flush()
+        if values:
+            self._write(self._event(wall_time=time.time() if wall_time is None else wall_time,
+                                    step=step, summary=self._summary(value=values)))
 
     def add_scalar(self, tag: str, value: float, step: int) -> None:
         self.add_scalars({tag: value}, step)
 
     def close(self) -> None:
-        writer, self._writer = self._writer, None
-        if writer is not None:
-            writer.close()
+        file, self._file = self._file, None
+        if file is not None:
+            file.close()
+
+
+_FILE_IDS = itertools.count()  # two writers of one process in one second: two files
 
 
 def _metrics(metrics: Mapping[str, float]) -> str:
