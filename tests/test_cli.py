@@ -8,6 +8,7 @@ import signal
 import subprocess
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import pandas as pd
@@ -17,8 +18,12 @@ import shardkit
 from shardkit.cli import main
 from tests.reader import conftest as s3_fixtures
 
+if TYPE_CHECKING:
+    from tests.reader.conftest import S3Server
+
 REPO = Path(__file__).resolve().parents[1]
 no_internet = s3_fixtures.no_internet  # refuses any connection that is not to loopback
+s3_server, s3_bucket = s3_fixtures.s3_server, s3_fixtures.s3_bucket
 
 
 @pytest.fixture
@@ -410,6 +415,33 @@ def test_s3_without_credentials_exits_2_naming_the_url_and_the_fix(
     assert "cannot reach 's3://some-bucket/ds': no credentials were found" in err
     assert "AWS_ACCESS_KEY_ID" in err
     assert "NoCredentialsError" in err
+
+
+def test_storage_options_reach_every_dataset_command(s3_server: S3Server, s3_bucket: str, tmp_path: Path,
+                                                     capsys: pytest.CaptureFixture[str]) -> None:
+    """write, inspect (one dataset and a mixture), verify and index reach a custom S3 endpoint (moto on
+    loopback) by --storage-options alone: its credentials are nowhere else."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    import s3fs
+
+    opts = json.dumps(s3_server.storage_options)
+    csv = tmp_path / "rows.csv"
+    csv.write_text("id,label\n" + "".join(f"{i},l{i % 3}\n" for i in range(50)))
+    url = f"s3://{s3_bucket}/ds"
+    assert main(["write", str(csv), url, "--storage-options", opts, "--no-progress"]) == 0
+    capsys.readouterr()
+    assert main(["inspect", url, "--json", "--storage-options", opts]) == 0
+    assert json.loads(capsys.readouterr().out)["rows"] == 50
+    assert main(["inspect", f"a={url}", f"b={url}", "--storage-options", opts]) == 0
+    assert "100 samples per epoch" in capsys.readouterr().out
+    assert main(["verify", url, "--json", "--storage-options", opts]) == 0
+    assert json.loads(capsys.readouterr().out)["ok"] is True
+    fs = s3fs.S3FileSystem(**s3_server.storage_options)
+    with fs.open(f"{s3_bucket}/plain/part-0.parquet", "wb") as f:
+        pq.write_table(pa.table({"x": list(range(7))}), f)
+    assert main(["index", f"s3://{s3_bucket}/plain", "--storage-options", opts]) == 0
+    assert "1 row groups in 1 files" in capsys.readouterr().out
 
 
 def test_index_of_a_read_only_folder_exits_2_naming_it(plain_folder: str) -> None:

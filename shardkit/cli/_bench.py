@@ -15,7 +15,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import IO, Any
 
-from shardkit.cli._flags import _json_object, in_flags
+from shardkit.cli._flags import add_storage_options, in_flags
 from shardkit.cli._output import column_names, sources_of, warnings_after, weights_of
 from shardkit.errors import DatasetError, ReaderError
 
@@ -56,9 +56,7 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
                             "in $SHARDKIT_CACHE_DIR or ~/.cache/shardkit)")
     cache.add_argument("--no-cache", dest="cache", action="store_const", const=None,
                        help="no row-group cache, remote data included")
-    p.add_argument("--storage-options", type=_json_object, metavar="JSON",
-                   help="fsspec options for URL, a JSON object, e.g. "
-                        """'{"client_kwargs": {"endpoint_url": "http://localhost:9000"}}'""")
+    add_storage_options(p)
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.set_defaults(func=run, parser=p, cache="auto")
 

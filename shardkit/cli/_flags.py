@@ -151,3 +151,11 @@ def _json_object(text: str) -> dict[str, Any]:
         raise argparse.ArgumentTypeError(f"{text!r} is JSON but not an object; write one, e.g. "
                                          """'{"anon": true}'""")
     return value
+
+
+def add_storage_options(p: argparse.ArgumentParser, what: str = "URL") -> None:
+    """``--storage-options JSON``, the fsspec options of a command's URLs (an object store's endpoint and
+    credentials), as the Python API's ``storage_options=`` takes them."""
+    p.add_argument("--storage-options", type=_json_object, metavar="JSON",
+                   help=f"fsspec options for {what}, a JSON object, e.g. "
+                        """'{"client_kwargs": {"endpoint_url": "http://localhost:9000"}}'""")

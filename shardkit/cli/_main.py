@@ -10,7 +10,7 @@ import select
 import signal
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
 from shardkit.cli import _interrupts
@@ -24,7 +24,7 @@ from shardkit.cli._output import (
     warnings_after,
     weights_of,
 )
-from shardkit.errors import JobError, ShardkitError
+from shardkit.errors import JobError, SecretInEnvWarning, ShardkitError
 
 # Only the standard library and shardkit.errors at import: the console script imports this module before
 # it calls `main`, and a Ctrl-C during an import outside `main` would end in a traceback (see `main`).
@@ -72,19 +72,20 @@ def _inspect(args: argparse.Namespace) -> int:
     from shardkit.dataset import SummaryMissingWarning, open_dataset
 
     mixed = len(args.url) > 1 or args.weights is not None or args.samples_per_epoch is not None
+    options = args.storage_options
     if not mixed:
-        with warnings_after(SummaryMissingWarning):
-            ds = open_dataset(args.url[0], version=args.table_version)
+        with warnings_after(SummaryMissingWarning), _in_flags(args, version=args.version):
+            ds = open_dataset(args.url[0], version=args.version, storage_options=options)
         info = describe(ds)
         print(json.dumps(info, indent=2) if args.json else format_description(info))
         return 0
-    if args.table_version is not None:
+    if args.version is not None:
         args.parser.error("--table-version reads one table; with several sources, inspect each table "
                           "alone (shardkit inspect URL --table-version N)")
     sources = sources_of(args.url)
     weights = weights_of(args.weights, list(sources))
-    with warnings_after(SummaryMissingWarning):
-        datasets = {name: open_dataset(url) for name, url in sources.items()}
+    with warnings_after(SummaryMissingWarning), _in_flags(args):
+        datasets = {name: open_dataset(url, storage_options=options) for name, url in sources.items()}
     info = describe_mixture(datasets, weights, args.samples_per_epoch)
     print(json.dumps(info, indent=2) if args.json else format_mixture(info))
     return 0
@@ -114,9 +115,9 @@ def _verify(args: argparse.Namespace) -> int:
 
     done: list[FileReport] = []
     try:
-        with warnings_after(SummaryMissingWarning):
-            report = verify_dataset(args.url, version=args.table_version, workers=args.workers,
-                                    progress=progress)
+        with warnings_after(SummaryMissingWarning), _in_flags(args, version=args.version):
+            report = verify_dataset(args.url, version=args.version, workers=args.workers, progress=progress,
+                                    storage_options=args.storage_options)
     finally:
         if bar is not None:
             bar.close()
@@ -149,8 +150,8 @@ def _verify(args: argparse.Namespace) -> int:
 def _index(args: argparse.Namespace) -> int:
     from shardkit.dataset import SummaryMissingWarning, UncommittedFilesWarning, write_summary
 
-    with warnings_after(UncommittedFilesWarning, hide=SummaryMissingWarning):
-        ds = write_summary(args.url)
+    with warnings_after(UncommittedFilesWarning, hide=SummaryMissingWarning), _in_flags(args):
+        ds = write_summary(args.url, storage_options=args.storage_options)
     summary = f"{args.url.rstrip('/')}/_metadata"
     print(f"wrote {summary}: {len(ds.row_groups):,} row groups in {len(ds.files):,} files")
     return 0
@@ -159,7 +160,8 @@ def _index(args: argparse.Namespace) -> int:
 def _load(args: argparse.Namespace) -> JobConfig:
     from shardkit.job.config import load_config
 
-    return load_config(args.config, args.set)
+    with warnings_after(SecretInEnvWarning):  # `warning: env.API_TOKEN looks like a credential ...`
+        return load_config(args.config, args.set)
 
 
 def _validate(args: argparse.Namespace) -> int:
@@ -202,8 +204,25 @@ def _render(args: argparse.Namespace) -> int:
     return 0
 
 
+@contextlib.contextmanager
+def _in_flags(args: argparse.Namespace, **given: Any) -> Iterator[None]:
+    """The API's errors raised inside, with each argument they name written as the command's flag
+    (``version=3`` is ``--table-version 3``: `shardkit.cli._flags.in_flags`); ``given``: the API's
+    arguments from the flags."""
+    from shardkit.cli._flags import in_flags
+
+    try:
+        yield
+    except ShardkitError as e:
+        message = in_flags(str(e), args.parser, given)
+        if message == str(e):
+            raise
+        raise type(e)(message) from e
+
+
 def _add_table_version(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--table-version", type=int, default=None, metavar="VERSION",
+    # dest `version`: the API's argument, so that its messages about `version=` name this flag
+    p.add_argument("--table-version", dest="version", type=int, default=None, metavar="VERSION",
                    help="a Delta table's version or an Iceberg table's snapshot id (default: the "
                         "current one)")
 
@@ -229,6 +248,7 @@ _DESCRIPTION = ("Parquet datasets for distributed training: inspect, verify, ind
 def build_parser() -> argparse.ArgumentParser:
     from shardkit import __version__
     from shardkit.cli._bench import add_parser as add_bench_parser
+    from shardkit.cli._flags import add_storage_options
     from shardkit.cli._write import add_parser as add_write_parser
 
     parser = argparse.ArgumentParser(prog="shardkit", description=_DESCRIPTION)
@@ -243,6 +263,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="machine-readable output")
     _add_mixture(p)
     _add_table_version(p)
+    add_storage_options(p, "each URL")
     p.set_defaults(func=_inspect, parser=p)
     p = sub.add_parser("verify", help="scrub a dataset: check every page checksum and decode every row "
                                       "group; exit 1 when something is damaged")
@@ -250,6 +271,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.add_argument("--workers", type=int, default=8, metavar="N", help="files checked at once (default 8)")
     _add_table_version(p)
+    add_storage_options(p)
     shown = p.add_mutually_exclusive_group()
     shown.add_argument("--progress", action="store_const", const=True, dest="progress", default=None,
                        help="a progress bar (default: one on a terminal)")
@@ -258,6 +280,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=_verify, parser=p)
     p = sub.add_parser("index", help="write the _metadata summary of a plain Parquet folder")
     p.add_argument("url", help="the folder of Parquet files (any fsspec URL)")
+    add_storage_options(p)
     p.set_defaults(func=_index, parser=p)
     add_write_parser(sub)
     p = sub.add_parser("train", help="run a training job: start its processes, watch, restart, summarize")

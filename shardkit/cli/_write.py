@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from shardkit.cli import _interrupts
-from shardkit.cli._flags import in_flags
+from shardkit.cli._flags import add_storage_options, in_flags
 from shardkit.cli._output import column_names, describe, format_description, human, warnings_after
 from shardkit.errors import DatasetError, SchemaError, ShardkitError
 
@@ -44,6 +44,7 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     p.add_argument("--compression", default="auto", help="auto (default), snappy, zstd, lz4, none, ...")
     p.add_argument("--no-progress", dest="progress", action="store_const", const=False, default=None,
                    help="no progress bar (default: one on a terminal)")
+    add_storage_options(p, "SRC and DEST")
     p.set_defaults(func=run, parser=p)
 
 
@@ -65,13 +66,13 @@ def run(args: argparse.Namespace) -> int:
     kwargs: dict[str, Any] = {
         "schema": args.schema, "columns": columns, "mode": args.mode,
         "row_group_size": int(size) if size.isdecimal() else size, "file_size": args.file_size,
-        "compression": args.compression, "progress": args.progress,
+        "compression": args.compression, "progress": args.progress, "storage_options": args.storage_options,
     }
     before = None  # the rows of the dataset appended to: rows/s counts the rows written
     if args.mode == "append":
         with warnings.catch_warnings(), contextlib.suppress(ShardkitError):
             warnings.simplefilter("ignore")
-            before = open_dataset(args.dest).num_rows
+            before = open_dataset(args.dest, storage_options=args.storage_options).num_rows
     start = time.perf_counter()
     try:
         try:

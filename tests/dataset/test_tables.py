@@ -164,6 +164,19 @@ def test_inspect_shows_the_format_version_and_time(history: History,
     assert "table, " in text
 
 
+@pytest.mark.parametrize("command", ["inspect", "verify"])
+def test_a_version_the_table_lacks_is_named_as_the_flag(history: History, command: str,
+                                                       capsys: pytest.CaptureFixture[str]) -> None:
+    from shardkit.cli import main
+
+    missing = max(history.snapshots) + 1
+    assert main([command, history.url, "--table-version", str(missing)]) == 2
+    err = capsys.readouterr().err
+    assert f"has no version {missing}" in err or f"has no snapshot id {missing}" in err, err
+    assert "Pass one of them as --table-version, or leave --table-version out" in err, err
+    assert "version=" not in err, err
+
+
 def test_iceberg_partitions_filter_and_prune(tmp_path: Path) -> None:
     import pyarrow as pa
     from pyiceberg.catalog.sql import SqlCatalog
