@@ -36,6 +36,7 @@
     FilesLeftOutWarning               (a UserWarning)           files of a converted folder not in its format
     TimeZoneWarning                   (a UserWarning)           converted times with a zone stored as UTC
     SecretTooShortWarning             (a UserWarning)           a secret too short to be masked in output
+    SecretInEnvWarning                (a UserWarning)           an env: name that looks like a credential
 
 Each message names the bad value, where it came from (URL, file, row group, field) and what to do.
 Every class also subclasses the matching built-in, so ``except FileNotFoundError`` keeps working.
@@ -68,6 +69,7 @@ __all__ = [
     "ReaderError",
     "SchemaError",
     "SchemaMismatchError",
+    "SecretInEnvWarning",
     "SecretTooShortWarning",
     "ShardkitError",
     "StorageFullError",
@@ -226,6 +228,15 @@ class TimeZoneWarning(UserWarning):
     """Warned when ``shardkit write`` stores times that carry a time zone (Arrow's ``timestamp[us,
     tz=...]``) as UTC wall times: each instant is kept, the zone is not (datetime64 has none). The
     message names the column and the zone."""
+
+
+class SecretInEnvWarning(UserWarning):
+    """Warned when a job config's ``env:`` has a name that looks like a credential (``API_TOKEN``,
+    ``DB_PASSWORD``, ...; `shardkit.job.config.values.secret_word`), once per name as the config is
+    validated: its value is treated as a secret (kept out of ``job.json``, ``processes.json`` and
+    rendered specs, masked in output) but it is written in the config file itself. The message names the
+    variable, never its value, and says to move it under ``secrets:``. A warning, not an error: a name can
+    look like a credential and not be one."""
 
 
 class SecretTooShortWarning(UserWarning):

@@ -853,3 +853,79 @@ def test_a_logdir_problem_is_told_once_not_again_for_the_checkpoint_dir_made_fro
         assert "1 problem" in message, message
         assert "checkpoint.dir" not in message, message
     assert load_config(write(job_dir, base(logdir="runs/$5"))).logdir.name == "$5"  # not a variable name
+
+
+# -- env: entries whose names look like credentials ------------------------------------------------
+
+@pytest.mark.parametrize(("name", "word"), [
+    ("API_TOKEN", "TOKEN"), ("HF_TOKEN", "TOKEN"), ("GITHUB_TOKENS", "TOKEN"), ("HFTOKEN", "TOKEN"),
+    ("hfToken", "TOKEN"), ("AWS_SECRET_ACCESS_KEY", "SECRET"), ("AWS_ACCESS_KEY_ID", "KEY"),
+    ("OPENAI_API_KEY", "KEY"), ("WANDB_APIKEY2", "KEY"), ("apiKey", "KEY"), ("DB_PASSWORD", "PASSWORD"),
+    ("PGPASSWORD", "PASSWORD"), ("SMTP_PASSWD", "PASSWD"), ("SMTP_PASS", "PASS"), ("MYSQL_PWD", "PWD"),
+    ("GOOGLE_APPLICATION_CREDENTIALS", "CREDENTIAL"), ("GCP_CREDS", "CRED"), ("OAUTH_CLIENT", "AUTH"),
+    ("HTTP_AUTHORIZATION", "AUTHORIZATION"), ("GITHUB_PAT", "PAT"), ("GPG_PASSPHRASE", "PASSPHRASE"),
+    ("SORT_KEY", "KEY"), ("SSH_AUTH_SOCK", "AUTH"),  # look like credentials and are not: masked all the same
+    ("TOKENIZERS_PARALLELISM", None), ("KEYBOARD_LAYOUT", None), ("GIT_AUTHOR_NAME", None), ("PWD", None),
+    ("OLDPWD", None), ("PATH", None), ("OMP_NUM_THREADS", None), ("NCCL_SOCKET_IFNAME", None),
+    ("ACCESS_LOG", None), ("PASSES", None), ("MONKEYPATCH", None),
+])
+def test_which_env_names_look_like_credentials(name: str, word: str | None) -> None:
+    from shardkit.job.config.values import secret_word
+
+    assert secret_word(name) == word
+
+
+def test_an_env_credential_warns_once_per_name_and_is_a_secret_by_name_only(
+        job_dir: Path, recwarn: pytest.WarningsRecorder) -> None:
+    from shardkit.errors import SecretInEnvWarning
+
+    env = {"API_TOKEN": SECRET, "DB_PASSWORD": "pw", "TOKENIZERS_PARALLELISM": "false", "OMP_NUM_THREADS": 1}
+    config = load_config(write(job_dir, base(env=env, secrets={"PASSWORD": {"file": "train.py"}})))
+    messages = sorted(str(w.message) for w in recwarn if w.category is SecretInEnvWarning)
+    assert len(messages) == 2, messages  # one per credential-named variable, none for the others
+    assert len(recwarn) == 2
+    token, password = messages  # sorted: env.API_TOKEN, env.DB_PASSWORD
+    assert token.startswith("env.API_TOKEN looks like a credential (its name has TOKEN)")
+    assert "Fix: move it under secrets:, e.g. secrets: {API_TOKEN: {env: MY_API_TOKEN}}" in token
+    assert "a value under 4 characters is not masked" in password  # "pw" is too short to mask
+    assert "a value under" not in token
+    assert recwarn[0].filename == __file__  # where the config was loaded, not pydantic's insides
+    assert SECRET not in " ".join(messages)
+
+    # a warning, not a refusal: the value reaches the processes, and files name it only
+    assert config.env["API_TOKEN"] == SECRET
+    assert config.env_secrets == ["API_TOKEN", "DB_PASSWORD"]
+    assert config.secret_names == ["API_TOKEN", "DB_PASSWORD", "PASSWORD"]
+    assert config.plain_env == {"TOKENIZERS_PARALLELISM": "false", "OMP_NUM_THREADS": "1"}
+    values = config.secret_values()
+    assert values["API_TOKEN"] == SECRET
+    assert values["DB_PASSWORD"] == "pw"
+    data = json.loads(json.dumps(config.redacted()))
+    assert data["env"] == {"TOKENIZERS_PARALLELISM": "false", "OMP_NUM_THREADS": "1"}
+    assert data["secrets"] == ["API_TOKEN", "DB_PASSWORD", "PASSWORD"]
+    again = JobConfig.from_redacted(data)  # inside a role: every secret from its own variable, no warning
+    assert again.redacted() == data
+    assert again.secrets["API_TOKEN"].env == "API_TOKEN"
+    assert len(recwarn) == 2
+
+    spec = build_spec(config, heartbeat_addr="127.0.0.1:9")
+    for proc in spec.processes:
+        assert proc.env["API_TOKEN"] == SECRET
+        assert proc.redacted_env()["API_TOKEN"] == "<redacted>"
+        assert proc.redacted_env()["TOKENIZERS_PARALLELISM"] == "false"
+    text = describe(config)
+    assert "env: OMP_NUM_THREADS, TOKENIZERS_PARALLELISM" in text
+    assert "secret API_TOKEN: from env: in the config" in text
+    for output in (text, json.dumps(data), repr(config), str(config),
+                   *(json.dumps(p.redacted_env()) for p in spec.processes)):
+        assert SECRET not in output
+
+
+def test_validate_warns_once_about_an_env_credential(job_dir: Path) -> None:
+    path = write(job_dir, base(env={"WANDB_API_KEY": SECRET}))
+    done = subprocess.run([sys.executable, "-m", "shardkit.cli", "validate", str(path)], capture_output=True,
+                          text=True, timeout=120, check=False)
+    assert done.returncode == 0, done.stderr
+    assert done.stderr.count("warning: env.WANDB_API_KEY looks like a credential") == 1, done.stderr
+    assert "secret WANDB_API_KEY: from env: in the config" in done.stdout
+    assert SECRET not in done.stdout + done.stderr

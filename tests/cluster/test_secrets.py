@@ -24,7 +24,7 @@ from shardkit.cluster import run_job
 from shardkit.cluster._spec import ProcessSpec
 from shardkit.cluster.engines._remote import NodeRunner
 from shardkit.cluster.render import render
-from shardkit.errors import JobError, SecretTooShortWarning
+from shardkit.errors import JobError, SecretInEnvWarning, SecretTooShortWarning
 from shardkit.job.config import load_config
 from shardkit.job.masking import MASK, Masker
 from tests.trainer.scripts import proctree
@@ -113,14 +113,16 @@ def _no_orphans() -> Iterator[None]:
 
 
 def write_config(folder: Path, secrets: dict[str, Any], *, workers: int = 2, max_restarts: int = 1,
-                 entrypoint: str = str(LEAK), **params: Any) -> Path:
+                 entrypoint: str = str(LEAK), env: dict[str, str] | None = None, **params: Any) -> Path:
+    """A job of `LEAK`, which prints each of ``params.names`` (default: the secrets' names)."""
+    params.setdefault("names", sorted(secrets))
     config = {
         "name": "leak", "entrypoint": entrypoint, "framework": "tensorflow",
         "roles": {"worker": {"count": workers}},
         "fault_tolerance": {"max_restarts": max_restarts, "heartbeat_interval": 0.2,
                             "heartbeat_timeout": 10.0, "startup_timeout": 60.0},
-        "logdir": str(folder / "job"), "params": {"names": sorted(secrets), "workers": workers, **params},
-        "secrets": secrets,
+        "logdir": str(folder / "job"), "params": {"workers": workers, **params},
+        "secrets": secrets, "env": env or {},
     }
     path = folder / "job.yaml"
     path.write_text(yaml.safe_dump(config, allow_unicode=True))
@@ -218,6 +220,80 @@ def test_secrets_too_short_to_mask_warn_naming_them_and_stay_unmasked(
     assert MASK not in log
 
 
+# -- env: entries whose names look like credentials ---------------------------------------------------
+
+ENV_TOKEN = "tok-in-env-9876"  # written in the config file under env:
+
+
+def train(path: Path, **env: str) -> subprocess.CompletedProcess[str]:
+    """`shardkit train path` in a subprocess, as a user runs it."""
+    environ = {k: v for k, v in os.environ.items() if not k.startswith("SHARDKIT_")}
+    return subprocess.run([sys.executable, "-m", "shardkit.cli", "train", str(path)], cwd=REPO,
+                          env={**environ, **env}, capture_output=True, text=True, encoding="utf-8",
+                          timeout=200, check=False)
+
+
+@pytest.mark.distributed
+@pytest.mark.timeout(240)
+@pytest.mark.usefixtures("_no_orphans")
+def test_an_env_value_named_like_a_credential_is_a_secret_in_every_file_and_output(tmp_path: Path) -> None:
+    """`shardkit train` of a job whose env: holds API_TOKEN (and TOKENIZERS_PARALLELISM, which only looks
+    close); attempt 0 fails after printing, attempt 1 succeeds. The script gets the value (it prints it,
+    and the lines show the mask, which replaces only that value), no file or output holds it, and one
+    warning names it."""
+    env = {"API_TOKEN": ENV_TOKEN, "TOKENIZERS_PARALLELISM": "false"}
+    path = write_config(tmp_path, {}, env=env, names=["API_TOKEN"], fail_attempts=[0])
+    done = train(path)
+    out = done.stdout + done.stderr
+    assert done.returncode == 0, out
+    warned = [line for line in done.stderr.splitlines() if line.startswith("warning: ")]
+    assert len(warned) == 1, warned  # once, for API_TOKEN only
+    assert warned[0].startswith("warning: env.API_TOKEN looks like a credential")
+    assert "move it under secrets:" in warned[0]
+    job = tmp_path / "job"
+    for attempt in (0, 1):
+        for worker in (0, 1):
+            log = (job / "logs" / f"attempt-{attempt}" / f"worker-{worker}.log").read_text(encoding="utf-8")
+            for line in ("stdout API_TOKEN=***", "stderr API_TOKEN=***", "split API_TOKEN=*** end"):
+                assert line in log.splitlines(), (line, log)
+                assert f"[worker-{worker}] {line}" in out  # echoed masked
+            assert '{"config": {"API_TOKEN": "***"}}' in log
+    saved = json.loads((job / "job.json").read_text(encoding="utf-8"))
+    assert saved["env"] == {"TOKENIZERS_PARALLELISM": "false"}
+    assert saved["secrets"] == ["API_TOKEN"]
+    for attempt in (0, 1):
+        processes = json.loads((job / "logs" / f"attempt-{attempt}" / "processes.json").read_text())
+        assert {p["env"]["API_TOKEN"] for p in processes} == {"<redacted>"}
+        assert {p["env"]["TOKENIZERS_PARALLELISM"] for p in processes} == {"false"}
+    summary = json.loads((job / "summary.json").read_text(encoding="utf-8"))
+    assert summary["status"] == "succeeded"
+    assert "last words ***" in summary["failures"][0]["last_lines"]
+    assert_nowhere([ENV_TOKEN], job, out)
+
+
+@pytest.mark.distributed
+@pytest.mark.timeout(240)
+@pytest.mark.usefixtures("_no_orphans")
+def test_torchrun_workers_mask_an_env_value_named_like_a_credential(tmp_path: Path) -> None:
+    """The torchrun engine's workers mask by the names job.json lists: an env: credential is one."""
+    from shardkit.job.layout import free_ports
+
+    path = write_config(tmp_path, {}, env={"OMP_NUM_THREADS": "1", "DB_PASSWORD": ENV_TOKEN}, workers=1,
+                        max_restarts=0, names=["DB_PASSWORD"])
+    config = yaml.safe_load(path.read_text(encoding="utf-8"))
+    config.update(framework="torch",
+                  engine={"name": "torchrun", "nnodes": "1", "rdzv_endpoint": f"127.0.0.1:{free_ports(1)[0]}",
+                          "rdzv_id": tmp_path.name, "grace": 2})
+    path.write_text(yaml.safe_dump(config), encoding="utf-8")
+    done = train(path)
+    out = done.stdout + done.stderr
+    assert done.returncode == 0, out
+    assert "warning: env.DB_PASSWORD looks like a credential" in done.stderr
+    log = (tmp_path / "job" / "logs" / "node-0" / "attempt-0" / "worker-0.log").read_text(encoding="utf-8")
+    assert "stdout DB_PASSWORD=***" in log.splitlines(), log
+    assert_nowhere([ENV_TOKEN], tmp_path / "job", out)
+
+
 # -- Ray and Spark: the node runner that starts a role on its node ------------------------------------
 
 @pytest.mark.distributed
@@ -255,11 +331,17 @@ def test_rendered_specs_hold_no_secret_value(tmp_path: Path, monkeypatch: pytest
     (tmp_path / "password").write_text(FILE_SECRET, encoding="utf-8")
     secrets = {"API_TOKEN": {"env": "LEAK_TOKEN"}, "PASSWORD": {"file": str(tmp_path / "password")}}
     (tmp_path / "leak.py").write_bytes(LEAK.read_bytes())  # a rendered job's script lies beside its config
-    config = load_config(write_config(tmp_path, secrets, entrypoint="leak.py"),
-                         ["engine.image=registry.example.com/leak:1"] if engine == "kubernetes" else [])
+    env = {"HF_TOKEN": ENV_TOKEN, "LANG": "C.UTF-8"}
+    path = write_config(tmp_path, secrets, entrypoint="leak.py", env=env)
+    image = ["engine.image=registry.example.com/leak:1"] if engine == "kubernetes" else []
+    with pytest.warns(SecretInEnvWarning, match="env.HF_TOKEN"):
+        config = load_config(path, image)
     files = render(config, engine=engine, out_dir=tmp_path / "out")
     assert files
-    assert_nowhere([ENV_SECRET, FILE_SECRET], tmp_path / "out", *files.values())
+    assert_nowhere([ENV_SECRET, FILE_SECRET, ENV_TOKEN], tmp_path / "out", *files.values())
+    text = "\n".join(files.values())
+    assert "HF_TOKEN" in text  # named, as a secret
+    assert "C.UTF-8" in text  # a plain variable as it is
 
 
 # -- the torchrun engine: each worker writes its own log ------------------------------------------------

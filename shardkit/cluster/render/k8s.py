@@ -95,9 +95,9 @@ def render_kubernetes(config: JobConfig) -> dict[str, str]:
                   "data": {"job.json": json.dumps(job_json, indent=2, sort_keys=True) + "\n"}}
 
     env: list[dict[str, Any]] = [{"name": "SHARDKIT_JOB_CONFIG", "value": f"{CONFIG_MOUNT}/job.json"}]
-    env += [{"name": key, "value": value} for key, value in config.env.items()]
+    env += [{"name": key, "value": value} for key, value in config.plain_env.items()]
     env += [{"name": key, "valueFrom": {"secretKeyRef": {"name": f"{name}-secrets", "key": key}}}
-            for key in sorted(config.secrets)]
+            for key in config.secret_names]  # env: entries that look like credentials too
 
     def replica(count: int, resources: Resources) -> dict[str, Any]:
         spec = {"containers": [{
@@ -137,10 +137,16 @@ def render_kubernetes(config: JobConfig) -> dict[str, str]:
               "(needs the Kubeflow training operator).",
               f"The image {opts.image} must hold Python ({opts.python}), shardkit, {config.framework} and "
               f"the config's folder at {opts.workdir}."]
-    if config.secrets:
-        literals = " ".join(f'--from-literal={key}="${ref.env}"' if ref.env is not None else
-                            f"--from-file={key}={ref.file}" for key, ref in sorted(config.secrets.items()))
+    if config.secret_names:
+        sources = []
+        for key in config.secret_names:
+            ref = config.secrets.get(key)  # None: an env: entry, whose value is set in the shell
+            sources.append(f"--from-file={key}={ref.file}" if ref is not None and ref.file is not None else
+                           f'--from-literal={key}="${key if ref is None else ref.env}"')
+        literals = " ".join(sources)
         header.append(f"Secrets, first: kubectl create secret generic {name}-secrets {literals}")
+        header += [f"  {key}: its value (env.{key} of the config, a name that looks like a credential) is "
+                   f"kept out of these files: set {key} in your shell first" for key in config.env_secrets]
     header += [f"Note: {note}." for note in notes]
     config_header = [f"The config of {kind} {name} (no secret values), mounted at {CONFIG_MOUNT}/job.json."]
     return {f"{name}-config.yaml": dump([config_map], config_header),

@@ -74,9 +74,9 @@ def render_yarn(config: JobConfig) -> dict[str, str]:
         entrypoint = config.entrypoint
     job_json = container_config(config, engine="yarn", entrypoint=entrypoint, python=python,
                                 logdir="shardkit-logs")
-    env = {**config.env, "SHARDKIT_JOB_CONFIG": CONFIG_FILE}
-    if config.secrets:
-        env[SECRETS_ENV] = ",".join(sorted(config.secrets))
+    env = {**config.plain_env, "SHARDKIT_JOB_CONFIG": CONFIG_FILE}
+    if config.secret_names:  # env: entries that look like credentials too
+        env[SECRETS_ENV] = ",".join(config.secret_names)
     launch = f"{python} -u -m shardkit.cluster.render.entry"
     services = {}
     for role, spec in config.roles.items():
@@ -101,11 +101,15 @@ def render_yarn(config: JobConfig) -> dict[str, str]:
               "needs a YARN cluster and skein).",
               f"The nodes need Python ({python}) with shardkit and {config.framework}"
               + (" (from the environment archive)." if opts.environment else ".")]
-    if config.secrets:
+    if config.secret_names:
         header.append("Secrets, right after submitting (APP is the application id):")
-        for key, ref in sorted(config.secrets.items()):
-            value = f'"${ref.env}"' if ref.env is not None else f'"$(cat {ref.file})"'
+        for key in config.secret_names:
+            ref = config.secrets.get(key)  # None: an env: entry, whose value is set in the shell
+            value = f'"$(cat {ref.file})"' if ref is not None and ref.file is not None else \
+                f'"${key if ref is None else ref.env}"'
             header.append(f"  skein kv put APP --key shardkit/secret/{key} --value {value}")
+        header += [f"  {key}: its value (env.{key} of the config, a name that looks like a credential) is "
+                   f"kept out of these files: set {key} in your shell first" for key in config.env_secrets]
     if any((spec.resources.memory is None) for spec in config.roles.values()):
         header.append(f"Note: roles without resources.memory ask YARN for {DEFAULT_MEMORY // 2**30} GiB.")
     header += [f"Note: {note}." for note in local_paths(config)]

@@ -9,6 +9,7 @@ import os
 import re
 import shutil
 import sys
+import warnings
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
@@ -16,7 +17,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import Field, PrivateAttr, ValidationError, field_validator, model_validator
 
-from shardkit.errors import ConfigError
+from shardkit.errors import ConfigError, SecretInEnvWarning
 from shardkit.job.config._paths import BASE_DIR, absolute, in_yaml_dir, plain_path
 from shardkit.job.config.sections import (
     _ENV_NAME,
@@ -32,8 +33,8 @@ from shardkit.job.config.sections import (
     _raise_all,
 )
 from shardkit.job.config.values import NO_VALUE as _NO_VALUE
-from shardkit.job.config.values import Problem, plain_data_problems
-from shardkit.job.masking import warn_short_secrets
+from shardkit.job.config.values import Problem, plain_data_problems, secret_word
+from shardkit.job.masking import MIN_SECRET_LENGTH, warn_short_secrets
 from shardkit.job.protocol import ALL_ENV
 
 if TYPE_CHECKING:
@@ -80,6 +81,11 @@ class JobConfig(_Model):
     ``module:function`` entrypoint is checked for syntax here and imported by the role at start
     (``shardkit.trainer.run``), since only the role's interpreter can tell whether it imports.
     ``env`` and ``secrets`` may not set the variables the trainer sets (``RANK``, ``TF_CONFIG``, ...).
+    An ``env`` entry whose name looks like a credential (``API_TOKEN``, ``DB_PASSWORD``;
+    `shardkit.job.config.values.secret_word`) is a secret too (`secret_names`): its value reaches the
+    processes, but ``job.json``, ``processes.json`` and rendered specs name it only, and output masks
+    it; a `SecretInEnvWarning` per name, as the config is validated, says to move it under ``secrets``
+    (the config file itself holds it). A warning, not a refusal: a name can look like one and not be.
     A script entrypoint is a ``.py`` file (``python`` runs it in each role; a file without the suffix is
     far more often a slip than a script). ``params``, ``data.options`` and engine options reach the roles
     as JSON (``job.json``), so they must be what JSON holds unchanged
@@ -230,6 +236,26 @@ class JobConfig(_Model):
         _raise_all(problems)
         return self
 
+    @model_validator(mode="after")
+    def _secrets_in_env(self) -> JobConfig:
+        for name in self.env_secrets:  # once per name, here: the config is validated once per load
+            short = (f" (not this one: a value under {MIN_SECRET_LENGTH} characters is not masked)"
+                     if len(self.env[name]) < MIN_SECRET_LENGTH else "")
+            warnings.warn(SecretInEnvWarning(
+                f"env.{name} looks like a credential (its name has {secret_word(name)}), so its value is "
+                "treated as a secret: job.json, processes.json and rendered specs name it without the value, "
+                f"and logs, the console and the summary show *** for it{short}. The config file itself still "
+                f"holds it. Fix: move it under secrets:, e.g. secrets: {{{name}: {{env: MY_{name}}}}} (or "
+                "{file: path}); if it is not a secret, rename it or ignore this warning"),
+                stacklevel=_caller())
+        return self
+
+    def __repr_args__(self) -> Iterator[tuple[str | None, Any]]:
+        # repr() and str() name the env: credentials' values as processes.json does: "<redacted>"
+        for key, value in super().__repr_args__():
+            yield key, ({k: "<redacted>" if secret_word(k) is not None else v for k, v in self.env.items()}
+                        if key == "env" else value)
+
     # -- derived views -----------------------------------------------------------------------------
 
     @property
@@ -247,12 +273,32 @@ class JobConfig(_Model):
         """The checkpoint folder or URL (``<logdir>/checkpoints`` unless configured)."""
         return self.checkpoint.dir or str(self.logdir / "checkpoints")
 
-    def secret_values(self) -> dict[str, str]:
-        """Read every secret now: ``{NAME: value}`` for the roles' environment. Never log the result.
+    @property
+    def env_secrets(self) -> list[str]:
+        """The ``env`` names that look like credentials (`shardkit.job.config.values.secret_word`), sorted:
+        treated as secrets (`secret_names`)."""
+        return sorted(name for name in self.env if secret_word(name) is not None)
 
-        A value shorter than 4 characters (or empty) is warned about (`SecretTooShortWarning`, naming
-        the secret; once per config, the first time): it is not masked in the roles' output
-        (`shardkit.job.masking`).
+    @property
+    def plain_env(self) -> dict[str, str]:
+        """``env`` without its `env_secrets`: what may be written in a file or shown."""
+        return {name: value for name, value in self.env.items() if secret_word(name) is None}
+
+    @property
+    def secret_names(self) -> list[str]:
+        """Every variable whose value is a secret, sorted: ``secrets`` and the credential-named ``env``
+        entries (`env_secrets`). Their values are in `secret_values`; ``job.json`` (`redacted`) names them
+        under ``secrets``, and what shardkit writes or prints masks them (`shardkit.job.masking`)."""
+        return sorted({*self.secrets, *self.env_secrets})
+
+    def secret_values(self) -> dict[str, str]:
+        """Read every secret now: ``{NAME: value}`` for the roles' environment, the ``env`` entries that
+        look like credentials included (`secret_names`). Never log the result.
+
+        A ``secrets`` value shorter than 4 characters (or empty) is warned about
+        (`SecretTooShortWarning`, naming the secret; once per config, the first time): it is not masked
+        in the roles' output (`shardkit.job.masking`); an ``env`` one was told of by its
+        `SecretInEnvWarning`.
 
         Raises:
             ConfigError: a variable that is not set or a file that cannot be read (the message names
@@ -288,15 +334,18 @@ class JobConfig(_Model):
         if not self._short_secrets_warned:  # read at the start and again for each attempt: said once
             self._short_secrets_warned = True
             warn_short_secrets(values)
-        return values
+        return {**values, **{name: self.env[name] for name in self.env_secrets}}
 
     def redacted(self) -> dict[str, Any]:
         """The config as JSON-able data with secrets as names only; what ``job.json`` and logs hold.
 
-        `JobConfig.from_redacted` reads it back (inside a role, a secret is its environment variable).
+        Every name of `secret_names` is listed under ``secrets`` (an ``env`` entry that looks like a
+        credential moves there, without its value). `JobConfig.from_redacted` reads it back (inside a
+        role, a secret is its environment variable).
         """
-        data = self.model_dump(mode="json", exclude={"secrets"})
-        data["secrets"] = sorted(self.secrets)
+        data = self.model_dump(mode="json", exclude={"secrets", "env"})
+        data["env"] = self.plain_env
+        data["secrets"] = self.secret_names
         return data
 
     @classmethod
@@ -358,6 +407,16 @@ def _params_problems(config: JobConfig) -> Iterator[Problem]:
         if problem is not None:
             path, value, what, fix = problem
             yield Problem(("params", "optimizer", *path), value, what, fix)
+
+
+def _caller() -> int:
+    """The `warnings.warn` stacklevel of the first frame outside pydantic and this package, from a
+    validator: where the config was loaded, not pydantic's insides."""
+    frame, level = sys._getframe(1), 1
+    while frame.f_back is not None and str(frame.f_globals.get("__name__")).startswith(
+            ("pydantic", "shardkit.job.config")):
+        frame, level = frame.f_back, level + 1
+    return level
 
 
 @contextmanager

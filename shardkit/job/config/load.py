@@ -306,10 +306,13 @@ def describe(config: JobConfig) -> str:
     out += [f"  engine: {config.engine.name}{options}", f"  logdir: {config.logdir}"]
     if config.params:
         out.append(f"  params: {', '.join(sorted(config.params))}")
-    if config.env:
-        out.append(f"  env: {', '.join(sorted(config.env))}")
-    for name, ref in sorted(config.secrets.items()):
-        if ref.env is not None:
+    if config.plain_env:
+        out.append(f"  env: {', '.join(sorted(config.plain_env))}")
+    for name in config.secret_names:
+        ref = config.secrets.get(name)
+        if ref is None:
+            out.append(f"  secret {name}: from env: in the config (the name looks like a credential)")
+        elif ref.env is not None:
             state = "set" if ref.env in os.environ else "NOT SET"
             out.append(f"  secret {name}: from env {ref.env} ({state})")
         else:

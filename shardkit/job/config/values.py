@@ -1,14 +1,16 @@
-"""What a job config's values may be: the `Problem` a validator reports, and the check of the free-form
-sections (``params``, ``data.options``, engine options), which reach the processes as JSON."""
+"""What a job config's values may be: the `Problem` a validator reports, the check of the free-form
+sections (``params``, ``data.options``, engine options), which reach the processes as JSON, and the rule
+that tells an ``env:`` name that looks like a credential (`secret_word`)."""
 
 from __future__ import annotations
 
 import datetime
 import math
+import re
 from collections.abc import Sequence
 from typing import Any
 
-__all__ = ["MAX_FREE_FORM_VALUES", "NO_VALUE", "Problem", "plain_data_problems"]
+__all__ = ["MAX_FREE_FORM_VALUES", "NO_VALUE", "Problem", "plain_data_problems", "secret_word"]
 
 #: The most values a free-form section (``params``, ``data.options``, engine options) may hold, each counted
 #: every time it appears: YAML aliases can make a few lines mean billions of values (a "billion laughs"),
@@ -16,6 +18,12 @@ __all__ = ["MAX_FREE_FORM_VALUES", "NO_VALUE", "Problem", "plain_data_problems"]
 MAX_FREE_FORM_VALUES = 1_000_000
 _MAX_PROBLEMS_SHOWN = 10  # of one free-form section
 _MAX_DEPTH = 200  # how deep a free-form section may nest
+# What a part of a credential's name ends with (OPENAI_API_KEY, HFTOKEN, OAUTH, DB_PASSWORD, GCP_CREDS)...
+_SECRET_ENDINGS = ("TOKEN", "SECRET", "PASSWORD", "PASSWD", "PASSPHRASE", "KEY", "CREDENTIAL", "CRED", "AUTH")
+# ... or the whole part is (SMTP_PASS, MYSQL_PWD, GITHUB_PAT, HTTP_AUTHORIZATION); never PWD alone, the
+# working folder
+_SECRET_PARTS = ("PASS", "PWD", "PAT", "AUTHORIZATION")
+_CAMEL = re.compile(r"(?<=[a-z0-9])(?=[A-Z])")
 
 
 class Problem(ValueError):
@@ -114,3 +122,32 @@ def _kind(value: Any) -> str:
     names = {bool: "boolean", int: "integer", float: "number", str: "string", type(None): "null",
              datetime.date: "date", datetime.datetime: "date and time"}
     return names.get(type(value), type(value).__name__)
+
+
+def secret_word(name: str) -> str | None:
+    """The word that makes the environment variable ``name`` look like a credential, or None.
+
+    Example:
+        >>> secret_word("WANDB_API_KEY"), secret_word("HF_TOKEN"), secret_word("TOKENIZERS_PARALLELISM")
+        ('KEY', 'TOKEN', None)
+
+    The name is cut into parts at ``_`` and where a lower-case letter or digit meets an upper-case one
+    (``apiKey``: ``api``, ``Key``). A part, upper-cased, without its trailing digits, with or without a
+    plural ``S``, that ends with TOKEN, SECRET, PASSWORD, PASSWD, PASSPHRASE, KEY, CREDENTIAL, CRED or
+    AUTH, or that is PASS, PWD, PAT or AUTHORIZATION, makes it a credential. Parts, not substrings, so that
+    ``TOKENIZERS_PARALLELISM``, ``KEYBOARD_LAYOUT`` or ``GIT_AUTHOR_NAME`` are not; a name such as
+    ``SORT_KEY`` or ``SSH_AUTH_SOCK`` is, though its value is no secret: the value still reaches the
+    processes, but it is kept out of files and masked in their output all the same. ``PWD`` alone (the
+    working folder) is not.
+    """
+    if name.upper() == "PWD":
+        return None
+    for piece in _CAMEL.sub("_", name).upper().split("_"):
+        part = piece.rstrip("0123456789")
+        for form in (part, part[:-1]) if part.endswith("S") else (part,):  # SECRETS as SECRET, PASS as PASS
+            for word in _SECRET_ENDINGS:
+                if form.endswith(word):
+                    return word
+            if form in _SECRET_PARTS:
+                return form
+    return None
