@@ -67,7 +67,7 @@ from shardkit.errors import ReaderError, SchemaMismatchError, ShardkitError
 from shardkit.reader._pipeline import batching
 from shardkit.reader._pipeline.placing import Blocks, WindowPlacement, destinations
 from shardkit.reader._plan import Ranges, Remainder, merge, shard_ranges, take, total
-from shardkit.reader.reader import Reader
+from shardkit.reader.reader import Reader, closed_error
 
 Columns = dict[str, np.ndarray]
 
@@ -514,6 +514,7 @@ class MixedReader(Reader):
         self._consumed = 0  # piece positions of the current stage covered by yielded batches
         self._steps = 0  # batches yielded in the current stage
         self._generation = 0  # bumped to end the live iteration (new iteration, load_state_dict, close)
+        self._closed = False
         self._configure()
 
     def _configure(self) -> None:
@@ -583,15 +584,20 @@ class MixedReader(Reader):
     # ---- iteration ---------------------------------------------------------------------------
     def __iter__(self) -> Iterator[Columns]:
         """Batches of every remaining epoch (``num_epochs=None``: forever)."""
-        self._generation += 1
-        generation = self._generation
+        generation = self._claim()
         while (self.num_epochs is None or self.epoch < self.num_epochs) and generation == self._generation:
             yield from self._epoch(generation)
 
     def iter_epoch(self) -> Iterator[Columns]:
         """Batches of the rest of the current epoch; the reader then moves to the next epoch."""
+        yield from self._epoch(self._claim())
+
+    def _claim(self) -> int:
+        """Start a new iteration; the previous one, if still suspended somewhere, ends at its next batch."""
+        if self._closed:
+            raise closed_error(self)
         self._generation += 1
-        yield from self._epoch(self._generation)
+        return self._generation
 
     def _epoch(self, generation: int) -> Iterator[Columns]:
         ranges = self._ranges(self._history)
@@ -801,6 +807,7 @@ class MixedReader(Reader):
     def close(self) -> None:
         """Close every source's reader (their threads stop, their files are let go of)."""
         self._generation += 1
+        self._closed = True
         for reader in self.readers.values():
             reader.close()
         self._recycler.clear()

@@ -140,6 +140,7 @@ class Reader:
         self._consumed = 0  # piece positions of the current stage covered by yielded batches
         self._steps = 0  # batches yielded in the current stage
         self._generation = 0  # bumped to end the live iteration (new iteration, load_state_dict, close)
+        self._closed = False
         self._repeated_before = 0  # stats["repeated_rows"] when the epoch (or its resume) began
         if len(self) == 0:  # an epoch without a batch: num_epochs=None would spin without yielding
             samples = total(shard_ranges(self.num_samples, shard=shard, num_shards=num_shards,
@@ -196,6 +197,8 @@ class Reader:
 
     def _claim(self) -> int:
         """Start a new iteration; the previous one, if still suspended somewhere, ends at its next batch."""
+        if self._closed:
+            raise closed_error(self)
         self._generation += 1
         return self._generation
 
@@ -452,6 +455,7 @@ class Reader:
         while something keeps the reader or its iterator alive: tf.data keeps every generator it ran),
         and free the kept window arrays."""
         self._generation += 1
+        self._closed = True
         if self._pool is not None:
             self._pool.shutdown(wait=True, cancel_futures=True)
             self._pool = None
@@ -467,3 +471,10 @@ class Reader:
     def __repr__(self) -> str:
         return (f"Reader({self.dataset.url!r}, shard={self.shard}/{self.num_shards}, epoch={self.epoch}, "
                 f"batch_size={self.batch_size}, samples={self.num_samples})")
+
+
+def closed_error(reader: object) -> ReaderError:
+    """What iterating a closed reader raises: a closed reader reads nothing, rather than its rows again."""
+    return ReaderError(f"{reader!r} was closed (close(), or the end of its `with` block) and reads no more "
+                       "batches; make a new reader (shardkit.make_reader) to read again, or close it only "
+                       "when you are done with it")

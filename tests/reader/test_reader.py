@@ -306,12 +306,22 @@ def test_context_manager_stops_the_threads(ids_ds: str) -> None:
         next(it)
         assert read_threads(), "the reader reads in named worker threads"
     assert read_threads() == []
-    with pytest.raises(StopIteration):  # a closed reader's iteration ends
+    with pytest.raises(StopIteration):  # the iteration the close interrupted ends
         next(it)
-    # a closed reader may be iterated again (it starts new threads), and closed again
-    with reader:
-        assert len(next(iter(reader))["id"]) == 10
+    # a new iteration of a closed reader is refused: it read nothing more rather than every row again
+    for again in (lambda: iter(reader), reader.iter_epoch):
+        with pytest.raises(ReaderError, match=r"was closed .* make a new reader"):
+            next(again())
     assert read_threads() == []
+    reader.close()  # closing again is harmless
+
+
+def test_a_closed_mixture_refuses_a_new_iteration(ids_ds: str) -> None:
+    reader = shardkit.make_reader({"a": ids_ds, "b": ids_ds}, weights={"a": 1, "b": 1}, batch_size=10)
+    next(iter(reader))
+    reader.close()
+    with pytest.raises(ReaderError, match=r"MixedReader\(.* was closed"):
+        next(iter(reader))
 
 
 def test_prefetch_zero_and_one_worker(ids_ds: str) -> None:
