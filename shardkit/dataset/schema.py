@@ -188,6 +188,7 @@ def infer_field(name: str, values: Any) -> Field:
     nullable = len(present) < len(arr)
     if not present:
         raise SchemaError(f"column {name!r} holds only nulls; declare its Field in a schema")
+    _one_kind(name, arr)
     first = present[0]
     if isinstance(first, datetime.datetime) and first.tzinfo is not None:
         # an object column of zone-aware times: pandas makes one of times in more than one zone
@@ -220,6 +221,36 @@ def infer_field(name: str, values: Any) -> Field:
     return Field(name, dtype, shape, nullable=nullable)
 
 
+def _kind(value: Any) -> str:
+    """What a value of an object column makes: values of one kind infer one field (`_one_kind`)."""
+    if isinstance(value, str):
+        return "str"
+    if isinstance(value, bytes):
+        return "bytes"
+    if isinstance(value, datetime.date):
+        return "date or datetime"  # `_infer_times` tells them apart
+    if isinstance(value, np.ndarray | list | tuple):
+        return "array"
+    if isinstance(value, bool | int | float | complex | np.number | np.bool_):
+        return "number"
+    return type(value).__name__
+
+
+def _one_kind(name: str, values: np.ndarray) -> None:
+    """`SchemaError` for an object column whose values (nulls aside) make no one type (str beside
+    numbers): the first would otherwise decide the field, and the others fail to encode as if it had
+    been declared."""
+    kinds: dict[str, tuple[int, Any]] = {}
+    for i, value in enumerate(values):
+        if value is not None and not (isinstance(value, float) and np.isnan(value)):
+            kinds.setdefault(_kind(value), (i, value))
+    if len(kinds) > 1 and next(iter(kinds)) != "date or datetime":  # `_infer_times` names what they mix
+        seen = ", ".join(f"{kind} ({value!r} in row {i})" for kind, (i, value) in kinds.items())
+        raise SchemaError(f"column {name!r} mixes values of {len(kinds)} kinds: {seen}; they make no one "
+                          f"type. Convert them to one (pandas: df[{name!r}].astype(str)), or declare the "
+                          "column's Field")
+
+
 def _infer_times(name: str, present: list[Any], nullable: bool) -> Field:
     """A column of ``datetime.date`` objects -> ``datetime64[D]``; of naive ``datetime.datetime`` ->
     ``datetime64[us]`` (Python's resolution), as pyarrow reads them (date32, timestamp[us]).
@@ -241,17 +272,21 @@ def _infer_times(name: str, present: list[Any], nullable: bool) -> Field:
 
 
 def _as_array(values: Any) -> np.ndarray:
-    """``values`` as numpy; rows of different shapes (which numpy refuses to stack) as an object array."""
+    """``values`` as numpy; rows of different shapes (which numpy refuses to stack), and numbers among
+    strings (which numpy would turn into strings: ``[1, "x"]`` is ``['1', 'x']``), as an object array."""
     if isinstance(values, np.ndarray):
         return values
     items = list(values)
     try:
-        return np.asarray(items)
+        arr = np.asarray(items)
+        if arr.ndim != 1 or arr.dtype.kind not in "US" or all(isinstance(v, str | bytes) for v in items):
+            return arr
     except ValueError:
-        arr = np.empty(len(items), dtype=object)
-        for i, v in enumerate(items):
-            arr[i] = v
-        return arr
+        pass
+    arr = np.empty(len(items), dtype=object)
+    for i, v in enumerate(items):
+        arr[i] = v
+    return arr
 
 
 def field_from_arrow(af: pa.Field) -> Field:

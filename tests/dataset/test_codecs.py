@@ -168,6 +168,20 @@ def test_nan_in_a_pandas_object_column_is_missing_whatever_its_type(nan: Any) ->
     assert np.ma.getmaskarray(out).tolist() == [True, True, False]
 
 
+def test_nan_in_an_int_field_suggests_nullable_and_that_fix_works() -> None:
+    """pandas makes an integer column with a missing value float64 (NaN): the error says how to keep the
+    integers (nullable=True with nulls), not only float64, and doing what it says writes them."""
+    frame = pd.DataFrame({"n": [1.0, np.nan, 3.0]})
+    with pytest.raises(SchemaMismatchError, match=r"declare Field\('n', 'int64', nullable=True\) and pass "
+                                                  r"the column with nulls .*df\['n'\].astype\('Int64'\)"):
+        Schema([Field("n", "int64")]).encode({"n": frame["n"].to_numpy()}, 3)
+    fixed = {"n": frame["n"].astype("Int64")}
+    out = round_trip(Schema([Field("n", "int64", nullable=True)]), fixed, 3)["n"]
+    assert np.ma.getmaskarray(out).tolist() == [False, True, False]
+    assert out.dtype == np.int64
+    assert out.data[[0, 2]].tolist() == [1, 3]
+
+
 # --- the cast policy ------------------------------------------------------------------------------
 
 

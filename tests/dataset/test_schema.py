@@ -242,6 +242,10 @@ def test_infer_field(values: Any, expected: tuple[str | None, tuple[Any, ...], b
         ([{"a": 1}], "dict"),
         ([datetime.date(2024, 1, 1), datetime.datetime(2024, 1, 1, 3)], "mixes date, datetime.*times of day"),
         ([datetime.date(2024, 1, 1), 5], "mixes date, int values: they make no one type;"),
+        ([1, "x", 2.5], r"mixes values of 2 kinds: number \(1 in row 0\), str \('x' in row 1\); they make "
+                        r"no one type. Convert them to one \(pandas: df\['c'\].astype\(str\)\)"),
+        (["x", None, b"y", 3],
+         r"3 kinds: str \('x' in row 0\), bytes \(b'y' in row 2\), number \(3 in row 3\)"),
         ([datetime.datetime(2024, 1, 1), datetime.datetime(2024, 1, 1, tzinfo=datetime.UTC)], "zone 'UTC'"),
     ],
 )

@@ -136,6 +136,12 @@ def cast_array(field: Field, arr: np.ndarray, where: str) -> np.ndarray:
         else:
             found = {"U": "str", "S": "bytes"}.get(arr.dtype.kind, arr.dtype.name)
             fix = f"convert the data, or declare Field({field.name!r}, {found!r}, ...)"
+            if arr.dtype.kind == "f" and target.kind in "iu" and bool(np.isnan(arr).any()):
+                # pandas makes an integer column with a missing value float64, the missing value NaN
+                fix = (f"its NaN values look like missing values: to keep the integers, declare "
+                       f"Field({field.name!r}, {field.dtype_name!r}, nullable=True) and pass the column "
+                       f"with nulls for them (pandas: df[{field.name!r}].astype('Int64'); Arrow: an "
+                       f"integer array with nulls), or {fix}")
         problem = (f"field {field.name!r} ({where}) is declared {field.dtype_name} but the data has dtype "
                    f"{arr.dtype}")
         raise SchemaMismatchError(f"{problem}; {fix}", problem=problem)
