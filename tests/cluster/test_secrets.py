@@ -307,19 +307,47 @@ def test_the_node_runner_of_ray_and_spark_relays_masked_lines(tmp_path: Path) ->
                        frozenset({"API_TOKEN"}))
     runner = NodeRunner(proc, grace=1.0)
     lines: list[str] = []
+    envs: list[dict[str, str]] = []
     try:
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline:
             update = runner.collect()
             lines += update.lines
+            envs += [update.env] if update.env is not None else []
             if update.returncode is not None:
                 break
             time.sleep(0.05)
         assert update.returncode == 0
         assert lines == ["out ***", "err ***", "last ***"]
+        assert envs == [{"API_TOKEN": "<redacted>"}]  # once, for processes.json: the secret by name only
         assert ENV_SECRET.encode() not in (runner.dir / "worker-0.log").read_bytes()  # the node's own log
     finally:
         runner.close()
+
+
+def test_processes_json_holds_the_addresses_a_node_gave_not_the_spec(tmp_path: Path) -> None:
+    """The supervisor writes processes.json from the spec (built for one machine); on Ray and Spark the
+    node places the addresses: until the runner's first report they read as not yet known, then as
+    the process got them, with the node's host."""
+    from shardkit.cluster.engines._remote import Update
+    from shardkit.cluster.engines.mirror import MirrorGroup, MirrorProcess
+
+    spec = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29500", "RANK": "0", "API_TOKEN": "<redacted>"}
+    path = tmp_path / "processes.json"
+    path.write_text(json.dumps([{"name": "worker-0", "argv": ["python"], "env": spec}]))
+    proc = ProcessSpec("worker", 0, ["python"], {}, frozenset())
+    group = MirrorGroup([MirrorProcess(proc, tmp_path / "worker-0.log")], None)
+    try:
+        before = json.loads(path.read_text())[0]["env"]
+        assert before["MASTER_ADDR"] == before["MASTER_PORT"] == "<set on its node as it starts>"
+        assert before["RANK"] == "0"
+        group.processes[0].host = "10.11.0.2"
+        got = {**spec, "MASTER_ADDR": "10.11.0.2", "MASTER_PORT": "41234", "GLOO_SOCKET_IFNAME": "veth0"}
+        group.feed(0, Update.from_json(Update(pid=7, env=got).to_json()))  # as a Spark task sends it
+        assert json.loads(path.read_text()) == [{"name": "worker-0", "argv": ["python"], "env": got,
+                                                 "host": "10.11.0.2"}]
+    finally:
+        group.close()
 
 
 # -- rendered specs -----------------------------------------------------------------------------------
@@ -395,11 +423,15 @@ def test_torchrun_workers_logs_node_output_and_summary_show_stars(tmp_path: Path
 def test_ray_and_spark_jobs_show_stars_in_logs_console_and_summary(tmp_path: Path,
                                                                    engine: dict[str, Any]) -> None:
     """`shardkit train` on a local Ray instance or Spark master (in a subprocess: the engine is the CLI's
-    own to start and close); attempt 0 fails after printing, attempt 1 succeeds."""
+    own to start and close); attempt 0 fails after printing, attempt 1 succeeds. A secret and an env:
+    credential are masked; processes.json records the addresses the processes got on their nodes (the
+    node places rank 0's port: the spec's, built on the trainer's machine, is another)."""
     pytest.importorskip("ray" if engine["name"] == "ray" else "pyspark")
-    path = write_config(tmp_path, {"API_TOKEN": {"env": "LEAK_TOKEN"}}, fail_attempts=[0])
+    placed = ["MASTER_ADDR", "MASTER_PORT", "LOCAL_RANK"]
+    path = write_config(tmp_path, {"API_TOKEN": {"env": "LEAK_TOKEN"}}, env={"HF_TOKEN": ENV_TOKEN},
+                        names=["API_TOKEN", "HF_TOKEN"], show=placed, fail_attempts=[0])
     config = yaml.safe_load(path.read_text(encoding="utf-8"))
-    config["engine"] = engine
+    config.update(engine=engine, framework="torch")
     config["fault_tolerance"]["startup_timeout"] = 180.0
     path.write_text(yaml.safe_dump(config), encoding="utf-8")
     env = {k: v for k, v in os.environ.items() if not k.startswith("SHARDKIT_")}
@@ -409,11 +441,21 @@ def test_ray_and_spark_jobs_show_stars_in_logs_console_and_summary(tmp_path: Pat
     out = done.stdout + done.stderr
     assert done.returncode == 0, out
     job = tmp_path / "job"
-    for worker in (0, 1):
-        log = (job / "logs" / "attempt-0" / f"worker-{worker}.log").read_text(encoding="utf-8").splitlines()
-        for line in ("stdout API_TOKEN=***", "stderr API_TOKEN=***", "split API_TOKEN=*** end"):
-            assert line in log, (line, log)
-            assert f"[worker-{worker}] {line}" in out
+    for attempt in (0, 1):
+        processes = {p["name"]: p for p in json.loads(
+            (job / "logs" / f"attempt-{attempt}" / "processes.json").read_text(encoding="utf-8"))}
+        for worker in (0, 1):
+            log = (job / "logs" / f"attempt-{attempt}" / f"worker-{worker}.log").read_text(
+                encoding="utf-8").splitlines()
+            for name in ("API_TOKEN", "HF_TOKEN"):
+                for line in (f"stdout {name}=***", f"stderr {name}=***", f"split {name}=*** end"):
+                    assert line in log, (line, log)
+                    assert f"[worker-{worker}] {line}" in out
+            got = dict(line[len("env "):].split("=", 1) for line in log if line.startswith("env "))
+            record = processes[f"worker-{worker}"]
+            assert {k: record["env"][k] for k in placed} == got, (record, got)  # what the process got
+            assert record["host"] == got["MASTER_ADDR"]  # one node here: rank 0's
+            assert record["env"]["API_TOKEN"] == record["env"]["HF_TOKEN"] == "<redacted>"
     summary = json.loads((job / "summary.json").read_text(encoding="utf-8"))
     assert "last words ***" in summary["failures"][0]["last_lines"]
-    assert_nowhere([ENV_SECRET], job, out)
+    assert_nowhere([ENV_SECRET, ENV_TOKEN], job, out)

@@ -14,6 +14,7 @@ from shardkit.cluster._spec import ClusterSpec, ProcessSpec
 from shardkit.cluster.engines.local import LocalEngine, LocalGroup
 from shardkit.job import protocol as p
 from shardkit.job.layout import free_ports
+from shardkit.job.masking import Masker
 
 __all__ = ["NodeRunner", "Update", "free_port", "place"]
 
@@ -21,22 +22,25 @@ __all__ = ["NodeRunner", "Update", "free_port", "place"]
 @dataclass
 class Update:
     """What a node runner saw since its last report: heartbeat datagrams (JSON text), output lines,
-    and the exit code once the process is gone (``-signal`` when a signal ended it)."""
+    and the exit code once the process is gone (``-signal`` when a signal ended it); in its first
+    report, the environment the process was started with on its node (secrets ``<redacted>``), which
+    the trainer records in ``processes.json`` (`shardkit.cluster.engines.mirror.MirrorGroup`)."""
 
     beats: list[str] = field(default_factory=list)
     lines: list[str] = field(default_factory=list)
     returncode: int | None = None
     pid: int = 0
+    env: dict[str, str] | None = None
 
     def to_json(self) -> str:
         return json.dumps({"beats": self.beats, "lines": self.lines, "returncode": self.returncode,
-                           "pid": self.pid}, separators=(",", ":"))
+                           "pid": self.pid, "env": self.env}, separators=(",", ":"))
 
     @classmethod
     def from_json(cls, text: str) -> Update:
         data = json.loads(text)
         return cls([str(b) for b in data["beats"]], [str(x) for x in data["lines"]], data["returncode"],
-                   int(data["pid"]))
+                   int(data["pid"]), data.get("env"))
 
 
 class NodeRunner:
@@ -73,14 +77,18 @@ class NodeRunner:
             raise
         self.process = self.group.processes[0]
         self.pid = self.process.pid
+        started = replace(proc, env=env)  # what the process got here: the addresses its node placed
+        masker = Masker(env[name] for name in proc.secret_names if name in env)
+        self._env: dict[str, str] | None = masker.deep(started.redacted_env())  # sent with the first update
 
     def collect(self) -> Update:
         """Heartbeats and complete output lines since the last call; after the exit, all that is left."""
         if self.returncode is not None:
             return Update(returncode=self.returncode, pid=self.pid)
         code = self.process.returncode  # first: what it wrote before exiting is then all in the log
-        update = Update(self._beats(), self.process.new_lines(final=code is not None), code, self.pid)
-        self.returncode = code
+        update = Update(self._beats(), self.process.new_lines(final=code is not None), code, self.pid,
+                        self._env)
+        self.returncode, self._env = code, None
         return update
 
     def stop(self, grace: float | None = None) -> Update:
@@ -92,7 +100,7 @@ class NodeRunner:
         rest = [line for _, line in self.group.final_output()]
         code = self.process.returncode
         self.returncode = code
-        return Update(before.beats + self._beats(), before.lines + rest, code, self.pid)
+        return Update(before.beats + self._beats(), before.lines + rest, code, self.pid, before.env)
 
     def _beats(self) -> list[str]:
         beats = []

@@ -6,6 +6,7 @@ import collections
 import contextlib
 import difflib
 import json
+import os
 import signal
 import socket
 import threading
@@ -22,6 +23,9 @@ from shardkit.job import protocol as p
 __all__ = ["MirrorGroup", "MirrorProcess", "Options", "describe_error", "is_local", "job_settings"]
 
 _TAIL_LINES = 200
+# What a process's node sets as it starts it (`shardkit.cluster.engines._remote.place`): until then not known
+_PLACED = (p.MASTER_ADDR, p.MASTER_PORT, p.LOCAL_RANK, p.LOCAL_WORLD_SIZE, p.TF_CONFIG)
+_NOT_YET = "<set on its node as it starts>"
 
 
 class MirrorProcess:
@@ -85,6 +89,11 @@ class MirrorGroup:
 
     `feed` hands on a runner's update: heartbeats first (to the trainer's UDP socket), then output,
     then the exit, the order the supervisor relies on (a process's heartbeats arrive before its exit).
+
+    ``processes.json`` beside the logs (the supervisor writes it from the spec, built for one machine)
+    gets each process's environment as its node started it (the runner's first update: the addresses
+    and ports its node placed, `shardkit.cluster.engines._remote.place`) and the node's ``host``; until
+    then, the variables the node sets read ``<set on its node as it starts>``.
     """
 
     def __init__(self, processes: list[MirrorProcess], heartbeat_addr: str | None) -> None:
@@ -92,11 +101,42 @@ class MirrorGroup:
         self._to = p.parse_addr(heartbeat_addr) if heartbeat_addr else None
         self._sock = socket.socket(socket.AF_INET6 if self._to and ":" in self._to[0] else socket.AF_INET,
                                    socket.SOCK_DGRAM)
+        self._record_lock = threading.Lock()
+        self._record({proc.name: None for proc in processes})
+
+    def _record(self, envs: Mapping[str, Mapping[str, str] | None]) -> None:
+        """Write each named process's environment into ``processes.json``; None: not started yet."""
+        if not self.processes:
+            return
+        path = self.processes[0].log_path.parent / "processes.json"
+        with self._record_lock:
+            try:
+                entries = json.loads(path.read_text(encoding="utf-8"))
+            except (OSError, ValueError):  # the engine started without a supervisor: nothing to correct
+                return
+            by_name = {proc.name: proc for proc in self.processes}
+            for entry in entries:
+                name = entry.get("name")
+                if name not in envs:
+                    continue
+                env = envs[name]
+                if env is None:
+                    entry["env"] = {k: _NOT_YET if k in _PLACED else v for k, v in entry["env"].items()}
+                else:
+                    entry["env"] = dict(env)
+                    if by_name[name].host:
+                        entry["host"] = by_name[name].host
+            with contextlib.suppress(OSError):
+                tmp = path.with_name(path.name + ".tmp")
+                tmp.write_text(json.dumps(entries, indent=2), encoding="utf-8")
+                os.replace(tmp, path)
 
     def feed(self, i: int, update: Update) -> None:
         proc = self.processes[i]
         if update.pid:
             proc.pid = update.pid
+        if update.env is not None:
+            self._record({proc.name: update.env})
         if self._to is not None:
             for beat in update.beats:
                 with contextlib.suppress(OSError):  # a full buffer drops a heartbeat, as on the local engine

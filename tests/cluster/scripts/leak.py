@@ -1,7 +1,7 @@
 """A role that prints its secrets (no torch, no TensorFlow import), for the masking tests.
 
 params: names (the secrets' variables), fail_attempts (attempts that exit 1 after every worker printed:
-``workers`` of them). It prints
+``workers`` of them), show (variables to print as they are, ``env NAME=value``). It prints
 each value on stdout, on stderr, split across two writes with a pause between them, inside a JSON
 string, and as the end of an unterminated last line; then one line ``done <attempt>``.
 """
@@ -42,6 +42,8 @@ def main() -> None:
         sys.stdout.write(f"{value[half:]} end\n")
         sys.stdout.flush()
         print(json.dumps({"config": {name: value}}), flush=True)
+    for name in params.get("show", []):
+        print(f"env {name}={os.environ.get(name)}", flush=True)
     print(f"done {ctx.attempt}", flush=True)
     barrier(ctx.attempt, ctx.role_index, params.get("workers", 1))
     if ctx.attempt in params.get("fail_attempts", []):

@@ -94,7 +94,7 @@ class _BarrierTask:
         try:
             update = Update(pid=runner.pid)
             while True:
-                if update.beats or update.lines or update.pid or update.returncode is not None:
+                if update.beats or update.lines or update.pid or update.env or update.returncode is not None:
                     conn.sendall((update.to_json() + "\n").encode())
                 if update.returncode is not None:
                     return update.returncode
