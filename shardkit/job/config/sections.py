@@ -387,7 +387,14 @@ class EngineConfig(_Model):
 class SecretRef(_Model):
     """Where a secret's value comes from: ``{env: VAR}`` (this process's environment) or ``{file: path}``
     (the file's text without its trailing newline). Only the reference is stored; the value is read by
-    `JobConfig.secret_values` and goes only into the roles' environment."""
+    `JobConfig.secret_values` and goes only into the roles' environment: ``job.json`` and rendered specs
+    name it, ``processes.json`` shows ``<redacted>``, and what the roles print shows ``***`` (a value of
+    4 characters or more). An ``env:`` entry whose name looks like a credential (a part of it ends with
+    TOKEN, SECRET, PASSWORD, PASSWD, PASSPHRASE, KEY, CREDENTIAL, CRED or AUTH, or is PASS, PWD, PAT or
+    AUTHORIZATION: ``API_TOKEN``, ``DB_PASSWORD``; `shardkit.job.config.values.secret_word`) is a secret
+    too, with a `SecretInEnvWarning` that says to move it here, since the config file holds its value.
+    Not protected: the config file, a value the script transforms before printing it, or writes to its
+    own files (the training jobs guide, Secrets)."""
 
     env: str | None = None
     file: Path | None = None
