@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import atexit
+import contextlib
 import ctypes
 import dataclasses
 import difflib
@@ -13,7 +14,7 @@ import os
 import runpy
 import signal
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn, TextIO
@@ -309,11 +310,28 @@ def run_node(config: JobConfig, *, node_rank: int | None = None, echo: bool = Tr
     """
     opts = check_node(config, node_rank=node_rank)
     opts = dataclasses.replace(opts, local_addr=node_address(opts))
-    require("torch.distributed.elastic", extra="torch", purpose=_PURPOSE)
-    from shardkit.cluster.engines.torchrun._agent import launch
+    with _quiet_cpp_logs():
+        require("torch.distributed.elastic", extra="torch", purpose=_PURPOSE)
+        from shardkit.cluster.engines.torchrun._agent import launch
 
     return launch(config, opts, echo=echo, console=console if console is not None else sys.stdout,
                   rerun=rerun)
+
+
+@contextlib.contextmanager
+def _quiet_cpp_logs() -> Iterator[None]:
+    """``TORCH_CPP_LOG_LEVEL=FATAL`` while torch is first imported here (c10 reads it once, as its library
+    loads), unless set: c10d logs each failed store connection and rendezvous error with a C++ stack
+    trace on stderr, where this node says in its own words what failed (`_agent`). Its workers get
+    their own level (``ERROR`` unless set)."""
+    quiet = "TORCH_CPP_LOG_LEVEL" not in os.environ and "torch" not in sys.modules
+    if quiet:
+        os.environ["TORCH_CPP_LOG_LEVEL"] = "FATAL"
+    try:
+        yield
+    finally:
+        if quiet:
+            os.environ.pop("TORCH_CPP_LOG_LEVEL", None)
 
 
 def node_address(opts: TorchrunOptions) -> str:

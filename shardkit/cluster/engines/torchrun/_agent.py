@@ -20,18 +20,25 @@ from torch.distributed import DistError
 from torch.distributed.elastic.agent.server.api import RunResult, WorkerGroup, WorkerSpec, WorkerState
 from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElasticAgent
 from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs, SignalException
-from torch.distributed.elastic.rendezvous import RendezvousClosedError, RendezvousError, RendezvousParameters
+from torch.distributed.elastic.rendezvous import (
+    RendezvousClosedError,
+    RendezvousError,
+    RendezvousParameters,
+    RendezvousTimeoutError,
+)
 from torch.distributed.elastic.rendezvous import registry as rdzv_registry
 
 from shardkit.cluster._addresses import collective_env
 from shardkit.cluster._rerun import prepare_rerun
 from shardkit.cluster.engines.torchrun import ENV_AGENT_PID, ENV_LOG_DIR, TorchrunOptions
+from shardkit.cluster.engines.torchrun._backstop import Backstop
 from shardkit.cluster.engines.torchrun._monitor import NodeMonitor
+from shardkit.cluster.engines.torchrun._rendezvous import Formation
 from shardkit.cluster.monitor.heartbeats import HeartbeatReceiver
 from shardkit.cluster.monitor.preflight import check_here, prepare_logdir
 from shardkit.cluster.monitor.report import JobResult, Status, scrub
 from shardkit.cluster.monitor.stop_signals import signals_raise
-from shardkit.errors import JobError, LostJobError
+from shardkit.errors import JobError, LostJobError, one_line
 from shardkit.job import protocol as p
 from shardkit.job.config import JobConfig
 from shardkit.job.masking import Masker
@@ -41,6 +48,7 @@ __all__ = ["LostJobWatch", "NodeInterrupted", "ShardkitAgent", "launch"]
 
 _ATTEMPT_KEY = "shardkit/attempt"
 _AGENT_END_S = 3.0  # how long a node that lost the job waits for torch's agent to end before ending it
+_STOP_GRACE_S = 1.0  # SIGTERM to SIGKILL for the workers when a signal ends a node stuck in a store call
 
 
 class NodeInterrupted(KeyboardInterrupt):
@@ -154,11 +162,13 @@ class ShardkitAgent(LocalElasticAgent):
     """
 
     def __init__(self, spec: WorkerSpec, monitor: NodeMonitor, *, log_dir: Path,
-                 shutdown_timeout: int, watch: LostJobWatch | None = None) -> None:
+                 shutdown_timeout: int, watch: LostJobWatch | None = None,
+                 formation: Formation | None = None) -> None:
         super().__init__(spec, DefaultLogsSpecs(log_dir=str(log_dir)), start_method="spawn",
                          shutdown_timeout=shutdown_timeout)
         self.monitor = monitor
         self.watch = watch
+        self.formation = formation
         self.attempt: int | None = None
 
     def _agree_attempt(self, group: WorkerGroup) -> int:
@@ -174,6 +184,8 @@ class ShardkitAgent(LocalElasticAgent):
             return proposal
 
     def _start_workers(self, worker_group: WorkerGroup) -> dict[int, Any]:
+        if self.formation is not None:  # the first rendezvous formed: startup_timeout no longer applies
+            self.formation.set_formed()
         if self.watch is not None:  # the job has started: from now on a silent store means it is lost
             self.watch.arm()
         self.attempt = self._agree_attempt(worker_group)
@@ -294,26 +306,59 @@ def _launch(config: JobConfig, opts: TorchrunOptions, node_dir: Path, secrets: M
     error: BaseException | None = None
     ft = config.fault_tolerance
     ending = _Ending()
-    with signals_raise(_signal_exception), HeartbeatReceiver() as receiver:
+
+    def signalled(signum: int) -> SignalException:  # the main thread's handler: it took the signal
+        backstop.took()
+        return _signal_exception(signum)
+
+    def stuck_signal(signum: int) -> None:  # in the backstop's thread: the main thread did not take it
+        if not ending.claim("signal"):
+            return
+        try:
+            monitor.stop_workers(min(opts.grace, _STOP_GRACE_S))
+            finish("interrupted")
+        finally:
+            os._exit(128 + signum)  # `shardkit train`'s exit code for a signal
+
+    def stuck_late() -> None:  # in the backstop's thread: the first rendezvous is past its deadline
+        if not ending.claim("late"):
+            return
+        try:
+            message = formation.message()
+            monitor.notes.append(message)
+            finish("failed", show=False)
+            with contextlib.suppress(OSError):
+                print(f"shardkit train: job {config.name}, node {opts.node_rank}: {message}", file=sys.stderr,
+                      flush=True)
+        finally:
+            os._exit(1)  # the exit code of a failed job
+
+    backstop = Backstop(on_signal=stuck_signal, on_late=stuck_late,
+                        late=lambda: ending.by is None and formation.late())
+    with signals_raise(signalled), HeartbeatReceiver() as receiver:
         local_addr = opts.local_addr or "127.0.0.1"
         bind = collective_env(local_addr, {**os.environ, **config.env})  # only what the user left unset
         env = {p.ENV_JOB_CONFIG: str(Path(config.logdir) / p.JOB_CONFIG_FILE),
                p.ENV_JOB_DIR: str(config.logdir), p.ENV_HEARTBEAT_ADDR: receiver.addr,
                p.ENV_COLLECTIVE_TIMEOUT: f"{ft.collective_timeout:g}",
                ENV_LOG_DIR: str(node_dir), ENV_AGENT_PID: str(os.getpid()),
-               "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1", **bind, **config.env, **secrets}
+               "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1", **_quiet_workers(), **bind, **config.env, **secrets,
+               # torch's agent leaves our handlers (`signalled`) on the stop signals when it starts workers
+               "TORCHELASTIC_SIGNALS_TO_HANDLE": "SIGQUIT"}
         monitor = NodeMonitor(config, opts, node_dir=node_dir, receiver=receiver, say=say, echo=echo,
                               latest=_latest(config))
+        formation = Formation(config, opts, started=monitor.t0)
         if bind:
             monitor.notes.append(f"this node's workers bind their collectives to {local_addr}: "
                                  + ", ".join(f"{k}={v}" for k, v in sorted(bind.items())))
 
-        def finish(status: Status) -> JobResult:
+        def finish(status: Status, show: bool = True) -> JobResult:
             monitor.stop()
             result = monitor.result(status)
             summary = result.write() if opts.node_rank == 0 else _write_node_summary(result, node_dir)
             text = result.format().replace(f"summary: {result.summary_path}", f"summary: {summary}")
-            say(f"{monitor.tag} {text}")
+            if show:
+                say(f"{monitor.tag} {text}")
             return result
 
         def lost(message: str) -> None:  # in the watch's thread
@@ -335,43 +380,63 @@ def _launch(config: JobConfig, opts: TorchrunOptions, node_dir: Path, secrets: M
         # node 0 hosts the store: it cannot lose it (it waits for lost peers as the rendezvous does)
         watch = None if opts.node_rank == 0 else LostJobWatch(
             opts.rdzv_endpoint, timeout=ft.lost_job_timeout, on_lost=lost)
-        try:
-            with _environment(env, p.ALL_ENV):
-                status, error = _run_agent(config, opts, monitor, node_dir, watch)
-        except SignalException as e:  # before or after the agent ran (in the agent: _run_agent's)
-            status, error = "interrupted", NodeInterrupted(int(e.sigval))
-        finally:
-            if watch is not None:
-                watch.stop()
-                if watch.lost is not None and status != "succeeded":
-                    status, error = "failed", LostJobError(f"job {config.name}, node {opts.node_rank}: "
-                                                           f"{watch.lost}")
-            if not ending.claim("main"):
-                ending.done.wait()  # the watch ends the run, and the process
-            result = finish(status)
-            ending.done.set()
+        with backstop:
+            try:
+                with _environment(env, p.ALL_ENV):
+                    status, error = _run_agent(config, opts, monitor, node_dir, watch=watch,
+                                                   formation=formation)
+            except SignalException as e:  # before or after the agent ran (in the agent: _run_agent's)
+                status, error = "interrupted", NodeInterrupted(int(e.sigval))
+            finally:
+                if watch is not None:
+                    watch.stop()
+                    if watch.lost is not None and status != "succeeded":
+                        status, error = "failed", LostJobError(f"job {config.name}, node {opts.node_rank}: "
+                                                               f"{watch.lost}")
+                if not ending.claim("main"):
+                    ending.done.wait()  # the watch or the backstop ends the run, and the process
+                never_formed = isinstance(error, _NeverFormedError)
+                if never_formed:
+                    monitor.notes.append(formation.message())
+                result = finish(status, show=not never_formed)  # its one line says why, not a summary
+                ending.done.set()
     return result, error
 
 
-def _run_agent(config: JobConfig, opts: TorchrunOptions, monitor: NodeMonitor, node_dir: Path,
-               watch: LostJobWatch | None) -> tuple[Status, BaseException | None]:
+class _NeverFormedError(JobError):
+    """The first rendezvous did not form within ``startup_timeout`` (`Formation.message`)."""
+
+
+def _quiet_workers() -> dict[str, str]:
+    """The workers' C++ log level (``TORCH_CPP_LOG_LEVEL``), unless set: errors only. c10d's warnings
+    (a store connection retried, ...) come with a C++ stack trace each, on the console through the
+    echo; the errors behind a failure reach the worker's Python exception anyway."""
+    return {} if "TORCH_CPP_LOG_LEVEL" in os.environ else {"TORCH_CPP_LOG_LEVEL": "ERROR"}
+
+
+def _run_agent(config: JobConfig, opts: TorchrunOptions, monitor: NodeMonitor, node_dir: Path, *,
+               watch: LostJobWatch | None, formation: Formation) -> tuple[Status, BaseException | None]:
     local_addr = opts.local_addr or ("127.0.0.1" if opts.endpoint_is_loopback else None)
     entry = [config.entrypoint] if config.entrypoint_kind == "script" else [
         "-m", "shardkit.trainer.run", config.entrypoint]
-    params = RendezvousParameters(
-        backend="c10d", endpoint=opts.rdzv_endpoint, run_id=opts.rdzv_id or config.name,
-        min_nodes=opts.min_nodes, max_nodes=opts.max_nodes, local_addr=local_addr,
-        is_host=opts.node_rank == 0, **opts.rdzv_conf)
-    monitor.say(f"{monitor.tag} joining rendezvous {params.run_id!r} at {opts.rdzv_endpoint} "
+    run_id = opts.rdzv_id or config.name
+    monitor.say(f"{monitor.tag} joining rendezvous {run_id!r} at {opts.rdzv_endpoint} "
                 f"({opts.min_nodes}:{opts.max_nodes} nodes) as {local_addr}"
                 f"{', hosting it' if opts.node_rank == 0 else ''}")
     monitor.start()
     if watch is not None:
         watch.start()
     handler = None
-    interrupted = False
+    leave_open = False  # torch's rendezvous stays open for the other nodes (else this node closes it)
     try:
+        if formation.phase == "store" and not formation.wait_for_store():
+            return "failed", _never_formed(config, opts, formation)
+        params = RendezvousParameters(
+            backend="c10d", endpoint=opts.rdzv_endpoint, run_id=run_id,
+            min_nodes=opts.min_nodes, max_nodes=opts.max_nodes, local_addr=local_addr,
+            is_host=opts.node_rank == 0, **{**opts.rdzv_conf, "join_timeout": formation.join_timeout()})
         handler = rdzv_registry.get_rendezvous_handler(params)
+        formation.handler = handler
         spec = WorkerSpec(
             role="worker", local_world_size=opts.nproc_per_node or config.roles["worker"].count,
             entrypoint=os.fspath(config.python),
@@ -380,30 +445,50 @@ def _run_agent(config: JobConfig, opts: TorchrunOptions, monitor: NodeMonitor, n
             max_restarts=config.fault_tolerance.max_restarts if opts.max_restarts is None
             else opts.max_restarts)
         agent = ShardkitAgent(spec, monitor, log_dir=node_dir / "torchelastic",
-                              shutdown_timeout=math.ceil(opts.grace), watch=watch)
+                              shutdown_timeout=math.ceil(opts.grace), watch=watch, formation=formation)
         return ("failed" if agent.run().is_failed() else "succeeded"), None
     except SignalException as e:
-        interrupted = True  # torch leaves the rendezvous open then: the other nodes may go on without it
+        leave_open = True  # the other nodes may go on without this one
         return "interrupted", NodeInterrupted(int(e.sigval))
     except RendezvousClosedError as e:
         return "failed", JobError(
             f"job {config.name}, node {opts.node_rank}: the rendezvous was closed ({e}): another node ended "
             "the job (its workers failed more than max_restarts times, or it was stopped). Fix: see that "
             "node's log and summary")
+    except RendezvousTimeoutError as e:
+        if not formation.formed:  # torch's join got the time startup_timeout left; it left the round
+            leave_open = True  # a node started again may still join the others
+            return "failed", _never_formed(config, opts, formation)
+        return "failed", _rendezvous_failed(config, opts, e)
     except (RendezvousError, DistError) as e:
         if watch is not None and watch.armed:  # the job had started: its store is gone
-            interrupted = True  # nothing to close: the store does not answer
+            leave_open = True  # nothing to close: the store does not answer
             if watch.lost is None:
-                watch.lost = watch.message(f"failed ({type(e).__name__}: {e})")
+                watch.lost = watch.message(f"failed ({type(e).__name__}: {_first_line(e)})")
                 monitor.job_lost(watch.lost)
             return "failed", LostJobError(f"job {config.name}, node {opts.node_rank}: {watch.lost}")
-        return "failed", JobError(
-            f"job {config.name}, node {opts.node_rank}: the rendezvous at {opts.rdzv_endpoint} failed "
-            f"({type(e).__name__}: {e}). Fix: start node 0 (it hosts the rendezvous) at that address, check "
-            "engine.rdzv_endpoint, rdzv_id and nnodes, and that the port is free there and reachable")
+        return "failed", _rendezvous_failed(config, opts, e)
     finally:
-        if handler is not None and not interrupted:
+        if handler is not None and not leave_open:
             handler.shutdown()
+
+
+def _never_formed(config: JobConfig, opts: TorchrunOptions, formation: Formation) -> JobError:
+    return _NeverFormedError(f"job {config.name}, node {opts.node_rank}: {formation.message()}")
+
+
+def _first_line(error: BaseException) -> str:
+    """An error of torch's, as one line: c10d's can carry a C++ stack trace after the first line."""
+    cause = error.__cause__ if not str(error) and error.__cause__ is not None else error
+    return one_line(str(cause).strip().splitlines()[0] if str(cause).strip() else type(cause).__name__)
+
+
+def _rendezvous_failed(config: JobConfig, opts: TorchrunOptions, e: BaseException) -> JobError:
+    return JobError(
+        f"job {config.name}, node {opts.node_rank}: the rendezvous at {opts.rdzv_endpoint} failed "
+        f"({type(e).__name__}: {_first_line(e)}). Fix: start node 0 (it hosts the rendezvous) at that "
+        "address, check engine.rdzv_endpoint, rdzv_id and nnodes, and that the port is free there and "
+        "reachable")
 
 
 def _print(text: str, console: TextIO, hidden: Masker) -> None:
