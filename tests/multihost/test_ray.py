@@ -151,6 +151,12 @@ def test_digits_jobs_run_one_worker_per_node_bound_to_its_address(tmp_path: Path
         assert env["MASTER_ADDR"] == master  # rank 0's node address, as Ray knows it: not loopback
         assert env["GLOO_SOCKET_IFNAME"] == host.ifname  # the collectives bind to the node's own link
         assert env["NCCL_SOCKET_IFNAME"] == host.ifname
+    records = json.loads((tmp_path / "torch" / "job" / "logs" / "attempt-0" / "processes.json").read_text())
+    for host, name, env in ((h0, name0, env0), (h1, name1, env1)):
+        record = next(r for r in records if r["name"] == name)
+        assert record["host"] == host.addr
+        for key in ("MASTER_ADDR", "MASTER_PORT", "GLOO_SOCKET_IFNAME"):
+            assert record["env"][key] == env[key], record  # as the process got it, not the spec's loopback
     summary = json.loads((tmp_path / "torch" / "job" / "summary.json").read_text())
     assert (summary["status"], summary["restarts"], summary["steps"]) == ("succeeded", 0, 48), summary
     assert summary["metrics"]["test_accuracy"] > 0.5
@@ -228,3 +234,77 @@ def test_an_address_where_no_ray_answers_fails_within_seconds_naming_it(tmp_path
                          r"after \d+\.\d s\)\. Fix: start the cluster's head there", text), text
         assert took < 30, f"{case}: an unreachable address took {took:.0f} s to be reported"
         assert not list(tmp_path.glob(f"{case}/logs/*/worker-*.log")), "no process of the job started"
+
+
+#: The partition case's bounds, small so that it runs in a few minutes: a role silent for 8 s stops the
+#: group; a node that has not heard from the trainer for 10 s ends the job's processes there.
+PARTITION = {"heartbeat_timeout": 8.0, "lost_job_timeout": 10.0, "collective_timeout": 30.0}
+#: The issue's bound: every process the job started on the cut host ends within this of the cut.
+CUT_HOST_CLEAR_S = 60.0
+
+
+def job_processes(host: Host, job_dir: Path) -> list[str]:
+    """What of the job runs on ``host``: its role processes (their environment names the job) and its Ray
+    actors (``ray::_RoleActor...``), as ``pid command``."""
+    found = []
+    for pid in host.pids():
+        try:
+            cmd = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            raw = Path(f"/proc/{pid}/environ").read_bytes().decode(errors="replace")
+        except OSError:
+            continue
+        if cmd.startswith("ray::_RoleActor") or f"SHARDKIT_JOB_DIR={job_dir}\0" in raw + "\0":
+            found.append(f"{pid} {cmd.strip()[:120]}")
+    return found
+
+
+def first_step(job_dir: Path, attempt: int) -> bool:
+    return any(len(lines) > 1 for (a, _), lines in records(job_dir).items() if a == attempt)
+
+
+@pytest.mark.timeout(240)
+def test_a_partitioned_node_is_given_up_its_processes_end_and_the_group_resumes_on_the_node_left(
+        tmp_path: Path, ids_dataset: str, net2: Network) -> None:
+    """h1 cut off mid-job (silence, no reset): the supervisor notices the silence, gives the unreachable
+    actor up naming its node, restarts the group on h0 from the checkpoint; on h1 the actor's watchdog
+    ends the role process and the actor within lost_job_timeout."""
+    h0, h1 = net2.hosts
+    with ray_cluster(net2, cpus=(2, 2), head_env=QUICK_HEALTH) as cluster:
+        config = ids_config(tmp_path, ids_dataset, {"name": "ray", "address": cluster.address, "grace": 2})
+        settings = yaml.safe_load(config.read_text())
+        settings["fault_tolerance"].update(PARTITION)
+        config.write_text(yaml.safe_dump(settings))
+        job_dir = tmp_path / "job"
+        proc = train(h0, config, cluster.env)
+        on_h1 = watch(lambda: bool(role_envs(h1, job_dir)) and max_step(job_dir) > EVERY + 1
+                      and any((job_dir / "checkpoints").glob("step-*/COMMIT")), proc, 120)
+        assert on_h1, f"no worker ran on h1 past the first checkpoint:\n{output(config)[-5000:]}"
+        assert job_processes(h1, job_dir), "the role process and its actor run on h1"
+        h1.cut()
+        cut_at = time.monotonic()
+        seen: dict[str, float] = {}
+        events = {"notice": lambda: "attempt 0 failed" in output(config),
+                  "resume": lambda: first_step(job_dir, 1),
+                  "h1 clear": lambda: not job_processes(h1, job_dir)}
+        while len(seen) < len(events) and proc.poll() is None and time.monotonic() - cut_at < 150:
+            for name, happened in events.items():
+                if name not in seen and happened():
+                    seen[name] = time.monotonic() - cut_at
+            time.sleep(0.1)
+        left = job_processes(h1, job_dir)
+        code = finish(proc, config, 120)
+    text = output(config)
+    print(f"after the cut: {', '.join(f'{k} {v:.1f} s' for k, v in seen.items())}")
+    assert code == 0, text[-5000:]
+    assert "h1 clear" in seen, f"still on h1 {time.monotonic() - cut_at:.0f} s after the cut: {left}"
+    assert seen["h1 clear"] < CUT_HOST_CLEAR_S, seen
+    node = re.escape(h1.addr)
+    assert re.search(rf"the Ray actor of worker-\d (is lost: Ray marked its node {node} dead|\(node {node}\) "
+                     r"did not answer the request to stop it).*partition", text), text
+    assert "did not stop it in time; the actor was killed" not in text
+    ids, attempts = effective_ids(job_dir)
+    assert ids == Counter(range(ROWS)), "every sample of the epoch exactly once across the restart"
+    *_, (_, world, start) = attempts
+    assert (world, start >= EVERY) == (2, True), attempts
+    summary = json.loads((job_dir / "summary.json").read_text())
+    assert (summary["status"], summary["restarts"]) == ("succeeded", 1), summary

@@ -5,8 +5,11 @@ from __future__ import annotations
 import json
 import shutil
 import socket
+import sys
 import tempfile
-from collections.abc import Sequence
+import threading
+import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -16,7 +19,9 @@ from shardkit.job import protocol as p
 from shardkit.job.layout import free_ports
 from shardkit.job.masking import Masker
 
-__all__ = ["NodeRunner", "Update", "free_port", "place"]
+__all__ = ["NodeRunner", "Update", "Watchdog", "free_port", "lost_job_timeout", "place"]
+
+_LOST_JOB_TIMEOUT = 60.0  # fault_tolerance.lost_job_timeout's default, where job.json cannot be read
 
 
 @dataclass
@@ -159,3 +164,53 @@ def place(procs: Sequence[ProcessSpec], where: Sequence[tuple[str, int]],
 def free_port() -> int:
     """A TCP port free now on this node (for `place`; the same race as `shardkit.job.layout.free_ports`)."""
     return free_ports(1)[0]
+
+
+class Watchdog:
+    """Ends a node's part of a job once the trainer has not been heard from for ``timeout`` seconds.
+
+    Example (in a Ray actor or a Spark task, beside a `NodeRunner`):
+        >>> dog = Watchdog(10.0, on_lost=lambda: runner.close(), what="worker-1")
+        >>> dog.heard()       # at every call or byte from the trainer
+        >>> dog.cancel()      # the trainer asked for the stop itself
+
+    A partition is silence: neither Ray nor Spark ends the processes on a cut-off node soon (a Ray
+    node's processes live until its raylet gives up on the head, a Spark task until its collective
+    times out), while the trainer restarts the group elsewhere. Like a torchrun node that lost its
+    rendezvous store, the node then ends its own processes after ``fault_tolerance.lost_job_timeout``
+    seconds without a word from the trainer (`lost_job_timeout`): ``on_lost`` runs once, in the
+    watchdog's thread, after a line on stderr (the engine's log of the actor or executor) says why.
+    """
+
+    def __init__(self, timeout: float, on_lost: Callable[[], None], *, what: str) -> None:
+        self.timeout, self.on_lost, self.what = timeout, on_lost, what
+        self._last = time.monotonic()
+        self._done = threading.Event()
+        self._thread = threading.Thread(target=self._watch, name="shardkit-watchdog", daemon=True)
+        self._thread.start()
+
+    def heard(self) -> None:
+        self._last = time.monotonic()
+
+    def cancel(self) -> None:
+        self._done.set()
+
+    def _watch(self) -> None:
+        while not self._done.wait(min(1.0, self.timeout / 4)):
+            silent = time.monotonic() - self._last
+            if silent >= self.timeout:
+                self._done.set()
+                print(f"[shardkit] {self.what}: no word from the trainer for {silent:.1f} s "
+                      f"(fault_tolerance.lost_job_timeout {self.timeout:g} s): it is unreachable (a network "
+                      "partition, or it is gone); stopping the process", file=sys.stderr, flush=True)
+                self.on_lost()
+
+
+def lost_job_timeout(spec: ClusterSpec) -> float:
+    """``fault_tolerance.lost_job_timeout`` of the job, from the ``job.json`` the supervisor wrote before the
+    attempt (the `ClusterSpec` does not hold it); its default when that cannot be read."""
+    try:
+        data = json.loads((spec.job_dir / p.JOB_CONFIG_FILE).read_text(encoding="utf-8"))
+        return float(data["fault_tolerance"]["lost_job_timeout"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return _LOST_JOB_TIMEOUT

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from shardkit.cluster._addresses import collective_env
 from shardkit.cluster._spec import ClusterSpec, ProcessSpec
-from shardkit.cluster.engines._remote import NodeRunner, Update, free_port, place
+from shardkit.cluster.engines._remote import NodeRunner, Update, Watchdog, free_port, lost_job_timeout, place
 from shardkit.cluster.engines.mirror import MirrorGroup, MirrorProcess, Options, describe_error, job_settings
 from shardkit.errors import ConfigError, EngineUnreachableError, JobError, require
 from shardkit.job import protocol
@@ -34,40 +34,72 @@ PLACEMENTS = {"spread": "SPREAD", "strict_spread": "STRICT_SPREAD", "pack": "PAC
               "strict_pack": "STRICT_PACK"}
 _CONNECT_S = 5.0  # how long a cluster address may take to accept a connection before the job is refused
 _SETTLE_S = 5.0  # how long the alive nodes may stay unable to hold the group (a node joining) ere failing
+#: Seconds beyond ``engine.grace`` that `RayGroup.stop` waits for an actor to answer (a process stopped
+#: on a node that answers takes ``grace`` at most); an actor silent past that is given up.
+STOP_SLACK_S = 10.0
+_VERDICT_POLL_S = 0.5
 _RAY_CLIENT_PORT = 10001  # ray://HOST without a port
 _LOOPBACK_ENV = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"  # "0": a local instance stays on 127.0.0.1
 
 
 class _RoleActor:
-    """Runs one role process on its node (wrapped by ``ray.remote`` with the role's resources)."""
+    """Runs one role process on its node (wrapped by ``ray.remote`` with the role's resources).
+
+    Once the process runs, every call of the trainer's (``collect``, ten a second) feeds a `Watchdog`:
+    after ``lost_after`` seconds without one (``fault_tolerance.lost_job_timeout``: this node cut off
+    from the trainer, or the trainer gone), the actor stops the process and exits, where Ray would
+    leave both running until this node's raylet gives up on the head."""
 
     def __init__(self) -> None:
         self.runner: NodeRunner | None = None
+        self.watchdog: Watchdog | None = None
+        self.lock = threading.Lock()  # the actor's calls and the watchdog's thread
 
     def address(self) -> tuple[str, int]:
         """This node's address as Ray knows it (``ray start --node-ip-address``, never the host name's
         resolution), and a port free on it."""
         return _node_ip(), free_port()
 
-    def start(self, proc: ProcessSpec, grace: float) -> int:
+    def start(self, proc: ProcessSpec, grace: float, lost_after: float | None = None) -> int:
         # the collectives bind to this node's address: across machines gloo would otherwise advertise the
         # host name's address, often 127.0.x.1, and its peers fail in connectFullMesh
         env = {**proc.env, **collective_env(_node_ip(), {**os.environ, **proc.env})}
-        self.runner = NodeRunner(replace(proc, env=env), grace=grace)
-        pid: int = self.runner.pid
+        with self.lock:
+            self.runner = NodeRunner(replace(proc, env=env), grace=grace)
+            pid: int = self.runner.pid
+            if lost_after is not None:
+                self.watchdog = Watchdog(lost_after, lambda: self._lost(grace), what=proc.name)
         return pid
 
     def collect(self) -> Update:
-        return self.runner.collect() if self.runner is not None else Update()
+        if self.watchdog is not None:
+            self.watchdog.heard()
+        with self.lock:
+            return self.runner.collect() if self.runner is not None else Update()
 
     def stop(self, grace: float) -> Update:
-        runner, self.runner = self.runner, None
-        if runner is None:
-            return Update()
-        try:
-            return runner.stop(grace)
-        finally:
-            runner.close()
+        if self.watchdog is not None:
+            self.watchdog.cancel()
+        with self.lock:
+            runner, self.runner = self.runner, None
+            if runner is None:
+                return Update()
+            try:
+                return runner.stop(grace)
+            finally:
+                runner.close()
+
+    def _lost(self, grace: float) -> None:
+        """The trainer is unreachable: stop the process, then end this actor's process (nobody is left to
+        call it, and Ray's own end for it comes only with the raylet's)."""
+        with self.lock:
+            runner, self.runner = self.runner, None
+            if runner is not None:
+                try:
+                    runner.stop(grace)
+                finally:
+                    runner.close()
+        os._exit(1)
 
 
 def _node_ip() -> str:
@@ -81,11 +113,14 @@ class RayGroup(MirrorGroup):
     """The processes of one attempt, each in a Ray actor; a thread polls the actors (see `RayEngine`)."""
 
     def __init__(self, ray: Any, processes: list[MirrorProcess], heartbeat_addr: str | None,
-                 grace: float) -> None:
+                 grace: float, unreachable: set[str] | None = None) -> None:
         super().__init__(processes, heartbeat_addr)
         self.ray, self.grace = ray, grace
+        #: hosts whose actors did not answer `stop` (the engine waits for Ray's verdict on them)
+        self.unreachable = unreachable if unreachable is not None else set()
         self.actors: list[Any] = []
         self.placement_group: Any = None  # one bundle per process; removed by `stop`
+        self._gone: set[int] = set()  # actors Ray reported dead
         self._done = threading.Event()
         self._thread = threading.Thread(target=self._poll, name="shardkit-ray-poll", daemon=True)
 
@@ -93,6 +128,8 @@ class RayGroup(MirrorGroup):
         self._thread.start()
 
     def _poll(self) -> None:
+        # Every actor is called until `stop`, its process ended or not: the calls are what tells the
+        # actor's watchdog that the trainer is still there.
         ray, pending = self.ray, dict[Any, int]()
         unavailable = getattr(ray.exceptions, "ActorUnavailableError", ())
         try:
@@ -100,7 +137,7 @@ class RayGroup(MirrorGroup):
                 began = time.monotonic()
                 busy = set(pending.values())
                 for i, actor in enumerate(self.actors):
-                    if self.processes[i].returncode is None and i not in busy:
+                    if i not in busy and i not in self._gone:
                         pending[actor.collect.remote()] = i
                 if pending:
                     ready, _ = ray.wait(list(pending), num_returns=len(pending), timeout=_POLL_S)
@@ -111,32 +148,68 @@ class RayGroup(MirrorGroup):
                         except unavailable:  # a network blip: Ray says whether it comes back
                             continue
                         except ray.exceptions.RayActorError as e:
-                            self.lost(i, f"the Ray actor of {self.processes[i].name} died: "
-                                         f"{describe_error(e)}")
+                            self.actor_lost(i, e)
                 self._done.wait(max(0.0, _POLL_S - (time.monotonic() - began)))
         except Exception as e:  # never leave the supervisor waiting on processes nobody watches
             for i, proc in enumerate(self.processes):
                 self.lost(i, f"polling the Ray actor of {proc.name} failed: {describe_error(e)}", code=1)
 
+    def _where(self, i: int) -> str:
+        host = self.processes[i].host
+        return f" (node {host})" if host else ""
+
+    def actor_lost(self, i: int, error: BaseException, when: str = "") -> None:
+        """Ray reported the actor of process ``i`` dead: so is the process, as far as the job goes."""
+        self._gone.add(i)
+        self.lost(i, self.actor_died(i, error) + when)
+
+    def actor_died(self, i: int, error: BaseException) -> str:
+        """Why the actor of process ``i`` is gone, in words: when Ray has marked its node dead, that (the node
+        down, or cut off from the head), else Ray's error."""
+        name, host = self.processes[i].name, self.processes[i].host
+        with contextlib.suppress(Exception):
+            nodes = [n for n in self.ray.nodes() if n.get("NodeManagerAddress") == host]
+            if host and nodes and not any(n.get("Alive") for n in nodes):
+                return (f"the Ray actor of {name} is lost: Ray marked its node {host} dead (it did "
+                        "not answer Ray's health checks: the node is down, or unreachable, e.g. cut off by "
+                        "a network partition). What runs there ends within fault_tolerance.lost_job_timeout "
+                        "of its last word from this trainer")
+        return f"the Ray actor of {name} died{self._where(i)}: {describe_error(error)}"
+
     def stop(self, grace: float | None = None) -> None:
-        """Stop each process through its actor (SIGTERM, SIGKILL after ``grace``), then kill the actors."""
+        """Stop each process through its actor (SIGTERM, SIGKILL after ``grace``), then kill the actors.
+
+        An actor that has not answered ``grace`` + `STOP_SLACK_S` seconds later is given up: its node is
+        down, cut off or too busy to answer. Its actor is killed through Ray (which cannot reach a cut-off
+        node), and the actor's watchdog ends the process there (``fault_tolerance.lost_job_timeout``)."""
         grace = self.grace if grace is None else grace
         self._done.set()
         if self._thread.is_alive():
             self._thread.join()
         ray = self.ray
         try:
-            refs = {actor.stop.remote(grace): i for i, actor in enumerate(self.actors)}
+            refs = {actor.stop.remote(grace): i for i, actor in enumerate(self.actors) if i not in self._gone}
             ready, late = ([], []) if not refs else ray.wait(list(refs), num_returns=len(refs),
-                                                              timeout=grace + 30)
+                                                              timeout=grace + STOP_SLACK_S)
             for ref in ready:
                 i = refs[ref]
                 try:
                     self.feed(i, ray.get(ref))
+                except ray.exceptions.RayActorError as e:
+                    self.lost(i, self.actor_died(i, e))
                 except ray.exceptions.RayError as e:
-                    self.lost(i, f"the Ray actor of {self.processes[i].name} died: {describe_error(e)}")
+                    self.lost(i, f"the Ray actor of {self.processes[i].name} died{self._where(i)}: "
+                                 f"{describe_error(e)}")
             for ref in late:
-                self.lost(refs[ref], "its Ray actor did not stop it in time; the actor was killed")
+                i = refs[ref]
+                if self.processes[i].host:
+                    self.unreachable.add(self.processes[i].host)
+                self.lost(i, f"the Ray actor of {self.processes[i].name}{self._where(i)} did not answer the "
+                             f"request to stop it within {grace + STOP_SLACK_S:g} s (engine.grace + "
+                             f"{STOP_SLACK_S:g} s): its node is unreachable (down, or cut off by a network "
+                             "partition) or too busy to answer; given up here. Its watchdog ends the "
+                             "process there within fault_tolerance.lost_job_timeout of its last word from "
+                             "this trainer")
         finally:
             for actor in self.actors:  # its process gone, the parent-death signal takes the role with it
                 with contextlib.suppress(Exception):
@@ -215,6 +288,15 @@ class RayEngine:
       for nodes to join (Ray Train would wait for an autoscaler), beyond a few seconds for a node that
       is registering. A cluster whose nodes can hold the group but are busy is waited for, up to
       ``startup_timeout``.
+    - A node cut off (a partition: silence, not an error) is noticed by the supervisor as silence
+      (``heartbeat_timeout``), or by Ray once its health checks mark the node dead, whichever is first.
+      Stopping the group waits ``grace`` + `STOP_SLACK_S` seconds for each actor; one that has not
+      answered is given up, its log naming its node as unreachable. Before the next group is placed,
+      the engine waits for Ray's verdict on that node (marked dead, or answering again), up to
+      ``startup_timeout``: a group that Ray places on a cut-off node it still counts alive waits
+      minutes for the reservation there to fail. On the cut-off node each actor's `Watchdog` ends the
+      process and the actor after ``lost_job_timeout`` seconds without a call from the trainer, where
+      Ray would leave them until the node's raylet gives up on the head.
     - Where the actors land decides the addresses: each actor reports its node's IP as Ray knows it
       (``ray start --node-ip-address``; never the host name's resolution, which is 127.0.x.1 on many
       hosts) and a free port, and the processes get rank 0's as ``MASTER_ADDR/MASTER_PORT``
@@ -250,6 +332,7 @@ class RayEngine:
         self.placement = placement
         self.ray: Any = require("ray", extra="ray", purpose="engine: ray (the job's processes as Ray actors)")
         self._owned = False
+        self._suspects: set[str] = set()  # nodes the last group's actors did not answer from
 
     def check_job(self, config: JobConfig) -> None:
         """Refuse a job the local instance sized by ``num_cpus``/``num_gpus`` can never place (its actors
@@ -332,9 +415,10 @@ class RayEngine:
         self._connect(spec, resources)
         log_dir.mkdir(parents=True, exist_ok=True)
         mirrors = [MirrorProcess(proc, log_dir / f"{proc.name}.log") for proc in spec.processes]
-        group = RayGroup(ray, mirrors, spec.heartbeat_addr, self.grace)
+        group = RayGroup(ray, mirrors, spec.heartbeat_addr, self.grace, self._suspects)
         try:
             asks = [resources.get(proc.role, {}) for proc in spec.processes]
+            self._await_verdict(timeout)
             group.placement_group = self._placement_group([bundle(ask) for ask in asks], resources, timeout)
             from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
@@ -351,22 +435,38 @@ class RayEngine:
                     options["runtime_env"] = self.runtime_env
                 group.actors.append(actor.options(**options).remote())
             where = self._placed(group, resources, timeout)
+            if where is None:
+                group.begin()
+                return group
+            for mirror, (host, _) in zip(mirrors, where, strict=True):
+                mirror.host = host
             own_devices = [bool(ask.get("gpus")) for ask in asks]
             envs = place(spec.processes, where, own_devices)
-            started = [a.start.remote(replace(proc, env=env), self.grace)
+            lost_after = lost_job_timeout(spec)
+            started = [a.start.remote(replace(proc, env=env), self.grace, lost_after)
                        for a, proc, env in zip(group.actors, spec.processes, envs, strict=True)]
-            try:
-                pids = ray.get(started, timeout=timeout)
-            except ray.exceptions.GetTimeoutError as e:
-                raise JobError(f"engine ray: the actors did not start their processes in {timeout:g} s "
-                               "(startup_timeout). Fix: check the nodes' load and logs") from e
-            for mirror, pid, (host, _) in zip(mirrors, pids, where, strict=True):
-                mirror.pid, mirror.host, mirror.started = pid, host, time.monotonic()
+            self._started(group, started, timeout)
         except BaseException:
             group.stop(0)
             raise
         group.begin()
         return group
+
+    def _started(self, group: RayGroup, started: list[Any], timeout: float) -> None:
+        """Wait for each actor's start of its process (its pid). An actor lost meanwhile (its node dead,
+        e.g. cut off while the job started) is a process lost, as after the start: the supervisor stops
+        the group and starts it again on the nodes that remain."""
+        ray, deadline = self.ray, time.monotonic() + timeout
+        for i, ref in enumerate(started):
+            mirror = group.processes[i]
+            try:
+                mirror.pid = ray.get(ref, timeout=max(0.0, deadline - time.monotonic()))
+            except ray.exceptions.GetTimeoutError as e:
+                raise JobError(f"engine ray: the actors did not start their processes in {timeout:g} s "
+                               "(startup_timeout). Fix: check the nodes' load and logs") from e
+            except ray.exceptions.RayActorError as e:
+                group.actor_lost(i, e, " (while it started its process)")
+            mirror.started = time.monotonic()
 
     def _placement_group(self, bundles: list[dict[str, float]], resources: dict[str, dict[str, Any]],
                          timeout: float) -> Any:
@@ -397,6 +497,24 @@ class RayEngine:
             raise
         return pg
 
+    def _await_verdict(self, timeout: float) -> None:
+        """Before placing a group after one whose actors' nodes did not answer (`RayGroup.unreachable`):
+        wait until Ray has marked those nodes dead, or they accept a connection again (the partition
+        healed), up to ``timeout`` seconds. Ray counts a cut-off node alive until its health checks fail
+        (``RAY_health_check_*`` on the head), and a group placed on it meanwhile waits minutes for the
+        reservation there to fail, holding its places on the other nodes."""
+        suspects = set(self._suspects)
+        self._suspects.clear()  # the set the new group fills
+        deadline = time.monotonic() + timeout
+        while suspects and time.monotonic() < deadline:
+            nodes = self.ray.nodes()
+            for host in list(suspects):
+                alive = [n for n in nodes if n.get("NodeManagerAddress") == host and n.get("Alive")]
+                if not alive or any(_answers(host, n.get("NodeManagerPort")) for n in alive):
+                    suspects.discard(host)
+            if suspects:
+                time.sleep(_VERDICT_POLL_S)
+
     def _too_few(self, nodes: Sequence[Mapping[str, Any]], bundles: list[dict[str, float]],
                  short: str) -> str:
         alive = [describe_node(n) for n in nodes if n.get("Alive")]
@@ -421,13 +539,27 @@ class RayEngine:
                 "or add nodes")
 
     def _placed(self, group: RayGroup, resources: dict[str, dict[str, Any]],
-                timeout: float) -> list[tuple[str, int]]:
+                timeout: float) -> list[tuple[str, int]] | None:
+        """Each actor's node address and a free port there; None when an actor was lost meanwhile (its
+        node dead): that process is lost and the others are not started (the supervisor starts the group
+        again)."""
         ray = self.ray
         refs = [a.address.remote() for a in group.actors]
         ready, _ = ray.wait(refs, num_returns=len(refs), timeout=timeout)
         if len(ready) < len(refs):
             raise JobError(self._unplaced(resources, timeout))
-        return [tuple(x) for x in ray.get(refs)]  # type: ignore[misc]
+        where: list[tuple[str, int] | None] = []
+        for i, ref in enumerate(refs):
+            try:
+                where.append(tuple(ray.get(ref)))  # type: ignore[arg-type]
+            except ray.exceptions.RayActorError as e:
+                group.actor_lost(i, e, " (before it started its process)")
+                where.append(None)
+        if any(w is None for w in where):
+            for i in range(len(group.processes)):
+                group.lost(i, "not started: another actor of the group was lost as it started", code=1)
+            return None
+        return [w for w in where if w is not None]
 
     def close(self) -> None:
         """Shut down the local Ray instance this engine started (disconnect from a cluster it joined)."""
@@ -495,6 +627,15 @@ def _name(key: str) -> str:
 
 def _amount(key: str, value: float) -> str:
     return f"{value / 2**30:.1f} GiB" if key == "memory" else f"{value:g} {key}"
+
+
+def _answers(host: str, port: Any, timeout: float = 1.0) -> bool:
+    """Whether ``host:port`` accepts a TCP connection within ``timeout`` seconds."""
+    try:
+        socket.create_connection((host, int(port)), timeout=timeout).close()
+    except (OSError, ValueError, TypeError):
+        return False
+    return True
 
 
 def check_answers(address: str, timeout: float = _CONNECT_S) -> None:
