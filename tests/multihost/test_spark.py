@@ -120,6 +120,13 @@ def test_digits_on_a_standalone_cluster_across_two_hosts(net2: Network, tmp_path
     code, out = finish(driver, config, 120)
     assert code == 0, out[-4000:]
     check_bound_to_own_hosts(found)
+    records = {r["name"]: r for r in json.loads(
+        (tmp_path / "job" / "logs" / "attempt-0" / "processes.json").read_text())}
+    for index, (host, env) in found.items():
+        record = records[f"worker-{index}"]
+        assert record["host"] == host.addr
+        for key in ("MASTER_ADDR", "MASTER_PORT", "GLOO_SOCKET_IFNAME"):
+            assert record["env"][key] == env[key], record  # as the process got it, not the spec's loopback
     summary = json.loads((tmp_path / "job" / "summary.json").read_text())
     assert (summary["status"], summary["restarts"], summary["steps"]) == ("succeeded", 0, 72), summary
     stats = json.loads(re.findall(r"TRAIN_STATS (\{.*\})", out)[-1])
