@@ -237,3 +237,83 @@ def test_a_driver_told_to_listen_on_loopback_for_a_remote_master_is_refused_nami
     assert "the environment's SPARK_LOCAL_IP = '127.0.0.1' puts the driver on loopback" in out, out[-3000:]
     assert f"uses {h0.addr}" in out
     assert time.monotonic() - started < 60
+
+
+#: The partition case's bounds, small so that it runs in a few minutes: a role silent for 8 s stops the
+#: stage; an executor's task that has not heard from the trainer for 10 s ends its process, and the
+#: executor gives up on the driver after about as long.
+PARTITION = {"heartbeat_timeout": 8.0, "lost_job_timeout": 10.0, "collective_timeout": 30.0}
+#: The issue's bound: every process the job started on the cut host ends within this of the cut.
+CUT_HOST_CLEAR_S = 60.0
+
+
+def job_processes(host: Host, job_dir: Path) -> list[str]:
+    """What of the job runs on ``host``, as ``pid command``: its role processes (their environment names the
+    job), the application's executor and its Python workers (the Spark worker daemon is the cluster's)."""
+    found = []
+    for pid in host.pids():
+        try:
+            cmd = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            raw = Path(f"/proc/{pid}/environ").read_bytes().decode(errors="replace")
+        except OSError:
+            continue
+        ours = f"SHARDKIT_JOB_DIR={job_dir}\0" in raw + "\0"
+        if ours or any(part in cmd for part in ("CoarseGrainedExecutorBackend", "pyspark.daemon",
+                                                 "pyspark.worker")):
+            found.append(f"{pid} {cmd.strip()[:120]}")
+    return found
+
+
+@pytest.mark.timeout(300)
+def test_a_partitioned_worker_host_is_given_up_its_processes_end_and_the_stage_resumes_on_the_others(
+        net3: Network, tmp_path: Path, ids_dataset: str) -> None:
+    """A worker host cut off mid-job (silence, no reset): the supervisor notices the silence, gives up the
+    unreachable task naming its host, and runs the stage again on the two hosts left from the checkpoint;
+    on the cut host the task ends the role process, and the executor (its Python workers with it) gives up
+    on the driver."""
+    h0 = net3.hosts[0]
+    url = start_cluster(h0, net3.hosts, tmp_path / "spark")  # three one-core workers for two processes
+    config = ids_job(tmp_path, ids_dataset, url)
+    settings = yaml.safe_load(config.read_text())
+    settings["fault_tolerance"].update(PARTITION)
+    config.write_text(yaml.safe_dump(settings))
+    job = tmp_path / "job"
+    driver = train(h0, config)
+    found: dict[int, tuple[Host, dict[str, str]]] = {}
+
+    def checkpointed() -> bool:
+        found.update(role_processes(net3, job, 0))
+        done = len(found) == 2 and any((job / "checkpoints").glob("step-*/COMMIT"))
+        return done or driver.poll() is not None
+
+    wait_for("the first checkpoint", checkpointed, 150)
+    assert driver.poll() is None, finish(driver, config, 1)[1][-4000:]
+    cut = next(host for host, _ in (found[1], found[0]) if host is not h0)  # not the master's and driver's
+    assert job_processes(cut, job)
+    cut.cut()
+    cut_at = time.monotonic()
+    out = config.parent / "train.out"
+    seen: dict[str, float] = {}
+    events = {"notice": lambda: "attempt 0 failed" in out.read_text(errors="replace"),
+              "resume": lambda: len(role_processes(net3, job, 1)) == 2 and any(
+                  len(p.read_text().splitlines()) > 1 for p in (job / "ids").glob("attempt1-*.jsonl")),
+              "cut host clear": lambda: not job_processes(cut, job)}
+    while len(seen) < len(events) and driver.poll() is None and time.monotonic() - cut_at < 200:
+        for name, happened in events.items():
+            if name not in seen and happened():
+                seen[name] = time.monotonic() - cut_at
+        time.sleep(0.1)
+    left = job_processes(cut, job)
+    code, text = finish(driver, config, 150)
+    print(f"after the cut: {', '.join(f'{k} {v:.1f} s' for k, v in seen.items())}")
+    assert code == 0, text[-4000:]
+    assert "cut host clear" in seen, f"on {cut.name} {time.monotonic() - cut_at:.0f} s after the cut: {left}"
+    assert seen["cut host clear"] < CUT_HOST_CLEAR_S, seen
+    assert f"its Spark task on {cut.addr} did not answer the request to stop it" in text, text[-4000:]
+    assert "network partition" in text
+    summary = json.loads((job / "summary.json").read_text())
+    assert (summary["status"], summary["restarts"]) == ("succeeded", 1), summary
+    ids, attempts = effective_ids(job)
+    assert ids == Counter(dict.fromkeys(range(ROWS), 2)), "every sample of both epochs exactly once"
+    *_, (_, world, start) = attempts
+    assert (world, start >= 4) == (2, True), attempts

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 from shardkit.cluster._addresses import collective_env, is_loopback, local_addresses, resolve, route_source
 from shardkit.cluster._spec import ClusterSpec, ProcessSpec
-from shardkit.cluster.engines._remote import NodeRunner, Update, free_port, place
+from shardkit.cluster.engines._remote import NodeRunner, Update, free_port, lost_job_timeout, place
 from shardkit.cluster.engines.mirror import MirrorProcess, Options
 from shardkit.cluster.engines.spark._group import SparkGroup
 from shardkit.errors import ConfigError, EngineUnreachableError, require
@@ -27,7 +27,7 @@ from shardkit.errors import ConfigError, EngineUnreachableError, require
 if TYPE_CHECKING:
     from shardkit.job.config import JobConfig
 
-__all__ = ["SparkEngine", "check_master"]
+__all__ = ["SparkEngine", "check_master", "executor_heartbeats"]
 
 _OPTIONS = ("master", "conf", "grace", "connect_timeout", "slots_timeout")
 _POLL_S = 0.1
@@ -59,6 +59,7 @@ class _BarrierTask:
     relay: tuple[str, int]
     token: str
     grace: float
+    lost_after: float = 60.0  # fault_tolerance.lost_job_timeout: the relay silent this long, the task ends
 
     def __call__(self, _: Iterator[int]) -> Iterator[int]:
         from pyspark import BarrierTaskContext
@@ -85,29 +86,61 @@ class _BarrierTask:
             yield self._run(conn, replace(self.processes[i], env=env))
 
     def _run(self, conn: socket.socket, proc: ProcessSpec) -> int:
+        """Run the process, reporting to the relay, until it exits or the relay says ``stop`` (or hangs up).
+
+        The relay sends an empty line every `_KEEPALIVE_S`: a relay silent for ``lost_after`` seconds
+        (``fault_tolerance.lost_job_timeout``; this executor cut off from the driver, or the trainer
+        gone) ends the process and the task, as a torchrun node that lost its store does; else the task
+        would run until the process's collective times out, long after the stage was restarted
+        elsewhere. A report that cannot be sent for as long ends them too."""
         try:
             runner = NodeRunner(proc, grace=self.grace)
         except OSError as e:  # reported like an exit: a failed task would make Spark retry the stage
             why = f"[shardkit] could not start {proc.argv[0]} on this executor: {e}"
             conn.sendall((Update(lines=[why], returncode=127).to_json() + "\n").encode())
             return 127
+        conn.settimeout(self.lost_after)  # a send that makes no progress this long fails
+        if hasattr(socket, "TCP_USER_TIMEOUT"):  # Linux: unacknowledged data this long aborts the connection
+            with contextlib.suppress(OSError):
+                conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_USER_TIMEOUT, int(self.lost_after * 1000))
+        heard, received = time.monotonic(), b""
         try:
             update = Update(pid=runner.pid)
             while True:
                 if update.beats or update.lines or update.pid or update.env or update.returncode is not None:
-                    conn.sendall((update.to_json() + "\n").encode())
+                    try:
+                        conn.sendall((update.to_json() + "\n").encode())
+                    except OSError:
+                        return self._lost(runner, proc, time.monotonic() - heard)
                 if update.returncode is not None:
                     return update.returncode
                 if not select.select([conn], [], [], _POLL_S)[0]:
+                    if time.monotonic() - heard > self.lost_after:
+                        return self._lost(runner, proc, time.monotonic() - heard)
                     update = runner.collect()
                     update.pid = 0
                     continue
-                # "stop", or EOF: the trainer is gone; either way the process ends now
-                if not conn.recv(64):
+                try:
+                    data = conn.recv(256)
+                except OSError:
+                    data = b""
+                if not data:  # EOF: the trainer is gone; the process ends now
                     return runner.stop().returncode or 0
+                heard, received = time.monotonic(), received + data
+                if b"stop\n" not in received:  # keep-alives
+                    received = received[received.rfind(b"\n") + 1:]
+                    update = Update()
+                    continue
                 update = runner.stop()
         finally:
             runner.close()
+
+    def _lost(self, runner: NodeRunner, proc: ProcessSpec, silent: float) -> int:
+        relay = f"{self.relay[0]}:{self.relay[1]}"
+        print(f"[shardkit] {proc.name}: no word from the trainer's relay at {relay} for {silent:.1f} s "
+              f"(fault_tolerance.lost_job_timeout {self.lost_after:g} s): it is unreachable (a network "
+              "partition, or the trainer is gone); stopping the process", file=sys.stderr, flush=True)
+        return runner.stop().returncode or 1
 
 
 @contextlib.contextmanager
@@ -166,6 +199,21 @@ def check_master(master: str, *, timeout: float) -> str:
         f"engine.master={master!r}: no Spark master answers there ({'; '.join(problems)}; each given "
         f"{timeout:g} s, engine.connect_timeout). Fix: start the master (pyspark's bin/spark-class "
         "org.apache.spark.deploy.master.Master --host HOST --port PORT), or correct engine.master")
+
+
+def executor_heartbeats(lost_after: float) -> dict[str, str]:
+    """Spark settings under which an executor that cannot reach its driver exits after about
+    ``lost_after`` seconds (between 3/4 and all of it) rather than Spark's default of ten minutes
+    (60 failed heartbeats, 10 s apart): a heartbeat every quarter of it (1-10 s), each failing after as
+    long, three failures in a row end the executor (and its Python workers with it).
+
+    Example:
+        >>> executor_heartbeats(20.0)
+        {'spark.executor.heartbeatInterval': '5000ms', 'spark.executor.heartbeat.maxFailures': '3'}
+    """
+    interval = max(1.0, min(10.0, lost_after / 4))
+    return {"spark.executor.heartbeatInterval": f"{round(interval * 1000)}ms",
+            "spark.executor.heartbeat.maxFailures": "3"}
 
 
 def _check_driver_address(master: str, driver: str, conf: dict[str, Any]) -> None:
@@ -264,6 +312,13 @@ class SparkEngine:
       after which the attempt fails with a message naming the slots it lacked, and when
       ``max_restarts`` is spent, the job. Waiting longer is a matter of ``slots_timeout``: Spark's own
       default (15 s x 40 checks) is set down so that too few workers is an error in about a minute.
+    - A worker cut off (a partition: silence, not an error) is noticed by the supervisor as silence
+      (``heartbeat_timeout``). Stopping the stage waits ``grace`` + 10 s (`SparkGroup.stop`), then
+      cancels the stage's job group; a task that had not answered is given up, its log naming its host
+      as unreachable. On the cut-off host the task ends its process once the relay, which sends it a
+      line every second, has been silent for ``lost_job_timeout`` seconds; the executors of a session
+      the engine creates give up on the driver after about as long (`executor_heartbeats`), where
+      Spark's default is ten minutes.
     """
 
     name = "spark"
@@ -289,8 +344,12 @@ class SparkEngine:
         master = active.sparkContext.master if active is not None else self.master
         return _slots(str(master or "local")) is not None
 
-    def session(self, processes: int = 2) -> Any:
-        """The active SparkSession, or one this engine creates (``local[processes]`` unless ``master``)."""
+    def session(self, processes: int = 2, *, lost_after: float | None = None) -> Any:
+        """The active SparkSession, or one this engine creates (``local[processes]`` unless ``master``).
+
+        On a cluster, its executors give up on a driver they have not reached for about ``lost_after``
+        seconds (``fault_tolerance.lost_job_timeout``; see `executor_heartbeats`), unless ``conf`` sets
+        Spark's heartbeat settings itself."""
         from pyspark.sql import SparkSession
 
         active = SparkSession.getActiveSession()
@@ -309,6 +368,8 @@ class SparkEngine:
         settings = {"spark.scheduler.barrier.maxConcurrentTasksCheck.interval": f"{_SLOTS_CHECK_S}s",
                     "spark.scheduler.barrier.maxConcurrentTasksCheck.maxFailures":
                         str(max(1, math.ceil(self.slots_timeout / _SLOTS_CHECK_S)))}
+        if not _LOCAL.match(master) and lost_after is not None:
+            settings.update(executor_heartbeats(lost_after))
         if _LOCAL.match(master):
             env["SPARK_LOCAL_IP"] = "127.0.0.1"
             settings.update({"spark.driver.host": "127.0.0.1", "spark.driver.bindAddress": "127.0.0.1"})
@@ -345,7 +406,8 @@ class SparkEngine:
     def start(self, spec: ClusterSpec, *, log_dir: Path) -> SparkGroup:
         """Start the barrier stage (in a thread); it runs until every process has ended, or `stop`."""
         n = len(spec.processes)
-        sc = self.session(n).sparkContext
+        lost_after = lost_job_timeout(spec)
+        sc = self.session(n, lost_after=lost_after).sparkContext
         _check_slots(str(sc.master), str(sc.getConf().get("spark.task.cpus", "1")), n)  # the session's own
         log_dir.mkdir(parents=True, exist_ok=True)
         mirrors = [MirrorProcess(proc, log_dir / f"{proc.name}.log") for proc in spec.processes]
@@ -354,7 +416,7 @@ class SparkEngine:
         group = SparkGroup(mirrors, spec.heartbeat_addr, host=host, token=token, grace=self.grace,
                            slots_timeout=self.slots_timeout)
         try:
-            task = _BarrierTask(list(spec.processes), (host, group.port), token, self.grace)
+            task = _BarrierTask(list(spec.processes), (host, group.port), token, self.grace, lost_after)
             group.begin(sc, task, f"shardkit-{spec.job_dir.name}-{spec.attempt}-{token[:8]}")
         except BaseException:
             group.stop(0)

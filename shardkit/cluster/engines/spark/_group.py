@@ -25,6 +25,12 @@ __all__ = ["SparkGroup"]
 _SELECT_S = 0.1
 _CANCEL_WAIT_S = 30.0
 _DRAIN_S = 5.0
+#: How often the relay sends each task an empty line: a task that hears nothing for
+#: ``fault_tolerance.lost_job_timeout`` ends its process (a partition; see `_BarrierTask._run`).
+KEEPALIVE_S = 1.0
+#: Seconds beyond ``engine.grace`` that `SparkGroup.stop` waits for the stage to end before cancelling
+#: its job group (a process stopped on an executor that answers takes ``grace`` at most).
+STOP_SLACK_S = 10.0
 
 
 # The last Python exception in a Spark error (its text holds the worker's traceback among JVM frames).
@@ -45,6 +51,15 @@ def _python_error(error: BaseException) -> str:
         text += (f". Fix: start the SparkSession with PYSPARK_PYTHON set to a Python that has shardkit "
                  f"(e.g. {sys.executable})")
     return text
+
+
+def _given_up(host: str, grace: float) -> str:
+    where = f" on {host}" if host else ""
+    return (f"its Spark task{where} did not answer the request to stop it within {grace + STOP_SLACK_S:g} s "
+            f"(engine.grace + {STOP_SLACK_S:g} s): its executor is unreachable (down, or cut off by a "
+            "network partition) or too busy to answer; given up here, and the stage's job group cancelled. "
+            "The task ends the process there within fault_tolerance.lost_job_timeout of its last word from "
+            "this trainer")
 
 
 @dataclass
@@ -94,6 +109,8 @@ class SparkGroup(MirrorGroup):
             try:
                 sc.parallelize(range(n), n).barrier().mapPartitions(task).collect()
             except Exception as e:  # the job failed or was cancelled: what has not ended is lost
+                if self._stopping:  # cancelled by `stop`, which says what became of each process
+                    return
                 why = _python_error(e)
                 if any(text in str(e) for text in _NO_SLOTS):  # Spark's check of the slots, given up
                     why = (f"the cluster ({sc.master}) did not have the {n} task slots that a barrier stage "
@@ -110,9 +127,16 @@ class SparkGroup(MirrorGroup):
     # -- the relay ---------------------------------------------------------------------------------
     def _serve(self) -> None:
         # After stop, go on until every task has hung up (its last report read), or the drain time passed.
+        beat = time.monotonic()
         while not (self._closing.is_set() and (not self._conns or time.monotonic() > self._drained_by)):
             with self._lock:
                 socks = [self.listener, *self._conns]
+                if time.monotonic() - beat >= KEEPALIVE_S:
+                    beat = time.monotonic()
+                    for state in self._conns.values():
+                        if state.index is not None:  # never blocks: a cut-off task's buffer just fills
+                            with contextlib.suppress(OSError):
+                                state.sock.send(b"\n", socket.MSG_DONTWAIT)
             try:
                 readable = select.select(socks, [], [], _SELECT_S)[0]
             except (OSError, ValueError):  # a socket closed under select by stop(): look again
@@ -168,8 +192,10 @@ class SparkGroup(MirrorGroup):
 
     # -- stopping ----------------------------------------------------------------------------------
     def stop(self, grace: float | None = None) -> None:
-        """Tell every task to stop its process (SIGTERM, SIGKILL after ``grace``); wait for the stage to
-        end, cancelling its job group if it does not; then kill what is left on this machine."""
+        """Tell every task to stop its process (SIGTERM, SIGKILL after ``grace``); wait ``grace`` +
+        `STOP_SLACK_S` seconds for the stage to end, then cancel its job group (a task on an executor
+        that does not answer, cut off say, is given up: its own watchdog ends its process there); then
+        kill what is left on this machine."""
         grace = self.grace if grace is None else grace
         self._stopping = True
         with self._lock:
@@ -177,10 +203,12 @@ class SparkGroup(MirrorGroup):
         for conn in conns:
             with contextlib.suppress(OSError):
                 conn.sock.sendall(b"stop\n")
+        cancelled = False
         try:
             if self._job is not None:
-                self._job.join(grace + 15)
+                self._job.join(grace + STOP_SLACK_S)
                 if self._job.is_alive():
+                    cancelled = True
                     self._sc.cancelJobGroup(self._job_group)
                     self._job.join(_CANCEL_WAIT_S)
         finally:
@@ -194,11 +222,14 @@ class SparkGroup(MirrorGroup):
             if self._relay.is_alive():
                 self._relay.join()
             with self._lock:
+                silent = {c.index for c in self._conns.values() if c.index is not None}
                 for conn in list(self._conns.values()):
                     conn.sock.close()
                 self._conns.clear()
             self.listener.close()
             for i, proc in enumerate(self.processes):
-                if proc.returncode is None:
+                if proc.returncode is None and i in silent and cancelled:
+                    self.lost(i, _given_up(proc.host, grace))
+                elif proc.returncode is None:
                     self.lost(i, f"stopped with its Spark task ({proc.name} had not reported its exit)")
             self.close()
