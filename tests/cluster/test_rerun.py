@@ -106,6 +106,71 @@ def test_resume_continues_a_completed_run_and_trains_the_steps_added(tmp_path: P
 
 
 @pytest.mark.timeout(120)
+def test_resume_with_nothing_left_to_train_says_so_and_exits_0(tmp_path: Path) -> None:
+    path = write_config(tmp_path)
+    assert train(path).returncode == 0
+
+    resumed = train(path, "--resume")  # the same steps: the run is at its end
+
+    assert resumed.returncode == 0, resumed.stdout + resumed.stderr
+    out = resumed.stdout + resumed.stderr
+    assert "--resume: continuing the run that completed at step 10" in out
+    assert "job count: nothing left to train" in out
+    assert "it resumed from checkpoint step 10, and its scripts ended there without a training step" in out
+    assert "--fresh starts over from step 0" in out
+    assert "succeeded" not in out
+    assert "samples" not in out
+    assert "first step" not in out
+    done = summary(tmp_path)
+    assert (done["status"], done["nothing_left"]) == ("succeeded", True)
+    assert (done["steps"], done["samples"]) == (10, 0)
+    assert done["first_step_s"] is None
+    assert train(path).returncode == 2, "the run is still completed"
+    more = train(path, "--resume", "--set", "params.steps=12")
+    assert "job count succeeded" in more.stdout, more.stdout + more.stderr
+    assert summary(tmp_path)["nothing_left"] is False
+
+
+@pytest.mark.timeout(300)
+def test_resume_of_a_torch_data_job_at_its_end_trains_nothing_and_says_so(tmp_path: Path) -> None:
+    """The same with torch DDP reading a dataset (the README's kind of job): its reader restores at the end
+    of its last epoch, so the loop ends at once."""
+    import numpy as np
+
+    import shardkit
+
+    rows = 32
+    x = np.random.default_rng(0).normal(size=(rows, 4)).astype(np.float32)
+    schema = shardkit.Schema([shardkit.Field("id", "int64"), shardkit.Field("x", "float32", (4,)),
+                              shardkit.Field("y", "float32")])
+    shardkit.write_dataset({"id": np.arange(rows), "x": list(x), "y": x.sum(axis=1)}, str(tmp_path / "ids"),
+                           schema=schema, row_group_size=8)
+    config = {
+        "name": "ids", "entrypoint": str(REPO / "tests" / "trainer" / "scripts" / "ddp_ids.py"),
+        "framework": "torch", "roles": {"worker": {"count": 2}},
+        "data": {"url": str(tmp_path / "ids"), "batch_size": 4, "num_epochs": 1, "options": {"workers": 1}},
+        "checkpoint": {"every_steps": 2, "keep": 2},
+        "fault_tolerance": {"max_restarts": 0, "heartbeat_interval": 0.2, "startup_timeout": 120},
+        "logdir": str(tmp_path / "job"), "env": {"OMP_NUM_THREADS": "1"},
+    }
+    path = tmp_path / "job.yaml"
+    path.write_text(yaml.safe_dump(config))
+    first = train(path)
+    assert first.returncode == 0, first.stdout + first.stderr
+    assert summary(tmp_path)["steps"] == rows // 2 // 4
+
+    resumed = train(path, "--resume")
+
+    out = resumed.stdout + resumed.stderr
+    assert resumed.returncode == 0, out
+    assert "job ids: nothing left to train (" in out
+    assert f"it resumed from checkpoint step {rows // 2 // 4}, and its scripts ended there" in out
+    assert "succeeded" not in out
+    assert "first step" not in out
+    assert (summary(tmp_path)["samples"], summary(tmp_path)["nothing_left"]) == (0, True)
+
+
+@pytest.mark.timeout(120)
 def test_a_process_that_starts_late_restores_the_attempts_checkpoint_not_one_a_peer_saved_meanwhile(
         tmp_path: Path) -> None:
     run_job(load_config(write_config(tmp_path)), console=io.StringIO())
@@ -265,6 +330,12 @@ def test_torchrun_node_0_refuses_a_completed_run_and_resumes_with_resume(tmp_pat
     assert summary(tmp_path)["steps"] == 15
     log = tmp_path / "job" / "logs" / "node-0" / "attempt-0" / "worker-0.log"
     assert "starts at step 10" in log.read_text()
+
+    again = train(path, "--set", "params.steps=15", "--resume")  # at its end: nothing left
+    assert again.returncode == 0, again.stdout + again.stderr
+    assert "job count: nothing left to train" in again.stdout
+    assert "succeeded" not in again.stdout
+    assert "first step" not in again.stdout
 
 
 @pytest.mark.slow

@@ -57,6 +57,39 @@ def test_a_failed_job_says_the_step_it_reached_and_its_newest_checkpoint(tmp_pat
     assert summary["samples"] > 0
 
 
+def test_a_failed_job_counts_the_samples_its_newest_checkpoint_holds(tmp_path: Path) -> None:
+    """Every attempt exits 3 at step 5; the newest checkpoint is step 3's: 2 workers x 3 steps x 4 samples.
+    What each attempt trained after it (step 4) is in no model: the summary said the job's samples less
+    those of restarts were "in the final model", counting the last attempt's step 4 too."""
+    fault = {"role": "worker", "index": 0, "step": 5, "attempts": [0, 1, 2], "how": "exit"}
+    done, summary = _train(tmp_path, BEHAVE, roles={"worker": {"count": 2}}, checkpoint={"every_steps": 3},
+                           fault_tolerance={"max_restarts": 2, "heartbeat_interval": 0.2,
+                                            "startup_timeout": 60},
+                           params={"steps": 10, "sleep": 0.05, "fault": fault})
+    assert done.returncode == 1
+    assert summary["newest_checkpoint"] == 3
+    state = json.loads((tmp_path / "job" / "checkpoints" / "step-000000003" / "state.json").read_text())
+    held = 2 * state["reader"]["value"] * 4  # the steps it holds (a counter), of 2 workers, 4 samples each
+    assert held == 24
+    assert summary["samples_kept"] == held
+    assert summary["samples_lost"] == summary["samples"] - held
+    out = done.stdout + done.stderr
+    assert f"samples: {held} in the newest checkpoint (step 3), where a new run resumes" in out
+    assert "in the final model" not in out
+
+
+def test_a_failed_job_without_restarts_counts_what_it_trained_after_its_checkpoint(tmp_path: Path) -> None:
+    fault = {"role": "worker", "index": 0, "step": 5, "attempts": [0], "how": "exit"}
+    done, summary = _train(tmp_path, BEHAVE, checkpoint={"every_steps": 3},
+                           fault_tolerance={"max_restarts": 0, "heartbeat_interval": 0.2,
+                                            "startup_timeout": 60},
+                           params={"steps": 10, "sleep": 0.05, "fault": fault})
+    assert done.returncode == 1
+    assert (summary["samples"], summary["samples_kept"], summary["samples_lost"]) == (16, 12, 4)
+    assert ("samples: 12 in the newest checkpoint (step 3), where a new run resumes; 4 trained but not in it"
+            in done.stdout + done.stderr)
+
+
 def test_a_process_that_never_reports_a_step_is_named_with_ctx_step(tmp_path: Path) -> None:
     script = tmp_path / "no_step.py"
     script.write_text("import time, shardkit.trainer\n"

@@ -587,3 +587,51 @@ def test_procstate_reports_a_stopped_process_of_this_machine(tmp_path: Path) -> 
     assert stopped.returncode in (-signal.SIGTERM, -signal.SIGKILL)
     assert procstate.os_state(stopped.pid) is None  # reaped: gone
     assert procstate.os_state(0) is None
+
+
+@pytest.mark.timeout(120)
+def test_a_logdir_inside_the_dataset_folder_is_refused_before_anything_is_written(tmp_path: Path) -> None:
+    """``runs/<name>`` is the default logdir, and a dataset written to ``runs/<name>`` (as the demo writes
+    ``runs/digits``) had the run's lock, logs and checkpoints land among its Parquet files."""
+    import numpy as np
+
+    import shardkit
+    from shardkit.job.config import JobConfig
+
+    data = tmp_path / "runs" / "behave"
+    shardkit.write_dataset({"x": np.arange(32, dtype=np.float32)}, str(data), row_group_size=8)
+    files = sorted(p.name for p in data.iterdir())
+    config = yaml.safe_load(write_config(tmp_path, workers=1, steps=3).read_text())
+    del config["logdir"]  # the default: runs/behave beside the config
+    config["data"] = {"url": "runs/behave", "batch_size": 4}
+    path = tmp_path / "job.yaml"
+    path.write_text(yaml.safe_dump(config))
+
+    refused = subprocess.run([sys.executable, "-m", "shardkit.cli", "train", str(path)], cwd=REPO,
+                             capture_output=True, text=True, timeout=100, check=False)
+
+    assert refused.returncode == 2, refused.stdout + refused.stderr
+    message = refused.stderr
+    assert f"logdir = '{data}'" in message
+    assert "the default logdir (runs/behave, in the config file's folder) is the dataset folder " in message
+    assert f"{data} (data.url, line " in message
+    assert f"Fix: give the job a logdir outside the dataset, e.g. logdir: {data}-job" in message
+    assert "attempt 0" not in refused.stdout
+    assert sorted(p.name for p in data.iterdir()) == files, "nothing was written into the dataset"
+
+    inside = subprocess.run([sys.executable, "-m", "shardkit.cli", "validate", str(path), "--set",
+                             f"logdir={data / 'job'}"], cwd=REPO, capture_output=True, text=True,
+                            timeout=100, check=False)
+    assert inside.returncode == 2
+    said = f"logdir = '{data / 'job'}' (from --set logdir): it is inside the dataset folder {data}"
+    assert said in inside.stderr
+
+    # built in Python: the supervisor refuses it as load_config does
+    built = JobConfig.from_dict({**config, "logdir": str(data / "job")}, base_dir=tmp_path)
+    with pytest.raises(ConfigError, match="it is inside the dataset folder"):
+        run_job(built, console=io.StringIO())
+    assert sorted(p.name for p in data.iterdir()) == files
+    ok = subprocess.run([sys.executable, "-m", "shardkit.cli", "validate", str(path), "--set",
+                         f"logdir={data}-job"], cwd=REPO, capture_output=True, text=True, timeout=100,
+                        check=False)
+    assert ok.returncode == 0, ok.stderr  # the logdir the message suggests

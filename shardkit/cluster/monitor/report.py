@@ -110,6 +110,9 @@ class JobResult:
     - ``samples_lost``: those trained again (lost to restarts), ``samples_kept`` the others: the
       samples in the final model (the last attempt's, and those of this run in the checkpoint it
       resumed from; see `shardkit.cluster.monitor.heartbeats.SampleLedger` for where that is exact).
+      A job that did not succeed has no final model but its newest checkpoint, which a new run
+      resumes: what its last attempt trained after that checkpoint is lost too, and ``samples_kept``
+      is what the newest checkpoint holds of this run.
     - ``samples_unreported``: the processes whose count may stop at their last heartbeat. Heartbeats go
       out at most every ``heartbeat_interval``; a process that ends by itself reports its count on the
       way out (``done``, or a last ``step`` beat as an exception leaves ``with ctx``), but one killed by
@@ -176,6 +179,15 @@ class JobResult:
         return max(steps, default=None)
 
     @property
+    def nothing_left(self) -> bool:
+        """The job succeeded without training: every attempt resumed from a checkpoint and its lead ended
+        at that checkpoint's step without a training step (``shardkit train --resume`` of a run that had
+        trained all it trains)."""
+        return self.ok and self.samples == 0 and bool(self.attempts) and all(
+            a.resumed_from is not None and a.first_step_s is None and a.steps <= a.resumed_from
+            for a in self.attempts)
+
+    @property
     def warnings(self) -> list[str]:
         """What a finished job should not have done without a word (printed and in ``summary.json``)."""
         out = []
@@ -194,6 +206,7 @@ class JobResult:
         data["samples_exact"] = self.samples_exact
         data["first_step_s"] = self.first_step_s
         data["newest_checkpoint"] = self.newest_checkpoint
+        data["nothing_left"] = self.nothing_left
         data["warnings"] = self.warnings
         data["version"] = 1
         return data
@@ -213,6 +226,12 @@ class JobResult:
 
     def format(self) -> str:
         """The summary printed at the end of a job."""
+        if self.nothing_left:
+            return (f"job {self.name}: nothing left to train ({self.wall_s:.1f} s): it resumed from "
+                    f"checkpoint step {self.steps}, and its scripts ended there without a training step. To "
+                    "train further, raise what the script trains (its steps or epochs: params, "
+                    "data.num_epochs) and run with --resume again; --fresh starts over from step 0\n"
+                    + "\n".join([f"  note: {n}" for n in self.notes] + [self._paths()]))
         why = "; ".join(f"attempt {f.attempt}: {f.name} {f.reason}" for f in self.failures)
         last_ckpt = max((c.step for c in self.checkpoints), default=None)
         metrics = ", ".join(f"{k} {v:.4g}" for k, v in sorted(self.metrics.items()))
@@ -228,10 +247,17 @@ class JobResult:
             f"{at_least}{self.samples:,} samples trained, {self.samples_per_s:,.0f} samples/s",
             f"  restarts: {self.restarts}" + (f" ({why})" if why else ""),
         ]
-        if self.samples_lost is not None and self.restarts:
+        if self.samples_lost is not None and self.ok and self.restarts:
             lines.append(f"  samples: {self.samples - self.samples_lost:,} in the final model; "
                          f"{at_least}{self.samples_lost:,} trained again after restarts (trained after the "
                          "checkpoint the next attempt resumed from)")
+        elif self.samples_lost is not None and not self.ok and (self.restarts or self.samples_lost):
+            newest = self.newest_checkpoint
+            held = (f"in the newest checkpoint (step {newest}), where a new run resumes" if newest is not None
+                    else "in a checkpoint (none was written)")
+            lines.append(f"  samples: {self.samples - self.samples_lost:,} {held}; {at_least}"
+                         f"{self.samples_lost:,} trained but not in it (after the checkpoint a restart, or "
+                         "that new run, resumes from)")
         if self.samples_unreported:
             lines.append("  samples may be missing: what these processes trained after their last heartbeat "
                          "(ended by a signal, they may not have reported it): "
@@ -246,6 +272,9 @@ class JobResult:
             lines.append(f"  last metrics: {metrics}")
         lines += [f"  note: {n}" for n in self.notes]
         lines += [f"  warning: {w}" for w in self.warnings]
-        lines.append(f"  logs: {self.logdir / 'logs'}, TensorBoard: {self.logdir / 'tensorboard'}, "
-                     f"summary: {self.summary_path}")
+        lines.append(self._paths())
         return "\n".join(lines)
+
+    def _paths(self) -> str:
+        return (f"  logs: {self.logdir / 'logs'}, TensorBoard: {self.logdir / 'tensorboard'}, "
+                f"summary: {self.summary_path}")

@@ -37,6 +37,7 @@ from shardkit.cluster.supervisor._watch import _Watch, lingering, silence, unrep
 from shardkit.errors import JobError
 from shardkit.job import protocol
 from shardkit.job.config import JobConfig
+from shardkit.job.config.load import check_locations
 from shardkit.job.config.messages import located
 from shardkit.job.masking import Masker
 from shardkit.trainer.rerun import Rerun, check_rerun
@@ -82,6 +83,7 @@ class Supervisor:
                 engine = get_engine(config.engine.name, config.engine.options)
         self.engine = engine
         check_job(self.engine, config)  # as `shardkit validate`: before anything starts
+        check_locations(config)  # as `load_config`, for a config built in Python
         self.console = console if console is not None else sys.stdout
         self.echo = echo
         self.ft = config.fault_tolerance
@@ -345,7 +347,10 @@ class Supervisor:
         if is_lead and progress and late:
             record.steps, self._metrics = beat.step, dict(w.metrics)
         elif is_lead and progress:
-            if record.first_step_s is None:
+            # A process that resumed at the end of its training ends without a step: its ``done`` (or a
+            # save) at the restored step is no first step.
+            trained = beat.kind == "step" or beat.step > (record.resumed_from or 0)
+            if record.first_step_s is None and trained:
                 record.first_step_s = self._elapsed()
                 self.progress.first_step(record.attempt, record.first_step_s - record.started_s)
             record.steps, record.last_step_s = beat.step, self._elapsed()
@@ -388,7 +393,19 @@ class Supervisor:
         return Failure(attempt, w.proc.role, w.proc.index, reason, code, silent, w.step,
                        str(w.proc.log_path), lines)
 
+    def _end_at_newest_checkpoint(self, status: Status) -> None:
+        """A job that did not succeed leaves its newest checkpoint as its model (a new run resumes it):
+        what its last attempt trained after that checkpoint is counted lost, as a restart would count
+        it, so that ``samples_kept`` is what the checkpoint holds."""
+        if status == "succeeded" or not self._attempts:
+            return
+        last = self._attempts[-1]
+        newest = max([c.step for c in self._checkpoints]
+                     + [a.resumed_from for a in self._attempts if a.resumed_from is not None], default=None)
+        last.samples_lost, _ = self._ledger.restart(last.samples, newest)
+
     def _result(self, status: Status) -> JobResult:
+        self._end_at_newest_checkpoint(status)
         end = self._elapsed()
         train_s = sum(a.last_step_s - a.first_step_s for a in self._attempts
                       if a.first_step_s is not None and a.last_step_s is not None)

@@ -22,11 +22,13 @@ from shardkit.job.config.messages import (
     _show,
     _unwrap,
     _yaml_kind,
+    config_error,
+    located,
 )
 from shardkit.job.config.sections import _did_you_mean
 from shardkit.job.protocol import ROLES
 
-__all__ = ["describe", "load_config"]
+__all__ = ["check_locations", "describe", "load_config"]
 
 
 # -- loading ---------------------------------------------------------------------------------------
@@ -62,7 +64,67 @@ def load_config(path: str | os.PathLike[str], overrides: Sequence[str] = ()) -> 
     finally:
         _WHERE.reset(token)
     config._where = where
+    check_locations(config)
     return config
+
+
+def check_locations(config: JobConfig) -> None:
+    """Refuse a logdir or ``checkpoint.dir`` that is a local dataset's folder or inside it: a run writes
+    its lock, logs, TensorBoard files and checkpoints there, among the data files (which a reader of
+    the folder as plain Parquet may then meet), and ``--fresh`` moves what the logdir holds aside, data
+    included. `load_config` checks it; so does the supervisor, for a config built in Python.
+
+    Example:
+        >>> check_locations(config)     # ConfigError for logdir runs/digits with data.url runs/digits
+
+    Raises:
+        ConfigError: naming the folder's key, the dataset's key, both paths and a logdir to use instead.
+    """
+    if config.data is None:
+        return
+    sources = config.data.sources or {}
+    datasets: list[tuple[tuple[str, ...], str]] = [(("data", "sources", name, "url"), source.url)
+                                                   for name, source in sources.items()]
+    if config.data.url is not None:
+        datasets.append((("data", "url"), config.data.url))
+    places: list[tuple[tuple[str, ...], str]] = [(("logdir",), str(config.logdir))]
+    logdir, checkpoints = _local(str(config.logdir)), _local(config.checkpoint_dir)
+    if checkpoints is not None and logdir is not None and logdir not in (checkpoints, *checkpoints.parents):
+        places.append((("checkpoint", "dir"), config.checkpoint_dir))  # else the logdir's problem is its
+    items: list[tuple[tuple[str | int, ...], Any, str, str]] = []
+    for key, place in places:
+        folder = _local(place)
+        for data_key, url in datasets:
+            data = _local(url)
+            if folder is None or data is None or (folder != data and data not in folder.parents):
+                continue
+            where = config._where.get(data_key)
+            dataset = f"the dataset folder {url} ({'.'.join(data_key)}{f', {where}' if where else ''})"
+            what = "it is" if folder == data else "it is inside"
+            if key == ("logdir",) and config.source is not None and key not in config._where:
+                what = (f"the default logdir (runs/{config.name}, in the config file's folder) is"
+                        + ("" if folder == data else " inside"))
+            harm = "its checkpoints would be written among the data files"
+            if key == ("logdir",):
+                harm = "the run's lock, logs and checkpoints would be written among the data files" + (
+                    ", and --fresh would move the data files aside" if folder == data else "")
+            outside = data.parent / f"{data.name}-job"
+            fix = (f"give the job a logdir outside the dataset, e.g. logdir: {outside} (or --set "
+                   f"logdir={outside})" if key == ("logdir",) else
+                   f"give a checkpoint.dir outside the dataset, or leave it out for "
+                   f"{config.logdir / 'checkpoints'}")
+            items.append((key, place, f"{what} {dataset}: {harm}", fix))
+    if items:
+        with located(config):
+            raise config_error(config.source, items)
+
+
+def _local(url: str) -> Path | None:
+    """The real path of a local path or ``file://`` URL, None for another URL."""
+    found = _URL.match(url)
+    if found is not None and (found.group(1).lower(), found.group(2)) != ("file", "://"):
+        return None
+    return Path(os.path.realpath(url[len(found.group(0)):] if found is not None else url))
 
 
 _GIVE_A_CONFIG = "Fix: give the path of a YAML job config (see examples/digits.yaml)"

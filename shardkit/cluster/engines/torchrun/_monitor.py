@@ -206,7 +206,9 @@ class NodeMonitor:
             self.progress.checkpoint(beat.step, beat.checkpoint)
         record.samples = sum(x.samples for x in self.workers.values())
         if w.rank == min(self.workers) and progress:
-            if record.first_step_s is None:
+            # as the supervisor: a ``done`` (or a save) at the restored step is no first step
+            trained = beat.kind == "step" or beat.step > (record.resumed_from or 0)
+            if record.first_step_s is None and trained:
                 record.first_step_s = self._elapsed()
                 self.progress.first_step(record.attempt, record.first_step_s - record.started_s)
             record.steps, record.last_step_s, self.metrics = beat.step, self._elapsed(), dict(w.metrics)
