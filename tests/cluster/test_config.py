@@ -11,6 +11,8 @@ from typing import Any
 
 import pytest
 import yaml
+from hypothesis import given
+from hypothesis import strategies as st
 from pydantic import ValidationError
 
 from shardkit.cluster._spec import build_spec
@@ -873,6 +875,16 @@ def test_which_env_names_look_like_credentials(name: str, word: str | None) -> N
     from shardkit.job.config.values import secret_word
 
     assert secret_word(name) == word
+
+
+@given(prefix=st.from_regex(r"[A-Za-z_][A-Za-z0-9_]{0,20}", fullmatch=True),
+       word=st.sampled_from(["TOKEN", "SECRET", "PASSWORD", "PASSWD", "KEY", "CREDENTIALS", "AUTH", "PASS",
+                             "PWD", "api_key", "Token"]))
+def test_a_credential_word_as_a_part_of_its_own_makes_any_name_a_credential(prefix: str, word: str) -> None:
+    from shardkit.job.config.values import secret_word
+
+    assert secret_word(f"{prefix}_{word}") is not None
+    assert secret_word(f"{word}_{prefix}") is not None
 
 
 def test_an_env_credential_warns_once_per_name_and_is_a_secret_by_name_only(
