@@ -184,3 +184,40 @@ def test_addresses_that_cannot_work_fail_before_any_worker_starts(net2: Network,
         for part in expected:
             assert part in message, (name, part, message)
         assert not list((folder / "job").glob("logs/node-1/attempt-*")), f"{name}: a worker started"
+
+
+@pytest.mark.timeout(150)
+def test_a_host_cut_while_the_job_starts_ends_each_node_within_startup_timeout(net2: Network, tmp_path: Path,
+                                                                               ids_dataset: str) -> None:
+    """A rendezvous that cannot form: a 3-node job on two hosts, node 1's host cut once it joined node
+    0's store (silence: node 1 stuck in torch's C++ store client, node 0 waiting for the others). Each
+    ends within startup_timeout: exit 1, one line saying that the rendezvous never formed, no C++ log
+    line; no process left on either host."""
+    startup = 12.0
+    h0, h1 = net2.hosts
+    config = ids_config(tmp_path, ids_dataset, "3", endpoint=f"{h0.addr}:{PORT}",
+                        fault_tolerance={**FAULT_TOLERANCE, "startup_timeout": startup})
+    procs = [start_node(host, config, node) for node, host in enumerate(net2.hosts)]
+
+    def connected() -> bool:  # node 1 holds a connection to node 0's store: it joined
+        ss = h1.run(["ss", "-Htn", "state", "established", "dst", f"{h0.addr}:{PORT}"], timeout=30)
+        return bool(ss.stdout.strip())
+
+    wait_until("node 1 connected to node 0's store", connected, procs)
+    h1.cut()
+    for node, proc in enumerate(procs):
+        try:
+            code = proc.wait(startup + SLACK_S)
+        except subprocess.TimeoutExpired:
+            raise AssertionError(f"node {node} still waits {startup + SLACK_S} s after the cut\n"
+                                 f"{both(config)}") from None
+        text = output(config, node)
+        assert code == 1, both(config)
+        (line,) = [line for line in text.splitlines() if "never formed" in line]
+        assert line.startswith(f"shardkit train: job trun, node {node}: the rendezvous '{tmp_path.name}' at "
+                               f"{h0.addr}:{PORT} never formed: waited 12 s"), line
+        assert "Fix:" in line
+        assert not [x for x in text.splitlines() if "c10d" in x or "frame #" in x or "Traceback" in x], text
+        assert summary(tmp_path / "job", node)["status"] == "failed"
+    assert h0.pids() == [], "no process left on node 0's host"
+    assert h1.pids() == [], "no process left on node 1's host"

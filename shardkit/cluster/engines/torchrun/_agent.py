@@ -324,7 +324,7 @@ def _launch(config: JobConfig, opts: TorchrunOptions, node_dir: Path, secrets: M
         if not ending.claim("late"):
             return
         try:
-            message = formation.message()
+            message = formation.message(stuck=True)
             monitor.notes.append(message)
             finish("failed", show=False)
             with contextlib.suppress(OSError):

@@ -99,9 +99,9 @@ class Formation:
             return None
         return 1 + len(others)
 
-    def message(self) -> str:
+    def message(self, *, stuck: bool = False) -> str:
         """One line: what this node waited for, for how long, and what to do (``job J, node K: `` goes
-        before it in the error)."""
+        before it in the error). ``stuck``: this node's last request to the store has not returned."""
         opts, node = self.opts, self.opts.node_rank
         nodes = opts.min_nodes
         where = (f"the rendezvous {opts.rdzv_id or self.config.name!r} "
@@ -116,17 +116,23 @@ class Formation:
                     f"({self.store_why or 'no answer'}): node 0 was refused, crashed before joining or was "
                     f"never started, or this host cannot reach {opts.rdzv_endpoint}. Fix: {every}; check "
                     "engine.rdzv_endpoint (node 0's address and a port free there)")
-        if self.handler is None:
+        if self.handler is None or (stuck and node != 0):
+            if self.handler is not None:
+                return (f"{where}, {self._count()} as this node last saw it; then node 0's store at "
+                        f"{opts.rdzv_endpoint} stopped answering this node's requests (a network "
+                        "partition between this host and node 0, or node 0's agent hung or gone). Fix: "
+                        f"check node 0's output and this host's network path to it; {every}")
             return (f"{where}: node 0's store at {opts.rdzv_endpoint} accepted a connection but did not "
                     "answer (node 0's agent hung, or the network path to it drops packets). Fix: check "
                     f"node 0's output and the network path to it; {every}")
         joined = self.joined()
+        missing = "the others" if joined is None else str(max(1, nodes - joined))
+        return (f"{where}, {self._count()}; {missing} never came (refused, crashed before joining, or never "
+                f"started). Fix: {every}; or let the job run with fewer nodes (engine.nnodes \"MIN:MAX\")")
+
+    def _count(self) -> str:
+        joined = self.joined()
         if joined is None:
-            count = "not all of them joined"
-        else:
-            who = "this node" if node == 0 or joined < 2 else "this node and node 0"
-            missing = max(1, nodes - joined)
-            count = (f"{joined} joined ({who}); {missing} never came (refused, crashed before joining, or "
-                     "never started)")
-        return f"{where}, {count}. Fix: {every}; or let the job run with fewer nodes (engine.nnodes " \
-               f'"MIN:MAX")'
+            return "not all of them joined"
+        who = "this node" if self.opts.node_rank == 0 or joined < 2 else "this node and node 0"
+        return f"{joined} joined ({who})"
