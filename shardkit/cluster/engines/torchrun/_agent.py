@@ -198,6 +198,12 @@ class ShardkitAgent(LocalElasticAgent):
         self.monitor.workers_started({w.global_rank: int(pids[w.local_rank]) for w in worker_group.workers})
         return pids
 
+    def _shutdown(self, death_sig: signal.Signals = signal.SIGTERM, timeout: int = 30) -> None:
+        # SIGTERM to the workers whatever stopped the agent, as the supervisor sends: torch's agent
+        # would pass them a Ctrl-C's SIGINT, and a worker's KeyboardInterrupt prints a traceback, then
+        # exits slowly (gloo's teardown with its peers still there) until SIGKILLed ``grace`` later
+        super()._shutdown(signal.SIGTERM, timeout)
+
     def _monitor_workers(self, worker_group: WorkerGroup) -> RunResult:
         result: RunResult = super()._monitor_workers(worker_group)
         if result.state in (WorkerState.FAILED, WorkerState.UNHEALTHY):
