@@ -34,3 +34,22 @@ def test_the_performance_page_is_what_the_results_make() -> None:
     proc = subprocess.run([sys.executable, "-m", "benchmarks.report", "--check"], cwd=REPO,
                           capture_output=True, text=True, timeout=120, check=False)
     assert proc.returncode == 0, proc.stderr
+
+
+@pytest.mark.parametrize("page", ["README.md", "docs/index.md"])
+def test_the_install_line_installs_this_checkout_with_the_torch_pin_it_states(page: str) -> None:
+    """shardkit is not on PyPI: the install line installs the clone (``.``) with extras it has, and the
+    torch pin the page states is the torch extra's (tests/test_docs_blocks.py runs the line itself)."""
+    import re
+    import tomllib
+
+    text = (REPO / page).read_text()
+    line = re.search(r"^pip install (\S+)", text, re.MULTILINE)
+    assert line is not None, f"{page} has no pip install line"
+    target = line.group(1).strip("'\"")
+    assert target.startswith(".["), f"{page}: {target!r} is not installed from the checkout"
+    extras = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    assert set(target[2:-1].split(",")) <= set(extras)
+    pins = re.findall(r"torch==[\d.]+", text)
+    assert pins
+    assert set(pins) == {p for p in extras["torch"] if p.startswith("torch==")}
