@@ -121,6 +121,34 @@ def test_ctrl_c_while_modules_import(entry: str, after: str, tmp_path: Path) -> 
     _interrupted(code, lines, "inspect")
 
 
+def test_ctrl_c_while_a_torchrun_node_imports_torch(tmp_path: Path) -> None:
+    """``train`` of a torchrun node interrupted while torch imports (the first seconds of the node, before
+    its job has a summary to print) exited 130 without a word: it says ``interrupted`` as every command
+    does. Later, in the rendezvous or at work, the node's summary says it (tests/cluster/test_torchrun.py)."""
+    pytest.importorskip("torch")
+    script = tmp_path / "train.py"
+    script.write_text("")
+    config = tmp_path / "job.yaml"
+    config.write_text(f"name: j\nentrypoint: {script}\nframework: torch\nroles: {{worker: {{count: 1}}}}\n"
+                      "engine: {name: torchrun, nnodes: 2, rdzv_endpoint: '127.0.0.1:29400'}\n"
+                      f"logdir: {tmp_path / 'job'}\n")
+    read, write = os.pipe()
+    fcntl.fcntl(write, fcntl.F_SETPIPE_SZ, PAGE)
+    try:
+        proc = _start([*ENTRY["script"], "train", str(config), "--node-rank", "1"], stderr=write)
+    finally:
+        os.close(write)
+    try:
+        assert "torch.nn" in _modules(read), "torch was never imported"
+        proc.send_signal(signal.SIGINT)
+        code, lines = _finish(proc, read)
+    finally:
+        _end(proc)
+        os.close(read)
+    _interrupted(code, lines, "train")
+    assert not (tmp_path / "job").exists(), "interrupted before the node prepared its logdir"
+
+
 def test_ctrl_c_while_a_command_waits(tmp_path: Path) -> None:
     """Later: ``validate`` reading its config (a named pipe nobody writes) printed a traceback."""
     config = tmp_path / "job.yaml"

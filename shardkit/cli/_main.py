@@ -184,7 +184,9 @@ def _train(args: argparse.Namespace) -> int:
         print(f"shardkit train: {e}", file=sys.stderr)
         return 1
     except KeyboardInterrupt as e:
-        return 128 + int(getattr(e, "signum", signal.SIGINT))
+        if not hasattr(e, "signum"):  # before the job started (config, imports): no summary says so
+            raise
+        return 128 + int(e.signum)  # the job's summary was printed
     return 0
 
 
