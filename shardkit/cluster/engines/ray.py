@@ -37,7 +37,7 @@ _SETTLE_S = 5.0  # how long the alive nodes may stay unable to hold the group (a
 #: Seconds beyond ``engine.grace`` that `RayGroup.stop` waits for an actor to answer (a process stopped
 #: on a node that answers takes ``grace`` at most); an actor silent past that is given up.
 STOP_SLACK_S = 10.0
-_VERDICT_POLL_S = 0.5
+_NODE_ID_LABEL = "ray.io/node-id"  # every node's label: its id (for a placement group's label selector)
 _RAY_CLIENT_PORT = 10001  # ray://HOST without a port
 _LOOPBACK_ENV = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"  # "0": a local instance stays on 127.0.0.1
 
@@ -291,10 +291,10 @@ class RayEngine:
     - A node cut off (a partition: silence, not an error) is noticed by the supervisor as silence
       (``heartbeat_timeout``), or by Ray once its health checks mark the node dead, whichever is first.
       Stopping the group waits ``grace`` + `STOP_SLACK_S` seconds for each actor; one that has not
-      answered is given up, its log naming its node as unreachable. Before the next group is placed,
-      the engine waits for Ray's verdict on that node (marked dead, or answering again), up to
-      ``startup_timeout``: a group that Ray places on a cut-off node it still counts alive waits
-      minutes for the reservation there to fail. On the cut-off node each actor's `Watchdog` ends the
+      answered is given up, its log naming its node as unreachable. The next group is placed on the
+      other nodes (a label selector on ``ray.io/node-id``) while Ray still counts that node alive and
+      it does not accept a connection: a group that Ray places on a cut-off node waits minutes for the
+      reservation there to fail. On the cut-off node each actor's `Watchdog` ends the
       process and the actor after ``lost_job_timeout`` seconds without a call from the trainer, where
       Ray would leave them until the node's raylet gives up on the head.
     - Where the actors land decides the addresses: each actor reports its node's IP as Ray knows it
@@ -418,8 +418,8 @@ class RayEngine:
         group = RayGroup(ray, mirrors, spec.heartbeat_addr, self.grace, self._suspects)
         try:
             asks = [resources.get(proc.role, {}) for proc in spec.processes]
-            self._await_verdict(timeout)
-            group.placement_group = self._placement_group([bundle(ask) for ask in asks], resources, timeout)
+            group.placement_group = self._placement_group([bundle(ask) for ask in asks], resources, timeout,
+                                                          self._avoid())
             from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
             actor = ray.remote(_RoleActor)
@@ -469,12 +469,14 @@ class RayEngine:
             mirror.started = time.monotonic()
 
     def _placement_group(self, bundles: list[dict[str, float]], resources: dict[str, dict[str, Any]],
-                         timeout: float) -> Any:
-        """The attempt's placement group, once Ray has reserved every bundle. Fails at once (after
-        `_SETTLE_S`, for a node still registering) when the alive nodes can never hold it."""
+                         timeout: float, avoid: Mapping[str, str]) -> Any:
+        """The attempt's placement group, once Ray has reserved every bundle, on nodes other than
+        ``avoid`` (see `_avoid`). Fails at once (after `_SETTLE_S`, for a node still registering) when
+        the alive nodes can never hold it."""
         ray = self.ray
         strategy = PLACEMENTS[self.placement]
-        pg = ray.util.placement_group(bundles, strategy=strategy)
+        selector = [{_NODE_ID_LABEL: f"!in({','.join(avoid)})"}] * len(bundles) if avoid else None
+        pg = ray.util.placement_group(bundles, strategy=strategy, bundle_label_selector=selector)
         ready = pg.ready()
         began = time.monotonic()
         short_since: float | None = None
@@ -482,13 +484,14 @@ class RayEngine:
             while not ray.wait([ready], timeout=1.0)[0]:
                 now = time.monotonic()
                 nodes = ray.nodes()
-                short = shortfall(bundles, self.placement, [n["Resources"] for n in nodes if n.get("Alive")])
+                usable = [n["Resources"] for n in nodes if n.get("Alive") and n.get("NodeID") not in avoid]
+                short = shortfall(bundles, self.placement, usable)
                 if short is None:
                     short_since = None
                 elif short_since is None:
                     short_since = now
                 elif now - short_since >= min(_SETTLE_S, timeout):
-                    raise JobError(self._too_few(nodes, bundles, short))
+                    raise JobError(self._too_few(nodes, bundles, short, avoid))
                 if now - began > timeout:
                     raise JobError(self._unplaced(resources, timeout))
         except BaseException:
@@ -497,27 +500,23 @@ class RayEngine:
             raise
         return pg
 
-    def _await_verdict(self, timeout: float) -> None:
-        """Before placing a group after one whose actors' nodes did not answer (`RayGroup.unreachable`):
-        wait until Ray has marked those nodes dead, or they accept a connection again (the partition
-        healed), up to ``timeout`` seconds. Ray counts a cut-off node alive until its health checks fail
-        (``RAY_health_check_*`` on the head), and a group placed on it meanwhile waits minutes for the
-        reservation there to fail, holding its places on the other nodes."""
+    def _avoid(self) -> dict[str, str]:
+        """The nodes to keep the next group off, ``{node id: address}``: those the last group's actors did
+        not answer from (`RayGroup.unreachable`) that Ray still counts alive and that do not accept a
+        connection now (the partition not healed). Ray counts a cut-off node alive until its health checks
+        fail (``RAY_health_check_*`` on the head), and a group placed on it meanwhile waits minutes for
+        the reservation there to fail, holding its places on the other nodes."""
         suspects = set(self._suspects)
         self._suspects.clear()  # the set the new group fills
-        deadline = time.monotonic() + timeout
-        while suspects and time.monotonic() < deadline:
-            nodes = self.ray.nodes()
-            for host in list(suspects):
-                alive = [n for n in nodes if n.get("NodeManagerAddress") == host and n.get("Alive")]
-                if not alive or any(_answers(host, n.get("NodeManagerPort")) for n in alive):
-                    suspects.discard(host)
-            if suspects:
-                time.sleep(_VERDICT_POLL_S)
+        if not suspects:
+            return {}
+        return {str(n["NodeID"]): str(n["NodeManagerAddress"]) for n in self.ray.nodes()
+                if n.get("Alive") and n.get("NodeManagerAddress") in suspects
+                and not _answers(n["NodeManagerAddress"], n.get("NodeManagerPort"))}
 
     def _too_few(self, nodes: Sequence[Mapping[str, Any]], bundles: list[dict[str, float]],
-                 short: str) -> str:
-        alive = [describe_node(n) for n in nodes if n.get("Alive")]
+                 short: str, avoid: Mapping[str, str]) -> str:
+        alive = [describe_node(n) for n in nodes if n.get("Alive") and n.get("NodeID") not in avoid]
         lost = [str(n.get("NodeManagerAddress")) for n in nodes if not n.get("Alive")]
         if len(lost) > 5:  # a long-lived cluster remembers every node it lost
             lost = [*lost[-5:], f"and {len(lost) - 5} earlier"]
@@ -526,6 +525,8 @@ class RayEngine:
         return (
             f"engine ray: the Ray cluster{where} has {len(alive)} alive node(s) "
             f"({'; '.join(alive) or 'none'})" + (f", {len(lost)} lost ({', '.join(lost)})" if lost else "")
+            + (f", {len(avoid)} unreachable from here, its actors silent ({', '.join(avoid.values())})"
+               if avoid else "")
             + f": too few for the job's {len(bundles)} processes with engine.placement={self.placement} "
             f"({short}). Fix: start nodes (`ray start --address HEAD:PORT` on each), or "
             + (share if self.placement == "strict_spread" else "")
