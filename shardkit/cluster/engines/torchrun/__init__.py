@@ -256,6 +256,22 @@ class TorchrunEngine:
     for ``fault_tolerance.lost_job_timeout`` seconds once the job has started (a partition, node 0
     gone) stops its workers and exits with code 1 (`LostJobError`), its summary saying so; a node 0
     that lost every other node waits for them as the rendezvous does (``rdzv_conf.join_timeout``).
+
+    Starting: a node other than 0 waits for node 0's store to accept a connection before it joins, so
+    nodes may start in any order. The first rendezvous must form within
+    ``fault_tolerance.startup_timeout`` seconds of the moment the node begins to join (the first
+    round's ``join_timeout`` is what is left of them): a node whose peers never come (node 0 refused
+    or crashed before joining, a node never started) exits with code 1 and one line saying what it
+    waited for (`JobError`, no summary printed; ``summary.json`` is written). Later rounds wait
+    ``rdzv_conf.join_timeout``.
+
+    Signals: SIGINT, SIGTERM and SIGHUP end a node within seconds at any point: its workers get SIGTERM
+    (as the supervisor sends, whatever signal stopped the node), and a node whose main thread is stuck
+    in one of torch's store calls (a store that stopped answering) is ended by a thread that reads
+    the signal from the wakeup fd (`shardkit.cluster.engines.torchrun._backstop`). torch's C++ log
+    lines (c10d's, each with a C++ stack trace) are off in the node (``TORCH_CPP_LOG_LEVEL=FATAL``
+    while torch first imports, unless set; a program that imported torch before keeps its level) and
+    errors only in its workers (``ERROR``, unless the environment or ``env:`` sets it).
     """
 
     name = "torchrun"
@@ -301,7 +317,10 @@ def run_node(config: JobConfig, *, node_rank: int | None = None, echo: bool = Tr
             (`node_address`), a local ``data.url`` with no dataset, or a logdir this node rank already
             uses (or cannot write).
         JobError: the workers failed more than ``max_restarts`` times on this node, or the rendezvous
-            failed (closed by another node, timed out).
+            failed (closed by another node, timed out), or the first one did not form within
+            ``fault_tolerance.startup_timeout`` (the message says what this node waited for; where
+            torch's client is stuck in a store call, the process exits with code 1 instead, once the
+            summary is written).
         LostJobError: this node lost the job (its rendezvous store silent past
             ``fault_tolerance.lost_job_timeout``); where torch's agent is stuck in a store call, the
             process exits with code 1 instead once the summary is written.
