@@ -559,18 +559,27 @@ def no_cpp_trace(text: str) -> None:
 
 @pytest.mark.distributed
 @pytest.mark.timeout(120)
-@pytest.mark.parametrize(("node", "store", "waited_for"), [
-    (1, "none", "node 0, which hosts it, never came: its store did not answer (Connection refused)"),
-    (0, "own", "for 2 nodes, 1 joined (this node); 1 never came"),
-    (1, "silent", "node 0's store at {endpoint} accepted a connection but did not answer"),
-], ids=["node-1-no-store", "node-0-alone", "node-1-store-silent"])
+@pytest.mark.parametrize(("node", "store", "join_timeout", "waited_for"), [
+    (1, "none", None, "node 0, which hosts it, never came: its store did not answer (Connection refused)"),
+    (0, "own", None, "for 2 nodes, 1 joined (this node); 1 never came"),
+    (1, "silent", None, "node 0's store at {endpoint} accepted a connection but did not answer"),
+    (0, "own", 5, "waited 5 s (engine.rdzv_conf.join_timeout) for 2 nodes, 1 joined (this node)"),
+], ids=["node-1-no-store", "node-0-alone", "node-1-store-silent", "node-0-join-timeout-first"])
 def test_a_node_whose_peers_never_come_ends_within_startup_timeout(
-        tmp_path: Path, ids_dataset: str, node: int, store: str, waited_for: str) -> None:
+        tmp_path: Path, ids_dataset: str, node: int, store: str, join_timeout: int | None,
+        waited_for: str) -> None:
     """The engines guide's two nodes after the demo: node 0 refused, node 1 waited in the rendezvous for
     ever, a c10d C++ stack trace every 60 s. Alone, each node ends startup_timeout after it began to
-    join (the silent store: with main's thread stuck in torch's C++ client, the backstop ends it):
-    exit 1, one line naming what it waited for, no C++ log line."""
+    join (the silent store: with main's thread stuck in torch's C++ client, the backstop ends it), or
+    rdzv_conf.join_timeout after where that is shorter: exit 1, one line naming what it waited for, no
+    C++ log line."""
     config = ids_config(tmp_path, ids_dataset, nnodes="2", fault_tolerance={"startup_timeout": STARTUP_S})
+    if join_timeout is not None:
+        job = yaml.safe_load(config.read_text())
+        job["engine"]["rdzv_conf"]["join_timeout"] = join_timeout
+        config.write_text(yaml.safe_dump(job))
+    limit = f"{join_timeout} s (engine.rdzv_conf.join_timeout)" if join_timeout else \
+        "8 s (fault_tolerance.startup_timeout)"
     endpoint = yaml.safe_load(config.read_text())["engine"]["rdzv_endpoint"]
     with silent_store(config, store == "silent"):
         agent = start_node(config, node)
@@ -585,11 +594,11 @@ def test_a_node_whose_peers_never_come_ends_within_startup_timeout(
     assert code == 1, text
     (line,) = [line for line in text.splitlines() if "never formed" in line]
     assert line.startswith(f"shardkit train: job trun, node {node}: the rendezvous '{tmp_path.name}' at "
-                           f"{endpoint} never formed: waited 8 s (fault_tolerance.startup_timeout)"), line
+                           f"{endpoint} never formed: waited {limit}"), line
     assert waited_for.format(endpoint=endpoint) in line, line
     assert "Fix: " in line
     assert "start every node of the job (shardkit train JOB.yaml --node-rank K, K from 0 to 1)" in line
-    assert waited >= STARTUP_S - 1.0, f"ended {waited:.1f} s after joining, before startup_timeout"
+    assert waited >= (join_timeout or STARTUP_S) - 1.0, f"ended {waited:.1f} s after joining, too early"
     no_cpp_trace(text)
     assert "[shardkit node" in text.splitlines()[0]
     assert len(text.splitlines()) == 2, "the joining line and the one line, no summary of nothing"

@@ -34,6 +34,7 @@ class Formation:
         self.config, self.opts = config, opts
         self.timeout = config.fault_tolerance.startup_timeout
         self.deadline = started + self.timeout
+        self.limit = self.timeout, "fault_tolerance.startup_timeout"  # what bounds the wait: seconds, key
         self.phase = "store" if opts.node_rank != 0 else "join"
         self.store_why: str | None = None  # why node 0's store did not answer, when it did not
         self.handler: Any = None  # torch's rendezvous handler, once made
@@ -69,7 +70,10 @@ class Formation:
     def join_timeout(self) -> int:
         """``rdzv_conf.join_timeout`` for the first round: the time left, at most the configured one."""
         configured = int(self.opts.rdzv_conf.get("join_timeout", _JOIN_DEFAULT_S))
-        return max(1, min(configured, math.ceil(self.remaining())))
+        left = math.ceil(self.remaining())
+        if configured < left:  # the rendezvous's own bound comes first
+            self.limit = float(configured), "engine.rdzv_conf.join_timeout"
+        return max(1, min(configured, left))
 
     def set_formed(self) -> bool:
         """The first attempt starts: later rounds (restarts, a node lost or joining) wait for their
@@ -105,11 +109,11 @@ class Formation:
         opts, node = self.opts, self.opts.node_rank
         nodes = opts.min_nodes
         where = (f"the rendezvous {opts.rdzv_id or self.config.name!r} "
-                 f"at {opts.rdzv_endpoint} never formed: waited {self.timeout:g} s "
-                 f"(fault_tolerance.startup_timeout) for {nodes} node{'s' if nodes > 1 else ''}")
+                 f"at {opts.rdzv_endpoint} never formed: waited {self.limit[0]:g} s ({self.limit[1]}) for "
+                 f"{nodes} node{'s' if nodes > 1 else ''}")
         every = (f"start every node of the job (shardkit train JOB.yaml --node-rank K, K from 0 to "
                  f"{opts.max_nodes - 1}) with the same engine.rdzv_endpoint, rdzv_id and nnodes, within "
-                 f"{self.timeout:g} s of each other, and read the output of any that ended (refused, "
+                 f"{self.limit[0]:g} s of each other, and read the output of any that ended (refused, "
                  "crashed)")
         if self.phase == "store":
             return (f"{where}; node 0, which hosts it, never came: its store did not answer "
