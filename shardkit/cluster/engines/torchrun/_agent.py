@@ -238,7 +238,9 @@ def _signal_exception(signum: int) -> SignalException:
     torch's agent installs the same handler, but only once it starts workers (and keeps it): before
     that, in the rendezvous, SIGTERM or SIGHUP would kill the agent with no summary, and SIGINT raise
     a KeyboardInterrupt counted as a failure. With this handler, a signal at any point is an
-    interrupt: status ``interrupted``, exit 128 + the signal.
+    interrupt: status ``interrupted``, exit 128 + the signal. It stays the handler throughout
+    (``TORCHELASTIC_SIGNALS_TO_HANDLE`` leaves torch's agent only SIGQUIT), so that the backstop knows
+    when the main thread took a signal (`Backstop.took`).
     """
     sig = signal.Signals(signum)
     return SignalException(f"Process {os.getpid()} got signal: {sig}", sigval=sig)
@@ -484,9 +486,15 @@ def _never_formed(config: JobConfig, opts: TorchrunOptions, formation: Formation
 
 
 def _first_line(error: BaseException) -> str:
-    """An error of torch's, as one line: c10d's can carry a C++ stack trace after the first line."""
-    cause = error.__cause__ if not str(error) and error.__cause__ is not None else error
-    return one_line(str(cause).strip().splitlines()[0] if str(cause).strip() else type(cause).__name__)
+    """An error of torch's, and the one it was raised from, as one line: c10d's can carry a C++ stack
+    trace after their first line, and torch's rendezvous errors say "see inner exception"."""
+
+    def line(e: BaseException) -> str:
+        text = str(e).strip()
+        return text.splitlines()[0] if text else type(e).__name__
+
+    cause = error.__cause__
+    return one_line(line(error) + ("" if cause is None else f" ({type(cause).__name__}: {line(cause)})"))
 
 
 def _rendezvous_failed(config: JobConfig, opts: TorchrunOptions, e: BaseException) -> JobError:
