@@ -327,7 +327,10 @@ class FaultTolerance(_Model):
     """Restart policy: a role silent for ``heartbeat_timeout`` seconds after its first heartbeat (or
     ``startup_timeout`` before it), or dead, stops the group, which restarts up to ``max_restarts``.
 
-    Across machines, two more bounds (seconds):
+    Across machines, ``startup_timeout`` also bounds a torchrun node's first rendezvous: a node whose
+    peers never come (node 0 refused or never started, a node that crashed before joining) exits with
+    code 1 after it, with one line naming what it waited for (or after ``engine.rdzv_conf.join_timeout``
+    where that is shorter). Two more bounds (seconds):
 
     - ``lost_job_timeout`` (default 60, at least 3): a torchrun node whose rendezvous store (hosted by
       node 0) has not answered for this long, once the job has started (a partition, node 0's machine
