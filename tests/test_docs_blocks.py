@@ -87,7 +87,7 @@ def _report(outcomes: list[Outcome], skipped: list[Block], failed: list[str], se
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(1500)
+@pytest.mark.timeout(1200)
 def test_docs_blocks_run_as_written(tmp_path: Path) -> None:
     venv = REPO / ".venv"
     if not (REPO / STAMP).is_file():
