@@ -309,3 +309,36 @@ def test_a_partitioned_node_is_given_up_its_processes_end_and_the_group_resumes_
     assert (world, start >= EVERY) == (2, True), attempts
     summary = json.loads((job_dir / "summary.json").read_text())
     assert (summary["status"], summary["restarts"]) == ("succeeded", 1), summary
+
+
+@pytest.mark.timeout(200)
+def test_a_node_cut_off_while_the_job_starts_is_given_up_and_the_group_starts_on_the_node_left(
+        tmp_path: Path, ids_dataset: str, net2: Network) -> None:
+    """h1 cut off once its actor exists, before its process trains: the actor that does not answer is a
+    lost process named with its node (not a job that fails for want of placement), the group starts
+    again on h0, and the actor on h1, hearing nothing, ends."""
+    h1 = net2.hosts[1]
+    with ray_cluster(net2, cpus=(2, 2)) as cluster:
+        config = ids_config(tmp_path, ids_dataset, {"name": "ray", "address": cluster.address, "grace": 2})
+        settings = yaml.safe_load(config.read_text())
+        settings["fault_tolerance"].update(PARTITION)
+        config.write_text(yaml.safe_dump(settings))
+        job_dir = tmp_path / "job"
+        proc = train(net2.hosts[0], config, cluster.env)
+        assert watch(lambda: bool(job_processes(h1, job_dir)), proc, 120), output(config)[-5000:]
+        h1.cut()
+        cut_at = time.monotonic()
+        clear = watch(lambda: not job_processes(h1, job_dir), proc, CUT_HOST_CLEAR_S)
+        cleared_after = time.monotonic() - cut_at
+        left = job_processes(h1, job_dir)
+        code = finish(proc, config, 150)
+    text = output(config)
+    print(f"h1 clear {cleared_after:.1f} s after the cut")
+    assert code == 0, text[-5000:]
+    assert clear or not left, f"still on h1 {CUT_HOST_CLEAR_S:g} s after the cut: {left}"
+    node = re.escape(h1.addr)
+    assert re.search(rf"the Ray actor of worker-\d (is lost: Ray marked its node {node} dead|\(node {node}\) "
+                     r"did not answer).*partition", text), text
+    summary = json.loads((job_dir / "summary.json").read_text())
+    assert summary["status"] == "succeeded", summary
+    assert effective_ids(job_dir)[0] == Counter(range(ROWS)), "every sample of the epoch exactly once"

@@ -45,20 +45,28 @@ _LOOPBACK_ENV = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"  # "0": a local instance sta
 class _RoleActor:
     """Runs one role process on its node (wrapped by ``ray.remote`` with the role's resources).
 
-    Once the process runs, every call of the trainer's (``collect``, ten a second) feeds a `Watchdog`:
-    after ``lost_after`` seconds without one (``fault_tolerance.lost_job_timeout``: this node cut off
-    from the trainer, or the trainer gone), the actor stops the process and exits, where Ray would
-    leave both running until this node's raylet gives up on the head."""
+    Every call of the trainer's (``ping`` each second while the group starts, ``collect`` ten a second
+    once the process runs) feeds a `Watchdog`: after ``fault_tolerance.lost_job_timeout`` seconds
+    without one (``silence_limit``: this node cut off from the trainer, or the trainer gone), the actor
+    stops the process and exits, where Ray would leave both running until this node's raylet gives up
+    on the head."""
 
-    def __init__(self) -> None:
+    def __init__(self, silence_limit: float | None = None) -> None:
         self.runner: NodeRunner | None = None
-        self.watchdog: Watchdog | None = None
         self.lock = threading.Lock()  # the actor's calls and the watchdog's thread
+        self.grace = 0.0
+        self.watchdog = None if silence_limit is None else Watchdog(silence_limit, self._lost,
+                                                                     what="a role's actor (not started)")
 
     def address(self) -> tuple[str, int]:
         """This node's address as Ray knows it (``ray start --node-ip-address``, never the host name's
         resolution), and a port free on it."""
+        self.ping()
         return _node_ip(), free_port()
+
+    def ping(self) -> None:
+        if self.watchdog is not None:
+            self.watchdog.heard()
 
     def start(self, proc: ProcessSpec, grace: float, lost_after: float | None = None) -> int:
         # the collectives bind to this node's address: across machines gloo would otherwise advertise the
@@ -66,9 +74,13 @@ class _RoleActor:
         env = {**proc.env, **collective_env(_node_ip(), {**os.environ, **proc.env})}
         with self.lock:
             self.runner = NodeRunner(replace(proc, env=env), grace=grace)
+            self.grace = grace
             pid: int = self.runner.pid
-            if lost_after is not None:
-                self.watchdog = Watchdog(lost_after, lambda: self._lost(grace), what=proc.name)
+            if lost_after is not None and self.watchdog is not None:
+                self.watchdog.timeout, self.watchdog.what = lost_after, proc.name
+                self.watchdog.heard()
+            elif lost_after is not None:
+                self.watchdog = Watchdog(lost_after, self._lost, what=proc.name)
         return pid
 
     def collect(self) -> Update:
@@ -89,14 +101,14 @@ class _RoleActor:
             finally:
                 runner.close()
 
-    def _lost(self, grace: float) -> None:
+    def _lost(self) -> None:
         """The trainer is unreachable: stop the process, then end this actor's process (nobody is left to
         call it, and Ray's own end for it comes only with the raylet's)."""
         with self.lock:
             runner, self.runner = self.runner, None
             if runner is not None:
                 try:
-                    runner.stop(grace)
+                    runner.stop(self.grace)
                 finally:
                     runner.close()
         os._exit(1)
@@ -170,10 +182,8 @@ class RayGroup(MirrorGroup):
         with contextlib.suppress(Exception):
             nodes = [n for n in self.ray.nodes() if n.get("NodeManagerAddress") == host]
             if host and nodes and not any(n.get("Alive") for n in nodes):
-                return (f"the Ray actor of {name} is lost: Ray marked its node {host} dead (it did "
-                        "not answer Ray's health checks: the node is down, or unreachable, e.g. cut off by "
-                        "a network partition). What runs there ends within fault_tolerance.lost_job_timeout "
-                        "of its last word from this trainer")
+                return (f"the Ray actor of {name} is lost: {_node_dead(host)}. What runs there ends "
+                        "within fault_tolerance.lost_job_timeout of its last word from this trainer")
         return f"the Ray actor of {name} died{self._where(i)}: {describe_error(error)}"
 
     def stop(self, grace: float | None = None) -> None:
@@ -418,6 +428,7 @@ class RayEngine:
         group = RayGroup(ray, mirrors, spec.heartbeat_addr, self.grace, self._suspects)
         try:
             asks = [resources.get(proc.role, {}) for proc in spec.processes]
+            lost_after = lost_job_timeout(spec)
             group.placement_group = self._placement_group([bundle(ask) for ask in asks], resources, timeout,
                                                           self._avoid())
             from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
@@ -433,8 +444,8 @@ class RayEngine:
                     options["memory"] = ask["memory"]
                 if self.runtime_env:
                     options["runtime_env"] = self.runtime_env
-                group.actors.append(actor.options(**options).remote())
-            where = self._placed(group, resources, timeout)
+                group.actors.append(actor.options(**options).remote(lost_after))
+            where = self._placed(group, resources, timeout, lost_after)
             if where is None:
                 group.begin()
                 return group
@@ -442,31 +453,72 @@ class RayEngine:
                 mirror.host = host
             own_devices = [bool(ask.get("gpus")) for ask in asks]
             envs = place(spec.processes, where, own_devices)
-            lost_after = lost_job_timeout(spec)
             started = [a.start.remote(replace(proc, env=env), self.grace, lost_after)
                        for a, proc, env in zip(group.actors, spec.processes, envs, strict=True)]
-            self._started(group, started, timeout)
+            self._started(group, started, timeout, lost_after)
         except BaseException:
             group.stop(0)
             raise
         group.begin()
         return group
 
-    def _started(self, group: RayGroup, started: list[Any], timeout: float) -> None:
-        """Wait for each actor's start of its process (its pid). An actor lost meanwhile (its node dead,
-        e.g. cut off while the job started) is a process lost, as after the start: the supervisor stops
-        the group and starts it again on the nodes that remain."""
-        ray, deadline = self.ray, time.monotonic() + timeout
-        for i, ref in enumerate(started):
-            mirror = group.processes[i]
-            try:
-                mirror.pid = ray.get(ref, timeout=max(0.0, deadline - time.monotonic()))
-            except ray.exceptions.GetTimeoutError as e:
-                raise JobError(f"engine ray: the actors did not start their processes in {timeout:g} s "
-                               "(startup_timeout). Fix: check the nodes' load and logs") from e
-            except ray.exceptions.RayActorError as e:
-                group.actor_lost(i, e, " (while it started its process)")
+    def _started(self, group: RayGroup, started: list[Any], timeout: float, lost_after: float) -> None:
+        """Wait for each actor's start of its process (its pid). An actor lost meanwhile (see `_answers`)
+        is a process lost, as after the start: the supervisor stops the group and starts it again."""
+        why = (f"engine ray: the actors did not start their processes in {timeout:g} s (startup_timeout). "
+               "Fix: check the nodes' load and logs")
+        pids = self._answers(group, dict(zip(started, range(len(started)), strict=True)), timeout, lost_after,
+                             when=" while it started its process", unplaced=why)
+        for i, pid in pids.items():
+            group.processes[i].pid = pid
+        for mirror in group.processes:
             mirror.started = time.monotonic()
+
+    def _answers(self, group: RayGroup, calls: dict[Any, int], timeout: float, lost_after: float, *,
+                 when: str, unplaced: str) -> dict[int, Any]:
+        """``{process index: answer}`` of the actors' ``calls`` (``{ref: process index}``) that answered.
+
+        Meanwhile the actors that answered are called (``ping``) every second: their watchdogs must know
+        that the trainer is there while it waits for the others. An actor that has not answered is a
+        process lost, named with its node: once Ray marks the node dead; once it has been silent for
+        ``lost_after`` seconds and its node does not accept a connection (cut off as the job starts); or
+        at ``timeout`` (`JobError` ``unplaced`` where Ray does not say which node holds it).
+        """
+        ray = self.ray
+        pending, answers = dict(calls), dict[int, Any]()
+        began = time.monotonic()
+        while pending:
+            ready, _ = ray.wait(list(pending), num_returns=len(pending), timeout=1.0)
+            for ref in ready:
+                i = pending.pop(ref)
+                try:
+                    answers[i] = ray.get(ref)
+                except ray.exceptions.RayActorError as e:
+                    group.actor_lost(i, e, f" ({when.strip()})")
+            if not pending:
+                break
+            for i in answers:
+                group.actors[i].ping.remote()
+            waited = time.monotonic() - began
+            nodes = self._bundle_nodes(group.placement_group)
+            for ref, i in list(pending.items()):
+                host, alive, port = nodes.get(i, ("", True, None))
+                name = group.processes[i].name
+                if host and not alive:
+                    group.lost(i, f"the Ray actor of {name} is lost: " + _node_dead(host) + when)
+                elif host and (waited > timeout or (waited > lost_after and not _answers(host, port))):
+                    group.unreachable.add(host)
+                    silent = (f"did not answer for {waited:.0f} s{when}, and its node does not accept a "
+                              "connection: it is unreachable (cut off by a network partition, or down)"
+                              if waited <= timeout else f"did not answer within {timeout:g} s "
+                              f"(startup_timeout){when}: its node is unreachable or too busy to answer")
+                    group.lost(i, f"the Ray actor of {name} (node {host}) {silent}")
+                elif waited > timeout:
+                    raise JobError(unplaced)
+                else:
+                    continue
+                pending.pop(ref)
+        return answers
 
     def _placement_group(self, bundles: list[dict[str, float]], resources: dict[str, dict[str, Any]],
                          timeout: float, avoid: Mapping[str, str]) -> Any:
@@ -539,28 +591,34 @@ class RayEngine:
                 f"{self.ray.available_resources()} free. Fix: lower roles.*.resources or the role counts, "
                 "or add nodes")
 
-    def _placed(self, group: RayGroup, resources: dict[str, dict[str, Any]],
-                timeout: float) -> list[tuple[str, int]] | None:
-        """Each actor's node address and a free port there; None when an actor was lost meanwhile (its
-        node dead): that process is lost and the others are not started (the supervisor starts the group
+    def _placed(self, group: RayGroup, resources: dict[str, dict[str, Any]], timeout: float,
+                lost_after: float) -> list[tuple[str, int]] | None:
+        """Each actor's node address and a free port there; None when an actor was lost meanwhile (see
+        `_answers`): that process is lost and the others are not started (the supervisor starts the group
         again)."""
-        ray = self.ray
-        refs = [a.address.remote() for a in group.actors]
-        ready, _ = ray.wait(refs, num_returns=len(refs), timeout=timeout)
-        if len(ready) < len(refs):
-            raise JobError(self._unplaced(resources, timeout))
-        where: list[tuple[str, int] | None] = []
-        for i, ref in enumerate(refs):
-            try:
-                where.append(tuple(ray.get(ref)))  # type: ignore[arg-type]
-            except ray.exceptions.RayActorError as e:
-                group.actor_lost(i, e, " (before it started its process)")
-                where.append(None)
-        if any(w is None for w in where):
+        calls = {a.address.remote(): i for i, a in enumerate(group.actors)}
+        where = self._answers(group, calls, timeout, lost_after, when=" before it started its process",
+                              unplaced=self._unplaced(resources, timeout))
+        if len(where) < len(group.actors):
             for i in range(len(group.processes)):
                 group.lost(i, "not started: another actor of the group was lost as it started", code=1)
             return None
-        return [w for w in where if w is not None]
+        return [tuple(where[i]) for i in range(len(group.actors))]  # type: ignore[misc]
+
+    def _bundle_nodes(self, pg: Any) -> dict[int, tuple[str, bool, Any]]:
+        """``{bundle index: (its node's address, whether Ray counts the node alive, its raylet's port)}``."""
+        try:
+            table = self.ray.util.placement_group_table(pg)
+            nodes = {n.get("NodeID"): n for n in self.ray.nodes()}
+        except Exception:  # a look that failed: the actors are waited for as before
+            return {}
+        out = {}
+        for index, node_id in (table.get("bundles_to_node_id") or {}).items():
+            node = nodes.get(node_id)
+            if node is not None:
+                out[int(index)] = (str(node.get("NodeManagerAddress", "")), bool(node.get("Alive")),
+                                   node.get("NodeManagerPort"))
+        return out
 
     def close(self) -> None:
         """Shut down the local Ray instance this engine started (disconnect from a cluster it joined)."""
@@ -628,6 +686,11 @@ def _name(key: str) -> str:
 
 def _amount(key: str, value: float) -> str:
     return f"{value / 2**30:.1f} GiB" if key == "memory" else f"{value:g} {key}"
+
+
+def _node_dead(host: str) -> str:
+    return (f"Ray marked its node {host} dead (it did not answer Ray's health checks: the node is down, or "
+            "unreachable, e.g. cut off by a network partition)")
 
 
 def _answers(host: str, port: Any, timeout: float = 1.0) -> bool:
