@@ -19,6 +19,8 @@ from shardkit.cluster._spec import build_spec
 from shardkit.errors import ConfigError
 from shardkit.job.config import JobConfig, describe, load_config
 
+REPO = Path(__file__).resolve().parents[2]
+
 SECRET = "s3cr3t-Q7vX9-never-print-me"  # distinctive: searched for in every output below
 
 
@@ -941,3 +943,25 @@ def test_validate_warns_once_about_an_env_credential(job_dir: Path) -> None:
     assert done.stderr.count("warning: env.WANDB_API_KEY looks like a credential") == 1, done.stderr
     assert "secret WANDB_API_KEY: from env: in the config" in done.stdout
     assert SECRET not in done.stdout + done.stderr
+
+
+def test_the_reader_arguments_a_config_may_name_are_make_readers() -> None:
+    """data.options are checked against a list of make_reader's arguments kept beside the config (so that
+    loading a config does not import the reader); it must be make_reader's signature."""
+    import inspect
+
+    from shardkit.job.config.sections import READER_ARGUMENTS
+    from shardkit.reader.api import make_reader
+
+    assert tuple(inspect.signature(make_reader).parameters) == READER_ARGUMENTS
+
+
+def test_loading_a_config_does_not_import_the_reader(tmp_path: Path) -> None:
+    """The supervisor loads the config first: the reader's pyarrow.dataset and pandas there were most of
+    the time before a job's first process started."""
+    code = ("import sys; from shardkit.job.config import load_config; "
+            f"load_config({str(REPO / 'examples' / 'digits.yaml')!r}, []); "
+            "print(sorted(m for m in ('shardkit.reader', 'pandas', 'pyarrow.dataset') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                         check=True)
+    assert out.stdout.strip() == "[]", out.stdout + out.stderr

@@ -5,7 +5,6 @@ model and error helpers they share with it."""
 from __future__ import annotations
 
 import difflib
-import inspect
 import re
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
@@ -49,6 +48,13 @@ MIN_HEARTBEAT_INTERVAL = 0.01
 MIN_LOST_JOB_TIMEOUT, MIN_COLLECTIVE_TIMEOUT = 3.0, 1.0
 #: The most processes a role, and a whole job, may have (see `RoleConfig`).
 MAX_PROCESSES = 10_000
+#: `shardkit.make_reader`'s arguments, in its order (a test holds them to its signature): named here so
+#: that checking a config does not import the reader, whose pyarrow.dataset and pandas were most of the
+#: time from `shardkit train` to its first process.
+READER_ARGUMENTS = ("url", "shard", "num_shards", "batch_size", "columns", "filter", "shuffle", "seed",
+                    "num_epochs", "remainder", "drop_last", "shuffle_buffer", "cache", "prefetch", "workers",
+                    "max_inflight_bytes", "on_error", "storage_options", "version", "schema", "weights",
+                    "samples_per_epoch")
 # Keys of make_reader that the trainer sets itself (from the job and the process's shard).
 _READER_OWNED = frozenset({"url", "shard", "num_shards", "batch_size", "seed", "shuffle", "num_epochs"})
 _PER_SOURCE = ("filter", "version", "storage_options")  # a mixture's source's own make_reader options
@@ -207,9 +213,7 @@ class DataConfig(_Model):
     def _known_options(cls, value: dict[str, Any]) -> dict[str, Any]:
         if not value:
             return value
-        from shardkit.reader.api import make_reader  # lazily: the reader pulls in pyarrow
-
-        allowed = [name for name in inspect.signature(make_reader).parameters if name not in _READER_OWNED]
+        allowed = [name for name in READER_ARGUMENTS if name not in _READER_OWNED]
         problems: list[Problem] = []
         for key, option in value.items():
             if key in _MIXTURE_KEYS:
