@@ -203,17 +203,21 @@ def check_master(master: str, *, timeout: float) -> str:
 
 def executor_heartbeats(lost_after: float) -> dict[str, str]:
     """Spark settings under which an executor that cannot reach its driver exits after about
-    ``lost_after`` seconds (between 3/4 and all of it) rather than Spark's default of ten minutes
-    (60 failed heartbeats, 10 s apart): a heartbeat every quarter of it (1-10 s), each failing after as
-    long, three failures in a row end the executor (and its Python workers with it).
+    ``lost_after`` seconds (within one heartbeat of it) rather than Spark's default of ten minutes (60
+    failed heartbeats, 10 s apart): a heartbeat every quarter of it (1 to 10 s), each failing after as
+    long, and as many failures in a row as span ``lost_after`` less one heartbeat (at least 3) end the
+    executor, and its Python workers with it.
 
     Example:
         >>> executor_heartbeats(20.0)
         {'spark.executor.heartbeatInterval': '5000ms', 'spark.executor.heartbeat.maxFailures': '3'}
+        >>> executor_heartbeats(60.0)["spark.executor.heartbeat.maxFailures"]
+        '5'
     """
     interval = max(1.0, min(10.0, lost_after / 4))
+    failures = max(3, math.ceil(lost_after / interval - 1e-9) - 1)
     return {"spark.executor.heartbeatInterval": f"{round(interval * 1000)}ms",
-            "spark.executor.heartbeat.maxFailures": "3"}
+            "spark.executor.heartbeat.maxFailures": str(failures)}
 
 
 def _check_driver_address(master: str, driver: str, conf: dict[str, Any]) -> None:
