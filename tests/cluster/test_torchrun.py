@@ -478,7 +478,7 @@ def test_lost_job_and_collective_timeouts_are_validated_and_reach_the_workers(
 
     base = {"name": "j", "entrypoint": str(IDS), "framework": "torch", "roles": {"worker": {"count": 2}}}
     ft = JobConfig.from_dict(base).fault_tolerance
-    assert (ft.lost_job_timeout, ft.collective_timeout) == (60.0, 300.0)
+    assert (ft.lost_job_timeout, ft.collective_timeout) == (45.0, 300.0)
     for key, value in (("lost_job_timeout", 1), ("collective_timeout", 0), ("lost_job_timeout", "10")):
         with pytest.raises(ConfigError, match=rf"fault_tolerance\.{key}"):
             JobConfig.from_dict({**base, "fault_tolerance": {key: value}})

@@ -16,12 +16,12 @@ from pathlib import Path
 from shardkit.cluster._spec import ClusterSpec, ProcessSpec
 from shardkit.cluster.engines.local import LocalEngine, LocalGroup
 from shardkit.job import protocol as p
+from shardkit.job.config.sections import DEFAULT_LOST_JOB_TIMEOUT
 from shardkit.job.layout import free_ports
 from shardkit.job.masking import Masker
 
 __all__ = ["NodeRunner", "Update", "Watchdog", "free_port", "lost_job_timeout", "place"]
 
-_LOST_JOB_TIMEOUT = 60.0  # fault_tolerance.lost_job_timeout's default, where job.json cannot be read
 
 
 @dataclass
@@ -213,4 +213,4 @@ def lost_job_timeout(spec: ClusterSpec) -> float:
         data = json.loads((spec.job_dir / p.JOB_CONFIG_FILE).read_text(encoding="utf-8"))
         return float(data["fault_tolerance"]["lost_job_timeout"])
     except (OSError, ValueError, KeyError, TypeError):
-        return _LOST_JOB_TIMEOUT
+        return DEFAULT_LOST_JOB_TIMEOUT

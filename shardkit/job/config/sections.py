@@ -46,6 +46,9 @@ MAX_CPUS, MAX_GPUS = 4096, 256
 MIN_HEARTBEAT_INTERVAL = 0.01
 #: Seconds: below these, a loaded machine's pauses would end healthy nodes and collectives (`FaultTolerance`).
 MIN_LOST_JOB_TIMEOUT, MIN_COLLECTIVE_TIMEOUT = 3.0, 1.0
+#: Seconds: ``fault_tolerance.lost_job_timeout``'s default. With ``engine.grace`` (5 s) after it, what the
+#: job started on a host cut off from it ends within a minute of the cut.
+DEFAULT_LOST_JOB_TIMEOUT = 45.0
 #: The most processes a role, and a whole job, may have (see `RoleConfig`).
 MAX_PROCESSES = 10_000
 #: `shardkit.make_reader`'s arguments, in its order (a test holds them to its signature): named here so
@@ -336,13 +339,16 @@ class FaultTolerance(_Model):
     code 1 after it, with one line naming what it waited for (or after ``engine.rdzv_conf.join_timeout``
     where that is shorter). Two more bounds (seconds):
 
-    - ``lost_job_timeout`` (default 60, at least 3): a torchrun node whose rendezvous store (hosted by
+    - ``lost_job_timeout`` (default 45, at least 3): a torchrun node whose rendezvous store (hosted by
       node 0) has not answered for this long, once the job has started (a partition, node 0's machine
       or agent gone), has lost the job: it stops its workers and exits with code 1 a few seconds later
       (``engine.grace`` for its workers to stop, and a connection attempt of up to 2 s), its summary
       and last line naming the store and what to do. The other nodes go on without it where
-      ``nnodes`` allows. Short enough that a cut-off node frees its GPUs soon; long enough to ride
-      out a brief network blip.
+      ``nnodes`` allows. On ray and spark, an actor or task that has not heard from the job's driver
+      for this long stops its process and exits, and a Spark session the engine creates has its
+      executors give up on the driver after about as long. With the default ``engine.grace``, what
+      the job started on a cut-off host ends within a minute of the cut: short enough that it frees
+      its GPUs soon; long enough to ride out a brief network blip.
     - ``collective_timeout`` (default 300): torch.distributed's timeout for one collective (gloo,
       NCCL), given to ``init_process_group`` in every worker of every engine, instead of torch's 30
       minutes: a worker blocked in an allreduce whose peers vanished fails in bounded time. Longer
@@ -354,7 +360,7 @@ class FaultTolerance(_Model):
     heartbeat_interval: float = Field(default=1.0, ge=MIN_HEARTBEAT_INTERVAL)
     heartbeat_timeout: float = Field(default=30.0, gt=0)
     startup_timeout: float = Field(default=120.0, gt=0)
-    lost_job_timeout: float = Field(default=60.0, ge=MIN_LOST_JOB_TIMEOUT)
+    lost_job_timeout: float = Field(default=DEFAULT_LOST_JOB_TIMEOUT, ge=MIN_LOST_JOB_TIMEOUT)
     collective_timeout: float = Field(default=300.0, ge=MIN_COLLECTIVE_TIMEOUT)
 
     @model_validator(mode="after")

@@ -23,6 +23,7 @@ from shardkit.cluster.engines._remote import NodeRunner, Update, free_port, lost
 from shardkit.cluster.engines.mirror import MirrorProcess, Options
 from shardkit.cluster.engines.spark._group import SparkGroup
 from shardkit.errors import ConfigError, EngineUnreachableError, require
+from shardkit.job.config.sections import DEFAULT_LOST_JOB_TIMEOUT
 
 if TYPE_CHECKING:
     from shardkit.job.config import JobConfig
@@ -59,7 +60,7 @@ class _BarrierTask:
     relay: tuple[str, int]
     token: str
     grace: float
-    lost_after: float = 60.0  # fault_tolerance.lost_job_timeout: the relay silent this long, the task ends
+    lost_after: float = DEFAULT_LOST_JOB_TIMEOUT  # the relay silent this long, the task ends
 
     def __call__(self, _: Iterator[int]) -> Iterator[int]:
         from pyspark import BarrierTaskContext
