@@ -192,7 +192,9 @@ def test_a_killed_actor_is_restarted_and_the_job_finishes_from_its_checkpoint(tm
     assert result.ok, out
     assert result.restarts == 1, out
     failure = result.failures[0]
-    assert (failure.name, failure.reason) == ("worker-1", "killed by SIGKILL")
+    assert failure.name == "worker-1", out
+    # it has no exit status of its own: what the engine saw is said instead (not "killed by SIGKILL")
+    assert failure.reason.startswith("lost: the Ray actor of worker-1 died (node "), failure.reason
     assert any("the Ray actor of worker-1 died" in line for line in failure.last_lines), failure.last_lines
     resumed = result.attempts[1].resumed_from
     assert resumed is not None

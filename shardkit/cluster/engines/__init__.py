@@ -62,6 +62,11 @@ class RoleProcess(Protocol):
     def returncode(self) -> int | None:
         """None while it runs; the exit code, or ``-signal`` when a signal ended it."""
 
+    @property
+    def lost_reason(self) -> str | None:
+        """Why the engine gave the process up without its exit status (its node unreachable, its actor
+        dead), said in place of one; None when ``returncode`` is what the process exited with."""
+
     def tail(self, lines: int = 20) -> list[str]:
         """The last ``lines`` lines of its output."""
 

@@ -62,6 +62,7 @@ class LocalProcess:
         self.spec, self.popen, self.log_path, self.started = spec, popen, log_path, started
         self.pump = pump  # copies its output to the log, secrets masked (None: it writes the log itself)
         self.reported = False
+        self.lost_reason: str | None = None  # a local process always has its exit status
         self._exit: int | None = None
         self._reader: IO[bytes] | None = None
         self._lines = LineSplitter()

@@ -41,6 +41,7 @@ class MirrorProcess:
         self.pid = 0
         self.host = ""
         self.reported = False
+        self.lost_reason: str | None = None  # `MirrorGroup.lost`: gone without a last report
         self._returncode: int | None = None
         self._lock = threading.Lock()
         self._new: list[str] = []
@@ -147,10 +148,13 @@ class MirrorGroup:
             proc.exited(update.returncode)
 
     def lost(self, i: int, why: str, code: int = -signal.SIGKILL) -> None:
-        """Process ``i`` is gone without a last report (its actor or task died): say why, in its log."""
+        """Process ``i`` is gone without a last report (its actor or task died, its node unreachable):
+        say why, in its log, and in short (``why`` up to its first colon) as its `lost_reason`: what the
+        supervisor says of its end instead of ``code``, which stands for an exit status it lacks."""
         proc = self.processes[i]
         if proc.returncode is None:
             proc.add([f"[shardkit] {why}"])
+            proc.lost_reason = f"lost: {why.split(': ', 1)[0]}"
             proc.exited(code)
 
     def poll(self) -> list[MirrorProcess]:

@@ -318,7 +318,7 @@ class Supervisor:
                                            "reported done; counted as finished")
                     w.finished = True
                     continue
-                return self._failure(attempt, w, exit_reason(code), code, None)
+                return self._failure(attempt, w, proc.lost_reason or exit_reason(code), code, None)
             self._notes += lingering(attempt, watches, now, self.ft)
             drivers = [w for w in watches.values() if w.driver]
             if drivers and all(w.finished for w in drivers):

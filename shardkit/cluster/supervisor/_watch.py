@@ -151,6 +151,8 @@ def unreported(w: _Watch) -> str | None:
     if w.done_at is not None or w.samples == 0:
         return None
     code = w.proc.returncode
+    if w.proc.lost_reason is not None:
+        return "lost without its last report"
     if code is not None and code >= 0:
         return None
     return exit_reason(code) if code is not None else "no exit status"
