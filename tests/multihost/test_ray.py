@@ -25,7 +25,9 @@ import pytest
 import yaml
 
 from tests.cluster.torchrun_tools import BATCH, EVERY, ROWS, effective_ids, records, write_ids_dataset
+from tests.multihost import partition
 from tests.multihost.netns import Host, Network
+from tests.multihost.partition import CUT_HOST_CLEAR_S, with_partition_bounds
 from tests.multihost.raycluster import QUICK_HEALTH, RayCluster, ray_cluster
 
 REPO = Path(__file__).resolve().parents[2]
@@ -236,26 +238,9 @@ def test_an_address_where_no_ray_answers_fails_within_seconds_naming_it(tmp_path
         assert not list(tmp_path.glob(f"{case}/logs/*/worker-*.log")), "no process of the job started"
 
 
-#: The partition case's bounds, small so that it runs in a few minutes: a role silent for 8 s stops the
-#: group; a node that has not heard from the trainer for 10 s ends the job's processes there.
-PARTITION = {"heartbeat_timeout": 8.0, "lost_job_timeout": 10.0, "collective_timeout": 30.0}
-#: The issue's bound: every process the job started on the cut host ends within this of the cut.
-CUT_HOST_CLEAR_S = 60.0
-
-
 def job_processes(host: Host, job_dir: Path) -> list[str]:
-    """What of the job runs on ``host``: its role processes (their environment names the job) and its Ray
-    actors (``ray::_RoleActor...``), as ``pid command``."""
-    found = []
-    for pid in host.pids():
-        try:
-            cmd = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-            raw = Path(f"/proc/{pid}/environ").read_bytes().decode(errors="replace")
-        except OSError:
-            continue
-        if cmd.startswith("ray::_RoleActor") or f"SHARDKIT_JOB_DIR={job_dir}\0" in raw + "\0":
-            found.append(f"{pid} {cmd.strip()[:120]}")
-    return found
+    """What of the job runs on ``host``: its role processes and its Ray actors (``ray::_RoleActor...``)."""
+    return partition.job_processes(host, job_dir, ("ray::_RoleActor",))
 
 
 def first_step(job_dir: Path, attempt: int) -> bool:
@@ -271,10 +256,8 @@ def test_a_partitioned_node_is_given_up_its_processes_end_and_the_group_resumes_
     actor within lost_job_timeout."""
     h0, h1 = net2.hosts
     with ray_cluster(net2, cpus=(2, 2)) as cluster:
-        config = ids_config(tmp_path, ids_dataset, {"name": "ray", "address": cluster.address, "grace": 2})
-        settings = yaml.safe_load(config.read_text())
-        settings["fault_tolerance"].update(PARTITION)
-        config.write_text(yaml.safe_dump(settings))
+        config = with_partition_bounds(
+            ids_config(tmp_path, ids_dataset, {"name": "ray", "address": cluster.address, "grace": 2}))
         job_dir = tmp_path / "job"
         proc = train(h0, config, cluster.env)
         on_h1 = watch(lambda: bool(role_envs(h1, job_dir)) and max_step(job_dir) > EVERY + 1
@@ -319,10 +302,8 @@ def test_a_node_cut_off_while_the_job_starts_is_given_up_and_the_group_starts_on
     again on h0, and the actor on h1, hearing nothing, ends."""
     h1 = net2.hosts[1]
     with ray_cluster(net2, cpus=(2, 2)) as cluster:
-        config = ids_config(tmp_path, ids_dataset, {"name": "ray", "address": cluster.address, "grace": 2})
-        settings = yaml.safe_load(config.read_text())
-        settings["fault_tolerance"].update(PARTITION)
-        config.write_text(yaml.safe_dump(settings))
+        config = with_partition_bounds(
+            ids_config(tmp_path, ids_dataset, {"name": "ray", "address": cluster.address, "grace": 2}))
         job_dir = tmp_path / "job"
         proc = train(net2.hosts[0], config, cluster.env)
         assert watch(lambda: bool(job_processes(h1, job_dir)), proc, 120), output(config)[-5000:]

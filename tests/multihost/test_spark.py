@@ -24,7 +24,9 @@ import pytest
 import yaml
 
 from tests.cluster.torchrun_tools import BATCH, ROWS, effective_ids, write_ids_dataset
+from tests.multihost import partition
 from tests.multihost.netns import Host, Network
+from tests.multihost.partition import CUT_HOST_CLEAR_S, with_partition_bounds
 from tests.multihost.spark_cluster import PORT, role_processes, start_cluster, start_daemon, wait_for
 
 REPO = Path(__file__).resolve().parents[2]
@@ -239,29 +241,11 @@ def test_a_driver_told_to_listen_on_loopback_for_a_remote_master_is_refused_nami
     assert time.monotonic() - started < 60
 
 
-#: The partition case's bounds, small so that it runs in a few minutes: a role silent for 8 s stops the
-#: stage; an executor's task that has not heard from the trainer for 10 s ends its process, and the
-#: executor gives up on the driver after about as long.
-PARTITION = {"heartbeat_timeout": 8.0, "lost_job_timeout": 10.0, "collective_timeout": 30.0}
-#: The issue's bound: every process the job started on the cut host ends within this of the cut.
-CUT_HOST_CLEAR_S = 60.0
-
-
 def job_processes(host: Host, job_dir: Path) -> list[str]:
-    """What of the job runs on ``host``, as ``pid command``: its role processes (their environment names the
-    job), the application's executor and its Python workers (the Spark worker daemon is the cluster's)."""
-    found = []
-    for pid in host.pids():
-        try:
-            cmd = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-            raw = Path(f"/proc/{pid}/environ").read_bytes().decode(errors="replace")
-        except OSError:
-            continue
-        ours = f"SHARDKIT_JOB_DIR={job_dir}\0" in raw + "\0"
-        if ours or any(part in cmd for part in ("CoarseGrainedExecutorBackend", "pyspark.daemon",
-                                                 "pyspark.worker")):
-            found.append(f"{pid} {cmd.strip()[:120]}")
-    return found
+    """What of the job runs on ``host``: its role processes, the application's executor and its Python
+    workers (the Spark worker daemon is the cluster's)."""
+    return partition.job_processes(host, job_dir, ("CoarseGrainedExecutorBackend", "pyspark.daemon",
+                                                   "pyspark.worker"))
 
 
 @pytest.mark.timeout(300)
@@ -273,10 +257,7 @@ def test_a_partitioned_worker_host_is_given_up_its_processes_end_and_the_stage_r
     on the driver."""
     h0 = net3.hosts[0]
     url = start_cluster(h0, net3.hosts, tmp_path / "spark")  # three one-core workers for two processes
-    config = ids_job(tmp_path, ids_dataset, url)
-    settings = yaml.safe_load(config.read_text())
-    settings["fault_tolerance"].update(PARTITION)
-    config.write_text(yaml.safe_dump(settings))
+    config = with_partition_bounds(ids_job(tmp_path, ids_dataset, url))
     job = tmp_path / "job"
     driver = train(h0, config)
     found: dict[int, tuple[Host, dict[str, str]]] = {}
