@@ -323,3 +323,56 @@ def test_a_node_cut_off_while_the_job_starts_is_given_up_and_the_group_starts_on
     summary = json.loads((job_dir / "summary.json").read_text())
     assert summary["status"] == "succeeded", summary
     assert effective_ids(job_dir)[0] == Counter(range(ROWS)), "every sample of the epoch exactly once"
+
+
+@pytest.mark.timeout(150)
+def test_a_head_cut_off_mid_job_fails_the_job_naming_the_address_before_ray_ends_the_trainer(
+        tmp_path: Path, ids_dataset: str, net2: Network) -> None:
+    """``shardkit train`` on h1 (a worker node), the head on h0, h0 cut off mid-job: no group can be
+    placed without the head, so the trainer fails the job once the head has been silent for
+    lost_job_timeout, naming engine.address and the partition, and writes the summary (status failed,
+    the samples of the newest checkpoint) well before Ray's core worker would end it (60 s without its
+    GCS); the actor on h1 ends with its process, the one on h0 by its watchdog."""
+    h0, h1 = net2.hosts
+    with ray_cluster(net2, cpus=(2, 2)) as cluster:
+        config = with_partition_bounds(
+            ids_config(tmp_path, ids_dataset, {"name": "ray", "address": cluster.address, "grace": 2}))
+        settings = yaml.safe_load(config.read_text())
+        settings["fault_tolerance"]["heartbeat_timeout"] = 15.0  # after the head's limit, as by default
+        config.write_text(yaml.safe_dump(settings))
+        job_dir = tmp_path / "job"
+        proc = train(h1, config, cluster.env)
+        on_both = watch(lambda: bool(role_envs(h0, job_dir)) and bool(role_envs(h1, job_dir))
+                        and max_step(job_dir) > EVERY + 1
+                        and any((job_dir / "checkpoints").glob("step-*/COMMIT")), proc, 120)
+        assert on_both, f"no worker on each node past a checkpoint:\n{output(config)[-5000:]}"
+        h0.cut()
+        cut_at = time.monotonic()
+        seen: dict[str, float] = {}
+        events = {"line": lambda: "stopped answering" in output(config),
+                  "exit": lambda: proc.poll() is not None,
+                  "h0 clear": lambda: not job_processes(h0, job_dir),
+                  "h1 clear": lambda: not job_processes(h1, job_dir)}
+        while len(seen) < len(events) and time.monotonic() - cut_at < 90:
+            for name, happened in events.items():
+                if name not in seen and happened():
+                    seen[name] = time.monotonic() - cut_at
+            time.sleep(0.1)
+        left = {h.name: job_processes(h, job_dir) for h in (h0, h1)}
+        code = finish(proc, config, 30)
+    text = output(config)
+    print(f"after the cut: {', '.join(f'{k} {v:.1f} s' for k, v in seen.items())}")
+    assert code == 1, text[-5000:]
+    address = re.escape(cluster.address)
+    assert re.search(rf"engine\.address='{address}': the Ray cluster's head \({address}\) stopped answering: "
+                     r"no connection from this trainer for \d+ s .*It is unreachable: a network partition",
+                     text), text[-5000:]
+    assert "Failed to connect to GCS" not in text, "Ray's end came first"
+    assert seen["exit"] < 55, f"the trainer ended {seen['exit']:.0f} s after the cut: Ray's bound is 60 s"
+    assert "h0 clear" in seen, f"still running after the cut: {left}"
+    assert "h1 clear" in seen, f"still running after the cut: {left}"
+    assert seen["h0 clear"] < CUT_HOST_CLEAR_S, seen
+    summary = json.loads((job_dir / "summary.json").read_text())
+    assert summary["status"] == "failed", summary
+    newest = max(int(p.parent.name.split("-")[1]) for p in (job_dir / "checkpoints").glob("step-*/COMMIT"))
+    assert summary["samples_kept"] == newest * BATCH * 2, (newest, summary)

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import logging
 import math
 import os
 import signal
 import socket
+import sys
 import threading
 import time
 from collections.abc import Iterator, Mapping, Sequence
@@ -39,6 +41,12 @@ _SETTLE_S = 5.0  # how long the alive nodes may stay unable to hold the group (a
 STOP_SLACK_S = 10.0
 _NODE_ID_LABEL = "ray.io/node-id"  # every node's label: its id (for a placement group's label selector)
 _RAY_CLIENT_PORT = 10001  # ray://HOST without a port
+#: The most seconds the head may stay silent before the job fails (`HeadWatch`): well under the minute
+#: after which Ray's core worker ends a driver that lost its GCS (``gcs_rpc_server_reconnect_timeout_s``,
+#: 60 s), leaving time to stop the group (``engine.grace`` + `STOP_SLACK_S`) and write the summary.
+HEAD_SILENCE_MAX_S = 20.0
+_HEAD_PROBE_S = 1.0  # how often, and how long each time, the head's GCS port is tried
+_HEAD_QUIET_S = 3.0  # silent this long, the head is not asked (no call that would wait on it)
 _LOOPBACK_ENV = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"  # "0": a local instance stays on 127.0.0.1
 
 
@@ -89,17 +97,23 @@ class _RoleActor:
         with self.lock:
             return self.runner.collect() if self.runner is not None else Update()
 
-    def stop(self, grace: float) -> Update:
+    def stop(self, grace: float, leave: bool = False) -> Update:
+        """Stop the process; ``leave``: then end this actor's process too, a moment after the answer
+        (the head is gone: Ray's own end for the actor, through the head, does not come)."""
         if self.watchdog is not None:
             self.watchdog.cancel()
-        with self.lock:
-            runner, self.runner = self.runner, None
-            if runner is None:
-                return Update()
-            try:
-                return runner.stop(grace)
-            finally:
-                runner.close()
+        try:
+            with self.lock:
+                runner, self.runner = self.runner, None
+                if runner is None:
+                    return Update()
+                try:
+                    return runner.stop(grace)
+                finally:
+                    runner.close()
+        finally:
+            if leave:
+                threading.Timer(0.5, os._exit, (0,)).start()
 
     def _lost(self) -> None:
         """The trainer is unreachable: stop the process, then end this actor's process (nobody is left to
@@ -121,13 +135,72 @@ def _node_ip() -> str:
     return ip
 
 
+class HeadWatch:
+    """Whether the Ray cluster's head answers this trainer: a thread tries a connection to its GCS port
+    (``host:port``) each second.
+
+    Ray's core worker ends a driver whose GCS has not answered for a minute, without a word the job
+    could log; once no connection has been accepted for ``limit`` seconds (``lost_job_timeout``, at most
+    `HEAD_SILENCE_MAX_S`) `check` raises a `JobError` naming ``engine.address`` (``given``) instead, and
+    the supervisor stops the group and writes the summary before Ray's end comes. The head gone, nothing
+    can be placed: the job fails rather than restart."""
+
+    def __init__(self, given: str, host: str, port: int, limit: float) -> None:
+        self.given, self.gcs, self.limit = given, protocol.format_addr(host, port), limit
+        self._target = (host, port)
+        self.heard = time.monotonic()
+        self._closed = threading.Event()
+        self._thread = threading.Thread(target=self._probe, name="shardkit-ray-head", daemon=True)
+        self._thread.start()
+
+    def _probe(self) -> None:
+        while not self._closed.is_set():
+            began = time.monotonic()
+            if _answers(*self._target, timeout=_HEAD_PROBE_S):
+                self.heard = began
+            self._closed.wait(max(0.0, _HEAD_PROBE_S - (time.monotonic() - began)))
+
+    def silent(self) -> float:
+        """Seconds since the head last accepted a connection (about 1 while it answers)."""
+        return time.monotonic() - self.heard
+
+    def check(self) -> None:
+        """Raise `JobError` when the head has been silent for ``limit`` seconds."""
+        silent = self.silent()
+        if silent < self.limit:
+            return
+        raise JobError(
+            f"engine.address={self.given!r}: the Ray cluster's head ({self.gcs}) stopped answering: no "
+            f"connection from this trainer for {silent:.0f} s (fault_tolerance.lost_job_timeout, at most "
+            f"{HEAD_SILENCE_MAX_S:g} s). It is unreachable: a network partition between this machine and "
+            "the head, or the head is down. Without the head no group can be placed, so the job fails, "
+            "before Ray would end this process (60 s without its head); the processes still answering "
+            "are stopped, and on the nodes cut off with the head each actor ends its process after "
+            "fault_tolerance.lost_job_timeout without a word from this trainer. Fix: check the head "
+            f"(`ray status --address {self.gcs}` on this machine) and the network to it, then run "
+            "`shardkit train` again: the job resumes from its newest checkpoint")
+
+    def wait(self) -> None:
+        """Return once the head answers (at once while it does); `check`'s `JobError` when it stays silent."""
+        while self.silent() >= _HEAD_QUIET_S:
+            self.check()
+            time.sleep(0.2)
+
+    def close(self) -> None:
+        self._closed.set()
+
+
 class RayGroup(MirrorGroup):
     """The processes of one attempt, each in a Ray actor; a thread polls the actors (see `RayEngine`)."""
 
     def __init__(self, ray: Any, processes: list[MirrorProcess], heartbeat_addr: str | None,
-                 grace: float, unreachable: set[str] | None = None) -> None:
+                 grace: float, unreachable: set[str] | None = None, *,
+                 head: HeadWatch | None = None) -> None:
         super().__init__(processes, heartbeat_addr)
         self.ray, self.grace = ray, grace
+        self.head = head  # None: not watched (a local instance, Ray Client)
+        #: the placement group `stop` left (the head silent then), for the engine to remove later
+        self.left_placement: Any = None
         #: hosts whose actors did not answer `stop` (the engine waits for Ray's verdict on them)
         self.unreachable = unreachable if unreachable is not None else set()
         self.actors: list[Any] = []
@@ -138,6 +211,13 @@ class RayGroup(MirrorGroup):
 
     def begin(self) -> None:
         self._thread.start()
+
+    def poll(self) -> list[MirrorProcess]:
+        """The processes that ended; a `JobError` once the head has been silent too long (`HeadWatch`):
+        the job cannot go on without it, and is not restarted."""
+        if self.head is not None:
+            self.head.check()
+        return super().poll()
 
     def _poll(self) -> None:
         # Every actor is called until `stop`, its process ended or not: the calls are what tells the
@@ -166,6 +246,10 @@ class RayGroup(MirrorGroup):
             for i, proc in enumerate(self.processes):
                 self.lost(i, f"polling the Ray actor of {proc.name} failed: {describe_error(e)}", code=1)
 
+    def _headless(self) -> bool:
+        """Whether the head has been silent for a few seconds: no call that waits on it is made then."""
+        return self.head is not None and self.head.silent() >= _HEAD_QUIET_S
+
     def _where(self, i: int) -> str:
         host = self.processes[i].host
         return f" (node {host})" if host else ""
@@ -180,6 +264,8 @@ class RayGroup(MirrorGroup):
         down, or cut off from the head), else Ray's error."""
         name, host = self.processes[i].name, self.processes[i].host
         with contextlib.suppress(Exception):
+            if self._headless():  # Ray's table of nodes is the head's: asking would wait for it
+                raise LookupError
             nodes = [n for n in self.ray.nodes() if n.get("NodeManagerAddress") == host]
             if host and nodes and not any(n.get("Alive") for n in nodes):
                 return (f"the Ray actor of {name} is lost: {_node_dead(host)}. What runs there ends "
@@ -195,10 +281,11 @@ class RayGroup(MirrorGroup):
         grace = self.grace if grace is None else grace
         self._done.set()
         if self._thread.is_alive():
-            self._thread.join()
-        ray = self.ray
+            self._thread.join(None if not self._headless() else 2 * _HEAD_QUIET_S)
+        ray, headless = self.ray, self._headless()
         try:
-            refs = {actor.stop.remote(grace): i for i, actor in enumerate(self.actors) if i not in self._gone}
+            refs = {actor.stop.remote(grace, headless): i for i, actor in enumerate(self.actors)
+                    if i not in self._gone}
             ready, late = ([], []) if not refs else ray.wait(list(refs), num_returns=len(refs),
                                                               timeout=grace + STOP_SLACK_S)
             for ref in ready:
@@ -221,13 +308,18 @@ class RayGroup(MirrorGroup):
                              "process there within fault_tolerance.lost_job_timeout of its last word from "
                              "this trainer")
         finally:
-            for actor in self.actors:  # its process gone, the parent-death signal takes the role with it
+            # Its process gone, the parent-death signal takes the role with it. Without the head, killing
+            # an actor or removing the placement group would wait on it: each actor that answered ends
+            # itself instead, and the placement group is left for the engine to remove once it answers.
+            for actor in self.actors if not headless else ():
                 with contextlib.suppress(Exception):
                     ray.kill(actor, no_restart=True)
-            if self.placement_group is not None:
+            if self.placement_group is not None and headless:
+                self.left_placement = self.placement_group
+            elif self.placement_group is not None:
                 with contextlib.suppress(Exception):
                     ray.util.remove_placement_group(self.placement_group)
-                self.placement_group = None
+            self.placement_group = None
             for i, proc in enumerate(self.processes):
                 if proc.returncode is None:
                     self.lost(i, "stopped with its Ray actor")
@@ -307,6 +399,12 @@ class RayEngine:
       reservation there to fail. On the cut-off node each actor's `Watchdog` ends the
       process and the actor after ``lost_job_timeout`` seconds without a call from the trainer, where
       Ray would leave them until the node's raylet gives up on the head.
+    - The head cut off from this trainer (a partition, the head down) is the end of the job: nothing can
+      be placed without it, and Ray's core worker ends a driver a minute after it lost its GCS. A
+      `HeadWatch` fails the job (`JobError`, naming ``address``) once the head has not accepted a
+      connection for ``lost_job_timeout`` seconds (at most `HEAD_SILENCE_MAX_S`); the group is stopped
+      without calls that would wait on the head (each actor that answers ends itself), and the
+      supervisor writes the summary, before Ray's end comes. The group is not started again.
     - Where the actors land decides the addresses: each actor reports its node's IP as Ray knows it
       (``ray start --node-ip-address``; never the host name's resolution, which is 127.0.x.1 on many
       hosts) and a free port, and the processes get rank 0's as ``MASTER_ADDR/MASTER_PORT``
@@ -343,6 +441,8 @@ class RayEngine:
         self.ray: Any = require("ray", extra="ray", purpose="engine: ray (the job's processes as Ray actors)")
         self._owned = False
         self._suspects: set[str] = set()  # nodes the last group's actors did not answer from
+        self._head: HeadWatch | None = None  # from the first group on a cluster (`_watch_head`)
+        self._last_group: RayGroup | None = None  # the last group (its placement may be left to remove)
 
     def check_job(self, config: JobConfig) -> None:
         """Refuse a job the local instance sized by ``num_cpus``/``num_gpus`` can never place (its actors
@@ -425,10 +525,15 @@ class RayEngine:
         self._connect(spec, resources)
         log_dir.mkdir(parents=True, exist_ok=True)
         mirrors = [MirrorProcess(proc, log_dir / f"{proc.name}.log") for proc in spec.processes]
-        group = RayGroup(ray, mirrors, spec.heartbeat_addr, self.grace, self._suspects)
+        lost_after = lost_job_timeout(spec)
+        head = self._watch_head(min(lost_after, HEAD_SILENCE_MAX_S))
+        if head is not None:
+            head.wait()  # a silent head: Ray's calls below would wait for it
+        self._remove_left()
+        group = RayGroup(ray, mirrors, spec.heartbeat_addr, self.grace, self._suspects, head=head)
+        self._last_group = group
         try:
             asks = [resources.get(proc.role, {}) for proc in spec.processes]
-            lost_after = lost_job_timeout(spec)
             group.placement_group = self._placement_group([bundle(ask) for ask in asks], resources, timeout,
                                                           self._avoid())
             from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
@@ -461,6 +566,27 @@ class RayEngine:
             raise
         group.begin()
         return group
+
+    def _watch_head(self, limit: float) -> HeadWatch | None:
+        """The `HeadWatch` of the cluster's GCS this process is connected to (``engine.address``
+        resolved, ``auto`` too), started with the first group; None for a local instance (no partition)
+        or Ray Client (``ray://``: its server speaks for the head)."""
+        if self._head is not None or self.address is None or self.address.startswith("ray://"):
+            return self._head
+        try:
+            host, port = protocol.parse_addr(str(self.ray.get_runtime_context().gcs_address))
+        except Exception:  # no GCS address to watch: the groups run unwatched
+            return None
+        self._head = HeadWatch(self.address, host, port, limit)
+        return self._head
+
+    def _remove_left(self) -> None:
+        """Remove the placement group the last group left while the head was silent (it answers now)."""
+        last, self._last_group = self._last_group, None
+        if last is not None and last.left_placement is not None:
+            with contextlib.suppress(Exception):
+                self.ray.util.remove_placement_group(last.left_placement)
+            last.left_placement = None
 
     def _started(self, group: RayGroup, started: list[Any], timeout: float, lost_after: float) -> None:
         """Wait for each actor's start of its process (its pid). An actor lost meanwhile (see `_answers`)
@@ -621,10 +747,30 @@ class RayEngine:
         return out
 
     def close(self) -> None:
-        """Shut down the local Ray instance this engine started (disconnect from a cluster it joined)."""
+        """Shut down the local Ray instance this engine started (disconnect from a cluster it joined).
+
+        From a head that has gone silent (`HeadWatch`) nothing is disconnected: ``ray.shutdown`` would
+        wait on it for good, then as now at this process's exit (Ray's ``atexit`` hook, taken off), and
+        Ray's teardown without its head crashes the process (SIGSEGV): so this process then ends at its
+        exit with status 1 (its job failed), before that teardown (`_exit_before_ray`)."""
+        headless = self._head is not None and self._head.silent() >= _HEAD_QUIET_S
+        if self._head is not None:
+            self._head.close()
         if self._owned:
             self._owned = False
-            self.ray.shutdown()
+            if headless:
+                atexit.unregister(self.ray.shutdown)
+                atexit.register(_exit_before_ray)
+            else:
+                self.ray.shutdown()
+
+
+def _exit_before_ray() -> None:
+    """End this process at its exit, status 1, before Ray's teardown (its head gone: `RayEngine.close`)."""
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):
+            stream.flush()
+    os._exit(1)
 
 
 def bundle(ask: Mapping[str, Any]) -> dict[str, float]:
