@@ -368,7 +368,7 @@ def test_a_head_cut_off_mid_job_fails_the_job_naming_the_address_before_ray_ends
                      r"no connection from this trainer for \d+ s .*It is unreachable: a network partition",
                      text), text[-5000:]
     assert "Failed to connect to GCS" not in text, "Ray's end came first"
-    assert seen["exit"] < 55, f"the trainer ended {seen['exit']:.0f} s after the cut: Ray's bound is 60 s"
+    assert seen.get("exit", 90) < 55, f"the trainer ended after the cut ({seen}): Ray's end comes at 60 s"
     assert "h0 clear" in seen, f"still running after the cut: {left}"
     assert "h1 clear" in seen, f"still running after the cut: {left}"
     assert seen["h0 clear"] < CUT_HOST_CLEAR_S, seen
