@@ -298,3 +298,53 @@ def test_a_partitioned_worker_host_is_given_up_its_processes_end_and_the_stage_r
     assert ids == Counter(dict.fromkeys(range(ROWS), 2)), "every sample of both epochs exactly once"
     *_, (_, world, start) = attempts
     assert (world, start >= 4) == (2, True), attempts
+
+
+@pytest.mark.timeout(240)
+def test_a_master_cut_off_mid_job_leaves_the_application_running_to_its_end(
+        net3: Network, tmp_path: Path, ids_dataset: str) -> None:
+    """The standalone master alone on h0, a one-core worker on h1 and on h2, ``shardkit train`` (the driver)
+    on h1; h0 cut off after the first checkpoint. A standalone application does not need its master once
+    its executors run (they talk to the driver): the stage goes on, the job ends as usual with every sample
+    trained once, and what it started (driver, executors, their Python workers, role processes) ends with
+    it, though the master never hears that the application ended."""
+    h0, h1, h2 = net3.hosts
+    url = start_cluster(h0, [h1, h2], tmp_path / "spark")
+    config = with_partition_bounds(ids_job(tmp_path, ids_dataset, url))
+    settings = yaml.safe_load(config.read_text())
+    settings["params"]["sleep"] = 1.0  # 40 steps: ~35 s of training after the cut
+    config.write_text(yaml.safe_dump(settings))
+    job = tmp_path / "job"
+    driver = train(h1, config)
+    found: dict[int, tuple[Host, dict[str, str]]] = {}
+
+    def checkpointed() -> bool:
+        found.update(role_processes(net3, job, 0))
+        done = len(found) == 2 and any((job / "checkpoints").glob("step-*/COMMIT"))
+        return done or driver.poll() is not None
+
+    wait_for("the first checkpoint", checkpointed, 150)
+    assert driver.poll() is None, finish(driver, config, 1)[1][-4000:]
+    assert {host.name for host, _ in found.values()} == {"h1", "h2"}, found
+    h0.cut()
+    cut_at = time.monotonic()
+    code, out = finish(driver, config, 150)
+    ended = time.monotonic() - cut_at
+
+    def left() -> list[str]:
+        return [f"{host.name}: {p}" for host in (h1, h2) for p in partition.job_processes(
+            host, job, ("SparkSubmit", "CoarseGrainedExecutorBackend", "pyspark.daemon", "pyspark.worker"))]
+
+    remaining = left()
+    while remaining and time.monotonic() - cut_at - ended < 90:
+        time.sleep(0.5)
+        remaining = left()
+    clear = time.monotonic() - cut_at - ended
+    print(f"after the cut: job ended {ended:.1f} s (exit {code}), its processes clear {clear:.1f} s later")
+    assert code == 0, out[-4000:]
+    summary = json.loads((job / "summary.json").read_text())
+    assert (summary["status"], summary["restarts"]) == ("succeeded", 0), summary
+    ids, _ = effective_ids(job)
+    assert ids == Counter(dict.fromkeys(range(ROWS), 2)), "every sample of both epochs exactly once"
+    assert not remaining, f"{clear:.0f} s after the job's end: {remaining}"
+    assert clear < CUT_HOST_CLEAR_S, f"{clear:.0f} s"
