@@ -136,6 +136,22 @@ def test_digits_on_a_standalone_cluster_across_two_hosts(net2: Network, tmp_path
     assert stats["test_accuracy"] > 0.5  # chance is 0.1
 
 
+def past_the_first_checkpoint(net: Network, job: Path, driver: subprocess.Popen[bytes], config: Path
+                              ) -> dict[int, tuple[Host, dict[str, str]]]:
+    """Wait until both role processes of attempt 0 run and the first checkpoint is committed; where each
+    runs (its host and environment), by rank. The driver still runs then (its output if not)."""
+    found: dict[int, tuple[Host, dict[str, str]]] = {}
+
+    def checkpointed() -> bool:
+        found.update(role_processes(net, job, 0))
+        done = len(found) == 2 and any((job / "checkpoints").glob("step-*/COMMIT"))
+        return done or driver.poll() is not None
+
+    wait_for("the first checkpoint", checkpointed, 150)
+    assert driver.poll() is None, finish(driver, config, 1)[1][-4000:]
+    return found
+
+
 @pytest.mark.timeout(240)
 def test_a_lost_worker_host_restarts_the_stage_from_the_checkpoint_on_what_remains(
         net3: Network, tmp_path: Path, ids_dataset: str) -> None:
@@ -144,15 +160,7 @@ def test_a_lost_worker_host_restarts_the_stage_from_the_checkpoint_on_what_remai
     config = ids_job(tmp_path, ids_dataset, url)
     job = tmp_path / "job"
     driver = train(h0, config)
-    found: dict[int, tuple[Host, dict[str, str]]] = {}
-
-    def checkpointed() -> bool:
-        found.update(role_processes(net3, job, 0))
-        done = len(found) == 2 and any((job / "checkpoints").glob("step-*/COMMIT"))
-        return done or driver.poll() is not None
-
-    wait_for("the first checkpoint", checkpointed, 150)
-    assert driver.poll() is None, finish(driver, config, 1)[1][-4000:]
+    found = past_the_first_checkpoint(net3, job, driver, config)
     check_bound_to_own_hosts(found)
     # a worker host loses power: its Spark worker, executor, Python workers and role process, all at once
     lost = next(host for host, _ in (found[1], found[0]) if host is not h0)  # not the master's and driver's
@@ -260,15 +268,7 @@ def test_a_partitioned_worker_host_is_given_up_its_processes_end_and_the_stage_r
     config = with_partition_bounds(ids_job(tmp_path, ids_dataset, url))
     job = tmp_path / "job"
     driver = train(h0, config)
-    found: dict[int, tuple[Host, dict[str, str]]] = {}
-
-    def checkpointed() -> bool:
-        found.update(role_processes(net3, job, 0))
-        done = len(found) == 2 and any((job / "checkpoints").glob("step-*/COMMIT"))
-        return done or driver.poll() is not None
-
-    wait_for("the first checkpoint", checkpointed, 150)
-    assert driver.poll() is None, finish(driver, config, 1)[1][-4000:]
+    found = past_the_first_checkpoint(net3, job, driver, config)
     cut = next(host for host, _ in (found[1], found[0]) if host is not h0)  # not the master's and driver's
     assert job_processes(cut, job)
     cut.cut()
@@ -316,15 +316,7 @@ def test_a_master_cut_off_mid_job_leaves_the_application_running_to_its_end(
     config.write_text(yaml.safe_dump(settings))
     job = tmp_path / "job"
     driver = train(h1, config)
-    found: dict[int, tuple[Host, dict[str, str]]] = {}
-
-    def checkpointed() -> bool:
-        found.update(role_processes(net3, job, 0))
-        done = len(found) == 2 and any((job / "checkpoints").glob("step-*/COMMIT"))
-        return done or driver.poll() is not None
-
-    wait_for("the first checkpoint", checkpointed, 150)
-    assert driver.poll() is None, finish(driver, config, 1)[1][-4000:]
+    found = past_the_first_checkpoint(net3, job, driver, config)
     assert {host.name for host, _ in found.values()} == {"h1", "h2"}, found
     h0.cut()
     cut_at = time.monotonic()
