@@ -90,6 +90,24 @@ def _end(proc: subprocess.Popen[bytes]) -> None:
             pipe.close()
 
 
+def _interrupt_once_imported(argv: list[str], module: str) -> tuple[int, list[str]]:
+    """Start ``argv``, send it SIGINT as soon as it imports ``module`` (its ``-X importtime`` lines on
+    stderr say when); its exit code and the rest of its stderr."""
+    read, write = os.pipe()
+    fcntl.fcntl(write, fcntl.F_SETPIPE_SZ, PAGE)
+    try:
+        proc = _start(argv, stderr=write)
+    finally:
+        os.close(write)
+    try:
+        assert module in _modules(read), f"{module} was never imported"
+        proc.send_signal(signal.SIGINT)
+        return _finish(proc, read)
+    finally:
+        _end(proc)
+        os.close(read)
+
+
 def _interrupted(code: int, lines: list[str], command: str) -> None:
     # 130: main's status. -SIGINT (which a shell reports as 130 too): Python ends itself with SIGINT at
     # exit once a KeyboardInterrupt went uncaught in code it ran with PyRun_* (Cython modules' import
@@ -105,19 +123,7 @@ def test_ctrl_c_while_modules_import(entry: str, after: str, tmp_path: Path) -> 
     """``start``: right after the module holding main imported (main's first lines); ``import``: while
     numpy's dependents (pyarrow, pandas) import, the first 0.4 s of any command. Both printed
     Python's KeyboardInterrupt traceback: the package imported them before main could catch it."""
-    read, write = os.pipe()
-    fcntl.fcntl(write, fcntl.F_SETPIPE_SZ, PAGE)
-    try:
-        proc = _start([*ENTRY[entry], "inspect", str(tmp_path / "missing")], stderr=write)
-    finally:
-        os.close(write)
-    try:
-        assert after in _modules(read), f"{after} was never imported"
-        proc.send_signal(signal.SIGINT)
-        code, lines = _finish(proc, read)
-    finally:
-        _end(proc)
-        os.close(read)
+    code, lines = _interrupt_once_imported([*ENTRY[entry], "inspect", str(tmp_path / "missing")], after)
     _interrupted(code, lines, "inspect")
 
 
@@ -132,19 +138,8 @@ def test_ctrl_c_while_a_torchrun_node_imports_torch(tmp_path: Path) -> None:
     config.write_text(f"name: j\nentrypoint: {script}\nframework: torch\nroles: {{worker: {{count: 1}}}}\n"
                       "engine: {name: torchrun, nnodes: 2, rdzv_endpoint: '127.0.0.1:29400'}\n"
                       f"logdir: {tmp_path / 'job'}\n")
-    read, write = os.pipe()
-    fcntl.fcntl(write, fcntl.F_SETPIPE_SZ, PAGE)
-    try:
-        proc = _start([*ENTRY["script"], "train", str(config), "--node-rank", "1"], stderr=write)
-    finally:
-        os.close(write)
-    try:
-        assert "torch.nn" in _modules(read), "torch was never imported"
-        proc.send_signal(signal.SIGINT)
-        code, lines = _finish(proc, read)
-    finally:
-        _end(proc)
-        os.close(read)
+    code, lines = _interrupt_once_imported([*ENTRY["script"], "train", str(config), "--node-rank", "1"],
+                                           "torch.nn")
     _interrupted(code, lines, "train")
     assert not (tmp_path / "job").exists(), "interrupted before the node prepared its logdir"
 
