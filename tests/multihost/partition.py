@@ -3,7 +3,9 @@ the bounds the job runs with, and what of the job still runs on the cut host."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import subprocess
+import time
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 import yaml
@@ -39,3 +41,16 @@ def job_processes(host: Host, job_dir: Path, commands: Sequence[str]) -> list[st
         if f"SHARDKIT_JOB_DIR={job_dir}\0" in raw + "\0" or any(part in cmd for part in commands):
             found.append(f"{pid} {cmd.strip()[:120]}")
     return found
+
+
+def when_seen(events: Mapping[str, Callable[[], bool]], since: float, job: subprocess.Popen[bytes],
+              limit: float) -> dict[str, float]:
+    """Seconds from ``since`` (``time.monotonic()``) until each of ``events`` first held, polled every
+    0.1 s while ``job`` runs, for at most ``limit`` seconds; an event that never held is left out."""
+    seen: dict[str, float] = {}
+    while len(seen) < len(events) and job.poll() is None and time.monotonic() - since < limit:
+        for name, happened in events.items():
+            if name not in seen and happened():
+                seen[name] = time.monotonic() - since
+        time.sleep(0.1)
+    return seen

@@ -27,7 +27,7 @@ import yaml
 from tests.cluster.torchrun_tools import BATCH, EVERY, ROWS, effective_ids, records, write_ids_dataset
 from tests.multihost import partition
 from tests.multihost.netns import Host, Network
-from tests.multihost.partition import CUT_HOST_CLEAR_S, with_partition_bounds
+from tests.multihost.partition import CUT_HOST_CLEAR_S, when_seen, with_partition_bounds
 from tests.multihost.raycluster import QUICK_HEALTH, RayCluster, ray_cluster
 
 REPO = Path(__file__).resolve().parents[2]
@@ -266,15 +266,10 @@ def test_a_partitioned_node_is_given_up_its_processes_end_and_the_group_resumes_
         assert job_processes(h1, job_dir), "the role process and its actor run on h1"
         h1.cut()
         cut_at = time.monotonic()
-        seen: dict[str, float] = {}
         events = {"notice": lambda: "attempt 0 failed" in output(config),
                   "resume": lambda: first_step(job_dir, 1),
                   "h1 clear": lambda: not job_processes(h1, job_dir)}
-        while len(seen) < len(events) and proc.poll() is None and time.monotonic() - cut_at < 150:
-            for name, happened in events.items():
-                if name not in seen and happened():
-                    seen[name] = time.monotonic() - cut_at
-            time.sleep(0.1)
+        seen = when_seen(events, cut_at, proc, 150)
         left = job_processes(h1, job_dir)
         code = finish(proc, config, 120)
     text = output(config)

@@ -26,7 +26,7 @@ import yaml
 from tests.cluster.torchrun_tools import BATCH, ROWS, effective_ids, write_ids_dataset
 from tests.multihost import partition
 from tests.multihost.netns import Host, Network
-from tests.multihost.partition import CUT_HOST_CLEAR_S, with_partition_bounds
+from tests.multihost.partition import CUT_HOST_CLEAR_S, when_seen, with_partition_bounds
 from tests.multihost.spark_cluster import PORT, role_processes, start_cluster, start_daemon, wait_for
 
 REPO = Path(__file__).resolve().parents[2]
@@ -274,16 +274,11 @@ def test_a_partitioned_worker_host_is_given_up_its_processes_end_and_the_stage_r
     cut.cut()
     cut_at = time.monotonic()
     out = config.parent / "train.out"
-    seen: dict[str, float] = {}
     events = {"notice": lambda: "attempt 0 failed" in out.read_text(errors="replace"),
               "resume": lambda: len(role_processes(net3, job, 1)) == 2 and any(
                   len(p.read_text().splitlines()) > 1 for p in (job / "ids").glob("attempt1-*.jsonl")),
               "cut host clear": lambda: not job_processes(cut, job)}
-    while len(seen) < len(events) and driver.poll() is None and time.monotonic() - cut_at < 200:
-        for name, happened in events.items():
-            if name not in seen and happened():
-                seen[name] = time.monotonic() - cut_at
-        time.sleep(0.1)
+    seen = when_seen(events, cut_at, driver, 200)
     left = job_processes(cut, job)
     code, text = finish(driver, config, 150)
     print(f"after the cut: {', '.join(f'{k} {v:.1f} s' for k, v in seen.items())}")
