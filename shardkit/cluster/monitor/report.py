@@ -13,7 +13,7 @@ from typing import Any, Literal
 from shardkit.job.masking import Masker
 
 __all__ = ["NO_STEP", "AttemptRecord", "CheckpointRecord", "Failure", "JobResult", "Status",
-           "exit_reason", "reached_step", "scrub"]
+           "exit_reason", "newest_checkpoint", "reached_step", "scrub"]
 
 Status = Literal["succeeded", "failed", "interrupted"]
 #: Said of a process that never reported a step: what ends the startup window, and what to look at.
@@ -90,6 +90,13 @@ class AttemptRecord:
     samples_lost: int = 0  # samples it trained past the checkpoint the next attempt resumed from
     # processes whose count may stop at their last heartbeat, as "worker-1 (killed by SIGKILL)"
     unreported: list[str] = dataclasses.field(default_factory=list)
+
+
+def newest_checkpoint(checkpoints: Iterable[CheckpointRecord],
+                      attempts: Iterable[AttemptRecord]) -> int | None:
+    """The step of the newest checkpoint a job wrote or its attempts resumed from (None: there is none)."""
+    steps = [c.step for c in checkpoints] + [a.resumed_from for a in attempts if a.resumed_from is not None]
+    return max(steps, default=None)
 
 
 def reached_step(attempts: Iterable[AttemptRecord]) -> int:
@@ -174,9 +181,7 @@ class JobResult:
     @property
     def newest_checkpoint(self) -> int | None:
         """The step of the newest checkpoint the job wrote or resumed from (None: there is none)."""
-        steps = [c.step for c in self.checkpoints] + [a.resumed_from for a in self.attempts
-                                                      if a.resumed_from is not None]
-        return max(steps, default=None)
+        return newest_checkpoint(self.checkpoints, self.attempts)
 
     @property
     def nothing_left(self) -> bool:

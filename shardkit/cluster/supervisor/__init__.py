@@ -29,6 +29,7 @@ from shardkit.cluster.monitor.report import (
     JobResult,
     Status,
     exit_reason,
+    newest_checkpoint,
     reached_step,
     scrub,
 )
@@ -400,8 +401,7 @@ class Supervisor:
         if status == "succeeded" or not self._attempts:
             return
         last = self._attempts[-1]
-        newest = max([c.step for c in self._checkpoints]
-                     + [a.resumed_from for a in self._attempts if a.resumed_from is not None], default=None)
+        newest = newest_checkpoint(self._checkpoints, self._attempts)
         last.samples_lost, _ = self._ledger.restart(last.samples, newest)
 
     def _result(self, status: Status) -> JobResult:
