@@ -4,6 +4,12 @@ Encoding and decoding run in a thread pool, one task per slice of `IMAGE_SLICE` 
 image costs as much as decoding a small one). PNG uses zlib level 1 (Petastorm's OpenCV default too):
 on training images it gives nearly the size of level 6 at several times the speed.
 
+Images that are PNG or JPEG already (``bytes``, ``bytearray``, ``memoryview`` values, an Arrow binary
+column) are written as they are, never decoded or encoded again, once their headers pass the checks a
+read makes (`encoded_problem`): the field's format, size (or `headers.max_image_pixels()` where it
+varies), channels and 8 bits. A column may mix them with pixels, value by value. A numpy array is always
+pixels (`ImageCodec.encode`).
+
 Decoding, for a fixed-shape field: the 8-bit PNGs filtered as OpenCV (hence Petastorm) writes them
 are decoded a slice at a time by `shardkit.dataset.codecs._png` (numpy, and one inflate call per
 image: faster than OpenCV). The rest of PNG goes through OpenCV's ``cv2.imdecode`` when ``cv2``
@@ -48,6 +54,7 @@ from shardkit.dataset.codecs.base import (
     Codec,
     as_masked,
     combine,
+    first_null,
     is_bytes_type,
     is_text_type,
     mask_of,
@@ -212,6 +219,101 @@ def open_image(data: bytes) -> ImageFile:
     raise UnidentifiedImageError("cannot identify image file")
 
 
+Given = Literal["column", "values"]  # encoded images of a file's column (convert), or values to write
+
+
+def copy_encoded(field: Field, arr: pa.Array, *, given: Given = "column") -> pa.Array:
+    """Encoded images as binary, as they are (never decoded, never encoded again), each checked as every
+    read of the field checks it (`encoded_problem`), so that what is written reads: an image a read
+    refuses is refused here, naming the row and the fix, before anything is committed, not at every read
+    after. ``given``: what the images are, for the fix a message names (`encoded_problem`)."""
+    if not (is_bytes_type(arr.type) or is_text_type(arr.type) or pa.types.is_null(arr.type)):
+        raise SchemaMismatchError(f"field {field.name!r} is declared as images, but its column holds "
+                                  f"{arr.type}, not encoded images; declare it as what it holds")
+    arr = arr.cast(pa.binary())
+    if arr.null_count and not field.nullable:
+        raise null_error(field, first_null(arr), "writing")
+    limit = headers.max_image_pixels()
+    for i, blob in enumerate(arr.to_pylist()):
+        problem = None if blob is None else encoded_problem(field, blob, i, limit, given=given)
+        if problem is not None:
+            raise SchemaMismatchError(f"field {field.name!r}: row {i} is {problem}")
+    return arr
+
+
+def encoded_problem(field: Field, blob: bytes, row: int, limit: int, *, given: Given = "column"
+                    ) -> str | None:
+    """Why the encoded image ``blob`` (row ``row``) cannot be stored as it is in image field ``field``;
+    None: it can.
+
+    By its header (`headers.claim`: bits per sample and colour type as stored, where Pillow's mode says
+    "RGB" for a 16-bit RGB PNG too; Pillow's lazy `open_image` for the rest), without Pillow's own
+    pixel limit (179 Mpx: shardkit's, ``limit``, is the one reads apply), and with the rules of
+    `headers.check_image`: the field's format and size, 8 bits, at most ``limit`` pixels where the size
+    varies, the field's channels. A palette image is decoded to the field's layout on read, so it is
+    taken in RGB and RGBA fields; in a grey one only if its pixels are greys, which only decoding tells
+    (`decode_image`, as a read: the one image decoded here). Opening checks the bytes Pillow parses
+    before the pixels; the pixels themselves are not decoded (that would cost a read).
+
+    An image in another format than the field's (a PNG in a JPEG field) is refused: every stored value of
+    a field is in its codec's format, which a decoder elsewhere (``decode=False``) may rely on. The fix
+    named for it, and for bytes that are no image, depends on what the bytes were ``given`` as: a column
+    of a file (`shardkit.dataset.convert`: declare the column as it is) or values to write
+    (`write_dataset`: or give the image's pixels, for the codec to encode).
+    """
+    fmt, shape = getattr(field.codec, "format", "").upper(), field.shape
+    channels = headers.field_channels(field)
+    holds = f"the field holds {fmt} images of shape {shape} ({headers.LAYOUTS[channels]})"
+    claimed = headers.claim(blob)
+    try:
+        with open_image(blob) as im:  # lazy: what Pillow parses before the pixels
+            found = pillow_claim(im) if claimed is None else claimed
+    except OSError as e:  # Pillow's for bytes of no format it knows, or cut short
+        fix = ("declare the column as what it holds" if given == "column" else
+               f"give an encoded {fmt} image as bytes, or the image's pixels as a uint8 numpy array")
+        return f"no PNG or JPEG image Pillow opens ({type(e).__name__}), but {holds}; {fix}"
+    got = f"a {found.format} image of {found.height}x{found.width} pixels, {found.bits}-bit {found.layout}"
+    if found.format != fmt:
+        if given == "column":
+            return f"{got}, but {holds}; declare it as the images are"
+        other = {"PNG": "png", "JPEG": "jpeg"}.get(found.format)
+        declare = f"declare the field with ImageCodec({other!r}) if its images are, or " if other else ""
+        return (f"{got}, but {holds}, and encoded images are stored as they are, never encoded again; "
+                f"{declare}give this image's pixels (a uint8 numpy array) for the field's codec to encode "
+                f"as {fmt}")
+    if shape[0] not in (None, found.height) or shape[1] not in (None, found.width):
+        fix = ("declare it as the images are" if given == "column" else
+               "resize the image before encoding it, or declare the field's height and width as None "
+               "(images of varying size)")
+        return f"{got}, but {holds}; {fix}"
+    refused = f"{got}, but {holds}, and every read would refuse it"
+    if found.bits > 8:
+        codec = "tensor" if field.fixed_shape else "ndarray"
+        return (f"{refused} (as uint8 it would lose its low bits). Convert the images to 8 bits before "
+                f"writing them, or write their pixels as uint16 arrays (Field({field.name!r}, 'uint16', "
+                f"{shape}, codec={codec!r}))")
+    problem = headers.over_limit(found, limit) if None in shape[:2] else None
+    if problem is not None:
+        return f"{got}: {problem} (set where the dataset is read too: every read checks it)"
+    layout = headers.LAYOUTS[channels]
+    convert_to = (f"convert the images to {layout} before writing them (Pillow: "
+                  f"image.convert({'L' if channels == 1 else layout!r}))")
+    if found.palette and channels == 1:
+        try:
+            decode_image(blob, field, row, limit)
+        except ImageShapeError:
+            return (f"{refused}: its colours are not greys. Declare the field as RGB (shape "
+                    f"{(*shape[:2], 3)}), or {convert_to}")
+        except CorruptDatasetError as e:
+            return f"{got} that does not decode ({e})"
+    elif found.channels != channels and not found.palette:
+        declared = (*shape[:2], found.channels)  # (a grey image here: a field of 3 dimensions)
+        fits = found.channels in (1, 3) or (found.channels == 4 and fmt == "PNG")
+        declare = f"declare the field's shape as {declared} if all its images are, or " if fits else ""
+        return f"{refused} (the field's images must stack); {declare}{convert_to}"
+    return None
+
+
 @dataclasses.dataclass(frozen=True)
 class ImageCodec(Codec):
     """Images as compressed bytes: ``ImageCodec("png")`` (lossless) or ``ImageCodec("jpeg", quality=90)``.
@@ -271,7 +373,22 @@ class ImageCodec(Codec):
         return buf.getvalue()
 
     def encode(self, field: Field, values: Any) -> pa.Array:
+        """Pixels (uint8 arrays in the field's shape) encoded in the codec's format, and images encoded
+        already (``bytes``, ``bytearray``, ``memoryview`` values, an Arrow binary column) stored as they
+        are, each checked by its header first (`encoded_problem`); a column may mix both, row by row.
+
+        A numpy array is always pixels: a 1-D uint8 array holding a PNG or JPEG is refused, naming
+        ``a.tobytes()`` (OpenCV's ``imencode`` gives such arrays; an ``(N, 1)`` one could be a grey image).
+        """
+        if isinstance(values, pa.Array | pa.ChunkedArray) and is_bytes_type(values.type):
+            return copy_encoded(field, combine(values), given="values")
         rows = rows_of(values)
+        stored = self._stored(field, rows)
+        if stored and len(stored) == len(rows):
+            return pa.array(list(stored.values()), type=pa.binary())
+        if stored:  # the stored rows' pixels' place in the checks below, dropped before encoding
+            placeholder = np.zeros(tuple(d or 1 for d in field.shape), np.uint8)
+            rows = [placeholder if i in stored else v for i, v in enumerate(rows)]
         if all(d is not None for d in field.shape):
             stacked, mask = stack_rows(field, rows, "writing")
             images: list[np.ndarray | None] = [None if mask is not None and mask[i] else stacked[i]
@@ -281,8 +398,38 @@ class ImageCodec(Codec):
                       for i, v in enumerate(rows)]
             if not field.nullable and any(v is None for v in images):
                 raise null_error(field, next(i for i, v in enumerate(images) if v is None), "writing")
+        for i in stored:
+            images[i] = None
         blobs = list(_pool().map(lambda a: None if a is None else self._encode_one(a), images))
+        for i, blob in stored.items():
+            blobs[i] = blob
         return pa.array(blobs, type=pa.binary())
+
+    def _stored(self, field: Field, rows: list[Any]) -> dict[int, bytes]:
+        """The rows of ``rows`` that are encoded images, as ``bytes``, once their headers passed
+        `encoded_problem`; raise `SchemaMismatchError` for one that does not, and for values that are
+        neither pixels nor bytes (text; a 1-D uint8 array holding a PNG or JPEG)."""
+        stored: dict[int, bytes] = {}
+        limit = headers.max_image_pixels()
+        for i, v in enumerate(rows):
+            if isinstance(v, bytes | bytearray | memoryview):
+                blob = v if type(v) is bytes else bytes(v)
+                problem = encoded_problem(field, blob, i, limit, given="values")
+                if problem is not None:
+                    raise SchemaMismatchError(f"field {field.name!r}: row {i} is {problem}")
+                stored[i] = blob
+            elif isinstance(v, str):
+                raise SchemaMismatchError(
+                    f"field {field.name!r}: row {i} is a str ({v[:20]!r}), not an image; give pixels as a "
+                    f"uint8 numpy array of shape {field.shape}, or an encoded PNG or JPEG as bytes")
+            elif (isinstance(v, np.ndarray) and v.ndim == 1 and v.dtype == np.uint8 and len(field.shape) > 1
+                  and (found := headers.claim(v)) is not None):
+                raise SchemaMismatchError(
+                    f"field {field.name!r}: row {i} is a 1-D uint8 array of {len(v)} bytes that holds a "
+                    f"{found.format} image, but a numpy array in an image field is pixels (of shape "
+                    f"{field.shape}); pass the encoded image as bytes (array.tobytes()) to store it as it "
+                    "is, or its decoded pixels")
+        return stored
 
     def _checked(self, field: Field, a: np.ndarray, row: int) -> np.ndarray:
         ok = a.ndim == len(field.shape) and all(

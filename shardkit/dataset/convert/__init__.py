@@ -21,17 +21,14 @@ import pyarrow.compute as pc
 from shardkit._storage.location import SUMMARY, Location
 from shardkit.dataset._dataset import Dataset
 from shardkit.dataset._field import Field
-from shardkit.dataset.codecs import headers
-from shardkit.dataset.codecs.base import combine, first_null, is_bytes_type, is_text_type, null_error
-from shardkit.dataset.codecs.image import decode_image, open_image, pillow_claim
+from shardkit.dataset.codecs.base import combine, first_null, is_bytes_type, null_error
+from shardkit.dataset.codecs.image import copy_encoded
 from shardkit.dataset.codecs.tensor import check_no_null_elements
 from shardkit.dataset.convert._sources import FORMATS, READ_ERRORS, Batches, Source, open_source, read_error
 from shardkit.dataset.open import open_location
 from shardkit.dataset.schema import Schema, field_from_arrow
 from shardkit.dataset.write import EncodedTables, Mode, write_dataset
 from shardkit.errors import (
-    CorruptDatasetError,
-    ImageShapeError,
     NotADatasetError,
     SchemaError,
     SchemaMismatchError,
@@ -318,7 +315,7 @@ def column(src: Field | None, dst: Field, values: pa.Array | pa.ChunkedArray) ->
     kind = "arrow" if src is None else src.codec.name
     same_format = src is not None and getattr(src.codec, "format", None) == getattr(dst.codec, "format", 0)
     if dst.codec.name == "image" and (kind in ("arrow", "scalar") or (kind == "image" and same_format)):
-        return _copied_images(dst, arr)
+        return copy_encoded(dst, arr)
     same = src is not None and (src.dtype, src.shape) == (dst.dtype, dst.shape)
     # a tensor's stored bytes fit its own codec only, its list layout a tensor's of either layout
     listed = kind == "tensor" and dst.codec.name == "tensor" and (
@@ -350,75 +347,3 @@ def _rows(values: np.ndarray) -> Any:
         return values
     nulls = np.asarray(np.ma.getmaskarray(values).reshape(len(values), -1).all(axis=1))
     return [None if null else row for null, row in zip(nulls, np.ma.getdata(values), strict=True)]
-
-
-def _copied_images(field: Field, arr: pa.Array) -> pa.Array:
-    """Encoded images as binary, each checked as every read of the field checks it (`_unreadable`), so
-    that what is written reads: an image a read refuses is refused here, naming the row and the fix,
-    before anything is committed, not at every read after."""
-    if not (is_bytes_type(arr.type) or is_text_type(arr.type) or pa.types.is_null(arr.type)):
-        raise SchemaMismatchError(f"field {field.name!r} is declared as images, but its column holds "
-                                  f"{arr.type}, not encoded images; declare it as what it holds")
-    arr = arr.cast(pa.binary())
-    if arr.null_count and not field.nullable:
-        raise null_error(field, first_null(arr), "writing")
-    limit = headers.max_image_pixels()
-    for i, blob in enumerate(arr.to_pylist()):
-        problem = None if blob is None else _unreadable(field, blob, i, limit)
-        if problem is not None:
-            raise SchemaMismatchError(f"field {field.name!r}: row {i} is {problem}")
-    return arr
-
-
-def _unreadable(field: Field, blob: bytes, row: int, limit: int) -> str | None:
-    """Why the encoded image ``blob`` (row ``row``) cannot be copied into image field ``field``; None: it
-    can.
-
-    By its header (`headers.claim`: bits per sample and colour type as stored, where Pillow's mode says
-    "RGB" for a 16-bit RGB PNG too; Pillow's lazy `open_image` for the rest), without Pillow's own
-    pixel limit (179 Mpx: shardkit's, ``limit``, is the one reads apply), and with the rules of
-    `headers.check_image`: the field's format and size, 8 bits, at most ``limit`` pixels where the size
-    varies, the field's channels. A palette image is decoded to the field's layout on read, so it is
-    taken in RGB and RGBA fields; in a grey one only if its pixels are greys, which only decoding tells
-    (`decode_image`, as a read: the one image decoded here). Opening checks the bytes Pillow parses
-    before the pixels, as before; the pixels themselves are not decoded (that would cost a read).
-    """
-    fmt, shape = getattr(field.codec, "format", "").upper(), field.shape
-    channels = headers.field_channels(field)
-    holds = f"the field holds {fmt} images of shape {shape} ({headers.LAYOUTS[channels]})"
-    claimed = headers.claim(blob)
-    try:
-        with open_image(blob) as im:  # lazy: what Pillow parses before the pixels, checked as before
-            found = pillow_claim(im) if claimed is None else claimed
-    except OSError as e:  # Pillow's for bytes of no format it knows, or cut short
-        return (f"no PNG or JPEG image Pillow opens ({type(e).__name__}), but {holds}; declare the column "
-                "as what it holds")
-    got = f"a {found.format} image of {found.height}x{found.width} pixels, {found.bits}-bit {found.layout}"
-    if found.format != fmt or shape[0] not in (None, found.height) or shape[1] not in (None, found.width):
-        return f"{got}, but {holds}; declare it as the images are"
-    refused = f"{got}, but {holds}, and every read would refuse it"
-    if found.bits > 8:
-        codec = "tensor" if field.fixed_shape else "ndarray"
-        return (f"{refused} (as uint8 it would lose its low bits). Convert the images to 8 bits before "
-                f"writing them, or write their pixels as uint16 arrays (Field({field.name!r}, 'uint16', "
-                f"{shape}, codec={codec!r}))")
-    problem = headers.over_limit(found, limit) if None in shape[:2] else None
-    if problem is not None:
-        return f"{got}: {problem} (set where the dataset is read too: every read checks it)"
-    layout = headers.LAYOUTS[channels]
-    convert_to = (f"convert the images to {layout} before writing them (Pillow: "
-                  f"image.convert({'L' if channels == 1 else layout!r}))")
-    if found.palette and channels == 1:
-        try:
-            decode_image(blob, field, row, limit)
-        except ImageShapeError:
-            return (f"{refused}: its colours are not greys. Declare the field as RGB (shape "
-                    f"{(*shape[:2], 3)}), or {convert_to}")
-        except CorruptDatasetError as e:
-            return f"{got} that does not decode ({e})"
-    elif found.channels != channels and not found.palette:
-        declared = (*shape[:2], found.channels)  # (a grey image here: a field of 3 dimensions)
-        fits = found.channels in (1, 3) or (found.channels == 4 and fmt == "PNG")
-        declare = f"declare the field's shape as {declared} if all its images are, or " if fits else ""
-        return f"{refused} (the field's images must stack); {declare}{convert_to}"
-    return None

@@ -18,7 +18,8 @@ Anything else (decimal, map, struct, interval, variant, arrays of strings) is a 
 the column: cast it to one of the above or drop it. Fixed shapes and images are never guessed; declare
 them in a `Schema`, and give their values as Spark arrays, either flat (``H*W*C`` numbers per row) or
 nested as deep as the shape. Arrays must not hold null elements; a whole row may be null when the
-field is nullable.
+field is nullable. An image field's column may be binary instead: encoded PNG or JPEG images, stored as
+they are (`shardkit.dataset.codecs.image.ImageCodec.encode`).
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from shardkit.dataset._field import Field
-from shardkit.dataset.codecs.base import cast_array
+from shardkit.dataset.codecs.base import cast_array, is_bytes_type
 from shardkit.dataset.schema import Schema
 from shardkit.errors import SchemaError, SchemaMismatchError, require
 
@@ -137,10 +138,14 @@ def column_for_field(field: Field, arr: pa.Array) -> Any:
                 f"declare its shape, e.g. Field({field.name!r}, {field.dtype_name!r}, (None,))"
             )
         return arr
+    if field.codec.name == "image" and is_bytes_type(arr.type):
+        return arr  # encoded PNG/JPEG, stored as they are once their headers are checked (ImageCodec.encode)
     if not depth:
         raise SchemaMismatchError(
             f"field {field.name!r} is declared with shape {field.shape} but the Spark column holds "
             f"{arr.type}, not arrays; give each row an array of numbers"
+            + (", or the image encoded as PNG or JPEG (a binary column)" if field.codec.name == "image"
+               else "")
         )
     return _array_rows(field, arr, depth)
 
