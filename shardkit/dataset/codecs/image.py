@@ -209,7 +209,10 @@ def open_image(data: bytes) -> ImageFile:
         load_plugins()
         for name in list(Image.ID):
             factory, accept = Image.OPEN[name]
-            accepted = accept is None or accept(prefix)
+            try:
+                accepted = accept is None or accept(prefix)
+            except (struct.error, IndexError):  # a prefix too short for its check (DIB's on b""): not it
+                continue
             if not accepted or isinstance(accepted, str):  # a str: a format it is not (Pillow's warning)
                 continue
             try:

@@ -105,11 +105,12 @@ def check_spark_columns(schema: Schema, spark_schema: Any) -> None:
                 f"{where} is declared with shape () but holds arrays; declare its shape, "
                 f"e.g. Field({f.name!r}, {f.dtype_name!r}, (None,))"
             )
-        if f.shape and not depth:
+        if f.shape and not depth and not (f.codec.name == "image" and dtype == "bytes"):
             raise SchemaMismatchError(
                 f"{where} is declared with shape {f.shape} but holds single values; give each row an array "
                 f"of numbers (flat, or nested {len(f.shape)} deep)"
-                + (", not encoded image bytes" if f.codec.name == "image" else "")
+                + (", or the image encoded as PNG or JPEG (a binary column)" if f.codec.name == "image"
+                   else "")
             )
 
 
