@@ -15,7 +15,8 @@
     ├── SchemaError                   (also ValueError)         a schema, field or codec invalid in itself
     │   └── SchemaMismatchError                                 data that does not fit the declared schema
     ├── ReaderError                   (also ValueError)         bad reader arguments or resume state
-    │   └── UnknownArgumentError      (also TypeError)          a keyword a reader function does not take
+    │   ├── UnknownArgumentError      (also TypeError)          a keyword a reader function does not take
+    │   └── TransformError                                      a per-sample transform raised, hung or died
     ├── AdapterError                  (also ValueError)         a field or device an adapter cannot serve
     ├── ConfigError                   (also ValueError)         a job config key missing, unknown or wrong
     │   ├── EngineUnreachableError                              a cluster engine's address does not answer
@@ -76,6 +77,7 @@ __all__ = [
     "StorageOptionsError",
     "TableVersionError",
     "TimeZoneWarning",
+    "TransformError",
     "UnknownArgumentError",
     "UnsafePickleError",
     "UnsupportedTableError",
@@ -178,6 +180,14 @@ class UnknownArgumentError(ReaderError, TypeError):
     """Raised for keyword arguments a reader function does not take, before it runs: Petastorm's names
     (``cur_shard``, ``schema_fields``, ...) with what shardkit takes instead, other names with the closest
     ones it takes. A ``TypeError`` too, as Python's own error for an unexpected keyword is."""
+
+
+class TransformError(ReaderError):
+    """Raised when a reader's per-sample transform (``transform=``) fails a batch: it raised on a sample
+    (under ``on_error="raise"``; the original exception is chained), returned something other than a
+    dict, returned a field whose shape or dtype differs from sample to sample, took longer than
+    ``transform_timeout``, or its worker process died. The message names the sample (dataset, row group,
+    row) and the fix."""
 
 
 class AdapterError(ShardkitError, ValueError):
