@@ -99,6 +99,21 @@ def test_every_input_kind_stores_the_jpegs_byte_for_byte(tmp_path: Path, jpegs: 
             assert np.array_equal(got, pillow(blob)), name
 
 
+def test_batches_of_encoded_images_as_a_reader_gives_them_undecoded(tmp_path: Path,
+                                                                    jpegs: list[bytes]) -> None:
+    """A dict of numpy columns whose image column is a 1-D object array of bytes (a reader's batch with
+    ``decode=False``) is a batch, not one row: with the schema, as ``iter(reader)`` is written back."""
+    schema = Schema([Field("id", "int64"), image_field()])
+    batches = []
+    for k in (0, 3):
+        column = np.empty(3, object)
+        column[:] = jpegs[k:k + 3]
+        batches.append({"id": np.arange(k, k + 3), "image": column})
+    ds = shardkit.write_dataset(iter(batches), tmp_path / "ds", schema=schema)
+    assert ds.num_rows == len(jpegs)
+    assert stored(ds.url) == jpegs
+
+
 def test_a_column_mixes_pixels_bytes_and_nulls_row_by_row(tmp_path: Path, jpegs: list[bytes]) -> None:
     """Bytes are stored as they are; pixels are encoded by the codec, as a column of pixels alone is."""
     rng = np.random.default_rng(1)

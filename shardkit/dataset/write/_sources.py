@@ -9,7 +9,9 @@ Inside an iterable a mapping is a batch when all its values are Arrow arrays, an
 is no array (a number, a string) or the arrays differ in their first dimension. A mapping whose values
 are all numpy arrays of one first dimension ``n`` reads two ways: one row whose fields are tensors of
 shape ``(n, ...)``, or a batch of ``n`` rows (`item_kind`). The schema decides, by each field's number of
-dimensions; without one the input is refused, naming both readings and the fix.
+dimensions (an image field's column of encoded images, a 1-D object array of ``bytes`` as a reader gives
+it with ``decode=False``, is a batch's); without one the input is refused, naming both readings and the
+fix.
 Large inputs are cut into batches of at most ``BATCH_ROWS`` rows so that memory stays bounded by a row
 group, not by the input.
 """
@@ -22,6 +24,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
+from shardkit.dataset._field import Field
 from shardkit.dataset.schema import Schema
 from shardkit.errors import SchemaError, SchemaMismatchError
 
@@ -132,7 +135,8 @@ def item_kind(item: Any, schema: Schema | None, offset: int = 0) -> str:
     n = len(values[0])
     if schema is not None:
         dims = {name: len(schema[name].shape) for name in item if name in schema}
-        if dims and all(item[name].ndim > k for name, k in dims.items()):
+        if dims and all(item[name].ndim > k or _encoded_images(schema[name], item[name])
+                        for name, k in dims.items()):
             return "batch"
         return "row"
     first, array = next(iter(item.items()))
@@ -192,6 +196,15 @@ def whole_columns(data: Any) -> Mapping[str, Any] | None:
     if isinstance(data, Mapping):
         return data
     return None
+
+
+def _encoded_images(field: Field, values: np.ndarray) -> bool:
+    """Whether ``values`` is a column of encoded images of image field ``field``: a 1-D object array of
+    ``bytes`` (and None), as a reader gives an image field it does not decode. A row's image is never one
+    (its pixels are a uint8 array of 2 or 3 dimensions, its encoded bytes no array)."""
+    if field.codec.name != "image" or values.dtype != object or values.ndim != 1:
+        return False
+    return all(v is None or isinstance(v, bytes | bytearray | memoryview) for v in values)
 
 
 def _of_arrow(item: Mapping[str, Any]) -> bool:
