@@ -286,3 +286,26 @@ def test_a_decoder_not_installed_names_the_extra(monkeypatch: pytest.MonkeyPatch
         assert _jpeg.resolve_decoder("auto") == "pillow"
     finally:
         _jpeg._library.cache_clear()
+
+
+# --- the benchmark -----------------------------------------------------------------------------------
+
+
+@pytest.mark.timeout(300)
+def test_decoders_benchmark_quick_runs() -> None:
+    """`python -m benchmarks.decoders --quick` runs every installed decoder to the end, every default
+    decode with Pillow's pixels, and leaves the committed results alone."""
+    import subprocess
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    results = root / "benchmarks" / "results"
+    before = {p.name: p.stat().st_mtime_ns for p in results.glob("*.json")}
+    proc = subprocess.run([sys.executable, "-m", "benchmarks.decoders", "--quick"], cwd=root,
+                          capture_output=True, text=True, timeout=240, check=False)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    for name in ["shardkit-general", *INSTALLED, *(f"{n}-1/2" for n in INSTALLED)]:
+        line = next(ln for ln in proc.stdout.splitlines() if ln.startswith(f"| {name} "))
+        assert line.rstrip(" |").endswith("64/64"), line
+    after = {p.name: p.stat().st_mtime_ns for p in results.glob("*.json")}
+    assert after == before, "a --quick run must not touch the committed results"
