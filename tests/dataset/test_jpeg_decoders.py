@@ -279,13 +279,13 @@ def test_bad_arguments_are_named() -> None:
 
 def test_a_decoder_not_installed_names_the_extra(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setitem(sys.modules, "simplejpeg", None)  # import simplejpeg: ImportError
-    _jpeg._library.cache_clear()
+    _jpeg._installed.cache_clear()
     try:
         with pytest.raises(MissingDependencyError, match=r"pip install 'shardkit\[image\]'"):
             _jpeg.resolve_decoder("simplejpeg")
         assert _jpeg.resolve_decoder("auto") == "pillow"
     finally:
-        _jpeg._library.cache_clear()
+        _jpeg._installed.cache_clear()
 
 
 # --- the benchmark -----------------------------------------------------------------------------------

@@ -226,6 +226,7 @@ def _decode_into(decode: _Decode | None, blob: np.ndarray, found: headers.Claim,
         dst[...] = pixels.reshape(dst.shape)
 
 
+@cache  # a failed import is not cached by Python: without this, "auto" would retry it on every call
 def _installed(name: str) -> bool:
     try:
         _library(name)
@@ -234,7 +235,6 @@ def _installed(name: str) -> bool:
     return True
 
 
-@cache
 def _library(name: str) -> object:
     if name == "simplejpeg":
         import simplejpeg
