@@ -141,6 +141,37 @@ def test_exif_orientation_is_not_applied(decoder: str) -> None:
     np.testing.assert_array_equal(out[0], pillow(blob))
 
 
+@pytest.mark.parametrize("subsampling", ["444", "422", "420", "440", "411"])
+def test_every_chroma_subsampling_libjpeg_turbo_writes(subsampling: str) -> None:
+    """JPEGs written by another encoder (TurboJPEG's, through simplejpeg), with the subsamplings Pillow
+    cannot write (4:4:0, 4:1:1) too: every decoder gives Pillow's pixels."""
+    simplejpeg = pytest.importorskip("simplejpeg")
+    pixels = photo(np.random.default_rng(8), 37, 53, 3)
+    blob = simplejpeg.encode_jpeg(pixels, 85, "RGB", subsampling)
+    for decoder in DECODERS:
+        np.testing.assert_array_equal(_jpeg.decode_jpeg_one(blob, 3, decoder), pillow(blob))  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("decoder", DECODERS)
+def test_threads_decode_their_slices_at_once(decoder: str) -> None:
+    """As decode_images runs it: slices of one column in a thread pool, into one output array."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    rng = np.random.default_rng(9)
+    blobs = [jpeg(photo(rng, 32, 32, 3), quality=int(q)) for q in rng.integers(30, 100, 64)]
+    data, starts, ends = column(blobs)
+    out = np.zeros((len(blobs), 32, 32, 3), np.uint8)
+
+    def run(lo: int) -> np.ndarray:
+        return _jpeg.decode_jpegs(data, starts[lo : lo + 8], ends[lo : lo + 8], out, channels=3,
+                                  decoder=decoder, rows=np.arange(lo, lo + 8))  # type: ignore[arg-type]
+
+    with ThreadPoolExecutor(4) as pool:
+        assert all(done.all() for done in pool.map(run, range(0, len(blobs), 8)))
+    for blob, got in zip(blobs, out, strict=True):
+        np.testing.assert_array_equal(got, pillow(blob))
+
+
 # --- what is left to the general path --------------------------------------------------------------
 
 
