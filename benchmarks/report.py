@@ -28,6 +28,9 @@ ABOUT = {
              "the cost of writing page checksums (the `-nocrc` row).",
     "tables": "Delta Lake and Iceberg tables read in place beside the same files read as a plain folder and "
               "Ray Data's own readers; opening and planning tables of 1,000 and 10,000 files.",
+    "images": "JPEG pipelines (decode + augment, decode only, raw bytes) in shardkit beside LitData and "
+              "Mosaic Streaming on the same JPEG bytes: images/s, first batch, memory, CPU, shuffle reach, "
+              "resume, and converting the JPEGs.",
     "adapters": "the PyTorch, TensorFlow and JAX adapters beside the reader they wrap and their peers.",
     "train": "a real training job's samples/s with shardkit's reader and supervisor beside a bare loop.",
     "engines": "one job on every engine (local, torchrun, Ray, Spark, across hosts): first step, "

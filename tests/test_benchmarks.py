@@ -125,3 +125,44 @@ def test_saved_results_name_no_path_of_the_machine(tmp_path: Path) -> None:
     assert f"{Path.home()}/" not in text, text
     assert 'File \\"benchmarks/common.py\\"' in text, text
     assert 'File \\"~/.cache/venv/lib/x.py\\"' in text, text
+
+
+def test_images_benchmark_quick_runs_shardkit_without_the_peers_venv(tmp_path: Path) -> None:
+    env = {**os.environ, "SHARDKIT_BENCH_DIR": str(tmp_path)}
+    proc = subprocess.run(
+        [sys.executable, "-m", "benchmarks.images", "--quick"],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=240, check=False,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    for mode in ("augment", "decode", "raw"):
+        assert re.search(rf"^\| {mode} +\| shardkit +\| +[\d,]+ ", proc.stdout, re.M), proc.stdout
+    assert "600 / 600" in proc.stdout  # the JPEG bytes stored as they are
+    assert re.search(r"^\| shardkit +\| 1 batches .*\| yes +\|", proc.stdout, re.M), proc.stdout  # resume
+    assert "failed" not in proc.stdout
+    assert not (tmp_path / "images-venv").exists()
+
+
+def test_images_benchmark_shuffle_figures_and_crop() -> None:
+    import numpy as np
+
+    from benchmarks import images, images_aug
+
+    n = 10 * images.UNIT
+    layout = {"position": list(range(n)), "unit": [i // images.UNIT for i in range(n)]}
+    in_order = [list(range(a, min(a + images.BATCH, n))) for a in range(0, n, images.BATCH)]
+    assert images.shuffle_quality(in_order, layout)["units_per_batch"] < 1.2
+    assert images.shuffle_quality(in_order, layout)["gap_vs_uniform"] < 0.01
+    uniform = images.uniform_quality(layout)
+    assert uniform["units_per_batch"] > 9.5
+    assert 0.9 < uniform["gap_vs_uniform"] < 1.1
+    rng = np.random.default_rng(0)
+    for _ in range(200):
+        top, left, h, w = images_aug.crop_box(256, 256, rng)
+        assert 0 < h <= 256 - top
+        assert 0 < w <= 256 - left
+        assert min(top, left) >= 0
+    img = images_aug.decode_array(images_aug.photo(1))
+    assert img.shape == (256, 256, 3)
+    out = images_aug.augment({"image": img, "id": 1}, rng)
+    assert tuple(out["image"].shape) == (3, 224, 224)
+    assert str(out["image"].dtype) == "torch.uint8"
