@@ -27,6 +27,7 @@ from shardkit import Field, ImageCodec, Schema
 from shardkit.cli import main
 from shardkit.dataset.codecs import headers
 from shardkit.dataset.verify import verify_dataset
+from shardkit.dataset.write._sources import BATCH_BYTES, BATCH_ROWS, iter_batches
 from shardkit.errors import SchemaMismatchError
 from tests.dataset.conftest import assert_nothing_written
 from tests.dataset.test_decode_images import png16
@@ -319,3 +320,16 @@ def test_write_spark_stores_a_binary_column_of_jpegs_as_it_is(spark: Any, tmp_pa
     bad = spark.createDataFrame([(0, bytearray(b"junk"))], "id long, image binary")
     with pytest.raises(SchemaMismatchError, match="field 'image': row 0 is no PNG or JPEG image"):
         write_spark(bad, str(tmp_path / "bad"), schema=schema)
+
+
+def test_a_stream_of_rows_is_cut_into_batches_by_their_bytes_too() -> None:
+    """Row dicts are gathered into batches of at most ``BATCH_ROWS`` rows and about ``BATCH_BYTES`` of
+    blobs and arrays: 4,096 photos of 1 MB would be 4 GB held at once (and copied) before a row group
+    of 16 MiB is written."""
+    blob = bytes(1 << 20)
+    rows = ({"id": i, "image": blob} for i in range(40))
+    sizes = [n for _, n in iter_batches(rows)]
+    assert sum(sizes) == 40
+    assert max(sizes) == BATCH_BYTES >> 20
+    small = [n for _, n in iter_batches({"id": i, "image": b"x"} for i in range(BATCH_ROWS + 1))]
+    assert small == [BATCH_ROWS, 1]

@@ -13,7 +13,8 @@ dimensions (an image field's column of encoded images, a 1-D object array of ``b
 it with ``decode=False``, is a batch's); without one the input is refused, naming both readings and the
 fix.
 Large inputs are cut into batches of at most ``BATCH_ROWS`` rows so that memory stays bounded by a row
-group, not by the input.
+group, not by the input; a stream of row dicts also at about ``BATCH_BYTES`` of arrays and blobs (4,096
+rows of 24 KB JPEGs would be 100 MB a batch, of 1 MB photos 4 GB).
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from shardkit.dataset.schema import Schema
 from shardkit.errors import SchemaError, SchemaMismatchError
 
 BATCH_ROWS = 4096
+BATCH_BYTES = 8 << 20  # row dicts: a batch ends past this many bytes of numpy arrays and bytes values
 Batch = tuple[Mapping[str, Any], int]
 
 
@@ -99,7 +101,7 @@ def _from_rows(first: Mapping[str, Any], rest: Iterator[Any], offset: int,
     names = list(first)
     cols: dict[str, list[Any]] = {n: [] for n in names}
     row: Any = first
-    count = 0
+    count = size = 0
     while True:
         if set(row) != set(names):
             missing, extra = sorted(set(names) - set(row)), sorted(set(row) - set(names))
@@ -108,10 +110,15 @@ def _from_rows(first: Mapping[str, Any], rest: Iterator[Any], offset: int,
                 "every row dict needs the same keys"
             )
         for n in names:
-            cols[n].append(row[n])
+            value = row[n]
+            cols[n].append(value)
+            if isinstance(value, np.ndarray | memoryview):
+                size += value.nbytes
+            elif isinstance(value, bytes | bytearray):
+                size += len(value)
         count += 1
         row = next(rest, _END)
-        if count >= BATCH_ROWS or item_kind(row, schema, offset + count) != "row":
+        if count >= BATCH_ROWS or size >= BATCH_BYTES or item_kind(row, schema, offset + count) != "row":
             return (cols, count), row
 
 
@@ -220,4 +227,5 @@ def is_row(item: Any) -> bool:
     )
 
 
-__all__ = ["BATCH_ROWS", "column_names", "is_row", "item_kind", "iter_batches", "whole_columns"]
+__all__ = ["BATCH_BYTES", "BATCH_ROWS", "column_names", "is_row", "item_kind", "iter_batches",
+           "whole_columns"]
