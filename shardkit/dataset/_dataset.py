@@ -395,6 +395,11 @@ class Dataset:
                 variable.append(name)
         return fixed + sum(max(8, b) for b in self._plain_bytes_per_row(variable).values())
 
+    def encoded_row_bytes(self, columns: Sequence[str]) -> int:
+        """About how many bytes one row of ``columns`` takes as stored, uncompressed (an image: its JPEG
+        or PNG bytes), from the first row group with rows."""
+        return sum(self._plain_bytes_per_row(list(columns)).values())
+
     def _plain_bytes_per_row(self, names: Sequence[str]) -> dict[str, int]:
         out = dict.fromkeys(names, 0)
         k, rg = next(((k, rg) for k, rg in enumerate(self.row_groups) if rg.num_rows), (0, None))

@@ -38,9 +38,9 @@ PETASTORM: dict[str, str] = {
     "shuffle_rows": "shuffle=",
     "shuffle_row_drop_partitions": "shuffle_buffer= (rows shuffled together, in memory)",
     "workers_count": "workers= (decoding threads)",
-    "reader_pool_type": "nothing: shardkit decodes in threads, since Arrow, numpy and the image "
-                        "codecs release the GIL; for processes use shardkit.torch.ShardkitIterableDataset "
-                        "with DataLoader(num_workers=k)",
+    "reader_pool_type": "transform_workers= (processes that decode images and run transform=; "
+                        "reading is in threads, since Arrow and numpy release the GIL), or "
+                        "shardkit.torch.ShardkitIterableDataset with DataLoader(num_workers=k)",
     "results_queue_size": "prefetch= (row-group slices read ahead)",
     "cache_type": "cache= ('auto', None, a folder or a CacheConfig)",
     "cache_location": "cache= (a folder)",
@@ -49,11 +49,12 @@ PETASTORM: dict[str, str] = {
     "cache_extra_settings": "cache= (a CacheConfig)",
     "hdfs_driver": "storage_options= (passed to fsspec)",
     "filesystem": "storage_options= (passed to the URL's fsspec filesystem)",
-    "transform_spec": "nothing: transform the batches in your loop, or with a Collate (shardkit.torch, "
-                      "shardkit.tf)",
+    "transform_spec": "transform= (a function per sample, fn(sample) -> sample: TransformSpec's func "
+                      "without its edit_fields/removed_fields, which shardkit learns from the samples it "
+                      "returns; transform_workers= runs it in processes); see the images guide",
     "convert_early_to_numpy": "nothing: batches are numpy already",
-    "zmq_copy_buffers": "nothing: there is no process pool",
-    "pyarrow_serialize": "nothing: there is no process pool",
+    "zmq_copy_buffers": "nothing: transform workers hand batches back in shared memory",
+    "pyarrow_serialize": "nothing: transform workers hand batches back in shared memory",
     "is_batched_reader": "nothing: every reader yields batches",
 }
 

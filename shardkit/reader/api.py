@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import sys
 import warnings
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Literal
 
 import numpy as np
@@ -16,9 +16,15 @@ from shardkit.dataset.write import parse_size
 from shardkit.errors import CacheWarning, ReaderError, SchemaError
 from shardkit.reader._arguments import explained
 from shardkit.reader._filter import Filter
+from shardkit.reader._pipeline.decode import late_fields
 from shardkit.reader._plan import Remainder, validate_shard
 from shardkit.reader.mixture import open_mixture
 from shardkit.reader.reader import WINDOW_BYTES, Reader
+
+HANDLE_BYTES = 16  # what a shuffle window holds per row of a field decoded late: its spill handle
+#: the default shuffle window of late-decoded (image) fields spills at most about this many encoded bytes
+#: to local disk (`shardkit.reader._pipeline.spill`), per reader
+SPILL_BYTES = 8 << 30
 
 
 @explained
@@ -46,6 +52,10 @@ def make_reader(
     schema: Schema | Sequence[Field] | None = None,
     weights: Mapping[str, float] | None = None,
     samples_per_epoch: int | None = None,
+    transform: Callable[..., Mapping[str, Any]] | None = None,
+    transform_workers: int | None = None,
+    transform_timeout: float | None = None,
+    decode: bool | Mapping[str, bool] = True,
 ) -> Reader:
     """Read one shard of a dataset as batches (dicts of column name -> numpy array).
 
@@ -115,6 +125,21 @@ def make_reader(
             its weight over their sum); default: the sources' rows (after ``filter``).
         samples_per_epoch: a mixture's epoch, in samples of all sources together; default: the rows of
             the sources of positive weight together.
+        transform: a function run on every sample after decoding, ``fn(sample) -> sample`` or
+            ``fn(sample, rng)`` (a dict of field -> numpy value in, a dict out: random crops, flips,
+            resizes, tokenizing). Reproducible: ``rng`` (a ``numpy.random.Generator``), Python's
+            ``random``, numpy's global generator and torch's are seeded from ``seed``, the epoch and the
+            sample's place in the epoch's order, so a resumed or re-sharded run transforms each sample
+            alike. Every sample of a batch must give the same fields, shapes and dtypes. A sample whose
+            transform raises is named (file, row group, row); ``on_error="skip"`` leaves it out of its
+            batch. See the images guide.
+        transform_workers: processes that decode and transform, besides the reading process (0: in the
+            reading process, in a thread). Default 0; use the cores a DataLoader's workers would.
+            ``transform`` must then be picklable (a module-level function or a ``functools.partial``).
+        transform_timeout: seconds a batch may take in the transform workers before a `ReaderError`
+            (default: no limit).
+        decode: False (or ``{field: False}``) delivers image fields as their encoded JPEG/PNG bytes (a 1-D
+            object array of ``bytes`` per batch), for a decoder elsewhere (a GPU's); default True.
 
     Raises:
         ReaderError: a bad argument (shard, columns, filter, sizes) — before anything is read.
@@ -139,7 +164,27 @@ def make_reader(
         raise ReaderError(f"on_error={on_error!r} must be 'raise' or 'skip'")
     workers = _positive("workers", workers) if workers is not None else max(2, min(4, os.cpu_count() or 2))
     prefetch = _positive("prefetch", prefetch, 0) if prefetch is not None else 2 * workers
+    if transform is not None and not callable(transform):
+        if hasattr(transform, "func") and hasattr(transform, "edit_fields"):
+            raise ReaderError(
+                f"transform={transform!r}: transform= takes a function of one sample, and this looks like a "
+                "Petastorm TransformSpec. Pass its function (transform=spec.func): shardkit learns the "
+                "fields, shapes and dtypes from the samples it returns, so edit_fields and removed_fields "
+                "have no counterpart (return the sample without the removed fields)")
+        raise ReaderError(f"transform={transform!r} is not callable; pass a function fn(sample) -> sample")
+    processes = 0 if transform_workers is None else _positive("transform_workers", transform_workers, 0)
+    if transform_timeout is not None and (not isinstance(transform_timeout, int | float)
+                                          or isinstance(transform_timeout, bool) or transform_timeout <= 0):
+        raise ReaderError(f"transform_timeout={transform_timeout!r} must be a number of seconds > 0, or None")
     if isinstance(url, Mapping):
+        given: dict[str, Any] = {"transform": transform if transform is not None else None,
+                                 "decode": None if decode is True else decode}
+        for name, value in given.items():
+            if value is not None:
+                raise ReaderError(
+                    f"{name}={value!r} is not supported for a mixture of datasets yet: a mixture decodes its "
+                    "sources' rows as it reads them. Read each source with make_reader, or apply the "
+                    "transform to the mixture's batches in your loop")
         each = {"columns": columns, "filter": filter, "shuffle_buffer": shuffle_buffer, "cache": cache,
                 "on_error": on_error, "max_inflight_bytes": max_inflight_bytes,
                 "storage_options": storage_options, "version": version, "schema": schema}
@@ -199,11 +244,23 @@ def make_reader(
         twice = sorted({c for c in columns if list(columns).count(c) > 1})
         if twice:
             raise ReaderError(f"columns={list(columns)!r} names {twice} more than once; name each field once")
+    raw = _raw_fields(decode, dataset, list(columns))
+    fields = {name: dataset.schema[name] for name in columns}
+    late = late_fields(fields, dict.fromkeys(raw, False))
+    if on_error == "skip":  # a corrupt image's row is replaced by a readable one as the window is read, so
+        # images are decoded as they are read (before the shuffle); only encoded bytes asked for stay late
+        late = {name: f for name, f in late.items() if name in raw}
     row_bytes = max(1, dataset.decoded_row_bytes(columns))
+    # decoded bytes, not Parquet's: compression and dictionaries (PNG images even more) make the
+    # encoded size several times smaller than what the window holds in memory
+    eager_window = max(1024, WINDOW_BYTES // row_bytes)
     if shuffle_buffer is None:
-        # decoded bytes, not Parquet's: compression and dictionaries (PNG images even more) make the
-        # encoded size several times smaller than what the window holds in memory
-        shuffle_buffer = max(1024, WINDOW_BYTES // row_bytes)
+        shuffle_buffer = eager_window
+        if late:  # a window holds a 16-byte handle per late field and row, the rest decoded
+            window_bytes = max(1, dataset.decoded_row_bytes([c for c in columns if c not in late]) if
+                               len(late) < len(columns) else 0) + HANDLE_BYTES * len(late)
+            encoded = max(1, dataset.encoded_row_bytes(list(late)))
+            shuffle_buffer = max(1024, min(WINDOW_BYTES // window_bytes, SPILL_BYTES // encoded))
     _positive("shuffle_buffer", shuffle_buffer)
 
     row_cache = None
@@ -224,7 +281,31 @@ def make_reader(
                   drop_last=bool(drop_last), shuffle_buffer=shuffle_buffer, filter=filter,
                   cache=row_cache, prefetch=prefetch,
                   workers=workers, on_error=on_error,
-                  row_bytes=row_bytes, max_inflight_bytes=inflight)
+                  row_bytes=row_bytes, max_inflight_bytes=inflight, late=late, raw=frozenset(raw),
+                  eager_window=eager_window, transform=transform, transform_workers=processes,
+                  transform_timeout=transform_timeout)
+
+
+def _raw_fields(decode: Any, dataset: Dataset, columns: list[str]) -> list[str]:
+    """The fields ``decode`` leaves encoded (checked: image fields among ``columns``)."""
+    if isinstance(decode, bool | np.bool_):
+        return [] if decode else [c for c in columns if dataset.schema[c].codec.name == "image"]
+    if not isinstance(decode, Mapping):
+        raise ReaderError(f"decode={decode!r} must be True, False or a dict of field -> bool")
+    out = []
+    for name, flag in decode.items():
+        if name not in columns:
+            raise ReaderError(f"decode= names {name!r}, which is not a column read ({columns})")
+        if not isinstance(flag, bool | np.bool_):
+            raise ReaderError(f"decode[{name!r}]={flag!r} must be True or False")
+        if not flag:
+            codec = dataset.schema[name].codec.name
+            if codec != "image":
+                raise ReaderError(
+                    f"decode={{{name!r}: False}}: {name!r} is a {codec} field, and only image fields "
+                    "(JPEG/PNG bytes) can be delivered encoded; leave it out of decode=")
+            out.append(name)
+    return out
 
 
 def _plain(value: Any) -> Any:

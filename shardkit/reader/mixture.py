@@ -507,7 +507,9 @@ class MixedReader(Reader):
         self.stats: dict[str, int] = {}
         self._given = (weights, samples_per_epoch)  # as make_reader got them (None: the default)
         # each source's own shuffle window, before the mixture gives it its share of it
-        self._windows = {name: r.shuffle_buffer for name, r in self.readers.items()}
+        # (a source that decodes images late has a longer window of its own than a mixture's, which
+        # decodes the rows before it shuffles them: `Reader._eager_window`)
+        self._windows = {name: r._eager_window for name, r in self.readers.items()}
         self.epoch = 0
         self._boundary = _Boundary(0, 0)
         self._history: list[tuple[int, int]] = []

@@ -37,14 +37,16 @@ from typing import Any, Literal
 
 import numpy as np
 
-from shardkit.dataset import SLICE_ROWS, Dataset, Schema
-from shardkit.errors import ReaderError
+from shardkit.dataset import SLICE_ROWS, Dataset, Field, Schema
+from shardkit.errors import CorruptDatasetError, ImageShapeError, ReaderError
 from shardkit.reader._filter import Filter, Partitions, select_rows, to_expression
 from shardkit.reader._lost import substitutes
 from shardkit.reader._pipeline import batching
 from shardkit.reader._pipeline.assemble import POSITION, needed_rows, pi_at, scatter_plan
 from shardkit.reader._pipeline.assemble import chunks as assemble_chunks
-from shardkit.reader._pipeline.source import DEFAULT_INFLIGHT, Columns, Part, RowGroupSource
+from shardkit.reader._pipeline.decode import DecodeStage, LateDecode
+from shardkit.reader._pipeline.source import DEFAULT_INFLIGHT, Columns, Late, Part, RowGroupSource
+from shardkit.reader._pipeline.spill import Spill, oldest_segment
 from shardkit.reader._plan import (
     EpochOrder,
     Remainder,
@@ -58,12 +60,17 @@ from shardkit.reader._plan import (
 
 STATE_VERSION = 1
 logger = logging.getLogger(__name__)
+KEYS = "\x00shardkit.keys"  # rides along in a batch to the transform stage: the pi index of each row
+SKIPPED = "\x00shardkit.skipped"  # comes back from the stage: samples it left out (on_error="skip")
 WINDOW_BYTES = 32 << 20  # default shuffle window: about this many decoded bytes of rows
 #: Most decoded bytes of rows one task reads: a row group is read and decoded in tasks of about this
 #: size, so its first rows are decoded (and can be emitted) while its later slices are still read.
 TASK_BYTES = 8 << 20
 #: Where a worker places a task's decoded rows: its window's `batching.Scatter` and the rows there.
 _Slot = tuple[batching.Scatter | batching.Placement, np.ndarray] | None
+#: a batch in the decode/transform stage: its result, piece positions, oldest spill segment, the batch as
+#: given (to name a sample that fails) and its rows' ``pi`` indices
+_Pending = tuple[Future[Columns], np.ndarray, int, Columns, np.ndarray]
 
 
 class Reader:
@@ -78,26 +85,41 @@ class Reader:
                  batch_size: int, shuffle: bool, seed: int, num_epochs: int | None, remainder: Remainder,
                  drop_last: bool, shuffle_buffer: int, filter: Filter | None, cache: Any, prefetch: int,
                  workers: int, on_error: Literal["raise", "skip"], row_bytes: int,
-                 max_inflight_bytes: int = DEFAULT_INFLIGHT) -> None:
+                 max_inflight_bytes: int = DEFAULT_INFLIGHT, late: Mapping[str, Field] | None = None,
+                 raw: frozenset[str] = frozenset(), eager_window: int | None = None,
+                 transform: Callable[..., Any] | None = None, transform_workers: int = 0,
+                 transform_timeout: float | None = None, variable: frozenset[str] = frozenset()) -> None:
         # kept to open the reader again on another snapshot of a table (`load_state_dict`)
         self._arguments: dict[str, Any] = {
             "columns": columns, "shard": shard, "num_shards": num_shards, "batch_size": batch_size,
             "shuffle": shuffle, "seed": seed, "num_epochs": num_epochs, "remainder": remainder,
             "drop_last": drop_last, "shuffle_buffer": shuffle_buffer, "filter": filter, "cache": cache,
             "prefetch": prefetch, "workers": workers, "on_error": on_error, "row_bytes": row_bytes,
-            "max_inflight_bytes": max_inflight_bytes}
+            "max_inflight_bytes": max_inflight_bytes, "late": late, "raw": raw, "eager_window": eager_window,
+            "transform": transform, "transform_workers": transform_workers,
+            "transform_timeout": transform_timeout, "variable": variable}
         self.dataset = dataset
         self.schema: Schema = dataset.schema.select(columns)
         self.shard, self.num_shards = shard, num_shards
         self.batch_size, self.shuffle, self.seed = batch_size, shuffle, seed
         self.num_epochs, self.remainder, self.drop_last = num_epochs, remainder, drop_last
         self.shuffle_buffer, self.prefetch, self.workers = shuffle_buffer, prefetch, workers
+        # fields decoded late, per batch (images: `_pipeline.decode`), and the window a mixture gives its
+        # share of (it decodes its sources' rows before it shuffles them)
+        self._late: dict[str, Field] = dict(late or {})
+        self._raw = raw
+        self._eager_window = eager_window or shuffle_buffer
+        self._spill: Spill | None = None
+        self.transform = transform
+        self._processes, self._timeout, self._variable = transform_workers, transform_timeout, variable
+        self._stage: Any = None  # the decode/transform stage, made at the first batch that needs it
         # the first window of a pass is cut into tasks of about TASK_BYTES, of whole Parquet slices
         self.task_rows: int | None = max(SLICE_ROWS, TASK_BYTES // row_bytes // SLICE_ROWS * SLICE_ROWS)
         self.filter_text = ""
         selection: dict[int, np.ndarray] = {}
         self.rows_per_group = dataset.rows_per_group
-        self.stats: dict[str, int] = {"pruned_row_groups": 0, "skipped_row_groups": 0, "repeated_rows": 0}
+        self.stats: dict[str, int] = {"pruned_row_groups": 0, "skipped_row_groups": 0, "repeated_rows": 0,
+                                      "skipped_samples": 0}
         if filter is not None:
             partitions = Partitions.of(dataset)
             expr = to_expression(filter, dataset.arrow_schema, partitions)
@@ -152,6 +174,28 @@ class Reader:
             )
 
     # ---- sizes -------------------------------------------------------------------------------
+    @property
+    def shuffle_reach(self) -> dict[str, Any]:
+        """How far the shuffle reaches, and what that costs: ``window_rows`` (rows shuffled together: a
+        batch's rows come from anywhere among them), ``window_row_groups`` (row groups a window spans, on
+        average), ``window_memory_bytes`` (what a window holds in memory: decoded rows, or 16 bytes per
+        late-decoded image), ``spilled_bytes`` (encoded images set aside on local disk so far) and
+        ``late_fields`` (fields decoded per batch, after the shuffle). Unshuffled: a window of 0 rows."""
+        rows = min(self.shuffle_buffer, self.num_samples) if self.shuffle else 0
+        groups = 0.0
+        if rows:
+            order = EpochOrder(self.rows_per_group, self.seed, self.epoch, self.shuffle, self.shuffle_buffer)
+            offsets = order.stream_offsets
+            starts = np.arange(0, self.num_samples, rows)
+            first = np.searchsorted(offsets, starts, side="right") - 1
+            last = np.searchsorted(offsets, np.minimum(starts + rows, self.num_samples) - 1, side="right") - 1
+            groups = float(np.mean(last - first + 1))
+        late = list(self._late)
+        kept = [c for c in self.schema.names if c not in self._late]
+        row_bytes = (self.dataset.decoded_row_bytes(kept) if kept else 0) + 16 * len(late)
+        return {"window_rows": rows, "window_row_groups": groups, "window_memory_bytes": rows * row_bytes,
+                "spilled_bytes": 0 if self._spill is None else self._spill.bytes_written, "late_fields": late}
+
     def _ranges(self, history: Sequence[tuple[int, int]]) -> list[tuple[int, int]]:
         return shard_ranges(self.num_samples, shard=self.shard, num_shards=self.num_shards, history=history,
                             remainder=self.remainder, batch_size=self.batch_size, drop_last=self.drop_last)
@@ -203,7 +247,104 @@ class Reader:
         return self._generation
 
     def _epoch(self, generation: int) -> Iterator[Columns]:
-        yield from self._epoch_of(generation, None)
+        """The rest of the current epoch's batches, through the decode/transform stage if any."""
+        batches = self._epoch_of(generation, None)
+        if not self._late and self.transform is None:
+            for batch in batches:
+                yield self._step(batch)
+                if generation != self._generation:
+                    return
+        else:
+            yield from self._staged(batches, generation)
+        if generation == self._generation:
+            self._finish_epoch()
+
+    def _staged(self, batches: Iterator[Columns], generation: int) -> Iterator[Columns]:
+        """``batches`` decoded (late fields) and transformed, `STAGE_AHEAD` batches ahead of the consumer,
+        in order; a batch counts as consumed (`_step`) when it is yielded. The spill segments no pending
+        batch refers to are let go of as batches go out."""
+        stage = self._sample_stage()
+        pending: deque[_Pending] = deque()
+        names = list(self._late)
+        try:
+            for batch in batches:
+                positions = batch.pop(POSITION)
+                keys = batch.pop(KEYS, positions)
+                oldest = min((oldest_segment(batch[n]) for n in names), default=1 << 62)
+                pending.append((stage.submit(batch, self.epoch, keys), positions, oldest, batch, keys))
+                if len(pending) > self._stage_ahead():
+                    yield self._deliver(pending)
+                    if generation != self._generation:
+                        return
+            while pending:
+                yield self._deliver(pending)
+                if generation != self._generation:
+                    return
+            if self._spill is not None:  # the pass is over: none of its encoded images is needed
+                self._spill.release_before(self._spill.segment + 1)
+        finally:
+            for future, *_ in pending:
+                future.cancel()
+
+    def _deliver(self, pending: deque[_Pending]) -> Columns:
+        future, positions, _, given, keys = pending.popleft()
+        try:
+            batch = future.result()
+        except CorruptDatasetError as e:  # an image that does not decode: named by its row
+            raise self._located_error(e, given, keys) from e
+        skipped = batch.pop(SKIPPED, None)
+        if skipped is not None:
+            self.stats["skipped_samples"] += int(skipped)
+        if pending and self._spill is not None:
+            self._spill.release_before(min(o for _, _, o, *_ in pending))
+        batch[POSITION] = positions
+        return self._step(batch)
+
+    def _located_error(self, error: CorruptDatasetError, batch: Columns, keys: np.ndarray
+                       ) -> CorruptDatasetError:
+        """``error`` of decoding ``batch``, naming the file, row group and row of the sample that fails."""
+        prepare = LateDecode(self._late, self._spill.reader, self._raw) if self._spill is not None else None
+        if prepare is not None:
+            for i in range(batching.num_rows(batch)):
+                try:
+                    prepare(batching.take(batch, slice(i, i + 1)))
+                except CorruptDatasetError:
+                    kind = ImageShapeError if isinstance(error, ImageShapeError) else CorruptDatasetError
+                    return kind(f"{self._describe(int(keys[i]))}: {error}")
+        return error
+
+    def _stage_ahead(self) -> int:
+        return max(2, 2 * self._processes)
+
+    def _sample_stage(self) -> Any:
+        """The stage that decodes the late fields of a batch and runs ``transform`` on its samples."""
+        if self._stage is None:
+            prepare = None
+            if self._late:
+                if self._spill is None:
+                    self._spill = Spill()
+                prepare = LateDecode(self._late, self._spill.reader, self._raw)
+            if self.transform is None and not self._processes and prepare is not None:
+                self._stage = DecodeStage(prepare, self.workers)
+                return self._stage
+            from shardkit.reader._pipeline.transform import SampleStage
+
+            self._stage = SampleStage(self.transform, prepare=prepare, seed=self.seed,
+                                      on_error=self._source.on_error, describe=self._describe,
+                                      processes=self._processes, timeout=self._timeout,
+                                      variable=self._variable)
+        return self._stage
+
+    def _describe(self, key: int) -> str:
+        """Where the sample of ``pi`` index ``key`` (this epoch) lies: dataset, row group and row."""
+        order = EpochOrder(self.rows_per_group, self.seed, self.epoch, self.shuffle, self.shuffle_buffer)
+        groups, rows = order.locate(np.array([key]))
+        rg = self.dataset.row_groups[int(groups[0])]
+        row = int(rows[0])
+        selected = self._source.selection.get(int(groups[0]))
+        if selected is not None:
+            row = int(selected[row])
+        return f"row group {rg.index} of {self.dataset.location.join(rg.file)!r}, row {row}"
 
     def _epoch_of(self, generation: int, placer: batching.Placer | None) -> Iterator[Any]:
         """The rest of the current epoch: its batches, or with a ``placer``, the rows of each window
@@ -223,18 +364,29 @@ class Reader:
         last_of = {t.row_group: i for i, t in enumerate(cut)}
         short = {t for i, t in enumerate(cut) if last_of[t.row_group] != i}
         batcher = batching.Batcher(self.batch_size)
+        late = self._late_fields(placer)
+
+        def keyed(batch: Columns) -> Columns:
+            """A batch, with the ``pi`` index of each row for the transform's seeds when there is one."""
+            if self.transform is not None or self._late:
+                batch[KEYS] = pi_at(ranges, batch[POSITION])
+            return batch
+
         prepared: deque[tuple[np.ndarray | None, list[int], batching.Scatter | batching.Placement | None]] = \
             deque()
+        late_now: list[Late | None] = [late]
 
-        def reads() -> Iterator[tuple[Task, np.ndarray | None, bool, _Slot]]:
+        def reads() -> Iterator[tuple[Task, np.ndarray | None, bool, _Slot, Late | None]]:
             for w in windows:  # prepared just ahead of the reads, popped when the window is assembled
+                if late is not None:  # a spill segment per window
+                    late_now[0] = (late[0], late[0].next_segment(), late[2])
                 emit, rows, sizes = needed_rows(w, order)
                 plan = (scatter_plan(emit, sizes, self._recycler) if placer is None
                         else placer.plan(emit, sizes))
                 prepared.append((emit, sizes, None if plan is None else plan[0]))
                 for i, (t, r) in enumerate(zip(w.tasks, rows, strict=True)):
                     slot = None if plan is None or plan[1] is None else (plan[0], plan[1][i])
-                    yield t, r, t not in short, slot
+                    yield t, r, t not in short, slot, late_now[0]
 
         results = self._prefetched(reads())
         position = start
@@ -246,7 +398,7 @@ class Reader:
                     [p.chunks if p is not None and p.whole else None for p in parts])
                 need = batcher.need if placer is None else (lambda: window.num_rows)  # noqa: B023
                 if placed is None:
-                    lost_at = functools.partial(self._in_place_of, order, ranges, position)
+                    lost_at = functools.partial(self._in_place_of, order, ranges, position, late_now[0])
                     chunks = assemble_chunks(parts, emit, sizes, position, need, lost_at=lost_at)
                 elif placer is None:  # the workers put the rows in emission order
                     chunks = assemble_chunks([Part([placed])], None, [window.num_rows], position, need)
@@ -263,27 +415,31 @@ class Reader:
                     continue
                 for chunk in chunks:
                     for batch in batcher.add(chunk):
-                        yield self._step(batch)
+                        yield keyed(batch)
                         if generation != self._generation:
                             return
                 position += window.num_rows
             for batch in batcher.flush():
-                yield self._step(batch)
+                yield keyed(batch)
                 if generation != self._generation:
                     return
         finally:
             results.close()
-        if generation == self._generation:
+        if generation == self._generation and placer is not None:
             self._finish_epoch()
 
     def _in_place_of(self, order: EpochOrder, ranges: Sequence[tuple[int, int]], position: int,
-                     emitted: np.ndarray) -> Columns:
+                     late: Late | None, emitted: np.ndarray) -> Columns:
         """Rows in place of the lost rows ``emitted`` (indices in a window's emission order, which starts
         at piece position ``position`` of ``ranges``): see `shardkit.reader._lost`."""
         where = (f"shard {self.shard} of {self.num_shards}, epoch {self.epoch}: no sample of "
                  f"{self.dataset.url!r}{' matching the filter' if self.filter_text else ''}")
-        rows = substitutes(order, pi_at(ranges, position + emitted), self._source, self._executor().submit,
-                           where)
+        pool = self._executor()
+
+        def submit(fn: Callable[..., Part | None], *args: Any) -> Future[Part | None]:
+            return pool.submit(fn, *args, late=late)
+
+        rows = substitutes(order, pi_at(ranges, position + emitted), self._source, submit, where)
         self.stats["repeated_rows"] += len(emitted)
         return rows
 
@@ -293,6 +449,15 @@ class Reader:
         self._consumed = int(batch.pop(POSITION)[-1]) + 1
         self._steps += 1
         return batch
+
+    def _late_fields(self, placer: batching.Placer | None) -> Late | None:
+        """What the tasks of a pass leave encoded, spilled (None: every field decoded as it is read; a
+        mixture's sources, whose rows its workers place straight in the mixed batches)."""
+        if not self._late or placer is not None:
+            return None
+        if self._spill is None:
+            self._spill = Spill()
+        return (self._spill, self._spill.segment, tuple(self._late))
 
     def _finish_epoch(self) -> None:
         skipped = self._source.skipped
@@ -326,13 +491,13 @@ class Reader:
             self._pool = ThreadPoolExecutor(max_workers=self.workers, thread_name_prefix="shardkit-read")
         return self._pool
 
-    def _prefetched(self, tasks: Iterator[tuple[Task, np.ndarray | None, bool, _Slot]]
+    def _prefetched(self, tasks: Iterator[tuple[Task, np.ndarray | None, bool, _Slot, Late | None]]
                     ) -> Generator[Part | None, None, None]:
         """Results of ``tasks`` (with their row selections) in order, ``prefetch`` tasks running ahead."""
         pool, inflight = self._executor(), deque[Future[Part | None]]()
         try:
-            for task, rows, to_end, slot in tasks:
-                inflight.append(pool.submit(self._read, task, rows, to_end, slot))
+            for task, rows, to_end, slot, late in tasks:
+                inflight.append(pool.submit(self._read, task, rows, to_end, slot, late))
                 if len(inflight) > self.prefetch:
                     yield inflight.popleft().result()
             while inflight:
@@ -341,9 +506,10 @@ class Reader:
             for f in inflight:
                 f.cancel()
 
-    def _read(self, task: Task, rows: np.ndarray | None, to_end: bool, slot: _Slot) -> Part | None:
+    def _read(self, task: Task, rows: np.ndarray | None, to_end: bool, slot: _Slot, late: Late | None
+              ) -> Part | None:
         """One task, in a worker thread: decoded, and placed in its window when the window scatters."""
-        part = self._source.read(task, rows, whole=self.shuffle and slot is None, to_end=to_end)
+        part = self._source.read(task, rows, whole=self.shuffle and slot is None, to_end=to_end, late=late)
         if slot is not None:
             if part is not None and part.whole:
                 slot[0].place(part.chunks, slot[1])
@@ -461,6 +627,12 @@ class Reader:
             self._pool = None
         self._source.close()
         self._recycler.clear()
+        if self._stage is not None:
+            self._stage.close()
+            self._stage = None
+        if self._spill is not None:
+            self._spill.close()
+            self._spill = None
 
     def __enter__(self) -> Reader:
         return self

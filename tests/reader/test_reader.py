@@ -413,7 +413,8 @@ def test_filter_reads_only_the_columns_it_names() -> None:
     assert filter_columns(pc.scalar(True), schema) == []
 
 
-def test_default_shuffle_buffer_is_sized_by_decoded_bytes(tmp_path: Path) -> None:
+def test_default_shuffle_buffer_is_sized_by_what_a_window_holds(tmp_path: Path) -> None:
+    from shardkit.reader.api import HANDLE_BYTES, SPILL_BYTES
     from shardkit.reader.reader import WINDOW_BYTES
 
     schema = shardkit.Schema([shardkit.Field("id", "int64"),
@@ -423,8 +424,12 @@ def test_default_shuffle_buffer_is_sized_by_decoded_bytes(tmp_path: Path) -> Non
     shardkit.write_dataset({"id": np.arange(n), "im": list(np.zeros((n, 64, 64, 3), np.uint8))}, url,
                            schema=schema)
     with shardkit.make_reader(url, batch_size=8) as reader:
-        # blank PNGs take a few hundred bytes each, but a row holds 8 + 12,288 bytes decoded
-        assert reader.shuffle_buffer == WINDOW_BYTES // (8 + 64 * 64 * 3)
+        # images are shuffled as spill handles, decoded per batch: a row of the window holds 8 + 16 bytes,
+        # and the window spills at most SPILL_BYTES of encoded images
+        encoded = reader.dataset.encoded_row_bytes(["im"])
+        assert reader.shuffle_buffer == min(WINDOW_BYTES // (8 + HANDLE_BYTES), SPILL_BYTES // encoded)
+        # a mixture decodes before it shuffles: its window counts the 8 + 12,288 bytes decoded
+        assert reader._eager_window == WINDOW_BYTES // (8 + 64 * 64 * 3)
         assert sorted(np.concatenate([b["id"] for b in reader]).tolist()) == list(range(n))
     with shardkit.make_reader(url, batch_size=8, columns=["id"]) as reader:
         assert reader.shuffle_buffer == WINDOW_BYTES // 8

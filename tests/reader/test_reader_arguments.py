@@ -56,9 +56,26 @@ def test_each_petastorm_counterpart_is_an_argument_that_exists() -> None:
 
 
 def test_no_counterpart_says_why() -> None:
-    with pytest.raises(UnknownArgumentError, match=r"reader_pool_type is Petastorm's, with no counterpart "
-                       r"here \(shardkit decodes in threads.*DataLoader\(num_workers=k\)\)"):
+    with pytest.raises(UnknownArgumentError, match=r"cache_row_size_estimate is Petastorm's, with no "
+                       r"counterpart here \(the cache keeps whole row groups\)"):
+        make_reader(MISSING, cache_row_size_estimate=1024)
+    with pytest.raises(UnknownArgumentError, match=r"reader_pool_type is Petastorm's; shardkit's is "
+                       r"transform_workers= \(processes that decode images and run transform="):
         make_reader(MISSING, reader_pool_type="process")
+
+
+def test_a_transform_spec_is_explained() -> None:
+    with pytest.raises(UnknownArgumentError, match=r"transform_spec is Petastorm's; shardkit's is transform= "
+                       r"\(a function per sample"):
+        make_reader(MISSING, transform_spec=object())
+
+    class TransformSpec:  # Petastorm's shape: a function and the fields it edits and removes
+        def __init__(self) -> None:
+            self.func, self.edit_fields, self.removed_fields = (lambda row: row), [], []
+
+    with pytest.raises(ReaderError, match=r"transform= takes a function of one sample.*Petastorm "
+                       r"TransformSpec.*transform=spec\.func"):
+        make_reader(MISSING, transform=TransformSpec())
 
 
 def test_a_typo_gets_the_closest_names() -> None:

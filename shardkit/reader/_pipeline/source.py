@@ -53,8 +53,11 @@ from shardkit.reader._plan import Task
 
 if TYPE_CHECKING:
     from shardkit.reader._cache import RowGroupCache
+    from shardkit.reader._pipeline.spill import Spill
 
 Columns = dict[str, np.ndarray]
+#: fields a task leaves encoded: the spill their values go to, its segment, and their names
+Late = tuple["Spill", int, tuple[str, ...]]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -208,7 +211,7 @@ class RowGroupSource:
             raise
 
     def read(self, task: Task, rows: np.ndarray | None = None, *, whole: bool = False,
-             to_end: bool = True) -> Part | None:
+             to_end: bool = True, late: Late | None = None) -> Part | None:
         """Decoded chunks of ``task``'s rows (only ``rows`` of them, relative to ``task.start``, when
         given), in order; None when the row group is corrupt and skipped.
 
@@ -217,6 +220,8 @@ class RowGroupSource:
         ``to_end=False`` (with a cache): read the row group only as far as this task needs; a later
         task of the row group reads it to its end, and the whole row group is then cached. With
         ``on_error="skip"`` every task reads its row group to its end (see the module docstring).
+        ``late``: fields left encoded, their values appended to a spill segment, and handles to them in
+        their columns (`shardkit.reader._pipeline.spill`): the decode stage decodes them per batch.
         """
         try:
             selected = self.selection.get(task.row_group)
@@ -232,7 +237,7 @@ class RowGroupSource:
                 batches = table.slice(task.start, task.stop - task.start).to_batches()
             else:
                 batches = _take(table, index)
-            chunks, lost = self._decode([b for b in batches if b.num_rows], task, rows)
+            chunks, lost = self._decode([b for b in batches if b.num_rows], task, rows, late)
             return Part([batching.concat(chunks)] if whole and len(chunks) > 1 else chunks, lost)
         except CorruptDatasetError as e:
             error = self._located(task, e)
@@ -254,8 +259,8 @@ class RowGroupSource:
             return e
         return (ImageShapeError if isinstance(e, ImageShapeError) else CorruptDatasetError)(f"{where}: {e}")
 
-    def _decode(self, batches: Sequence[pa.RecordBatch], task: Task, rows: np.ndarray | None
-                ) -> tuple[list[Columns], np.ndarray]:
+    def _decode(self, batches: Sequence[pa.RecordBatch], task: Task, rows: np.ndarray | None,
+                late: Late | None = None) -> tuple[list[Columns], np.ndarray]:
         """The batches decoded, and the indices (among their rows) of rows that cannot be decoded.
 
         A batch that fails to decode raises, or with ``on_error="skip"`` is decoded again row by row,
@@ -263,16 +268,24 @@ class RowGroupSource:
         chunks: list[Columns] = []
         lost: list[int] = []
         offset = 0
-        for batch in batches:
+        for given in batches:
+            order, batch = given.schema.names, given
+            if late is not None:
+                spill, segment, names = late
+                handles = {name: spill.put(given.column(name), segment) for name in names}
+                batch = given.drop_columns(list(names))
             try:
-                chunks.append(self.dataset.decode(batch))
+                chunks.append(self.dataset.decode(batch) if late is None else
+                              _in_order(order, self.dataset.decode(batch), handles))
             except CorruptDatasetError as e:
                 if self.on_error == "raise":
                     raise
                 bad = []
                 for i in range(batch.num_rows):
                     try:
-                        chunks.append(self.dataset.decode(batch.slice(i, 1)))
+                        one = self.dataset.decode(batch.slice(i, 1))
+                        chunks.append(one if late is None else _in_order(
+                            order, one, {n: h[i : i + 1] for n, h in handles.items()}))
                     except CorruptDatasetError:
                         bad.append(i)
                 if not bad:  # fails only as a whole: nothing tells its rows apart, so it is lost whole
@@ -284,6 +297,11 @@ class RowGroupSource:
                 lost.extend(offset + i for i in bad)
             offset += batch.num_rows
         return chunks, np.asarray(lost, dtype=np.int64)
+
+
+def _in_order(names: Sequence[str], decoded: Columns, handles: Columns) -> Columns:
+    """The decoded columns and the late fields' handles, in the batch's column order."""
+    return {n: decoded[n] if n in decoded else handles[n] for n in names}
 
 
 def _take(table: pa.Table, index: np.ndarray) -> list[pa.RecordBatch]:

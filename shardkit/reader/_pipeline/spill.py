@@ -1,0 +1,225 @@
+"""Encoded values set aside on local disk while a shuffle window waits for its batches (the select stage).
+
+A reader that decodes an image field late (`shardkit.reader.reader.Reader`, ``decode`` and the image
+path) does not keep a window's encoded images in memory: each task's values are appended to a spill
+file, and the window holds a *handle* per row, ``(offset, length)`` as two int64s, which its batches
+carry until the decode stage reads the bytes back (``pread``) and decodes them. So a window costs 16
+bytes per image in memory whatever the images weigh, and the shuffle can reach across the whole
+dataset; the bytes stay in the page cache (the kernel's, not the process's: it writes them to disk
+under memory pressure) and on disk, at most about a window of them per reader.
+
+Offsets are global over the spill's segments: segment ``k`` holds offsets ``[k << SEGMENT_BITS, ...)``.
+A reader starts a new segment with each window (`Spill.next_segment`) and lets go of the segments
+before the oldest one a batch still refers to (`Spill.release_before`), so the disk holds about the
+windows in flight, not the epoch. Files live in a private folder under the temporary directory
+(``TMPDIR``), removed on `Spill.close`, at interpreter exit, and, for a process that was killed, by the
+next spill that finds its folder (named with the pid of a process that no longer runs).
+
+A null value has length -1. Everything here is thread-safe: worker threads append, the decode stage
+reads. `SpillReader` reads the same files by path, in another process (a transform worker).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import tempfile
+import threading
+import weakref
+
+import numpy as np
+import pyarrow as pa
+
+__all__ = ["Spill", "SpillReader", "handles_to_bytes", "oldest_segment"]
+
+SEGMENT_BITS = 40  # a segment holds up to 1 TiB; 2**23 segments per spill
+_PREFIX = "shardkit-spill-"
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _sweep(root: str) -> None:
+    """Remove the spill folders of processes that no longer run (killed before they cleaned up)."""
+    with contextlib.suppress(OSError):
+        for name in os.listdir(root):
+            if not name.startswith(_PREFIX):
+                continue
+            pid = name[len(_PREFIX):].split("-", 1)[0]
+            if pid.isdigit() and int(pid) != os.getpid() and not _alive(int(pid)):
+                shutil.rmtree(os.path.join(root, name), ignore_errors=True)
+
+
+class SpillReader:
+    """Reads values of a spill by handle, from its files by path (in any process of the machine)."""
+
+    def __init__(self, folder: str) -> None:
+        self.folder = folder
+        self._fds: dict[int, int] = {}
+        self._lock = threading.Lock()
+
+    def __getstate__(self) -> dict[str, str]:
+        return {"folder": self.folder}
+
+    def __setstate__(self, state: dict[str, str]) -> None:
+        self.__init__(state["folder"])  # type: ignore[misc]
+
+    def _fd(self, segment: int) -> int:
+        with self._lock:
+            fd = self._fds.get(segment)
+            if fd is None:
+                fd = self._fds[segment] = os.open(os.path.join(self.folder, f"{segment}.bin"), os.O_RDONLY)
+            return fd
+
+    def forget_before(self, segment: int) -> None:
+        """Close the files of segments before ``segment`` (they are gone, or soon will be)."""
+        with self._lock:
+            for k in [k for k in self._fds if k < segment]:
+                os.close(self._fds.pop(k))
+
+    def close(self) -> None:
+        self.forget_before(1 << 62)
+
+    def read(self, handles: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """The values of ``handles`` ((n, 2) int64): ``(data, starts, ends)``, value ``i`` being
+        ``data[starts[i]:ends[i]]`` (one buffer for all; a null's range is empty, ``ends[i] == -1`` marks
+        it). Values that lie one after another in a segment are read with one ``pread``."""
+        n = len(handles)
+        lengths = np.maximum(handles[:, 1], 0) if n else np.zeros(0, np.int64)
+        starts = np.zeros(n, np.int64)
+        if n:
+            np.cumsum(lengths[:-1], out=starts[1:])
+        data = np.empty(int(lengths.sum()), np.uint8)
+        view = memoryview(data.data)
+        offsets = handles[:, 0]
+        i = 0
+        while i < n:
+            j = i + 1  # a run of values contiguous on disk: one read
+            while j < n and handles[j, 1] >= 0 and offsets[j] == offsets[j - 1] + lengths[j - 1] \
+                    and handles[j - 1, 1] >= 0:
+                j += 1
+            size = int(lengths[i:j].sum())
+            if size:
+                segment, at = divmod(int(offsets[i]), 1 << SEGMENT_BITS)
+                got = os.preadv(self._fd(segment), [view[starts[i] : starts[i] + size]], at)
+                if got != size:
+                    raise OSError(f"spill segment {segment}: read {got} of {size} bytes at {at}")
+            i = j
+        ends = starts + lengths
+        ends[handles[:, 1] < 0] = -1
+        return data, starts, ends
+
+
+class Spill:
+    """An append-only store of encoded values in local files, addressed by handles (module docstring)."""
+
+    def __init__(self, folder: str | None = None) -> None:
+        root = folder or tempfile.gettempdir()
+        _sweep(root)
+        self.folder = tempfile.mkdtemp(prefix=f"{_PREFIX}{os.getpid()}-", dir=root)
+        self._lock = threading.Lock()
+        self._segment = 0
+        self._fds: dict[int, int] = {}
+        self._sizes: dict[int, int] = {}
+        self._released = 0
+        self.bytes_written = 0
+        self.reader = SpillReader(self.folder)
+        self._open(0)
+        self._finalizer = weakref.finalize(self, shutil.rmtree, self.folder, True)
+
+    def _open(self, segment: int) -> None:
+        path = os.path.join(self.folder, f"{segment}.bin")
+        self._fds[segment] = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o600)
+        self._sizes[segment] = 0
+
+    @property
+    def segment(self) -> int:
+        return self._segment
+
+    def next_segment(self) -> int:
+        """Append to a new segment from now on (a new window); returns its number."""
+        with self._lock:
+            self._segment += 1
+            self._open(self._segment)
+            return self._segment
+
+    def put(self, column: pa.Array | pa.ChunkedArray, segment: int | None = None) -> np.ndarray:
+        """Append the values of a binary ``column``; their handles, ``(n, 2)`` int64."""
+        chunks = column.chunks if isinstance(column, pa.ChunkedArray) else [column]
+        out = [self._put_array(c, segment) for c in chunks]
+        return np.concatenate(out) if len(out) != 1 else out[0]
+
+    def _put_array(self, arr: pa.Array, segment: int | None) -> np.ndarray:
+        if not (pa.types.is_binary(arr.type) or pa.types.is_large_binary(arr.type)):
+            arr = arr.cast(pa.large_binary() if pa.types.is_large_string(arr.type) else pa.binary())
+        n = len(arr)
+        handles = np.empty((n, 2), np.int64)
+        if not n:
+            return handles
+        _validity, offsets_buf, data_buf = arr.buffers()
+        offset_type = np.int64 if pa.types.is_large_binary(arr.type) else np.int32
+        offsets = np.frombuffer(offsets_buf, offset_type)[arr.offset : arr.offset + n + 1].astype(np.int64)
+        first, last = int(offsets[0]), int(offsets[-1])
+        with self._lock:
+            k = self._segment if segment is None else segment
+            if k not in self._fds:
+                raise ValueError(f"spill segment {k} was released")
+            at = self._sizes[k]
+            self._sizes[k] = at + (last - first)
+            fd = self._fds[k]
+        if last > first:
+            payload = memoryview(data_buf)[first:last]  # type: ignore[index]
+            written = 0
+            while written < len(payload):
+                written += os.pwrite(fd, payload[written:], at + written)
+        with self._lock:
+            self.bytes_written += last - first
+        handles[:, 0] = (k << SEGMENT_BITS) + at + (offsets[:-1] - first)
+        handles[:, 1] = np.diff(offsets)
+        if arr.null_count:
+            handles[np.asarray(arr.is_null()), 1] = -1
+        return handles
+
+    def release_before(self, segment: int) -> None:
+        """Delete the segments before ``segment``: no batch refers to them any more."""
+        with self._lock:
+            gone = [k for k in self._fds if k < segment]
+            fds = [self._fds.pop(k) for k in gone]
+            for k in gone:
+                self._sizes.pop(k)
+        self.reader.forget_before(segment)
+        for k, fd in zip(gone, fds, strict=True):
+            os.close(fd)
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(os.path.join(self.folder, f"{k}.bin"))
+
+    def close(self) -> None:
+        """Delete every file (idempotent)."""
+        self.release_before(1 << 62)
+        self.reader.close()
+        self._finalizer()
+
+
+def oldest_segment(handles: np.ndarray) -> int:
+    """The oldest segment that ``handles`` refer to (their smallest offset's); a large value when none."""
+    if not len(handles):
+        return 1 << 62
+    return int(handles[:, 0].min()) >> SEGMENT_BITS
+
+
+def handles_to_bytes(reader: SpillReader, handles: np.ndarray) -> np.ndarray:
+    """The values of ``handles`` as a 1-D object array of `bytes` (None for a null)."""
+    data, starts, ends = reader.read(handles)
+    out = np.empty(len(handles), dtype=object)
+    raw = data.tobytes()
+    for i, (a, b) in enumerate(zip(starts.tolist(), ends.tolist(), strict=True)):
+        out[i] = None if b < 0 else raw[a:b]
+    return out
