@@ -616,6 +616,16 @@ def report(doc: dict[str, Any]) -> tuple[str, list[dict[str, str]]]:
     return "\n".join(lines), verdicts
 
 
+def _commit() -> str:
+    """The commit shardkit's cases ran at, ``+changes`` when the reader's files differed from it."""
+    def git(*a: str) -> str:
+        proc = subprocess.run(["git", *a], cwd=ROOT, capture_output=True, text=True, check=False)
+        return proc.stdout.strip()
+
+    head = git("rev-parse", "--short", "HEAD")
+    return head + ("+changes" if git("status", "--porcelain", "--", "shardkit") else "")
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--images", type=int, default=20_000)
@@ -649,7 +659,8 @@ def main(argv: list[str] | None = None) -> None:
     started = time.perf_counter()
     store = ensure_store(n)
     doc: dict[str, Any] = {"images": n, "rounds": args.rounds, "batch": BATCH, "workers": WORKERS,
-                           "unit": UNIT, "store_mib": Path(store, "images.bin").stat().st_size / 2**20}
+                           "unit": UNIT, "store_mib": Path(store, "images.bin").stat().st_size / 2**20,
+                           "shardkit_commit": _commit()}
     conv: dict[str, Any] = {}
     layouts: dict[str, dict[str, list[int]]] = {}
     for system in systems:

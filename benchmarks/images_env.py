@@ -59,7 +59,6 @@ def peer_env() -> dict[str, str]:
     """Environment for a process in the venv: its own site-packages only, no telemetry, no prompts."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTHONPATH", "VIRTUAL_ENV"))}
     env["PYTHONWARNINGS"] = "ignore"
-    env["DATA_OPTIMIZER_NUM_WORKERS"] = env.get("DATA_OPTIMIZER_NUM_WORKERS", "2")
     return env
 
 
