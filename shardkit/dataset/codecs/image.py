@@ -322,7 +322,9 @@ class ImageCodec(Codec):
     """Images as compressed bytes: ``ImageCodec("png")`` (lossless) or ``ImageCodec("jpeg", quality=90)``.
 
     The field's shape is ``(H, W)`` (grayscale) or ``(H, W, C)`` with C in 1, 3, 4 (JPEG: 1 or 3);
-    H and W may be None for images of varying size, which then decode to an object array.
+    H and W may be None for images of varying size, which then decode to an object array. Values written
+    are pixels (uint8 arrays), which the codec encodes, or images in its format already (``bytes``), which
+    are stored as they are (`encode`).
     """
 
     name = "image"

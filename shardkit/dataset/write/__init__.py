@@ -274,6 +274,9 @@ def write_dataset(
             them: ``write_dataset(iter(reader), url, schema=reader.schema)``), or row dicts. A mapping
             of numpy arrays with one first dimension could be a row of tensors or a batch: the schema
             decides, and without one it is refused (`shardkit.dataset.write._sources.item_kind`).
+            An image field's values are pixels (uint8 arrays), or PNG/JPEG images as ``bytes`` (or an
+            Arrow binary column), stored as they are once their headers fit the field
+            (`shardkit.dataset.codecs.image.ImageCodec.encode`).
         url: a folder on any fsspec filesystem.
         schema: the fields; when omitted, inferred from the whole input if it is in memory (a
             DataFrame, table or dict of columns), else from its first batch (images must be declared).
