@@ -115,6 +115,18 @@ def test_batches_of_encoded_images_as_a_reader_gives_them_undecoded(tmp_path: Pa
     assert stored(ds.url) == jpegs
 
 
+def test_a_readers_undecoded_images_write_back_byte_identical(tmp_path: Path, jpegs: list[bytes]) -> None:
+    """``make_reader(decode=False)`` gives the stored bytes; written back, they are stored as they are."""
+    schema = Schema([Field("id", "int64"), image_field()])
+    ds = shardkit.write_dataset({"id": np.arange(len(jpegs)), "image": jpegs}, tmp_path / "a", schema=schema,
+                                row_group_size=2)
+    reader = shardkit.make_reader(ds.url, decode=False, batch_size=4)
+    copy = shardkit.write_dataset(iter(reader), tmp_path / "b", schema=reader.schema)
+    assert copy.schema == schema
+    by_id = dict(zip(decoded(copy, "id"), stored(copy.url), strict=True))
+    assert [by_id[i] for i in range(len(jpegs))] == jpegs
+
+
 def test_a_column_mixes_pixels_bytes_and_nulls_row_by_row(tmp_path: Path, jpegs: list[bytes]) -> None:
     """Bytes are stored as they are; pixels are encoded by the codec, as a column of pixels alone is."""
     rng = np.random.default_rng(1)
