@@ -26,6 +26,9 @@ ABOUT = {
             "same rows; the cost of checking page checksums (the `-noverify` rows).",
     "write": "writing datasets (pandas, Arrow, numpy with PNG images, Spark) beside pyarrow and Petastorm; "
              "the cost of writing page checksums (the `-nocrc` row).",
+    "write_images": "existing JPEG files written as a dataset: stored as they are (`bytes` values) beside "
+                    "decoded and encoded again (pixels); how many stored values are byte-identical to "
+                    "their files.",
     "tables": "Delta Lake and Iceberg tables read in place beside the same files read as a plain folder and "
               "Ray Data's own readers; opening and planning tables of 1,000 and 10,000 files.",
     "images": "JPEG pipelines (decode + augment, decode only, raw bytes) in shardkit beside LitData and "
