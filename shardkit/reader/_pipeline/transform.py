@@ -247,7 +247,8 @@ class _Outcome:
         self.arrays: dict[str, Any] = {}
         self.spec: Spec | None = None
         self.first_row = -1  # the input row whose output set ``spec`` (when this run set it)
-        self.skipped: list[tuple[int, BaseException]] = []
+        self.skipped: list[tuple[int, BaseException]] = []  # rows fn raised on (on_error="skip")
+        self.dropped: list[int] = []  # rows prepare left out
         self.busy = 0.0
         self.prepare = 0.0
 
@@ -277,8 +278,7 @@ class _Runner:
             if isinstance(prepared, tuple):  # (batch, keep): rows prepare leaves out (undecodable)
                 prepared, keep = prepared
                 rows = rows[np.asarray(keep, bool)]
-                for row in np.flatnonzero(~np.asarray(keep, bool)).tolist():
-                    out.skipped.append((row, ValueError("left out by the decoder")))
+                out.dropped = np.flatnonzero(~np.asarray(keep, bool)).tolist()
             batch = prepared
             out.prepare = time.perf_counter() - start
         if self.fn is None:
@@ -324,7 +324,7 @@ class _Runner:
                     spec[name] = _kind_of(value, self._variable(name))[0]
                 out.first_row = row
             if result.keys() != spec.keys():
-                raise _SampleFailure(row, "fields", (sorted(spec), sorted(result)))
+                raise _SampleFailure(row, "fields", (sorted(spec), sorted(result), out.first_row))
             if arrays is None:
                 arrays = {name: np.empty((n, *k[1]), k[2]) for name, k in spec.items() if k[0] == "array"}
             slot = len(out.kept)
@@ -334,7 +334,7 @@ class _Runner:
                     if spec[name][0] == "object":  # anything goes in an object field
                         stored = value
                     else:
-                        raise _SampleFailure(row, "mismatch", (name, spec[name], kind))
+                        raise _SampleFailure(row, "mismatch", (name, spec[name], kind, out.first_row))
                 if kind[0] == "array" and spec[name][0] == "array":
                     arrays[name][slot] = stored
                 else:
@@ -369,8 +369,9 @@ def _shared_fd(size: int) -> int:
 
 
 class _Segment:
-    """A shared-memory segment: its fd (sent to the workers), this process's map of it, and ``base``
-    (the uint8 array every batch array made from it is a view of)."""
+    """A shared-memory segment: its file descriptor (sent to the workers, as many times as they are
+    started), this process's map of it and ``base``, the uint8 array every batch array made from it is
+    a view of. The memory goes when the maps are gone (a map holds a descriptor of its own)."""
 
     def __init__(self, ident: int, size: int) -> None:
         self.ident = ident
@@ -383,14 +384,11 @@ class _Segment:
     def in_use(self) -> bool:
         return sys.getrefcount(self.base) > self.free_refs
 
-    def close_fd(self) -> None:
+    def release(self) -> None:
+        """Let go of this process's hold (arrays still in use keep the map, and its fd, until they go)."""
         if self.fd >= 0:
             os.close(self.fd)
             self.fd = -1
-
-    def release(self) -> None:
-        """Let go of this process's hold (arrays still in use keep the mapping until they go)."""
-        self.close_fd()
         in_use = self.in_use()
         del self.base
         if not in_use:
@@ -483,7 +481,8 @@ def _worker_job(runner: _Runner, segments: dict[int, tuple[mmap.mmap, np.ndarray
             if type(a) is np.ndarray and a.shape[1:] == d.shape[1:] and a.dtype == d.dtype:
                 d[: len(a)] = a
                 arrays[name] = None
-    skipped = [(row, _portable(e), one_line(f"{type(e).__name__}: {e}")) for row, e in out.skipped]
+    skipped = [(row, one_line(f"{type(e).__name__}: {e}")) for row, e in out.skipped]
+    skipped += [(row, "") for row in out.dropped]
     return ("done", job, out.kept, out.spec, out.first_row, arrays, skipped, out.busy, out.prepare)
 
 
@@ -698,9 +697,10 @@ class SampleStage:
         self.stats["seconds_waited"] += time.perf_counter() - start
         if skipped:
             self.stats["skipped_samples"] += len(skipped)
-            if not self._warned_skip:
+            raised = [(row, text) for row, text in skipped if text]  # not those prepare left out: it says
+            if raised and not self._warned_skip:
                 self._warned_skip = True
-                row, text = skipped[0]
+                row, text = raised[0]
                 warnings.warn(f"transform {self.name} raised on {self._sample_name(row, epoch, keys, where)} "
                               f"({text}): on_error='skip' leaves such samples out of their batches (counted "
                               "in the reader's transform stats); this is warned once", stacklevel=2)
@@ -719,7 +719,7 @@ class SampleStage:
         if self._spec is None and out.spec is not None:
             self._spec, self._spec_from = out.spec, self._sample_name(out.first_row, epoch, keys, where)
         skipped = [(row, one_line(f"{type(e).__name__}: {e}")) for row, e in out.skipped]
-        return dict(out.arrays), skipped
+        return dict(out.arrays), skipped + [(row, "") for row in out.dropped]
 
     def _failure(self, row: int, kind: str, detail: Any, *, epoch: int, keys: np.ndarray,
                  where: Sequence[str] | None, remote: str | None = None) -> TransformError:
@@ -733,15 +733,18 @@ class SampleStage:
             got = detail.__name__ if isinstance(detail, type) else str(detail)
             return TransformError(f"transform {self.name} returned a {got} for {sample}, not a dict: return "
                                   "a dict of field name -> value (e.g. {'image': array, 'label': label})")
+        origin = self._spec_from or "the first sample"
+        if kind in ("fields", "mismatch") and detail[-1] >= 0:  # the first sample was in this batch
+            origin = self._sample_name(detail[-1], epoch, keys, where)
         if kind == "fields":
             return TransformError(f"transform {self.name} returned the fields {detail[1]} for {sample}, but "
-                                  f"{detail[0]} for {self._spec_from or 'the first sample'}: every sample "
-                                  "must return the same fields (a batch holds each field for every row)")
+                                  f"{detail[0]} for {origin}: every sample must return the same fields (a "
+                                  "batch holds each field for every row)")
         if kind == "mismatch":
-            name, want, got = detail
+            name, want, got, _ = detail
             return TransformError(
                 f"transform {self.name} returned field {name!r} as {kind_text(got)} for {sample}, but as "
-                f"{kind_text(want)} for {self._spec_from or 'the first sample'}: a batch stacks a field's "
+                f"{kind_text(want)} for {origin}: a batch stacks a field's "
                 "values into one array, so every sample must give it the same shape and dtype. Make them "
                 "equal (resize or crop images to one size, cast to one dtype), or pass "
                 f"variable={{{name!r}}} to get the field as a 1-D object array of per-sample values")
@@ -824,7 +827,7 @@ class SampleStage:
                 w.job = job
                 self._send(w, ("job", job, piece, epoch, self.seed, keys[a:b], spec, place), segment)
             failure = self._collect(job, replies, cuts, epoch=epoch, keys=keys, where=where)
-        except (OSError, EOFError, ValueError) as e:  # a pipe to a worker broke: it died
+        except (OSError, EOFError) as e:  # a pipe to a worker broke: it died
             self._restart_workers()
             raise self._closed_error() if self._closed else TransformError(
                 f"a transform worker process broke its pipe ({type(e).__name__}: {one_line(e)}) while "
@@ -848,7 +851,8 @@ class SampleStage:
         """Wait for every worker's reply to ``job``; the first failure, if any (once all replied)."""
         parts = len(cuts) - 1
         deadline = None if self.timeout is None else time.monotonic() + self.timeout
-        failure: TransformError | None = None
+        failure: TransformError | None = None  # of the first row that failed (whichever worker is first)
+        failed_row = -1
         pending = set(range(parts))
         while pending:
             waiting = {self._workers[i].conn: i for i in pending}
@@ -866,44 +870,47 @@ class SampleStage:
                     "lock, a network call, a thread pool used after fork: see start_method), or raise "
                     "transform_timeout if a batch truly takes that long")
             for obj in ready:
-                if obj in waiting:
-                    i = waiting[obj]
-                    try:
-                        reply = self._workers[i].conn.recv()
-                    except (EOFError, OSError):
-                        continue  # it died: its sentinel says so
+                i = waiting[obj] if obj in waiting else sentinels[obj]
+                if i not in pending:
+                    continue
+                w = self._workers[i]
+                try:
+                    reply = w.conn.recv() if w.conn.poll(0) else None
+                except (EOFError, OSError):  # it died
+                    reply = None
+                if reply is not None:
                     if reply[1] != job:
                         continue  # a late reply of an earlier failed batch
                     replies[i] = reply
                     pending.discard(i)
-                    self._workers[i].job = None
-                    if reply[0] == "fail" and failure is None:
+                    w.job = None
+                    if reply[0] == "fail" and (failure is None or cuts[i] + max(reply[2], 0) < failed_row):
                         row, kind, detail, text = reply[2], str(reply[3]), reply[4], str(reply[5])
                         absolute = cuts[i] + row if row >= 0 else -1
+                        if kind in ("fields", "mismatch") and detail[-1] >= 0:
+                            detail = (*detail[:-1], cuts[i] + detail[-1])
                         failure = self._failure(absolute, kind, detail, epoch=epoch, keys=keys, where=where,
                                                 remote=text)
+                        failed_row = cuts[i] + max(row, 0)
                         if kind == "raised":
                             cause = detail if isinstance(detail, BaseException) else None
                             if cause is not None:
                                 cause.__cause__ = _RemoteTraceback(text)
                             failure.__cause__ = cause or _RemoteTraceback(text)
-                elif obj in sentinels:
-                    i = sentinels[obj]
-                    if i not in pending or self._workers[i].conn.poll(0):
-                        continue  # its reply came first: read it on the next turn
-                    w = self._workers[i]
-                    code = w.process.exitcode
-                    self._restart_workers()
-                    if self._closed:
-                        return self._closed_error()
-                    how = (f"was killed by {signal.Signals(-code).name}" if code is not None and code < 0
-                           and -code in signal.Signals._value2member_map_ else f"exited with status {code}")
-                    return failure or TransformError(
-                        f"transform worker process {w.process.pid} {how} while transforming "
-                        f"{self._range_text(cuts[i], cuts[i + 1], epoch, keys, where)}; the workers were "
-                        "started again. A signal from outside (the OOM killer: see dmesg), or a crash in "
-                        "native code the transform calls (a segfault), ends a worker; run the transform "
-                        "with transform_workers=0 to see it in this process")
+                    continue
+                w.process.join(1.0)  # gone (its pipe's end, or its sentinel): its exit status
+                code, pid = w.process.exitcode, w.process.pid
+                self._restart_workers()
+                if self._closed:
+                    return self._closed_error()
+                how = (f"was killed by {signal.Signals(-code).name}" if code is not None and code < 0
+                       and -code in signal.Signals._value2member_map_ else f"exited with status {code}")
+                return failure or TransformError(
+                    f"transform worker process {pid} {how} while transforming "
+                    f"{self._range_text(cuts[i], cuts[i + 1], epoch, keys, where)}; the workers were "
+                    "started again. A signal from outside (the OOM killer: see dmesg), or a crash in "
+                    "native code the transform calls (a segfault), ends a worker; run the transform "
+                    "with transform_workers=0 to see it in this process")
         return failure
 
     def _assemble(self, replies: list[Any], cuts: list[int], *, segment: _Segment | None,
@@ -918,7 +925,7 @@ class SampleStage:
             _, _, kept, _, _, _, skips, busy, prep = reply
             self.stats["seconds_busy"] += busy
             self.stats["seconds_prepare"] += prep
-            skipped.extend((cuts[i] + row, text) for row, _, text in skips)
+            skipped.extend((cuts[i] + row, text) for row, text in skips)
             counts.append(len(kept))
         total = sum(counts)
         if self._spec is None:
@@ -994,11 +1001,11 @@ class SampleStage:
                 spec, self._spec_from = s, sample
                 continue
             if s.keys() != spec.keys():
-                raise self._failure(cuts[i] + first_row, "fields", (sorted(spec), sorted(s)), epoch=epoch,
+                raise self._failure(cuts[i] + first_row, "fields", (sorted(spec), sorted(s), -1), epoch=epoch,
                                     keys=keys, where=where)
             for name, kind in s.items():
                 if kind != spec[name] and spec[name][0] != "object":
-                    raise self._failure(cuts[i] + first_row, "mismatch", (name, spec[name], kind),
+                    raise self._failure(cuts[i] + first_row, "mismatch", (name, spec[name], kind, -1),
                                         epoch=epoch, keys=keys, where=where)
         return spec
 
