@@ -427,7 +427,7 @@ class ImageCodec(Codec):
                 raise SchemaMismatchError(
                     f"field {field.name!r}: row {i} is a str ({v[:20]!r}), not an image; give pixels as a "
                     f"uint8 numpy array of shape {field.shape}, or an encoded PNG or JPEG as bytes")
-            elif (isinstance(v, np.ndarray) and v.ndim == 1 and v.dtype == np.uint8 and len(field.shape) > 1
+            elif (isinstance(v, np.ndarray) and v.ndim == 1 and v.dtype == np.uint8 and v.flags.c_contiguous
                   and (found := headers.claim(v)) is not None):
                 raise SchemaMismatchError(
                     f"field {field.name!r}: row {i} is a 1-D uint8 array of {len(v)} bytes that holds a "
