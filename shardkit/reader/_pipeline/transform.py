@@ -13,8 +13,9 @@ come from the hash; the generator is for the call: a new one is made for every s
 `random`, numpy's legacy global generator (``np.random.seed``) and, when ``torch`` is already imported,
 torch's default CPU generator. ``key`` is the sample's position in the epoch's global order, the same
 whatever the number of shards, workers or batches, so the same sample gets the same random draws on
-a resumed or resized run. Each generator gets its own hash (no two libraries share a stream). This
-costs a few microseconds per sample (`benchmarks/transform_stage.py` measures it).
+a resumed or resized run. Each generator gets its own hash (no two libraries share a stream). Setting
+a PCG64's state costs about a microsecond where building a generator from a seed sequence costs ten;
+seeding Python's and the legacy Mersenne twisters (and torch's) costs a few more, per sample.
 In the calling process (``processes=0``) the global generators' states are saved before a batch
 and restored after it: the training's own draws from them go on where they were (draws made by
 another thread while a batch is being transformed may come from the transform's streams; worker
@@ -42,8 +43,15 @@ segment (an anonymous ``memfd`` on Linux, so nothing is left in ``/dev/shm`` eve
 killed), which this process maps as the batch's arrays without a copy. Segments are reused: a
 segment is free again once nothing refers to the arrays of its batch (the reference count check of
 `batching.Recycler`), so a batch the user still holds keeps its memory, and free segments are kept
-for the next batches (at most a few). The first batch, whose field shapes are not known yet, comes
-back through the pipe and is copied once.
+for the next batches (at most a few). The first batch, whose field shapes are not known yet, goes
+to segments the workers make themselves (their file descriptors passed back over the pipe), and is
+copied once into one of the stage's. Fields that cannot be shared so (object arrays, masked arrays
+from ``prepare``) come back pickled through the pipe.
+
+``stats``: ``batches``, ``samples`` (handed out), ``skipped_samples`` (left out: ``fn`` raised under
+``"skip"``, or ``prepare`` left them out), ``seconds_busy`` (in ``prepare`` and ``fn``, summed over
+workers), ``seconds_prepare``, ``seconds_waited`` (from a batch's start to its result, in this
+process) and ``worker_restarts``.
 
 Workers start with the ``fork`` method where the platform has it, as torch's DataLoader does: the
 child gets the parent's modules already imported (no second import of numpy, torch or the decoder) and
@@ -81,7 +89,6 @@ import random
 import signal
 import sys
 import tempfile
-import threading
 import time
 import traceback
 import warnings
@@ -95,10 +102,11 @@ from typing import Any, Literal
 import numpy as np
 
 from shardkit.errors import ReaderError, TransformError, one_line
-from shardkit.reader._pipeline.batching import ALIGN, Columns, num_rows
+from shardkit.reader._pipeline.batching import ALIGN, Columns, Recycler, num_rows
 
 _GOLDEN = 0x9E3779B97F4A7C15
 _KEEP_FREE_SEGMENTS = 4  # free shared-memory segments kept for the next batches, per stage
+_KEEP_FREE_BYTES = 256 << 20  # free output arrays kept for the next batches (processes=0)
 _STOP_GRACE = 1.0  # seconds closing workers get to exit before they are killed
 
 # A field's kind: ("array", row shape, dtype) stacks into one array; ("object",) is a 1-D object array.
@@ -264,6 +272,8 @@ class _Runner:
         self.variable = variable
         self.calling = takes_rng(fn) if fn is not None else "no"
         self.seeder = _Seeder()
+        self.empty: Callable[[tuple[int, ...], np.dtype], np.ndarray] = np.empty  # where outputs go
+        self.allocate: Callable[[Spec, int], Columns] | None = None  # or all of a batch's at once
 
     def _variable(self, name: str) -> bool:
         return self.variable is True or (not isinstance(self.variable, bool) and name in self.variable)
@@ -326,7 +336,9 @@ class _Runner:
             if result.keys() != spec.keys():
                 raise _SampleFailure(row, "fields", (sorted(spec), sorted(result), out.first_row))
             if arrays is None:
-                arrays = {name: np.empty((n, *k[1]), k[2]) for name, k in spec.items() if k[0] == "array"}
+                stacked = {name: k for name, k in spec.items() if k[0] == "array"}
+                arrays = self.allocate(stacked, n) if self.allocate is not None else {
+                    name: self.empty((n, *k[1]), np.dtype(k[2])) for name, k in stacked.items()}
             slot = len(out.kept)
             for name, value in result.items():
                 kind, stored = _kind_of(value, self._variable(name))
@@ -457,33 +469,85 @@ def _worker_main(conn: Any, runner: _Runner, parent: int) -> None:
                 with contextlib.suppress(BufferError):
                     m.close()
         elif what == "job":
-            conn.send(_worker_job(runner, segments, message))
+            _worker_job(conn, runner, segments, message)
 
 
-def _worker_job(runner: _Runner, segments: dict[int, tuple[mmap.mmap, np.ndarray]], message: Any) -> Any:
+class _Own:
+    """A worker's own segment for a batch whose shapes the parent does not know yet (the first): the
+    rows are written there as ``fn`` returns them, and its fd goes to the parent with the reply."""
+
+    def __init__(self) -> None:
+        self.fd = -1
+        self.map: mmap.mmap | None = None
+        self.shape: tuple[dict[str, tuple[int, tuple[int, ...], str]], int, int] | None = None
+
+    def allocate(self, spec: Spec, rows: int) -> Columns:
+        places, nbytes = layout(spec, rows)
+        self.fd = _shared_fd(nbytes)
+        self.map = mmap.mmap(self.fd, nbytes)
+        self.shape = (places, rows, nbytes)
+        return _views(np.frombuffer(self.map, np.uint8), places, rows)
+
+    def close(self) -> None:
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
+        if self.map is not None:
+            with contextlib.suppress(BufferError):  # views still alive: the map goes with them
+                self.map.close()
+            self.map = None
+
+
+def _worker_job(conn: Any, runner: _Runner, segments: dict[int, tuple[mmap.mmap, np.ndarray]],
+                message: Any) -> None:
     """One job: ``message`` is ("job", id, columns, epoch, seed, keys, spec, place), ``place`` None or
-    (segment, field places, the batch's rows, this slice's first row) where to write the rows."""
+    (segment, field places, the batch's rows, this slice's first row) where to write the rows. Without
+    a place, the rows go to a segment of the worker's own (`_Own`), sent after the reply."""
     _, job, batch, epoch, seed, keys, spec, place = message
     dest = None
+    own = _Own()
     if place is not None:
         ident, places, rows, start = place
         dest = _views(segments[ident][1], places, rows, start, start + len(keys))
+    else:
+        runner.allocate = own.allocate
     try:
         out = runner.run(batch, epoch=epoch, seed=seed, keys=keys, spec=spec, dest=dest)
     except _SampleFailure as f:
-        return ("fail", job, f.row, f.kind, _portable(f.detail), _traceback_text(f))
+        own.close()
+        conn.send(("fail", job, f.row, f.kind, _portable(f.detail), _traceback_text(f)))
+        return
     except Exception as e:  # prepare raised: the whole slice
-        return ("fail", job, -1, "prepare", _portable(e), _traceback_text(e))
+        own.close()
+        conn.send(("fail", job, -1, "prepare", _portable(e), _traceback_text(e)))
+        return
+    finally:
+        runner.allocate = None
     arrays = out.arrays
-    if dest is not None and runner.fn is None:  # prepared columns that fit go to shared memory
+    plain = {name: a for name, a in arrays.items() if type(a) is np.ndarray and not a.dtype.hasobject}
+    if runner.fn is None and dest is not None:  # prepared columns that fit go to shared memory
         for name, d in dest.items():
-            a = arrays.get(name)
-            if type(a) is np.ndarray and a.shape[1:] == d.shape[1:] and a.dtype == d.dtype:
+            a = plain.get(name)
+            if a is not None and a.shape[1:] == d.shape[1:] and a.dtype == d.dtype:
                 d[: len(a)] = a
                 arrays[name] = None
+    elif runner.fn is None and plain and len(out.kept):  # the first batch: into a segment of its own
+        views = own.allocate({name: ("array", a.shape[1:], a.dtype) for name, a in plain.items()},
+                             len(out.kept))
+        for name, a in plain.items():
+            views[name][:] = a
+        del views
+    if own.shape is not None:
+        for name in own.shape[0]:
+            arrays[name] = None
     skipped = [(row, one_line(f"{type(e).__name__}: {e}")) for row, e in out.skipped]
     skipped += [(row, "") for row in out.dropped]
-    return ("done", job, out.kept, out.spec, out.first_row, arrays, skipped, out.busy, out.prepare)
+    conn.send(("done", job, out.kept, out.spec, out.first_row, arrays, skipped, out.busy, out.prepare,
+               own.shape))
+    del out, arrays, plain
+    if own.shape is not None:
+        reduction.send_handle(conn, own.fd, os.getppid())
+    own.close()
 
 
 def _portable(detail: Any) -> Any:
@@ -532,8 +596,10 @@ class _Worker:
             self.process.close()
 
 
-def _stop(workers: list[_Worker], segments: list[_Segment]) -> None:
-    """Stop the workers (a word, then SIGKILL past a grace) and let go of the segments."""
+def _stop(workers: list[_Worker], segments: list[_Segment], executor: ThreadPoolExecutor) -> None:
+    """Stop the workers (a word, then SIGKILL past a grace) and let go of the segments (a stage closed,
+    or dropped unclosed)."""
+    executor.shutdown(wait=False, cancel_futures=True)
     for w in workers:
         if w.job is None:
             with contextlib.suppress(Exception):
@@ -611,8 +677,9 @@ class SampleStage:
         self._spec_from = ""  # the sample whose output set the spec
         self._warned_skip = False
         self._closed = False
-        self._lock = threading.Lock()
         self._runner = _Runner(fn, prepare, on_error, self.variable)
+        if not processes:  # batches' arrays used again once dropped (fresh pages cost the kernel)
+            self._runner.empty = Recycler(_KEEP_FREE_BYTES).empty
         self._workers: list[_Worker] = []
         self._segments: list[_Segment] = []
         self._next_segment = 0
@@ -641,7 +708,7 @@ class SampleStage:
             self._context = multiprocessing.get_context(method)
             self._start_workers()
         self._executor = ThreadPoolExecutor(1, thread_name_prefix="shardkit-transform")
-        self._finalizer = weakref.finalize(self, _stop, self._workers, self._segments)
+        self._finalizer = weakref.finalize(self, _stop, self._workers, self._segments, self._executor)
 
     # -- public -----------------------------------------------------------------------------------
 
@@ -719,7 +786,11 @@ class SampleStage:
         if self._spec is None and out.spec is not None:
             self._spec, self._spec_from = out.spec, self._sample_name(out.first_row, epoch, keys, where)
         skipped = [(row, one_line(f"{type(e).__name__}: {e}")) for row, e in out.skipped]
-        return dict(out.arrays), skipped + [(row, "") for row in out.dropped]
+        arrays = dict(out.arrays)
+        if not arrays and self.fn is not None and self._spec is not None:  # no rows: the fields, empty
+            arrays = {name: np.empty((0, *k[1]), k[2]) if k[0] == "array" else np.empty(0, object)
+                      for name, k in self._spec.items()}
+        return arrays, skipped + [(row, "") for row in out.dropped]
 
     def _failure(self, row: int, kind: str, detail: Any, *, epoch: int, keys: np.ndarray,
                  where: Sequence[str] | None, remote: str | None = None) -> TransformError:
@@ -876,7 +947,14 @@ class SampleStage:
                 w = self._workers[i]
                 try:
                     reply = w.conn.recv() if w.conn.poll(0) else None
-                except (EOFError, OSError):  # it died
+                    if reply is not None and reply[0] == "done" and reply[9] is not None:
+                        fd = reduction.recv_handle(w.conn)  # the worker's own segment: map it
+                        try:
+                            shared = mmap.mmap(fd, reply[9][2])
+                        finally:
+                            os.close(fd)
+                        reply = (*reply, shared)
+                except (EOFError, OSError, RuntimeError):  # it died (RuntimeError: no fd came)
                     reply = None
                 if reply is not None:
                     if reply[1] != job:
@@ -922,7 +1000,7 @@ class SampleStage:
         skipped: list[tuple[int, str]] = []
         counts = []
         for i, reply in enumerate(replies):
-            _, _, kept, _, _, _, skips, busy, prep = reply
+            kept, skips, busy, prep = reply[2], reply[6], reply[7], reply[8]
             self.stats["seconds_busy"] += busy
             self.stats["seconds_prepare"] += prep
             skipped.extend((cuts[i] + row, text) for row, text in skips)
@@ -935,6 +1013,8 @@ class SampleStage:
             self._spec = spec
         spec = self._spec
         sent = [reply[5] for reply in replies]
+        theirs = [_views(np.frombuffer(reply[10], np.uint8), reply[9][0], reply[9][1])
+                  if reply[0] == "done" and reply[9] is not None else {} for reply in replies]
         if segment is not None and places is not None and all(
                 sent[i].get(name) is None for i in range(len(sent)) if counts[i] for name in places):
             full = _views(segment.base, places, n)  # every worker wrote its rows: close the gaps
@@ -953,7 +1033,9 @@ class SampleStage:
             if c:
                 for name, parts in pieces.items():
                     value = sent[i].get(name)
-                    parts.append(old[name][cuts[i] : cuts[i] + c] if value is None else value)
+                    if value is None:
+                        value = theirs[i][name][:c] if name in theirs[i] else old[name][cuts[i] : cuts[i] + c]
+                    parts.append(value)
         stackable = {name: spec[name] for name, parts in pieces.items() if spec[name][0] == "array" and all(
             type(p) is np.ndarray and p.shape[1:] == tuple(spec[name][1]) and p.dtype == spec[name][2]
             for p in parts)}
@@ -979,7 +1061,13 @@ class SampleStage:
                     raise TransformError(
                         f"prepare step {describe_callable(self.prepare)} gave field {name!r} rows of other "
                         f"shapes in the slices of one batch ({one_line(e)}): its rows must stack") from e
-        return {name: out[name] for name in spec}, skipped
+        result = {name: out[name] for name in spec}
+        del out, pieces, theirs, old, sent
+        for reply in replies:  # the workers' own segments: copied out
+            if len(reply) > 10:
+                with contextlib.suppress(BufferError):
+                    reply[10].close()
+        return result, skipped
 
     def _first_spec(self, replies: list[Any], counts: list[int], cuts: list[int], *, epoch: int,
                     keys: np.ndarray, where: Sequence[str] | None) -> Spec | None:
@@ -990,7 +1078,9 @@ class SampleStage:
             s, first_row, arrays = reply[3], reply[4], reply[5]
             if self.fn is None:
                 if counts[i]:
-                    return {name: ("array", a.shape[1:], a.dtype)
+                    theirs = reply[9][0] if reply[9] is not None else {}
+                    return {name: ("array", theirs[name][1], np.dtype(theirs[name][2])) if name in theirs
+                            else ("array", a.shape[1:], a.dtype)
                             if type(a) is np.ndarray and not a.dtype.hasobject else ("object",)
                             for name, a in arrays.items()}
                 continue
