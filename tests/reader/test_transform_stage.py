@@ -417,3 +417,18 @@ def test_bad_arguments_are_named() -> None:
         SampleStage(plain, seed=0, processes=0, timeout=0, on_error="raise")
     with pytest.raises(ReaderError, match="not callable"):
         SampleStage(3, seed=0, processes=0, timeout=None, on_error="raise")  # type: ignore[arg-type]
+
+
+def null_flag(sample: dict[str, Any]) -> dict[str, Any]:
+    return {"null": sample["m"] is None, "v": np.zeros(2) if sample["v"] is None else sample["v"]}
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("processes", [0, 2])
+def test_a_null_comes_as_none(processes: int) -> None:
+    m = np.ma.masked_array(np.arange(4.0), mask=[False, True, False, True])
+    v = np.ma.masked_array(np.ones((4, 2)), mask=[[True, True], [False, False]] * 2)
+    with SampleStage(null_flag, seed=0, processes=processes, timeout=30, on_error="raise") as stage:
+        out = stage.submit({"m": m, "v": v}, 0, np.arange(4)).result()
+    assert out["null"].tolist() == [False, True, False, True]
+    assert out["v"].tolist() == [[0, 0], [1, 1], [0, 0], [1, 1]]

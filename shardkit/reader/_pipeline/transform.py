@@ -306,13 +306,14 @@ class _Runner:
         if fn is None:
             return
         words = sample_seeds(seed, epoch, keys[rows]).tolist() if len(rows) else []
-        columns = [(name, a, isinstance(a, np.ma.MaskedArray)) for name, a in batch.items()]
+        # a null (a row all masked) is None; other rows of a masked column are its data
+        columns = [(name, a.data, np.ma.getmaskarray(a).reshape(len(a), -1).all(axis=1))
+                   if isinstance(a, np.ma.MaskedArray) else (name, a, None) for name, a in batch.items()]
         n = len(rows)
         objects: dict[str, list[Any]] = {}
         arrays: Columns | None = dest
         for j, row in enumerate(rows.tolist()):
-            sample = {name: (None if a.mask[j] else a.data[j]) if masked else a[j]  # type: ignore[attr-defined]
-                      for name, a, masked in columns}
+            sample = {name: a[j] if nulls is None or not nulls[j] else None for name, a, nulls in columns}
             rng = self.seeder.seed(words[j])
             try:
                 if self.calling == "positional":
