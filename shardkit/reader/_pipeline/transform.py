@@ -307,8 +307,9 @@ class _Runner:
             return
         words = sample_seeds(seed, epoch, keys[rows]).tolist() if len(rows) else []
         # a null (a row all masked) is None; other rows of a masked column are its data
-        columns = [(name, a.data, np.ma.getmaskarray(a).reshape(len(a), -1).all(axis=1))
-                   if isinstance(a, np.ma.MaskedArray) else (name, a, None) for name, a in batch.items()]
+        columns: list[tuple[str, np.ndarray, np.ndarray | None]] = [
+            (name, a.data, np.asarray(np.ma.getmaskarray(a)).reshape(len(a), -1).all(axis=1))
+            if isinstance(a, np.ma.MaskedArray) else (name, a, None) for name, a in batch.items()]
         n = len(rows)
         objects: dict[str, list[Any]] = {}
         arrays: Columns | None = dest
