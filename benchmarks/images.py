@@ -70,6 +70,7 @@ from benchmarks.common import (
     machine_info,
     save_results,
     table,
+    write_json,
 )
 
 BATCH = 256
@@ -539,7 +540,8 @@ def report(doc: dict[str, Any]) -> tuple[str, list[dict[str, str]]]:
                  f"{BATCH}-batch, gap {uniform['gap_vs_uniform']:.2f}")
     how = sorted({r.get("how", "") for rs in runs.get("augment", {}).values() for r in rs if r.get("how")})
     if how:
-        lines.append(f"shardkit's augmentation ran through {', '.join(how)}")
+        lines.append(f"shardkit's augmentation ran through {', '.join(how)}"
+                     + (f", at commit {doc['shardkit_commit']}" if doc.get("shardkit_commit") else ""))
     conv = doc.get("convert", {})
     if conv:
         lines.append("\n" + table(["conversion", "seconds", "images/s", "CPU-s", "units", "byte-identical"], [
@@ -641,8 +643,12 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--no-save", action="store_true")
     parser.add_argument("--report-only", metavar="RESULTS_JSON", help="print a saved run's tables again")
     args = parser.parse_args(argv)
-    if args.report_only:
-        print(report(json.loads(Path(args.report_only).read_text()))[0])
+    if args.report_only:  # the tables again from the saved figures (the saved table is rewritten)
+        doc = json.loads(Path(args.report_only).read_text())
+        text, verdicts = report(doc)
+        doc.update(table=text + doc["table"][doc["table"].rfind("\n\n"):], targets=verdicts)
+        write_json(Path(args.report_only), doc)
+        print(doc["table"])
         return
     if args.quick:
         args.images, args.rounds, args.systems, args.reach_images, args.no_save = 600, 1, "shardkit", 0, True
