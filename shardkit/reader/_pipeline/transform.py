@@ -261,6 +261,15 @@ class _Outcome:
         self.prepare = 0.0
 
 
+def _nulls(a: np.ndarray) -> tuple[np.ndarray, np.ndarray | None]:
+    """A column's values and, for a masked one, which rows are null (all masked)."""
+    if not isinstance(a, np.ma.MaskedArray):
+        return a, None
+    mask: np.ndarray = np.ma.getmaskarray(a)  # type: ignore[no-untyped-call]
+    nulls: np.ndarray = np.asarray(mask.reshape(len(a), -1).all(axis=1))
+    return np.asarray(a.data), nulls
+
+
 class _Runner:
     """``prepare`` then ``fn`` on each row, seeded, outputs checked and stacked (into ``dest`` if given)."""
 
@@ -307,9 +316,7 @@ class _Runner:
             return
         words = sample_seeds(seed, epoch, keys[rows]).tolist() if len(rows) else []
         # a null (a row all masked) is None; other rows of a masked column are its data
-        columns: list[tuple[str, np.ndarray, np.ndarray | None]] = [
-            (name, a.data, np.asarray(np.ma.getmaskarray(a)).reshape(len(a), -1).all(axis=1))
-            if isinstance(a, np.ma.MaskedArray) else (name, a, None) for name, a in batch.items()]
+        columns = [(name, *_nulls(a)) for name, a in batch.items()]
         n = len(rows)
         objects: dict[str, list[Any]] = {}
         arrays: Columns | None = dest
