@@ -518,11 +518,13 @@ def report(doc: dict[str, Any]) -> tuple[str, list[dict[str, str]]]:
             ratios = []
             for peer in PEERS:
                 peer_runs = by_system.get(peer, [])
-                same_round = [a["images_per_s"] / b["images_per_s"]
-                              for a, b in zip(by_system.get("shardkit", []), peer_runs, strict=False)
-                              if "error" not in a and "error" not in b]
-                if system == "shardkit" and same_round:
-                    ratios.append(f"{statistics.median(same_round):.2f}x {peer}")
+                pairs = [(a, b) for a, b in zip(by_system.get("shardkit", []), peer_runs, strict=False)
+                         if "error" not in a and "error" not in b]
+                if system == "shardkit" and pairs:
+                    wall = statistics.median(a["images_per_s"] / b["images_per_s"] for a, b in pairs)
+                    cpu = statistics.median(b["cpu_seconds"] / b["images"] / (a["cpu_seconds"] / a["images"])
+                                            for a, b in pairs)
+                    ratios.append(f"{wall:.2f}x {peer} (per CPU-s {cpu:.2f}x)")
             ips = _median(good, "images_per_s") or 0.0
             cpu = _median(good, "cpu_seconds") or 0.0
             images = _median(good, "images") or 0
@@ -533,7 +535,7 @@ def report(doc: dict[str, Any]) -> tuple[str, list[dict[str, str]]]:
                          f"{_median(good, 'units_per_batch'):.1f}", f"{_median(good, 'gap_vs_uniform'):.2f}",
                          f"{images:,.0f} ({_median(good, 'distinct_ids'):,.0f})",
                          f"{_median(good, 'load_1m'):.1f}"])
-    lines.append(table(["mode", "system", "images/s", "shardkit / peer (same round)", "first batch",
+    lines.append(table(["mode", "system", "images/s", "shardkit / peer, same round", "first batch",
                         "peak PSS (tree)", "CPU-s", "CPU-ms/image", "units/batch", "gap/uniform",
                         "images (distinct)", "load"], rows))
     lines.append(f"\nuniform shuffle of the same {n:,} images: {uniform['units_per_batch']:.1f} units per "
