@@ -432,3 +432,15 @@ def test_a_null_comes_as_none(processes: int) -> None:
         out = stage.submit({"m": m, "v": v}, 0, np.arange(4)).result()
     assert out["null"].tolist() == [False, True, False, True]
     assert out["v"].tolist() == [[0, 0], [1, 1], [0, 0], [1, 1]]
+
+
+@pytest.mark.timeout(120)
+def test_batches_kept_by_the_user_do_not_take_a_segment_each() -> None:
+    base_fds = _memfd_fds()
+    with SampleStage(augment, seed=0, processes=2, timeout=60, on_error="raise") as stage:
+        kept = [stage.submit(_batch(8), e, np.arange(8)).result() for e in range(60)]
+        assert len(stage._segments) <= 16 + 2 * 2 + 4
+        assert len(_memfd_fds() - base_fds) <= 2 * len(stage._segments) + 1
+        again = [stage.submit(_batch(8), e, np.arange(8)).result() for e in range(60)]
+    for a, b in zip(kept, again, strict=True):
+        _equal(a, b)

@@ -106,6 +106,7 @@ from shardkit.reader._pipeline.batching import ALIGN, Columns, Recycler, num_row
 
 _GOLDEN = 0x9E3779B97F4A7C15
 _KEEP_FREE_SEGMENTS = 4  # free shared-memory segments kept for the next batches, per stage
+_HANDED_OUT = 16  # batches in shared memory the user may hold (plus 2 per worker); the later are copied
 _KEEP_FREE_BYTES = 256 << 20  # free output arrays kept for the next batches (processes=0)
 _STOP_GRACE = 1.0  # seconds closing workers get to exit before they are killed
 
@@ -915,8 +916,14 @@ class SampleStage:
                 "again") from e
         if failure is not None:
             raise failure
-        return self._assemble(replies, cuts, segment=segment, places=places, epoch=epoch, keys=keys,
-                              where=where)
+        out, skipped = self._assemble(replies, cuts, segment=segment, places=places, epoch=epoch, keys=keys,
+                                      where=where)
+        if sum(s.in_use() for s in self._segments) > _HANDED_OUT + 2 * self.processes:
+            # the user keeps many batches (a list of them): this one is copied out, and its segment
+            # is free for the next, so segments (and their file descriptors) stay few
+            out = {name: np.array(a) if type(a) is np.ndarray and not a.dtype.hasobject else a
+                   for name, a in out.items()}
+        return out, skipped
 
     def _closed_error(self) -> TransformError:
         return TransformError("the transform stage was closed while this batch was being transformed")
