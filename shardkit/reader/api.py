@@ -247,8 +247,10 @@ def make_reader(
     raw = _raw_fields(decode, dataset, list(columns))
     fields = {name: dataset.schema[name] for name in columns}
     late = late_fields(fields, dict.fromkeys(raw, False))
-    if on_error == "skip":  # a corrupt image's row is replaced by a readable one as the window is read, so
-        # images are decoded as they are read (before the shuffle); only encoded bytes asked for stay late
+    if on_error == "skip" or not (shuffle or processes):
+        # a corrupt image's row is replaced by a readable one as the window is read (on_error="skip"), and
+        # unshuffled windows are small anyway: images are decoded as they are read, in the reading threads
+        # (unless transform workers decode them); only encoded bytes asked for stay late
         late = {name: f for name, f in late.items() if name in raw}
     row_bytes = max(1, dataset.decoded_row_bytes(columns))
     # decoded bytes, not Parquet's: compression and dictionaries (PNG images even more) make the

@@ -99,7 +99,8 @@ class Reader:
             "transform": transform, "transform_workers": transform_workers,
             "transform_timeout": transform_timeout, "variable": variable}
         self.dataset = dataset
-        self.schema: Schema = dataset.schema.select(columns)
+        self._read_schema: Schema = dataset.schema.select(columns)
+        self._out_schema: Schema | None = None
         self.shard, self.num_shards = shard, num_shards
         self.batch_size, self.shuffle, self.seed = batch_size, shuffle, seed
         self.num_epochs, self.remainder, self.drop_last = num_epochs, remainder, drop_last
@@ -173,6 +174,37 @@ class Reader:
                 "shards, or drop_last=False"
             )
 
+    @property
+    def schema(self) -> Schema:
+        """The fields of the batches: those read, an image field read with ``decode=False`` as a bytes
+        field, and with a ``transform``, the fields of what it returns (learned from the first sample of
+        the dataset, transformed once when this is first asked: the adapters ask as they are made)."""
+        if self._out_schema is None:
+            self._out_schema = self._output_schema()
+        return self._out_schema
+
+    @schema.setter
+    def schema(self, value: Schema) -> None:
+        self._out_schema = value
+
+    def _output_schema(self) -> Schema:
+        fields = [Field(f.name, "bytes", nullable=f.nullable) if f.name in self._raw else f
+                  for f in self._read_schema]
+        if self.transform is None:
+            return Schema(fields)
+        group = int(np.flatnonzero(self.rows_per_group)[0])
+        late = self._late_fields(None)
+        part = self._source.read(Task(group, 0, 1), late=late)
+        if part is None or not part.chunks:
+            raise ReaderError(f"the first row of {self.dataset.url!r} cannot be read (on_error='skip'), and "
+                              "the fields a transform returns are learned from it")
+        sample = batching.take(part.chunks[0], slice(0, 1))
+        stage = self._sample_stage()
+        out = stage.submit(sample, self.epoch, np.zeros(1, np.int64)).result()
+        variable = self._variable if not isinstance(self._variable, bool) else (
+            set(out) if self._variable else set())
+        return Schema([_field_of(name, values, name in variable) for name, values in out.items()])
+
     # ---- sizes -------------------------------------------------------------------------------
     @property
     def shuffle_reach(self) -> dict[str, Any]:
@@ -191,7 +223,7 @@ class Reader:
             last = np.searchsorted(offsets, np.minimum(starts + rows, self.num_samples) - 1, side="right") - 1
             groups = float(np.mean(last - first + 1))
         late = list(self._late)
-        kept = [c for c in self.schema.names if c not in self._late]
+        kept = [c for c in self._read_schema.names if c not in self._late]
         row_bytes = (self.dataset.decoded_row_bytes(kept) if kept else 0) + 16 * len(late)
         return {"window_rows": rows, "window_row_groups": groups, "window_memory_bytes": rows * row_bytes,
                 "spilled_bytes": 0 if self._spill is None else self._spill.bytes_written, "late_fields": late}
@@ -643,6 +675,20 @@ class Reader:
     def __repr__(self) -> str:
         return (f"Reader({self.dataset.url!r}, shard={self.shard}/{self.num_shards}, epoch={self.epoch}, "
                 f"batch_size={self.batch_size}, samples={self.num_samples})")
+
+
+def _field_of(name: str, values: np.ndarray, variable: bool) -> Field:
+    """The field of a transform's output column ``values`` (one sample's worth, or more)."""
+    if values.dtype == object:
+        first = next((v for v in values if v is not None), None)
+        if isinstance(first, str):
+            return Field(name, "str")
+        if isinstance(first, bytes):
+            return Field(name, "bytes")
+        array = np.asarray(first)
+        return Field(name, array.dtype, (None,) * array.ndim)
+    shape = values.shape[1:]
+    return Field(name, values.dtype, tuple(None for _ in shape) if variable else shape)
 
 
 def closed_error(reader: object) -> ReaderError:

@@ -110,7 +110,9 @@ def test_runs_of_batches_reach_tf_in_one_call_and_come_back_as_the_readers_batch
     with shardkit.make_reader(url, **kw) as reader:
         want = list(reader)
     got = list(stf.make_dataset(url, **kw))
-    assert max(sizes) > 8  # batches were joined
+    # batches were joined; shuffled images are decoded per batch (after the shuffle), each into its own
+    # arrays, so those batches reach tf one at a time
+    assert max(sizes) > 8 if not shuffle else max(sizes) == 8
     assert sum(sizes) == 2 * 300  # and every row went through
     assert [len(g["id"]) for g in got] == [len(w["id"]) for w in want]  # 300 = 37 x 8 + 4, twice
     for w, g in zip(want, got, strict=True):

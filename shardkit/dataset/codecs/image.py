@@ -47,8 +47,8 @@ from typing import TYPE_CHECKING, Any, Literal
 import numpy as np
 import pyarrow as pa
 
+from shardkit.dataset.codecs import _jpeg, headers
 from shardkit.dataset.codecs import _png as png
-from shardkit.dataset.codecs import headers
 from shardkit.dataset.codecs.base import (
     ArrowColumn,
     Codec,
@@ -469,13 +469,20 @@ def decode_images(field: Field, column: ArrowColumn) -> np.ndarray:
     else:  # rows left as they are (nulls) are zeros
         out = np.zeros((n, *shape), np.uint8) if nulls is not None else np.empty((n, *shape), np.uint8)
 
-    fast = _fast_png(field, shape) if fixed else None
+    jpeg_first = isinstance(field.codec, ImageCodec) and field.codec.format == "jpeg"
+    fast = _fast_png(field, shape) if fixed and not jpeg_first else None
+    jpeg_channels = headers.field_channels(field) if fixed else 0
     limit = 0 if fixed else headers.max_image_pixels()  # a fixed shape is checked exactly instead
 
     def run(lo: int, hi: int) -> None:
         rows: Any = range(lo, hi)
         if fast is not None:
             rows = fast(data, offsets, lo, hi, nulls=nulls, out=out)  # the rows it left to the general path
+        if jpeg_channels:  # JPEGs straight into out (`_jpeg`: simplejpeg, else Pillow); the rest go on
+            left = np.asarray(rows, np.int64)
+            done = _jpeg.decode_jpegs(data, offsets[left], offsets[left + 1], out, channels=jpeg_channels,
+                                      rows=left, field=field.name)
+            rows = left[~done]
         for i in rows:
             if nulls is not None and nulls[i]:
                 continue

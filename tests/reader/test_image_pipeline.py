@@ -1,0 +1,214 @@
+"""Images shuffled as encoded bytes and decoded per batch (`shardkit.reader._pipeline.spill`, `decode`), with
+per-sample transforms: every sample exactly once per epoch, the same pixels as decoding before the shuffle,
+the same transformed sample on resume and on another number of shards, and nothing left on disk."""
+
+from __future__ import annotations
+
+import io
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from PIL import Image
+
+import shardkit
+from shardkit import Field, ImageCodec, Schema
+from shardkit.errors import CorruptDatasetError, ReaderError
+
+N = 240
+_DATASETS: dict[tuple[str, int], tuple[str, list[bytes]]] = {}
+_ROOT = tempfile.mkdtemp(prefix="shardkit-test-images-")
+
+
+def jpeg_dataset(fmt: str, row_group_size: int) -> tuple[str, list[bytes]]:
+    """``N`` rows of id, label and a 16x16 image written as its encoded bytes; the bytes by id."""
+    key = (fmt, row_group_size)
+    if key not in _DATASETS:
+        rng = np.random.default_rng(row_group_size)
+        blobs = []
+        for _ in range(N):
+            pixels = rng.integers(0, 256, (16, 16, 3)).astype(np.uint8)
+            out = io.BytesIO()
+            Image.fromarray(pixels).save(out, fmt.upper())
+            blobs.append(out.getvalue())
+        url = os.path.join(_ROOT, f"{fmt}-{row_group_size}")
+        schema = Schema([Field("id", "int64"), Field("label", "int64"),
+                         Field("image", "uint8", (16, 16, 3), codec=ImageCodec(fmt))])  # type: ignore[arg-type]
+        shardkit.write_dataset({"id": np.arange(N), "label": np.arange(N) % 7, "image": blobs}, url,
+                               schema=schema, row_group_size=row_group_size)
+        _DATASETS[key] = (url, blobs)
+    return _DATASETS[key]
+
+
+def pixels_of(blob: bytes) -> np.ndarray:
+    with Image.open(io.BytesIO(blob)) as im:
+        return np.asarray(im.convert("RGB"))
+
+
+def crop_and_flip(sample: dict[str, Any], rng: np.random.Generator) -> dict[str, Any]:
+    """A random 8x8 crop, flipped half the time, and a random number: a seeded augmentation."""
+    y, x = rng.integers(0, 9, 2)
+    image = sample["image"][y : y + 8, x : x + 8]
+    if rng.random() < 0.5:
+        image = image[:, ::-1]
+    return {"id": sample["id"], "image": np.ascontiguousarray(image), "noise": rng.random()}
+
+
+def read_all(url: str, **kw: Any) -> list[dict[str, np.ndarray]]:
+    with shardkit.make_reader(url, **kw) as reader:
+        return list(reader)
+
+
+def by_id(batches: list[dict[str, np.ndarray]]) -> dict[int, tuple[np.ndarray, ...]]:
+    out: dict[int, tuple[np.ndarray, ...]] = {}
+    for b in batches:
+        for i, sample_id in enumerate(b["id"].tolist()):
+            assert sample_id not in out, f"sample {sample_id} read twice"
+            out[sample_id] = tuple(b[k][i] for k in sorted(b) if k != "id")
+    return out
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(fmt=st.sampled_from(["jpeg", "png"]), row_group_size=st.sampled_from([17, 60, 240]),
+       num_shards=st.integers(1, 4), batch_size=st.integers(1, 50),
+       window=st.sampled_from([None, 1, 37, 500]), seed=st.integers(0, 3), shuffle=st.booleans())
+def test_late_decoding_reads_every_sample_once_with_its_own_pixels(
+        fmt: str, row_group_size: int, num_shards: int, batch_size: int, window: int | None, seed: int,
+        shuffle: bool) -> None:
+    url, blobs = jpeg_dataset(fmt, row_group_size)
+    seen: list[int] = []
+    for shard in range(num_shards):
+        batches = read_all(url, shard=shard, num_shards=num_shards, batch_size=batch_size, seed=seed,
+                           shuffle=shuffle, shuffle_buffer=window, remainder="pad")
+        for b in batches:
+            assert b["image"].dtype == np.uint8
+            assert b["image"].shape[1:] == (16, 16, 3)
+            for sample_id, image in zip(b["id"].tolist(), b["image"], strict=True):
+                assert np.array_equal(image, pixels_of(blobs[sample_id])), sample_id
+            seen.extend(b["id"].tolist())
+    # pad repeats fewer than num_shards samples; every sample comes, and only the padding twice
+    assert set(seen) == set(range(N))
+    assert len(seen) - N < num_shards
+
+
+@settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(row_group_size=st.sampled_from([17, 60]), shards_before=st.integers(1, 3),
+       shards_after=st.integers(1, 4), cut=st.integers(0, 6), batch_size=st.integers(4, 30),
+       seed=st.integers(0, 2))
+def test_a_transformed_epoch_resumes_on_any_number_of_shards_with_the_same_samples(
+        row_group_size: int, shards_before: int, shards_after: int, cut: int, batch_size: int, seed: int
+) -> None:
+    url, _ = jpeg_dataset("jpeg", row_group_size)
+    kw: dict[str, Any] = {"batch_size": batch_size, "seed": seed, "transform": crop_and_flip}
+    whole = by_id(read_all(url, **kw))  # one shard, uninterrupted: each sample's transformed values
+    assert len(whole) == N
+    got: list[dict[str, np.ndarray]] = []
+    states = []
+    for shard in range(shards_before):
+        with shardkit.make_reader(url, shard=shard, num_shards=shards_before, **kw) as reader:
+            it = iter(reader)
+            for _ in range(cut):
+                batch = next(it, None)
+                if batch is None:
+                    break
+                got.append(batch)
+            states.append(reader.state_dict())
+    for shard in range(shards_after if states[0]["epoch"] == 0 else 0):  # else: the cut ended the epoch
+        with shardkit.make_reader(url, shard=shard, num_shards=shards_after, **kw) as reader:
+            reader.load_state_dict(states[0])
+            got.extend(reader.iter_epoch())
+    resumed = by_id(got)  # raises on a sample read twice
+    # remainder="drop" leaves out fewer than num_shards samples per stage
+    assert N - len(resumed) < shards_before + shards_after
+    for sample_id, values in resumed.items():
+        for a, b in zip(values, whole[sample_id], strict=True):
+            assert np.array_equal(a, b), f"sample {sample_id} transformed differently"
+
+
+def test_encoded_bytes_come_as_written(tmp_path: Path) -> None:
+    url, blobs = jpeg_dataset("jpeg", 60)
+    batches = read_all(url, batch_size=32, decode=False, seed=1)
+    for b in batches:
+        assert b["image"].dtype == object
+        assert all(b["image"][i] == blobs[k] for i, k in enumerate(b["id"].tolist()))
+    assert sorted(k for b in batches for k in b["id"].tolist()) == list(range(N))
+    with pytest.raises(ReaderError, match=r"decode=\{'label': False\}: 'label' is a scalar field"):
+        shardkit.make_reader(url, decode={"label": False})
+    with pytest.raises(ReaderError, match=r"decode= names 'nope', which is not a column read"):
+        shardkit.make_reader(url, decode={"nope": False})
+
+
+def test_the_shuffle_reaches_the_whole_dataset_and_leaves_nothing_on_disk(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("TMPDIR", os.fspath(tmp_path))
+    tempfile.tempdir = None  # read TMPDIR again
+    try:
+        url, _ = jpeg_dataset("jpeg", 17)
+        with shardkit.make_reader(url, batch_size=24, seed=0) as reader:
+            reach = reader.shuffle_reach
+            assert reach["window_rows"] == N
+            assert reach["late_fields"] == ["image"]
+            assert reach["window_memory_bytes"] == N * (8 + 8 + 16)
+            batches = list(reader)
+            assert reader.shuffle_reach["spilled_bytes"] > 0
+            groups = [len(set((b["id"] // 17).tolist())) for b in batches]
+            assert np.mean(groups) > 8  # 15 row groups, 24 rows a batch: uniformly ~12.5
+            assert os.listdir(tmp_path)  # the spill folder, while the reader is open
+        assert not os.listdir(tmp_path)
+    finally:
+        tempfile.tempdir = None
+
+
+def test_an_image_that_does_not_decode_is_named(tmp_path: Path) -> None:
+    schema = Schema([Field("id", "int64"), Field("image", "uint8", (16, 16, 3), codec=ImageCodec("jpeg"))])
+    _, blobs = jpeg_dataset("jpeg", 60)
+    url = os.fspath(tmp_path / "broken")
+    shardkit.write_dataset({"id": np.arange(50), "image": blobs[:50]}, url, schema=schema, row_group_size=20,
+                           file_size=10**9)
+    (file,) = shardkit.open_dataset(url).files
+    table = pq.read_table(os.path.join(url, file))
+    images = table.column("image").to_pylist()
+    images[33] = images[33][: len(images[33]) // 2]  # truncated, as a bad copy leaves it: its header whole
+    table = table.set_column(1, table.schema.field(1), pa.array(images, table.schema.field(1).type))
+    pq.write_table(table, os.path.join(url, file), row_group_size=20)
+    os.remove(os.path.join(url, "_metadata"))
+    shardkit.write_summary(url)
+    with pytest.raises(CorruptDatasetError, match=r"row group 1 of .*, row 13: field 'image'"), \
+            shardkit.make_reader(url, batch_size=10, seed=0) as reader:
+        list(reader)
+
+
+@pytest.mark.timeout(120)
+def test_transform_workers_give_what_the_reading_process_gives() -> None:
+    url, _ = jpeg_dataset("jpeg", 60)
+    kw: dict[str, Any] = {"batch_size": 32, "seed": 5, "transform": crop_and_flip}
+    here = read_all(url, **kw)
+    there = read_all(url, transform_workers=2, **kw)
+    assert [b["id"].tolist() for b in here] == [b["id"].tolist() for b in there]
+    for a, b in zip(here, there, strict=True):
+        assert a.keys() == b.keys()
+        for k in a:
+            assert np.array_equal(a[k], b[k]), k
+
+
+@pytest.mark.timeout(180)
+def test_dataloader_workers_transform_each_sample_as_one_reader_does() -> None:
+    torch = pytest.importorskip("torch")
+    from shardkit.torch import ShardkitIterableDataset
+
+    url, _ = jpeg_dataset("jpeg", 17)
+    kw: dict[str, Any] = {"batch_size": 16, "seed": 3, "transform": crop_and_flip}
+    whole = by_id(read_all(url, **kw))
+    loader = torch.utils.data.DataLoader(ShardkitIterableDataset(url, **kw), batch_size=None, num_workers=2)
+    got = by_id([{k: v.numpy() for k, v in b.items()} for b in loader])
+    assert len(whole) - len(got) < 2  # two workers: remainder="drop" leaves out at most one sample
+    for sample_id, values in got.items():
+        for a, b in zip(values, whole[sample_id], strict=True):
+            assert np.array_equal(a, b), sample_id
