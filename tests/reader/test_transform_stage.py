@@ -444,3 +444,18 @@ def test_batches_kept_by_the_user_do_not_take_a_segment_each() -> None:
         again = [stage.submit(_batch(8), e, np.arange(8)).result() for e in range(60)]
     for a, b in zip(kept, again, strict=True):
         _equal(a, b)
+
+
+@pytest.mark.timeout(60)
+def test_closing_with_batches_in_flight_ends_them_without_a_hang() -> None:
+    stage = SampleStage(slow, seed=0, processes=2, timeout=None, on_error="raise")
+    pids = _pids(stage)
+    running = stage.submit(_batch(20), 0, np.arange(20))
+    queued = stage.submit(_batch(20), 0, np.arange(20))
+    time.sleep(0.3)
+    stage.close()
+    with pytest.raises(TransformError, match="closed while this batch"):
+        running.result(timeout=10)
+    assert queued.cancelled()
+    assert not any(_alive(pid) for pid in pids)
+    assert stage._workers == []
