@@ -10,6 +10,8 @@ import itertools
 import os
 import random
 import signal
+import subprocess
+import sys
 import time
 import warnings
 from collections.abc import Iterator
@@ -459,3 +461,35 @@ def test_closing_with_batches_in_flight_ends_them_without_a_hang() -> None:
     assert queued.cancelled()
     assert not any(_alive(pid) for pid in pids)
     assert stage._workers == []
+
+
+_ORPHAN = """
+import sys, time
+import numpy as np
+from shardkit.reader._pipeline.transform import SampleStage
+from tests.reader.test_transform_stage import plain
+stage = SampleStage(plain, seed=0, processes=2, timeout=None, on_error="raise")
+stage.submit({"i": np.arange(4)}, 0, np.arange(4)).result()
+print(*[w.process.pid for w in stage._workers], flush=True)
+time.sleep(120)
+"""
+
+
+@pytest.mark.timeout(90)
+def test_workers_end_when_their_parent_is_killed() -> None:
+    root = Path(__file__).resolve().parents[2]
+    with subprocess.Popen([sys.executable, "-c", _ORPHAN], cwd=root, stdout=subprocess.PIPE, text=True,
+                          env={**os.environ, "PYTHONPATH": str(root)}, start_new_session=True) as child:
+        try:
+            assert child.stdout is not None
+            pids = [int(p) for p in child.stdout.readline().split()]
+            assert len(pids) == 2
+            child.send_signal(signal.SIGKILL)
+            child.wait(30)
+            deadline = time.monotonic() + 30
+            while any(_alive(pid) for pid in pids) and time.monotonic() < deadline:
+                time.sleep(0.1)
+            assert not any(_alive(pid) for pid in pids)
+        finally:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(child.pid, signal.SIGKILL)
