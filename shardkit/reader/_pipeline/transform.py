@@ -16,6 +16,10 @@ whatever the number of shards, workers or batches, so the same sample gets the s
 a resumed or resized run. Each generator gets its own hash (no two libraries share a stream). Setting
 a PCG64's state costs about a microsecond where building a generator from a seed sequence costs ten;
 seeding Python's and the legacy Mersenne twisters (and torch's) costs a few more, per sample.
+numpy's legacy generator and torch's take 32 bits of seed (a 64-bit seed costs numpy's five times
+more), so among some 65,000 samples two likely share those draws; ``rng`` (128 bits of state) is the
+generator to draw from, the global ones are seeded for transforms written against them
+(torchvision's).
 In the calling process (``processes=0``) the global generators' states are saved before a batch
 and restored after it: the training's own draws from them go on where they were (draws made by
 another thread while a batch is being transformed may come from the transform's streams; worker
