@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import hashlib
+import os
 import re
 import threading
 from collections import OrderedDict
@@ -25,6 +26,7 @@ import pyarrow.parquet as pq
 
 from shardkit._storage.access import is_denied, no_ranges_error, permission_error, request_error
 from shardkit._storage.location import Location
+from shardkit.dataset import _pages
 from shardkit.dataset._field import Field
 from shardkit.dataset._footers import RowGroup
 from shardkit.dataset._pages import chunk_range
@@ -293,6 +295,41 @@ class Dataset:
         except (OSError, pa.ArrowException):
             return ""
         return "; ".join(found)
+
+    def value_starts(self, i: int, name: str, lengths: np.ndarray) -> tuple[str, np.ndarray] | None:
+        """A local file's path and where its first ``len(lengths)`` values of column ``name`` in row group
+        ``i`` start in it (the values' byte ``lengths``, as read), for a binary column stored as it is
+        (`_pages.plain_value_starts`: images written by shardkit); None when they cannot be read in place
+        (remote, a table's deleted rows, compressed or encoded pages): then they are copied. The pages'
+        checksums are checked when the row group is read (`iter_row_group`), not here."""
+        rg = self.row_groups[i]
+        if not self.location.is_local or self.kept.get(i) is not None or self.casts:
+            return None
+        with self._footer_lock:
+            footer = self.metadata if self.metadata is not None else self._footers.get(rg.file)
+        if footer is None:
+            return None
+        group = footer.row_group(self.row_group_index(i))
+        for j in range(group.num_columns):
+            column = group.column(j)
+            if column.path_in_schema != name:
+                continue
+            leaf = footer.schema.column(j)
+            if (column.compression != "UNCOMPRESSED" or column.has_dictionary_page
+                    or leaf.max_definition_level or leaf.max_repetition_level
+                    or leaf.physical_type != "BYTE_ARRAY"):
+                return None
+            path = self.location.join(rg.file)
+            try:
+                with open(path, "rb") as f:
+                    def read(length: int, offset: int) -> bytes:
+                        return os.pread(f.fileno(), length, offset)
+
+                    starts = _pages.plain_value_starts(read, *_pages.chunk_range(column), lengths)
+            except (OSError, ValueError):
+                return None
+            return None if starts is None else (os.path.abspath(path), starts)
+        return None
 
     def deletions_tag(self, i: int) -> str:
         """A digest of the rows of row group ``i`` deleted by the table's log ('' when none are): what a

@@ -61,7 +61,6 @@ from shardkit.reader._plan import (
 STATE_VERSION = 1
 logger = logging.getLogger(__name__)
 KEYS = "\x00shardkit.keys"  # rides along in a batch to the transform stage: the pi index of each row
-SKIPPED = "\x00shardkit.skipped"  # comes back from the stage: samples it left out (on_error="skip")
 WINDOW_BYTES = 32 << 20  # default shuffle window: about this many decoded bytes of rows
 #: Most decoded bytes of rows one task reads: a row group is read and decoded in tasks of about this
 #: size, so its first rows are decoded (and can be emitted) while its later slices are still read.
@@ -279,7 +278,10 @@ class Reader:
         return self._generation
 
     def _epoch(self, generation: int) -> Iterator[Columns]:
-        """The rest of the current epoch's batches, through the decode/transform stage if any."""
+        """The rest of the current epoch's batches, through the decode/transform stage if any (made
+        first: its worker processes fork before the reading threads start, at the first epoch)."""
+        if self._late or self.transform is not None:
+            self._sample_stage()
         batches = self._epoch_of(generation, None)
         if not self._late and self.transform is None:
             for batch in batches:
@@ -324,9 +326,7 @@ class Reader:
             batch = future.result()
         except CorruptDatasetError as e:  # an image that does not decode: named by its row
             raise self._located_error(e, given, keys) from e
-        skipped = batch.pop(SKIPPED, None)
-        if skipped is not None:
-            self.stats["skipped_samples"] += int(skipped)
+        self.stats["skipped_samples"] += len(keys) - batching.num_rows(batch)  # left out: on_error="skip"
         if pending and self._spill is not None:
             self._spill.release_before(min(o for _, _, o, *_ in pending))
         batch[POSITION] = positions

@@ -44,11 +44,13 @@ from typing import TYPE_CHECKING, Literal
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from shardkit.dataset import Dataset
 from shardkit.dataset.fetch import Fetched, Fetcher, fetch_getter
 from shardkit.errors import CorruptDatasetError, ImageShapeError
 from shardkit.reader._pipeline import batching
+from shardkit.reader._pipeline.spill import SEGMENT_BITS
 from shardkit.reader._plan import Task
 
 if TYPE_CHECKING:
@@ -101,6 +103,7 @@ class RowGroupSource:
         self.bad_groups: set[int] = set()
         self.bad_rows: dict[int, set[int]] = {}
         self.remote_reads = 0
+        self._direct: dict[tuple[int, str], bool] = {}  # (row group, late field): its values read in place
         self._lock = threading.Lock()
         self._recent: OrderedDict[int, _Shared] = OrderedDict()
         self._versions: dict[str, str | None] | None = None  # file -> version, when a cache is in use
@@ -233,11 +236,20 @@ class RowGroupSource:
             end = task.stop if index is None else int(index.max(initial=-1)) + 1
             partial = self.on_error == "raise" and (self.cache is None or not to_end)
             table = self._arrow(task.row_group, end if partial else None)
+            handles: Columns | None = None
+            if late is not None:  # spilled straight from the row group's buffers, not taken first
+                spill, segment, names = late
+                picked = np.arange(task.start, task.stop) if index is None else index
+                handles = {n: self._handles((spill, segment), task.row_group, table.column(n), n, picked)
+                           for n in names}
+                table = table.drop_columns(list(names))
+                if not table.num_columns:  # nothing else read: the handles are the rows
+                    return Part([handles])
             if index is None:
                 batches = table.slice(task.start, task.stop - task.start).to_batches()
             else:
                 batches = _take(table, index)
-            chunks, lost = self._decode([b for b in batches if b.num_rows], task, rows, late)
+            chunks, lost = self._decode([b for b in batches if b.num_rows], task, rows, handles)
             return Part([batching.concat(chunks)] if whole and len(chunks) > 1 else chunks, lost)
         except CorruptDatasetError as e:
             error = self._located(task, e)
@@ -250,6 +262,25 @@ class RowGroupSource:
                 self.bad_groups.add(task.row_group)
             return None
 
+    def _handles(self, late: tuple[Spill, int], row_group: int, column: pa.ChunkedArray, name: str,
+                 rows: np.ndarray) -> np.ndarray:
+        """Handles of the values at ``rows`` of a late field's column: into the data file itself, where its
+        values are stored as they are (`Dataset.value_starts`: nothing copied), else into the spill."""
+        spill, segment = late
+        if self._direct.get((row_group, name), True):
+            lengths = np.asarray(pc.binary_length(column).fill_null(0), dtype=np.int64) if len(column) \
+                else np.zeros(0, np.int64)
+            found = None if column.null_count else self.dataset.value_starts(row_group, name, lengths)
+            self._direct[(row_group, name)] = found is not None
+            if found is not None:
+                path, starts = found
+                k = spill.external(path, segment)
+                handles = np.empty((len(rows), 2), np.int64)
+                handles[:, 0] = (k << SEGMENT_BITS) + starts[rows]
+                handles[:, 1] = lengths[rows]
+                return handles
+        return spill.put(column, segment, rows=rows)
+
     def _located(self, task: Task, e: CorruptDatasetError) -> CorruptDatasetError:
         """``e``, or a copy of it that names the row group and its file, of its class (an
         `ImageShapeError` stays one, and so a `SchemaMismatchError`)."""
@@ -260,20 +291,20 @@ class RowGroupSource:
         return (ImageShapeError if isinstance(e, ImageShapeError) else CorruptDatasetError)(f"{where}: {e}")
 
     def _decode(self, batches: Sequence[pa.RecordBatch], task: Task, rows: np.ndarray | None,
-                late: Late | None = None) -> tuple[list[Columns], np.ndarray]:
+                late: Columns | None = None) -> tuple[list[Columns], np.ndarray]:
         """The batches decoded, and the indices (among their rows) of rows that cannot be decoded.
+        ``late``: the spill handles of the fields left encoded, for all the batches' rows in order.
 
         A batch that fails to decode raises, or with ``on_error="skip"`` is decoded again row by row,
         leaving out (and remembering) the rows that fail."""
         chunks: list[Columns] = []
         lost: list[int] = []
         offset = 0
-        for given in batches:
-            order, batch = given.schema.names, given
-            if late is not None:
-                spill, segment, names = late
-                handles = {name: spill.put(given.column(name), segment) for name in names}
-                batch = given.drop_columns(list(names))
+        names = [] if late is None else self.columns
+        for batch in batches:
+            order = names or batch.schema.names
+            rows_here = slice(offset, offset + batch.num_rows)
+            handles = {} if late is None else {n: h[rows_here] for n, h in late.items()}
             try:
                 chunks.append(self.dataset.decode(batch) if late is None else
                               _in_order(order, self.dataset.decode(batch), handles))

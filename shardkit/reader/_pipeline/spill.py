@@ -33,7 +33,8 @@ import pyarrow as pa
 
 __all__ = ["Spill", "SpillReader", "handles_to_bytes", "oldest_segment"]
 
-SEGMENT_BITS = 40  # a segment holds up to 1 TiB; 2**23 segments per spill
+SEGMENT_BITS = 40
+_IOV = 1024  # pieces per pwritev (the usual IOV_MAX)  # a segment holds up to 1 TiB; 2**23 segments per spill
 _PREFIX = "shardkit-spill-"
 
 
@@ -129,7 +130,7 @@ class Spill:
         self._segment = 0
         self._fds: dict[int, int] = {}
         self._sizes: dict[int, int] = {}
-        self._released = 0
+        self._external: dict[tuple[int, str], int] = {}
         self.bytes_written = 0
         self.reader = SpillReader(self.folder)
         self._open(0)
@@ -151,42 +152,91 @@ class Spill:
             self._open(self._segment)
             return self._segment
 
-    def put(self, column: pa.Array | pa.ChunkedArray, segment: int | None = None) -> np.ndarray:
-        """Append the values of a binary ``column``; their handles, ``(n, 2)`` int64."""
+    def external(self, path: str, window: int) -> int:
+        """A segment that is the file ``path`` itself (a local Parquet file whose values are stored as they
+        are: handles point into it, nothing is copied), for the window of segment ``window``; one per
+        window and file, let go of with the window's segments."""
+        with self._lock:
+            k = self._external.get((window, path))
+            if k is None:
+                self._segment += 1
+                k = self._external[(window, path)] = self._segment
+                os.symlink(path, os.path.join(self.folder, f"{k}.bin"))
+                self._fds[k] = -1  # not written to
+                self._sizes[k] = 0
+            return k
+
+    def put(self, column: pa.Array | pa.ChunkedArray, segment: int | None = None,
+            rows: np.ndarray | None = None) -> np.ndarray:
+        """Append the values of a binary ``column`` (only those at ``rows``, ascending, when given); their
+        handles, ``(n, 2)`` int64. The bytes go from Arrow's buffers to the file (``pwritev``), uncopied:
+        a selection is not gathered first (Arrow's ``take`` of large values cost several times the read)."""
         chunks = column.chunks if isinstance(column, pa.ChunkedArray) else [column]
-        out = [self._put_array(c, segment) for c in chunks]
+        if rows is None:
+            out = [self._put_array(c, segment, None) for c in chunks]
+        else:
+            out, start = [], 0
+            cuts = np.searchsorted(rows, np.cumsum([len(c) for c in chunks]))
+            lo = 0
+            for c, hi in zip(chunks, cuts.tolist(), strict=True):
+                out.append(self._put_array(c, segment, rows[lo:hi] - start))
+                start += len(c)
+                lo = hi
+        if not out:
+            return np.empty((0, 2), np.int64)
         return np.concatenate(out) if len(out) != 1 else out[0]
 
-    def _put_array(self, arr: pa.Array, segment: int | None) -> np.ndarray:
+    def _put_array(self, arr: pa.Array, segment: int | None, rows: np.ndarray | None) -> np.ndarray:
         if not (pa.types.is_binary(arr.type) or pa.types.is_large_binary(arr.type)):
             arr = arr.cast(pa.large_binary() if pa.types.is_large_string(arr.type) else pa.binary())
         n = len(arr)
-        handles = np.empty((n, 2), np.int64)
-        if not n:
-            return handles
         _validity, offsets_buf, data_buf = arr.buffers()
         offset_type = np.int64 if pa.types.is_large_binary(arr.type) else np.int32
-        offsets = np.frombuffer(offsets_buf, offset_type)[arr.offset : arr.offset + n + 1].astype(np.int64)
-        first, last = int(offsets[0]), int(offsets[-1])
+        offsets = np.frombuffer(offsets_buf, offset_type)[arr.offset : arr.offset + n + 1].astype(np.int64) \
+            if n else np.zeros(1, np.int64)
+        starts, ends = offsets[:-1], offsets[1:]
+        if rows is not None:
+            starts, ends = starts[rows], ends[rows]
+        lengths = ends - starts
+        handles = np.empty((len(starts), 2), np.int64)
+        if not len(starts):
+            return handles
+        total = int(lengths.sum())
         with self._lock:
             k = self._segment if segment is None else segment
             if k not in self._fds:
                 raise ValueError(f"spill segment {k} was released")
             at = self._sizes[k]
-            self._sizes[k] = at + (last - first)
+            self._sizes[k] = at + total
             fd = self._fds[k]
-        if last > first:
-            payload = memoryview(data_buf)[first:last]  # type: ignore[index]
-            written = 0
-            while written < len(payload):
-                written += os.pwrite(fd, payload[written:], at + written)
+        if total:
+            self._write(fd, memoryview(data_buf), starts, ends, at)  # type: ignore[arg-type]
         with self._lock:
-            self.bytes_written += last - first
-        handles[:, 0] = (k << SEGMENT_BITS) + at + (offsets[:-1] - first)
-        handles[:, 1] = np.diff(offsets)
+            self.bytes_written += total
+        handles[:, 0] = (k << SEGMENT_BITS) + at + np.concatenate([[0], np.cumsum(lengths[:-1])])
+        handles[:, 1] = lengths
         if arr.null_count:
-            handles[np.asarray(arr.is_null()), 1] = -1
+            nulls = np.asarray(arr.is_null())
+            handles[nulls if rows is None else nulls[rows], 1] = -1
         return handles
+
+    @staticmethod
+    def _write(fd: int, data: memoryview, starts: np.ndarray, ends: np.ndarray, at: int) -> None:
+        """``data[starts[i]:ends[i]]`` for every ``i``, one after another in the file from ``at``; runs of
+        adjacent values are one piece, and the pieces go `_IOV` at a time."""
+        if len(starts) > 1:  # join values that lie one after another in the buffer
+            breaks = np.flatnonzero(starts[1:] != ends[:-1]) + 1
+            starts = starts[np.concatenate([[0], breaks])]
+            ends = ends[np.concatenate([breaks - 1, [len(ends) - 1]])]
+        pieces = [data[a:b] for a, b in zip(starts.tolist(), ends.tolist(), strict=True) if b > a]
+        for i in range(0, len(pieces), _IOV):
+            group = pieces[i : i + _IOV]
+            size = sum(len(p) for p in group)
+            written = os.pwritev(fd, group, at)
+            while written < size:  # a short write: the rest, from where it stopped
+                rest = bytes(b"".join(group))[written:]
+                written += os.pwrite(fd, rest, at + written)
+            at += size
 
     def release_before(self, segment: int) -> None:
         """Delete the segments before ``segment``: no batch refers to them any more."""
@@ -195,9 +245,12 @@ class Spill:
             fds = [self._fds.pop(k) for k in gone]
             for k in gone:
                 self._sizes.pop(k)
+            for key in [key for key, k in self._external.items() if k < segment]:
+                del self._external[key]
         self.reader.forget_before(segment)
         for k, fd in zip(gone, fds, strict=True):
-            os.close(fd)
+            if fd >= 0:
+                os.close(fd)
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(os.path.join(self.folder, f"{k}.bin"))
 
