@@ -23,13 +23,15 @@ from shardkit import Field, ImageCodec, Schema
 from shardkit.errors import CorruptDatasetError, ReaderError
 
 N = 240
-_DATASETS: dict[tuple[str, int], tuple[str, list[bytes]]] = {}
+_DATASETS: dict[tuple[str, int, str], tuple[str, list[bytes]]] = {}
 _ROOT = tempfile.mkdtemp(prefix="shardkit-test-images-")
 
 
-def jpeg_dataset(fmt: str, row_group_size: int) -> tuple[str, list[bytes]]:
-    """``N`` rows of id, label and a 16x16 image written as its encoded bytes; the bytes by id."""
-    key = (fmt, row_group_size)
+def jpeg_dataset(fmt: str, row_group_size: int, compression: str = "auto") -> tuple[str, list[bytes]]:
+    """``N`` rows of id, label and a 16x16 image written as its encoded bytes; the bytes by id. Images
+    stored as they are (uncompressed: ``"auto"`` leaves JPEGs so when snappy barely shrinks them) are read
+    in place, compressed ones through the spill."""
+    key = (fmt, row_group_size, compression)
     if key not in _DATASETS:
         rng = np.random.default_rng(row_group_size)
         blobs = []
@@ -38,11 +40,11 @@ def jpeg_dataset(fmt: str, row_group_size: int) -> tuple[str, list[bytes]]:
             out = io.BytesIO()
             Image.fromarray(pixels).save(out, fmt.upper())
             blobs.append(out.getvalue())
-        url = os.path.join(_ROOT, f"{fmt}-{row_group_size}")
+        url = os.path.join(_ROOT, f"{fmt}-{row_group_size}-{compression}")
         schema = Schema([Field("id", "int64"), Field("label", "int64"),
                          Field("image", "uint8", (16, 16, 3), codec=ImageCodec(fmt))])  # type: ignore[arg-type]
         shardkit.write_dataset({"id": np.arange(N), "label": np.arange(N) % 7, "image": blobs}, url,
-                               schema=schema, row_group_size=row_group_size)
+                               schema=schema, row_group_size=row_group_size, compression=compression)
         _DATASETS[key] = (url, blobs)
     return _DATASETS[key]
 
@@ -78,11 +80,12 @@ def by_id(batches: list[dict[str, np.ndarray]]) -> dict[int, tuple[np.ndarray, .
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(fmt=st.sampled_from(["jpeg", "png"]), row_group_size=st.sampled_from([17, 60, 240]),
        num_shards=st.integers(1, 4), batch_size=st.integers(1, 50),
-       window=st.sampled_from([None, 1, 37, 500]), seed=st.integers(0, 3), shuffle=st.booleans())
+       window=st.sampled_from([None, 1, 37, 500]), seed=st.integers(0, 3), shuffle=st.booleans(),
+       compression=st.sampled_from(["auto", "none", "zstd"]))
 def test_late_decoding_reads_every_sample_once_with_its_own_pixels(
         fmt: str, row_group_size: int, num_shards: int, batch_size: int, window: int | None, seed: int,
-        shuffle: bool) -> None:
-    url, blobs = jpeg_dataset(fmt, row_group_size)
+        shuffle: bool, compression: str) -> None:
+    url, blobs = jpeg_dataset(fmt, row_group_size, compression)
     seen: list[int] = []
     for shard in range(num_shards):
         batches = read_all(url, shard=shard, num_shards=num_shards, batch_size=batch_size, seed=seed,
@@ -150,7 +153,7 @@ def test_the_shuffle_reaches_the_whole_dataset_and_leaves_nothing_on_disk(
     monkeypatch.setenv("TMPDIR", os.fspath(tmp_path))
     tempfile.tempdir = None  # read TMPDIR again
     try:
-        url, _ = jpeg_dataset("jpeg", 17)
+        url, _ = jpeg_dataset("jpeg", 17, "zstd")  # compressed: its images go through the spill
         with shardkit.make_reader(url, batch_size=24, seed=0) as reader:
             reach = reader.shuffle_reach
             assert reach["window_rows"] == N
@@ -212,3 +215,14 @@ def test_dataloader_workers_transform_each_sample_as_one_reader_does() -> None:
     for sample_id, values in got.items():
         for a, b in zip(values, whole[sample_id], strict=True):
             assert np.array_equal(a, b), sample_id
+
+
+def test_images_stored_as_they_are_are_read_in_place(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Uncompressed images of a local file: the handles point into the file, nothing is spilled; a file
+    with the values compressed is spilled."""
+    plain, _ = jpeg_dataset("jpeg", 60, "none")
+    packed, _ = jpeg_dataset("jpeg", 60, "zstd")
+    for url, spilled in ((plain, False), (packed, True)):
+        with shardkit.make_reader(url, batch_size=32, seed=0) as reader:
+            assert len(list(reader)) == -(-N // 32)
+            assert (reader.shuffle_reach["spilled_bytes"] > 0) is spilled
