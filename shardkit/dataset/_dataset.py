@@ -296,19 +296,24 @@ class Dataset:
             return ""
         return "; ".join(found)
 
-    def value_starts(self, i: int, name: str, lengths: np.ndarray) -> tuple[str, np.ndarray] | None:
-        """A local file's path and where its first ``len(lengths)`` values of column ``name`` in row group
-        ``i`` start in it (the values' byte ``lengths``, as read), for a binary column stored as it is
-        (`_pages.plain_value_starts`: images written by shardkit); None when they cannot be read in place
-        (remote, a table's deleted rows, compressed or encoded pages): then they are copied. The pages'
-        checksums are checked when the row group is read (`iter_row_group`), not here."""
+    def stored_as_is(self, name: str) -> bool:
+        """Whether column ``name`` of this local dataset keeps its values as they are in its files
+        (uncompressed, PLAIN, no dictionary, no levels: images written by shardkit), judged by the first
+        row group: its values can then be read in place (`value_ranges`)."""
+        if not self.location.is_local or self.casts or self.snapshot is not None or not self.row_groups:
+            return False
+        try:
+            return self._column_meta(0, name) is not None
+        except (CorruptDatasetError, OSError):
+            return False
+
+    def _column_meta(self, i: int, name: str) -> pq.ColumnChunkMetaData | None:
+        """Row group ``i``'s column chunk of ``name`` when its values are stored as they are, else None."""
         rg = self.row_groups[i]
-        if not self.location.is_local or self.kept.get(i) is not None or self.casts:
-            return None
         with self._footer_lock:
             footer = self.metadata if self.metadata is not None else self._footers.get(rg.file)
         if footer is None:
-            return None
+            footer = self.open_file(rg.file).metadata
         group = footer.row_group(self.row_group_index(i))
         for j in range(group.num_columns):
             column = group.column(j)
@@ -319,17 +324,36 @@ class Dataset:
                     or leaf.max_definition_level or leaf.max_repetition_level
                     or leaf.physical_type != "BYTE_ARRAY"):
                 return None
-            path = self.location.join(rg.file)
-            try:
-                with open(path, "rb") as f:
-                    def read(length: int, offset: int) -> bytes:
-                        return os.pread(f.fileno(), length, offset)
-
-                    starts = _pages.plain_value_starts(read, *_pages.chunk_range(column), lengths)
-            except (OSError, ValueError):
-                return None
-            return None if starts is None else (os.path.abspath(path), starts)
+            return column
         return None
+
+    def value_ranges(self, i: int, name: str) -> tuple[str, np.ndarray, np.ndarray] | None:
+        """A local file's path, and where each value of column ``name`` in row group ``i`` starts in it and
+        its length, for a column stored as it is (`stored_as_is`); the pages' checksums are checked on the
+        way (a mismatch: `CorruptDatasetError`, as a read's). None when they cannot be read in place: they
+        are read through Parquet then."""
+        if not self.location.is_local or self.kept.get(i) is not None or self.casts:
+            return None
+        rg = self.row_groups[i]
+        where = f"row group {rg.index} of {self.location.join(rg.file)!r}"
+        column = self._column_meta(i, name)
+        if column is None:
+            return None
+        path = os.path.abspath(self.location.join(rg.file))
+        start, length = _pages.chunk_range(column)
+        try:
+            with pa.memory_map(path) as f:
+                found = _pages.plain_values(_pages.ranges_of(f)(length, start), start)
+        except _pages.PageError as e:
+            raise _checksum_error(where, f"column {name!r}: {e}") from e
+        except OSError as e:
+            if is_denied(e):
+                raise permission_error(self.location, path, e) from e
+            raise CorruptDatasetError(f"{where} cannot be read ({one_line(e)}); the file is truncated or "
+                                      "corrupt: rewrite the dataset, or read with on_error='skip'") from e
+        if found is None or len(found[0]) != rg.num_rows:
+            return None
+        return path, *found
 
     def deletions_tag(self, i: int) -> str:
         """A digest of the rows of row group ``i`` deleted by the table's log ('' when none are): what a

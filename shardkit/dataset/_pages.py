@@ -23,7 +23,7 @@ import numpy as np
 import pyarrow.parquet as pq
 
 __all__ = ["MISMATCH", "ChunkReport", "Page", "PageError", "check_chunk", "check_row_group", "chunk_range",
-           "crc32", "first_page", "plain_value_starts", "ranges_of", "walk_pages"]
+           "crc32", "first_page", "plain_values", "ranges_of", "walk_pages"]
 
 def _fastest_crc32() -> Callable[[Any], int]:
     """ISA-L's CRC-32 (``isal``, a dependency: much faster, with PCLMUL), else zlib's (as fast as
@@ -102,50 +102,41 @@ def walk_pages(data: bytes | memoryview, offset: int = 0) -> Iterator[Page]:
         at = body + size
 
 
-def plain_value_starts(read: Callable[[int, int], Any], start: int, length: int, lengths: np.ndarray
-                       ) -> np.ndarray | None:
-    """Where in the file the values of a column chunk start, for its first ``len(lengths)`` values of
-    those byte lengths: a flat BYTE_ARRAY column stored as it is (required, PLAIN, uncompressed, no
-    dictionary), whose data pages hold nothing but ``u32 length | bytes`` per value. ``read(length,
-    offset)`` reads bytes of the file; only page headers and each page's first length are read. None
-    when the pages are not laid out so (another encoding, levels, a dictionary page): the values must
-    then be read through Parquet.
+def plain_values(data: bytes | memoryview, offset: int) -> tuple[np.ndarray, np.ndarray] | None:
+    """Where each value of a column chunk's bytes ``data`` (which start at ``offset`` in the file) starts
+    in the file, and its length: a flat BYTE_ARRAY column stored as it is (required, PLAIN,
+    uncompressed, no dictionary), whose data pages hold nothing but ``u32 length | bytes`` per value.
+    Every page's checksum is checked on the way (`crc32`); a mismatch raises `PageError` with
+    `MISMATCH` in its message. None when the pages are not laid out so (a dictionary page, levels,
+    another encoding): the values must then be read through Parquet.
     """
-    lengths = np.asarray(lengths, dtype=np.int64)
-    out = np.empty(len(lengths), np.int64)
-    ends = np.cumsum(lengths + 4)  # where each value ends, counted from the first page's data
-    at, end, done = start, start + length, 0
-    while done < len(lengths):
-        if at >= end:
+    view = memoryview(data)
+    starts: list[int] = []
+    lengths: list[int] = []
+    at = 0
+    while at < len(view):
+        reader = _Compact(view, at)
+        try:
+            kind, size, crc = reader.page_header()
+        except (IndexError, ValueError):
             return None
-        header = None
-        for size in (min(end - at, 256), min(end - at, 1 << 16)):
-            reader = _Compact(memoryview(read(size, at)), 0)
-            try:
-                kind, page_size, _crc = reader.page_header()
-            except IndexError:
-                continue
-            except ValueError:
+        body, end = reader.at, reader.at + size
+        if kind not in (0, 3) or end > len(view):  # data pages (v1, v2) only
+            return None
+        if crc is not None and crc32(view[body:end]) != crc & 0xFFFFFFFF:
+            raise PageError(f"the page at byte {offset + at} {MISMATCH}")
+        p = body
+        while p < end:
+            if p + 4 > end:
                 return None
-            header = reader.at
-            break
-        if header is None or kind not in (0, 3):  # only data pages (v1, v2) of values
+            n = int.from_bytes(view[p : p + 4], "little")
+            starts.append(offset + p + 4)
+            lengths.append(n)
+            p += 4 + n
+        if p != end:  # a value runs past its page: not plain values
             return None
-        body = at + header
-        before = 0 if done == 0 else int(ends[done - 1])
-        last = int(np.searchsorted(ends, before + page_size, side="left"))
-        if last >= len(ends) or int(ends[last]) != before + page_size:  # the page ends inside a value
-            if last < len(ends):
-                return None
-            last = len(ends) - 1  # more values in the page than asked for
-        count = last + 1 - done
-        out[done : last + 1] = body + (ends[done : last + 1] - before) - lengths[done : last + 1]
-        first = np.frombuffer(bytes(read(4, body)), "<u4")
-        if len(first) != 1 or int(first[0]) != int(lengths[done]):  # not a value's length: not PLAIN
-            return None
-        done += count
-        at = body + page_size
-    return out
+        at = end
+    return np.asarray(starts, np.int64), np.asarray(lengths, np.int64)
 
 
 def first_page(read: Callable[[int, int], bytes], column: pq.ColumnChunkMetaData) -> Page:

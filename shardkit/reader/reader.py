@@ -154,6 +154,7 @@ class Reader:
             )
         self._source = RowGroupSource(dataset, columns, selection=selection, cache=cache, on_error=on_error,
                                       max_inflight_bytes=max_inflight_bytes)
+        self._source.read_in_place(list(self._late))
         # arrays for about four windows: one being assembled, one consumed, those the consumer still holds
         self._recycler = batching.Recycler(4 * shuffle_buffer * row_bytes)
         self._pool: ThreadPoolExecutor | None = None
@@ -515,7 +516,10 @@ class Reader:
     def _share(self, *, workers: int, prefetch: int, shuffle_buffer: int) -> None:
         """Read with ``workers`` threads, ``prefetch`` tasks ahead and a window of ``shuffle_buffer`` rows
         (a mixture's source: its share of the mixture's), also when opened again on another snapshot."""
-        self._arguments.update(workers=workers, prefetch=prefetch, shuffle_buffer=shuffle_buffer)
+        self._arguments.update(workers=workers, prefetch=prefetch, shuffle_buffer=shuffle_buffer, late={},
+                               raw=frozenset())
+        self._late, self._raw = {}, frozenset()  # a mixture decodes its sources' rows as they are read
+        self._source.read_in_place(())
         self.workers, self.prefetch, self.shuffle_buffer = workers, prefetch, shuffle_buffer
 
     def _executor(self) -> ThreadPoolExecutor:

@@ -70,7 +70,7 @@ if TYPE_CHECKING:
     from shardkit.dataset._field import Field
 
 _MODES = {(2, 1): "L", (3, 1): "L", (3, 3): "RGB", (3, 4): "RGBA"}
-IMAGE_SLICE = 256  # images per thread-pool task when decoding a column
+IMAGE_SLICE = 64  # images per thread-pool task when decoding a column
 USE_OPENCV = True  # decode PNG with OpenCV when it is installed (see the module docstring)
 USE_INFLATE = True  # decode the 8-bit PNGs `png.decode_pngs` takes with it (fixed-shape fields)
 _PNG_CHANNELS = {t: c for c, t in png.COLOUR_TYPE.items()}  # colour type -> channels OpenCV returns

@@ -44,7 +44,6 @@ from typing import TYPE_CHECKING, Literal
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 
 from shardkit.dataset import Dataset
 from shardkit.dataset.fetch import Fetched, Fetcher, fetch_getter
@@ -75,6 +74,7 @@ class Part:
         """Whether every row of the task is here."""
         return not len(self.lost)
 
+IN_PLACE_KEPT = 64  # row groups whose value ranges (`Dataset.value_ranges`) are kept for their next tasks
 RECENT_READS = 2  # row-group tables kept for the next task (bounded memory: two row groups)
 DEFAULT_INFLIGHT = 512 << 20  # bytes fetched ahead of a remote dataset's reads, at most (make_reader's)
 
@@ -93,7 +93,10 @@ class RowGroupSource:
         max_inflight_bytes: int = DEFAULT_INFLIGHT,
     ) -> None:
         self.dataset = dataset
-        self.columns = list(columns)
+        self.columns = list(columns)  # read through Parquet
+        self.fields = list(columns)  # every field of a task's rows, in order
+        self.direct: frozenset[str] = frozenset()  # late fields read in place, not through Parquet
+        self._ranges: OrderedDict[tuple[int, str], tuple[str, np.ndarray, np.ndarray] | None] = OrderedDict()
         self.selection = selection or {}
         self.cache = cache
         self.on_error = on_error
@@ -103,7 +106,6 @@ class RowGroupSource:
         self.bad_groups: set[int] = set()
         self.bad_rows: dict[int, set[int]] = {}
         self.remote_reads = 0
-        self._direct: dict[tuple[int, str], bool] = {}  # (row group, late field): its values read in place
         self._lock = threading.Lock()
         self._recent: OrderedDict[int, _Shared] = OrderedDict()
         self._versions: dict[str, str | None] | None = None  # file -> version, when a cache is in use
@@ -122,6 +124,15 @@ class RowGroupSource:
             read.close()
         if self._fetcher is not None:
             self._fetcher.close()
+
+    def read_in_place(self, names: Sequence[str]) -> None:
+        """Read the late fields ``names`` of a local dataset that stores them as they are in place (no
+        Parquet read of their pages but the checksum's: `Dataset.value_ranges`), the others through
+        Parquet; ``()``: every field through Parquet (a mixture's source decodes as it reads)."""
+        self.direct = frozenset(n for n in names if self.dataset.stored_as_is(n))
+        self.columns = [c for c in self.fields if c not in self.direct]
+        with self._lock:
+            self._recent.clear()
 
     def known_bad(self) -> tuple[frozenset[int], dict[int, frozenset[int]]]:
         """A snapshot of `bad_groups` and `bad_rows` (worker threads add to them meanwhile)."""
@@ -235,16 +246,21 @@ class RowGroupSource:
             # read as far as the last row needed (none needed: no further than read already)
             end = task.stop if index is None else int(index.max(initial=-1)) + 1
             partial = self.on_error == "raise" and (self.cache is None or not to_end)
-            table = self._arrow(task.row_group, end if partial else None)
             handles: Columns | None = None
-            if late is not None:  # spilled straight from the row group's buffers, not taken first
+            if late is not None:
                 spill, segment, names = late
                 picked = np.arange(task.start, task.stop) if index is None else index
-                handles = {n: self._handles((spill, segment), task.row_group, table.column(n), n, picked)
-                           for n in names}
-                table = table.drop_columns(list(names))
-                if not table.num_columns:  # nothing else read: the handles are the rows
+                handles = {n: self._in_place((spill, segment), task.row_group, n, picked)
+                           for n in names if n in self.direct}
+                if not self.columns:  # nothing else to read: the handles are the rows
                     return Part([handles])
+            table = self._arrow(task.row_group, end if partial else None)
+            if late is not None and handles is not None:  # spilled from Arrow's buffers, not taken first
+                spilled = [n for n in late[2] if n not in self.direct]
+                handles.update({n: late[0].put(table.column(n), late[1], rows=picked) for n in spilled})
+                table = table.drop_columns(spilled)
+                if not table.num_columns:
+                    return Part([{n: handles[n] for n in self.fields}])
             if index is None:
                 batches = table.slice(task.start, task.stop - task.start).to_batches()
             else:
@@ -262,24 +278,29 @@ class RowGroupSource:
                 self.bad_groups.add(task.row_group)
             return None
 
-    def _handles(self, late: tuple[Spill, int], row_group: int, column: pa.ChunkedArray, name: str,
-                 rows: np.ndarray) -> np.ndarray:
-        """Handles of the values at ``rows`` of a late field's column: into the data file itself, where its
-        values are stored as they are (`Dataset.value_starts`: nothing copied), else into the spill."""
+    def _in_place(self, late: tuple[Spill, int], row_group: int, name: str, rows: np.ndarray) -> np.ndarray:
+        """Handles of the values at ``rows`` of a late field read in place: into the data file itself
+        (`Dataset.value_ranges`, its pages' checksums checked once per row group; nothing copied), or, for
+        a row group not stored as it is after all, into the spill, read through Parquet."""
         spill, segment = late
-        if self._direct.get((row_group, name), True):
-            lengths = np.asarray(pc.binary_length(column).fill_null(0), dtype=np.int64) if len(column) \
-                else np.zeros(0, np.int64)
-            found = None if column.null_count else self.dataset.value_starts(row_group, name, lengths)
-            self._direct[(row_group, name)] = found is not None
-            if found is not None:
-                path, starts = found
-                k = spill.external(path, segment)
-                handles = np.empty((len(rows), 2), np.int64)
-                handles[:, 0] = (k << SEGMENT_BITS) + starts[rows]
-                handles[:, 1] = lengths[rows]
-                return handles
-        return spill.put(column, segment, rows=rows)
+        key = (row_group, name)
+        with self._lock:
+            found = self._ranges.get(key, False)
+        if found is False:
+            found = self.dataset.value_ranges(row_group, name)
+            with self._lock:
+                self._ranges[key] = found
+                while len(self._ranges) > IN_PLACE_KEPT:
+                    self._ranges.popitem(last=False)
+        if found is None:  # read through Parquet, alone
+            column = self.dataset.table_of(list(self.dataset.iter_row_group(row_group, [name])), [name])
+            return spill.put(column.column(name), segment, rows=rows)
+        path, starts, lengths = found  # type: ignore[misc]
+        k = spill.external(path, segment)
+        handles = np.empty((len(rows), 2), np.int64)
+        handles[:, 0] = (k << SEGMENT_BITS) + starts[rows]
+        handles[:, 1] = lengths[rows]
+        return handles
 
     def _located(self, task: Task, e: CorruptDatasetError) -> CorruptDatasetError:
         """``e``, or a copy of it that names the row group and its file, of its class (an
@@ -300,7 +321,7 @@ class RowGroupSource:
         chunks: list[Columns] = []
         lost: list[int] = []
         offset = 0
-        names = [] if late is None else self.columns
+        names = [] if late is None else self.fields
         for batch in batches:
             order = names or batch.schema.names
             rows_here = slice(offset, offset + batch.num_rows)
