@@ -17,6 +17,7 @@ from shardkit.errors import CacheWarning, ReaderError, SchemaError
 from shardkit.reader._arguments import explained
 from shardkit.reader._filter import Filter
 from shardkit.reader._pipeline.decode import late_fields
+from shardkit.reader._pipeline.transform import check_picklable
 from shardkit.reader._plan import Remainder, validate_shard
 from shardkit.reader.mixture import open_mixture
 from shardkit.reader.reader import WINDOW_BYTES, Reader
@@ -56,6 +57,7 @@ def make_reader(
     transform_workers: int | None = None,
     transform_timeout: float | None = None,
     decode: bool | Mapping[str, bool] = True,
+    variable: bool | Sequence[str] = False,
 ) -> Reader:
     """Read one shard of a dataset as batches (dicts of column name -> numpy array).
 
@@ -91,7 +93,9 @@ def make_reader(
             columns (their values from its log); files whose partition values rule the filter out are
             not read.
         shuffle: shuffle row groups per epoch, then rows within a window of ``shuffle_buffer`` rows
-            (default: about 32 MiB of decoded rows), reproducibly from ``seed`` and the epoch.
+            (default: about 32 MiB of decoded rows; image fields count 16 bytes a row, since they are
+            shuffled as encoded bytes kept on local disk and decoded per batch, up to `SPILL_BYTES` of
+            encoded images: see the images guide), reproducibly from ``seed`` and the epoch.
         seed: the shuffle's seed.
         num_epochs: epochs to iterate; None for forever.
         remainder: samples that do not divide among the shards: ``"drop"`` (default; fewer than
@@ -138,6 +142,9 @@ def make_reader(
             ``transform`` must then be picklable (a module-level function or a ``functools.partial``).
         transform_timeout: seconds a batch may take in the transform workers before a `ReaderError`
             (default: no limit).
+        variable: fields a ``transform`` returns in shapes that vary from sample to sample (or True: all
+            of them), delivered as a 1-D object array of the samples' arrays; any other field must come
+            in one shape and dtype for every sample (`TransformError` names the first two).
         decode: False (or ``{field: False}``) delivers image fields as their encoded JPEG/PNG bytes (a 1-D
             object array of ``bytes`` per batch), for a decoder elsewhere (a GPU's); default True.
 
@@ -173,6 +180,11 @@ def make_reader(
                 "have no counterpart (return the sample without the removed fields)")
         raise ReaderError(f"transform={transform!r} is not callable; pass a function fn(sample) -> sample")
     processes = 0 if transform_workers is None else _positive("transform_workers", transform_workers, 0)
+    if processes and transform is not None:
+        check_picklable("transform", transform)
+    if not isinstance(variable, bool) and (isinstance(variable, str) or not all(
+            isinstance(v, str) for v in variable)):
+        raise ReaderError(f"variable={variable!r} must be True, False or a list of field names")
     if transform_timeout is not None and (not isinstance(transform_timeout, int | float)
                                           or isinstance(transform_timeout, bool) or transform_timeout <= 0):
         raise ReaderError(f"transform_timeout={transform_timeout!r} must be a number of seconds > 0, or None")
@@ -285,7 +297,8 @@ def make_reader(
                   workers=workers, on_error=on_error,
                   row_bytes=row_bytes, max_inflight_bytes=inflight, late=late, raw=frozenset(raw),
                   eager_window=eager_window, transform=transform, transform_workers=processes,
-                  transform_timeout=transform_timeout)
+                  transform_timeout=transform_timeout,
+                  variable=variable if isinstance(variable, bool) else frozenset(variable))
 
 
 def _raw_fields(decode: Any, dataset: Dataset, columns: list[str]) -> list[str]:

@@ -87,7 +87,7 @@ class Reader:
                  max_inflight_bytes: int = DEFAULT_INFLIGHT, late: Mapping[str, Field] | None = None,
                  raw: frozenset[str] = frozenset(), eager_window: int | None = None,
                  transform: Callable[..., Any] | None = None, transform_workers: int = 0,
-                 transform_timeout: float | None = None, variable: frozenset[str] = frozenset()) -> None:
+                 transform_timeout: float | None = None, variable: bool | frozenset[str] = False) -> None:
         # kept to open the reader again on another snapshot of a table (`load_state_dict`)
         self._arguments: dict[str, Any] = {
             "columns": columns, "shard": shard, "num_shards": num_shards, "batch_size": batch_size,
@@ -347,7 +347,9 @@ class Reader:
         return error
 
     def _stage_ahead(self) -> int:
-        return max(2, 2 * self._processes)
+        """Batches in the stage beyond the one being delivered: one in the reading process (a DataLoader
+        worker's queue holds more), two per transform worker process (each busy, each with one waiting)."""
+        return 2 * self._processes if self._processes else 1
 
     def _sample_stage(self) -> Any:
         """The stage that decodes the late fields of a batch and runs ``transform`` on its samples."""

@@ -226,3 +226,30 @@ def test_images_stored_as_they_are_are_read_in_place(tmp_path: Path, monkeypatch
         with shardkit.make_reader(url, batch_size=32, seed=0) as reader:
             assert len(list(reader)) == -(-N // 32)
             assert (reader.shuffle_reach["spilled_bytes"] > 0) is spilled
+
+
+def _varying_crop(sample: dict[str, Any], rng: np.random.Generator) -> dict[str, Any]:
+    side = int(rng.integers(4, 17))
+    return {"id": sample["id"], "image": sample["image"][:side, :side]}
+
+
+def test_a_transform_must_give_one_shape_unless_the_field_is_variable() -> None:
+    from shardkit.errors import TransformError
+
+    url, _ = jpeg_dataset("jpeg", 60)
+    with pytest.raises(TransformError, match=r"'image'.*variable=\{'image'\}"), \
+            shardkit.make_reader(url, batch_size=32, seed=0, transform=_varying_crop) as reader:
+        list(reader)
+    with shardkit.make_reader(url, batch_size=32, seed=0, transform=_varying_crop, variable=["image"]) as reader:
+        assert reader.schema["image"].shape == (None, None, None)
+        batches = list(reader)
+    sides = {im.shape[0] for b in batches for im in b["image"]}
+    assert len(sides) > 1
+    assert all(b["image"].dtype == object for b in batches)
+
+
+def test_a_transform_for_worker_processes_must_pickle() -> None:
+    url, _ = jpeg_dataset("jpeg", 60)
+    with pytest.raises(ReaderError, match=r"transform=.*cannot be sent to transform worker processes.*top "
+                                          r"level of a module"):
+        shardkit.make_reader(url, transform=lambda sample: sample, transform_workers=2)

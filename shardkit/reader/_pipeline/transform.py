@@ -636,6 +636,19 @@ def _stop(workers: list[_Worker], segments: list[_Segment], executor: ThreadPool
 # -- the stage ----------------------------------------------------------------------------------------
 
 
+def check_picklable(what: str, obj: object) -> None:
+    """`ReaderError` unless ``obj`` pickles, as transform worker processes need (naming it and the fix)."""
+    try:
+        pickle.dumps(obj)
+    except Exception as e:
+        raise ReaderError(
+            f"{what}={describe_callable(obj)} cannot be sent to transform worker processes: it "
+            f"does not pickle ({type(e).__name__}: {one_line(e)}). Define it at the top level of "
+            "a module (not a lambda or a function inside a function), or bind its arguments "
+            "with functools.partial of such a function, or pass transform_workers=0 to run it "
+            "in the reading process") from e
+
+
 class SampleStage:
     """Runs ``fn`` on every sample of the batches submitted, seeded, in order, in parallel.
 
@@ -706,17 +719,8 @@ class SampleStage:
                     "transform_workers=0: the transform then runs in each DataLoader worker, which are the "
                     "parallelism")
             for what, obj in (("transform", fn), ("prepare", prepare)):
-                if obj is None:
-                    continue
-                try:
-                    pickle.dumps(obj)
-                except Exception as e:
-                    raise ReaderError(
-                        f"{what}={describe_callable(obj)} cannot be sent to transform worker processes: it "
-                        f"does not pickle ({type(e).__name__}: {one_line(e)}). Define it at the top level of "
-                        "a module (not a lambda or a function inside a function), or bind its arguments "
-                        "with functools.partial of such a function, or pass transform_workers=0 to run it "
-                        "in the reading process") from e
+                if obj is not None:
+                    check_picklable(what, obj)
             methods = multiprocessing.get_all_start_methods()
             method = start_method or ("fork" if "fork" in methods else "spawn")
             self._context = multiprocessing.get_context(method)
