@@ -240,7 +240,8 @@ def test_a_transform_must_give_one_shape_unless_the_field_is_variable() -> None:
     with pytest.raises(TransformError, match=r"'image'.*variable=\{'image'\}"), \
             shardkit.make_reader(url, batch_size=32, seed=0, transform=_varying_crop) as reader:
         list(reader)
-    with shardkit.make_reader(url, batch_size=32, seed=0, transform=_varying_crop, variable=["image"]) as reader:
+    kw: dict[str, Any] = {"batch_size": 32, "seed": 0, "transform": _varying_crop}
+    with shardkit.make_reader(url, variable=["image"], **kw) as reader:
         assert reader.schema["image"].shape == (None, None, None)
         batches = list(reader)
     sides = {im.shape[0] for b in batches for im in b["image"]}
