@@ -273,3 +273,12 @@ def test_a_reader_with_transform_workers_resumes_on_another_number_of_them() -> 
     for sample_id, values in got.items():
         for a, b in zip(values, whole[sample_id], strict=True):
             assert np.array_equal(a, b), sample_id
+
+
+def test_a_spill_folder_that_cannot_be_made_is_named(tmp_path: Path) -> None:
+    from shardkit.reader._pipeline.spill import Spill
+
+    not_a_folder = tmp_path / "a-file"
+    not_a_folder.write_text("")
+    with pytest.raises(ReaderError, match=r"under '.*a-file'.*point TMPDIR at a writable local folder"):
+        Spill(os.fspath(not_a_folder))

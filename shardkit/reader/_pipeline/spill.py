@@ -31,6 +31,8 @@ import weakref
 import numpy as np
 import pyarrow as pa
 
+from shardkit.errors import ReaderError
+
 __all__ = ["Spill", "SpillReader", "handles_to_bytes", "oldest_segment"]
 
 SEGMENT_BITS = 40
@@ -125,7 +127,12 @@ class Spill:
     def __init__(self, folder: str | None = None) -> None:
         root = folder or tempfile.gettempdir()
         _sweep(root)
-        self.folder = tempfile.mkdtemp(prefix=f"{_PREFIX}{os.getpid()}-", dir=root)
+        try:
+            self.folder = tempfile.mkdtemp(prefix=f"{_PREFIX}{os.getpid()}-", dir=root)
+        except OSError as e:
+            raise ReaderError(
+                f"cannot make the folder where a shuffle window's encoded images wait, under {root!r} "
+                f"({e.strerror or e}); point TMPDIR at a writable local folder") from e
         self._lock = threading.Lock()
         self._segment = 0
         self._fds: dict[int, int] = {}
@@ -210,7 +217,13 @@ class Spill:
             self._sizes[k] = at + total
             fd = self._fds[k]
         if total:
-            self._write(fd, memoryview(data_buf), starts, ends, at)  # type: ignore[arg-type]
+            try:
+                self._write(fd, memoryview(data_buf), starts, ends, at)  # type: ignore[arg-type]
+            except OSError as e:
+                raise ReaderError(
+                    f"cannot set aside a shuffle window's encoded images in {self.folder!r} "
+                    f"({e.strerror or e}); point TMPDIR at a local folder with room for about the reader's share of a window of "
+                    "them, or pass a smaller shuffle_buffer") from e
         with self._lock:
             self.bytes_written += total
         handles[:, 0] = (k << SEGMENT_BITS) + at + np.concatenate([[0], np.cumsum(lengths[:-1])])
