@@ -222,8 +222,8 @@ class Spill:
             except OSError as e:
                 raise ReaderError(
                     f"cannot set aside a shuffle window's encoded images in {self.folder!r} "
-                    f"({e.strerror or e}); point TMPDIR at a local folder with room for about the reader's share of a window of "
-                    "them, or pass a smaller shuffle_buffer") from e
+                    f"({e.strerror or e}); point TMPDIR at a local folder with room for about the reader's "
+                    "share of a window of them, or pass a smaller shuffle_buffer") from e
         with self._lock:
             self.bytes_written += total
         handles[:, 0] = (k << SEGMENT_BITS) + at + np.concatenate([[0], np.cumsum(lengths[:-1])])
