@@ -578,7 +578,7 @@ def report(doc: dict[str, Any]) -> tuple[str, list[dict[str, str]]]:
                     if "error" not in a and "error" not in b]
             if same:
                 med = statistics.median(same)
-                verdict(f"{mode}: shardkit >= {target}x {peer} images/s", med >= target, f"{med:.2f}x")
+                verdict(f"{mode}: shardkit >= {target}x {peer} images/s", med >= target, f"{med:.3f}x")
     sk = [r for r in runs.get("augment", {}).get("shardkit", []) if "error" not in r]
     lit = [r for r in runs.get("augment", {}).get("litdata", []) if "error" not in r]
     if sk:
