@@ -237,9 +237,9 @@ def _shardkit_options(mode: str) -> tuple[dict[str, Any], str]:
         if _reader_has("transform"):
             return {"transform": augment}, "transform="
         return {"collate": _per_sample_collate}, "collate="
-    if mode == "raw":  # the bytes as a list, as torch's default_collate gives the peers' bytes
+    if mode == "raw":  # the bytes as a list (the default collate's, and torch's for the peers' bytes)
         if _reader_has("decode"):
-            return {"decode": False, "collate": _raw_collate}, "decode=False"
+            return {"decode": False}, "decode=False"
         return {"collate": _raw_collate}, "bytes field"
     return {}, "default"
 
