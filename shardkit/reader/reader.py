@@ -113,7 +113,11 @@ class Reader:
         self.transform = transform
         self._processes, self._timeout, self._variable = transform_workers, transform_timeout, variable
         self._stage: Any = None  # the decode/transform stage, made at the first batch that needs it
-        # the first window of a pass is cut into tasks of about TASK_BYTES, of whole Parquet slices
+        # the first window of a pass is cut into tasks of about TASK_BYTES, of whole Parquet slices (a late
+        # field's task holds its handles, not its images)
+        if self._late:
+            kept = [c for c in columns if c not in self._late]
+            row_bytes = (dataset.decoded_row_bytes(kept) if kept else 0) + 16 * len(self._late)
         self.task_rows: int | None = max(SLICE_ROWS, TASK_BYTES // row_bytes // SLICE_ROWS * SLICE_ROWS)
         self.filter_text = ""
         selection: dict[int, np.ndarray] = {}
