@@ -29,6 +29,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import logging
+import multiprocessing
 import warnings
 from collections import deque
 from collections.abc import Callable, Generator, Iterator, Mapping, Sequence
@@ -351,9 +352,13 @@ class Reader:
         return error
 
     def _stage_ahead(self) -> int:
-        """Batches in the stage beyond the one being delivered: one in the reading process (a DataLoader
-        worker's queue holds more), two per transform worker process (each busy, each with one waiting)."""
-        return 2 * self._processes if self._processes else 1
+        """Batches in the stage beyond the one being delivered: two per transform worker process (each
+        busy, each with one waiting); one in the reading process, none in a DataLoader worker (a daemonic
+        process: the DataLoader keeps batches of each worker ahead already, and each batch held costs a
+        batch of decoded images)."""
+        if self._processes:
+            return 2 * self._processes
+        return 0 if multiprocessing.current_process().daemon else 1
 
     def _sample_stage(self) -> Any:
         """The stage that decodes the late fields of a batch and runs ``transform`` on its samples."""
@@ -362,7 +367,8 @@ class Reader:
             if self._late:
                 if self._spill is None:
                     self._spill = Spill()
-                prepare = LateDecode(self._late, self._spill.reader, self._raw)
+                prepare = LateDecode(self._late, self._spill.reader, self._raw,
+                                     lazy=self.transform is not None)
             if self.transform is None and not self._processes and prepare is not None:
                 self._stage = DecodeStage(prepare, self.workers)
                 return self._stage

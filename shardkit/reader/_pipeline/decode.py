@@ -18,7 +18,9 @@ import numpy as np
 import pyarrow as pa
 
 from shardkit.dataset import Field
-from shardkit.errors import CorruptDatasetError
+from shardkit.dataset.codecs import _jpeg, headers
+from shardkit.dataset.codecs.image import decode_image
+from shardkit.errors import CorruptDatasetError, ImageShapeError
 from shardkit.reader._pipeline.batching import Columns
 from shardkit.reader._pipeline.spill import SpillReader, handles_to_bytes
 
@@ -38,6 +40,9 @@ class LateDecode:
     fields: dict[str, Field]
     spill: SpillReader
     raw: frozenset[str] = frozenset()
+    #: per sample, as a transform takes them (`LazyImages`): a decoded image lives while its sample is
+    #: transformed, not the whole batch of them
+    lazy: bool = False
 
     def __call__(self, batch: Columns) -> Columns:
         out = dict(batch)
@@ -45,6 +50,9 @@ class LateDecode:
             handles = batch[name]
             if name in self.raw:
                 out[name] = handles_to_bytes(self.spill, handles)
+                continue
+            if self.lazy and field.fixed_shape and not (handles[:, 1] < 0).any():
+                out[name] = LazyImages(field, *self.spill.read(handles))  # type: ignore[assignment]
                 continue
             column = self._arrow(handles)
             if column.null_count and not field.nullable:
@@ -69,6 +77,35 @@ class LateDecode:
             validity = pa.array(~nulls).buffers()[1]
         buffers = [validity, pa.py_buffer(offsets), pa.py_buffer(data)]
         return pa.Array.from_buffers(pa.large_binary(), n, buffers, null_count=int(nulls.sum()))
+
+
+class LazyImages:
+    """A batch's images of one field, each decoded when it is indexed (``column[i]``): what a per-sample
+    transform gets, so that a decoded image is held only while its sample is transformed. JPEGs go
+    through `shardkit.dataset.codecs._jpeg` (simplejpeg where installed), PNGs through the codec's
+    general path; headers are checked first, as every read checks them."""
+
+    def __init__(self, field: Field, data: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> None:
+        self.field, self.data, self.starts, self.ends = field, data, starts, ends
+        self.channels = headers.field_channels(field)
+
+    def __len__(self) -> int:
+        return len(self.starts)
+
+    def __getitem__(self, i: int) -> np.ndarray:
+        blob = self.data[int(self.starts[i]) : int(self.ends[i])]
+        if len(blob) > 2 and blob[0] == 0xFF and blob[1] == 0xD8:  # a JPEG
+            try:
+                return _jpeg.decode_jpeg_one(blob, self.channels, field=self.field, row=i)
+            except CorruptDatasetError:
+                raise
+            except Exception:  # a layout the fast path does not take: the general path says why
+                pass
+        pixels = decode_image(blob, self.field, i)
+        if pixels.shape != self.field.dims:
+            raise ImageShapeError(f"field {self.field.name!r}: row {i} decodes to an image of shape "
+                                  f"{pixels.shape}, but the schema declares {self.field.shape}")
+        return pixels
 
 
 class DecodeStage:

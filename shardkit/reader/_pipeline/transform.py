@@ -111,7 +111,7 @@ from shardkit.reader._pipeline.batching import ALIGN, Columns, Recycler, num_row
 _GOLDEN = 0x9E3779B97F4A7C15
 _KEEP_FREE_SEGMENTS = 4  # free shared-memory segments kept for the next batches, per stage
 _HANDED_OUT = 16  # batches in shared memory the user may hold (plus 2 per worker); the later are copied
-_KEEP_FREE_BYTES = 256 << 20  # free output arrays kept for the next batches (processes=0)
+_KEEP_FREE_BYTES = 64 << 20  # free output arrays kept for the next batches (processes=0): about one
 _STOP_GRACE = 1.0  # seconds closing workers get to exit before they are killed
 
 # A field's kind: ("array", row shape, dtype) stacks into one array; ("object",) is a 1-D object array.
