@@ -253,6 +253,7 @@ def case_read(system: str, mode: str, path: str, stop_after: int | None = None,
     from torch.utils.data import DataLoader
     from torchdata.stateful_dataloader import StatefulDataLoader
 
+    from benchmarks.images_epoch import drain
     from shardkit.torch import ShardkitIterableDataset
 
     options, how = _shardkit_options(mode)
@@ -267,26 +268,10 @@ def case_read(system: str, mode: str, path: str, stop_after: int | None = None,
     loader = (StatefulDataLoader if resumable else DataLoader)(ds, batch_size=None, num_workers=WORKERS)
     if state_in:
         loader.load_state_dict(torch.load(state_in, weights_only=False))
-    first = None
-    ids: list[list[int]] = []
-    images = 0
-    it = iter(loader)
-    for batch in it:
-        if first is None:
-            first = time.perf_counter() - started
-        got = batch["id"].tolist()
-        ids.append(got)
-        images += len(got)
-        if stop_after is not None and len(ids) >= stop_after:
-            break
-    seconds = time.perf_counter() - started
-    if state_out:
-        torch.save(loader.state_dict(), state_out)
-    del it
+    read = drain(loader, started, stop_after,
+                 save=(lambda: torch.save(loader.state_dict(), state_out)) if state_out else None)
     cpu = (_cpu_ticks("self") - cpu0) / tick
-    return {"system": system, "mode": mode, "images": images, "seconds": seconds,
-            "first_batch_seconds": first if first is not None else seconds, "cpu_seconds": cpu,
-            "ids": ids, "how": how}
+    return {"system": system, "mode": mode, **read, "cpu_seconds": cpu, "how": how}
 
 
 # -- fresh processes, with the process tree's PSS sampled ------------------------------------------------

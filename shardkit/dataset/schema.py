@@ -146,13 +146,17 @@ class Schema(Sequence[Field]):
         for name in table.column_names:
             field, column = self[name], table.column(name)
             if column.null_count and not field.nullable:
-                row = first_null(column)
-                raise CorruptDatasetError(
-                    f"field {field.name!r} is not nullable but row {row} is null: the file was written "
-                    "outside shardkit or for another schema; rewrite it with the field declared "
-                    f"Field({field.name!r}, ..., nullable=True), or read with on_error='skip'")
+                raise stored_null_error(field, first_null(column))
             out[name] = field.codec.decode(field, column)
         return out
+
+
+def stored_null_error(field: Field, row: int) -> CorruptDatasetError:
+    """What reading a null in a field that is not nullable raises (``row``: its row in what was read)."""
+    return CorruptDatasetError(
+        f"field {field.name!r} is not nullable but row {row} is null: the file was written "
+        "outside shardkit or for another schema; rewrite it with the field declared "
+        f"Field({field.name!r}, ..., nullable=True), or read with on_error='skip'")
 
 
 def _v1_tensor_storage(entry: Any) -> Any:

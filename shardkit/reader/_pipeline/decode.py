@@ -20,6 +20,7 @@ import pyarrow as pa
 from shardkit.dataset import Field
 from shardkit.dataset.codecs import _jpeg, headers
 from shardkit.dataset.codecs.image import decode_image
+from shardkit.dataset.schema import stored_null_error
 from shardkit.errors import CorruptDatasetError, ImageShapeError
 from shardkit.reader._pipeline.batching import Columns
 from shardkit.reader._pipeline.spill import SpillReader, handles_to_bytes
@@ -56,11 +57,7 @@ class LateDecode:
                 continue
             column = self._arrow(handles)
             if column.null_count and not field.nullable:
-                row = int(np.flatnonzero(handles[:, 1] < 0)[0])
-                raise CorruptDatasetError(
-                    f"field {field.name!r} is not nullable but a row of a batch (its row {row}) is null: the "
-                    "file was written outside shardkit or for another schema; rewrite it with the field "
-                    f"declared Field({field.name!r}, ..., nullable=True)")
+                raise stored_null_error(field, int(np.flatnonzero(handles[:, 1] < 0)[0]))
             out[name] = field.codec.decode(field, column)
         return out
 

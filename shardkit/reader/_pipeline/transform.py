@@ -106,7 +106,7 @@ from typing import Any, Literal
 import numpy as np
 
 from shardkit.errors import ReaderError, TransformError, one_line
-from shardkit.reader._pipeline.batching import ALIGN, Columns, Recycler, num_rows
+from shardkit.reader._pipeline.batching import ALIGN, Columns, Recycler, concat, num_rows
 
 _GOLDEN = 0x9E3779B97F4A7C15
 _KEEP_FREE_SEGMENTS = 4  # free shared-memory segments kept for the next batches, per stage
@@ -1128,13 +1128,4 @@ class SampleStage:
         present = [p for p, c in zip(parts, counts, strict=True) if c]
         if not present:
             return {k: v[:0] for k, v in parts[0].items()}
-        if len(present) == 1:
-            return present[0]
-        out = {}
-        for name in present[0]:
-            arrays = [p[name] for p in present]
-            if any(isinstance(a, np.ma.MaskedArray) for a in arrays):
-                out[name] = np.ma.concatenate(arrays)  # type: ignore[no-untyped-call]
-            else:
-                out[name] = np.concatenate(arrays)
-        return out
+        return concat(present)
