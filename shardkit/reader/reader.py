@@ -119,6 +119,7 @@ class Reader:
         if self._late:
             kept = [c for c in columns if c not in self._late]
             row_bytes = (dataset.decoded_row_bytes(kept) if kept else 0) + 16 * len(self._late)
+        self._window_row_bytes = row_bytes  # what a shuffle window holds per row
         self.task_rows: int | None = max(SLICE_ROWS, TASK_BYTES // row_bytes // SLICE_ROWS * SLICE_ROWS)
         self.filter_text = ""
         selection: dict[int, np.ndarray] = {}
@@ -227,11 +228,10 @@ class Reader:
             first = np.searchsorted(offsets, starts, side="right") - 1
             last = np.searchsorted(offsets, np.minimum(starts + rows, self.num_samples) - 1, side="right") - 1
             groups = float(np.mean(last - first + 1))
-        late = list(self._late)
-        kept = [c for c in self._read_schema.names if c not in self._late]
-        row_bytes = (self.dataset.decoded_row_bytes(kept) if kept else 0) + 16 * len(late)
-        return {"window_rows": rows, "window_row_groups": groups, "window_memory_bytes": rows * row_bytes,
-                "spilled_bytes": 0 if self._spill is None else self._spill.bytes_written, "late_fields": late}
+        return {"window_rows": rows, "window_row_groups": groups,
+                "window_memory_bytes": rows * self._window_row_bytes,
+                "spilled_bytes": 0 if self._spill is None else self._spill.bytes_written,
+                "late_fields": list(self._late)}
 
     def _ranges(self, history: Sequence[tuple[int, int]]) -> list[tuple[int, int]]:
         return shard_ranges(self.num_samples, shard=self.shard, num_shards=self.num_shards, history=history,
@@ -300,9 +300,9 @@ class Reader:
             self._finish_epoch()
 
     def _staged(self, batches: Iterator[Columns], generation: int) -> Iterator[Columns]:
-        """``batches`` decoded (late fields) and transformed, `STAGE_AHEAD` batches ahead of the consumer,
-        in order; a batch counts as consumed (`_step`) when it is yielded. The spill segments no pending
-        batch refers to are let go of as batches go out."""
+        """``batches`` decoded (late fields) and transformed, `_stage_ahead` batches ahead of the consumer,
+        in order; a batch counts as consumed (`_step`) when it is yielded. The spill segments no later
+        batch refers to are let go of as batches go out (`_deliver`)."""
         stage = self._sample_stage()
         pending: deque[_Pending] = deque()
         names = list(self._late)
@@ -327,14 +327,16 @@ class Reader:
                 future.cancel()
 
     def _deliver(self, pending: deque[_Pending]) -> Columns:
-        future, positions, _, given, keys = pending.popleft()
+        """The next batch out of the stage; the spill segments before its oldest go (windows come in
+        order, so no later batch refers to them)."""
+        future, positions, oldest, given, keys = pending.popleft()
         try:
             batch = future.result()
         except CorruptDatasetError as e:  # an image that does not decode: named by its row
             raise self._located_error(e, given, keys) from e
         self.stats["skipped_samples"] += len(keys) - batching.num_rows(batch)  # left out: on_error="skip"
-        if pending and self._spill is not None:
-            self._spill.release_before(min(o for _, _, o, *_ in pending))
+        if self._spill is not None:
+            self._spill.release_before(oldest)
         batch[POSITION] = positions
         return self._step(batch)
 

@@ -282,3 +282,15 @@ def test_a_spill_folder_that_cannot_be_made_is_named(tmp_path: Path) -> None:
     not_a_folder.write_text("")
     with pytest.raises(ReaderError, match=r"under '.*a-file'.*point TMPDIR at a writable local folder"):
         Spill(os.fspath(not_a_folder))
+
+
+def test_the_spill_lets_go_of_windows_as_their_batches_go_out() -> None:
+    url, _ = jpeg_dataset("jpeg", 17, "zstd")  # compressed: spilled
+    with shardkit.make_reader(url, batch_size=8, seed=0, shuffle_buffer=20, prefetch=2) as reader:
+        held = []
+        for _ in reader:
+            assert reader._spill is not None
+            held.append(len(os.listdir(reader._spill.folder)))
+        # 12 windows of 20 rows, 2 tasks read ahead: the files of a few windows at a time
+        assert max(held) <= 4
+        assert len(os.listdir(reader._spill.folder)) == 0  # the pass is over
