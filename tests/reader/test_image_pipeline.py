@@ -4,8 +4,10 @@ the same transformed sample on resume and on another number of shards, and nothi
 
 from __future__ import annotations
 
+import atexit
 import io
 import os
+import shutil
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -24,7 +26,8 @@ from shardkit.errors import CorruptDatasetError, ReaderError
 
 N = 240
 _DATASETS: dict[tuple[str, int, str], tuple[str, list[bytes]]] = {}
-_ROOT = tempfile.mkdtemp(prefix="shardkit-test-images-")
+_ROOT = tempfile.mkdtemp(prefix="shardkit-test-images-")  # the datasets the tests share (hypothesis)
+atexit.register(shutil.rmtree, _ROOT, True)
 
 
 def jpeg_dataset(fmt: str, row_group_size: int, compression: str = "auto") -> tuple[str, list[bytes]]:
