@@ -69,7 +69,8 @@ def test_json_has_the_counts_and_rates(url: str, capsys: pytest.CaptureFixture[s
         assert math.isfinite(info[key])
         assert info[key] > 0, key
     assert info["cpu_seconds"] >= 0
-    assert info["stats"] == {"pruned_row_groups": 0, "skipped_row_groups": 0, "repeated_rows": 0}
+    assert info["stats"] == {"pruned_row_groups": 0, "skipped_row_groups": 0, "repeated_rows": 0,
+                             "skipped_samples": 0}
 
 
 def test_text_output_and_options(url: str, capsys: pytest.CaptureFixture[str]) -> None:

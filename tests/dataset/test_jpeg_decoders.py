@@ -242,7 +242,9 @@ def test_damaged_jpegs_fare_as_with_pillow(decoder: str, spec: dict[str, int], c
                                            flips: list[tuple[float, int]], truncate: bool) -> None:
     """A truncated JPEG, or one with bytes changed after its headers: where Pillow decodes it (libjpeg
     recovers from some damage) the pixels are Pillow's; where Pillow refuses it, CorruptDatasetError
-    names the field and the row."""
+    names the field and the row. OpenCV (a decoder asked for by name, never the default) recovers from
+    some damage Pillow refuses (CI's build decoded a 1x1 JPEG with extraneous bytes): it then gives
+    pixels of the field's shape."""
     blobs, shape = make(spec, 1)
     blob = bytearray(blobs[0])
     scan = blob.index(b"\xff\xda")  # damage after the headers: the header check still passes
@@ -261,6 +263,10 @@ def test_damaged_jpegs_fare_as_with_pillow(decoder: str, spec: dict[str, int], c
         return _jpeg.decode_jpegs(data, starts, ends, out, channels=shape[2], decoder=decoder,  # type: ignore[arg-type]
                                   rows=np.array([2]), field="photo")
 
+    if expected != "ok" and decoder == "opencv":
+        got, done = outcome(decode)
+        assert got == "CorruptDatasetError" or (got == "ok" and done is not None and done.all())
+        return
     if expected != "ok":
         with pytest.raises(CorruptDatasetError, match="field 'photo': row 2: an image could not be decoded"):
             decode()

@@ -11,7 +11,8 @@ Decoders, by name (`DECODERS`):
 
 - ``"simplejpeg"``: libjpeg-turbo's TurboJPEG API, decoding into the row of ``out`` itself, the GIL
   released for the whole decode (``pip install 'shardkit[image]'``);
-- ``"opencv"``: ``cv2.imdecode`` (the GIL released; a copy into ``out``);
+- ``"opencv"``: ``cv2.imdecode`` (the GIL released; a copy into ``out``); it recovers from some damage
+  Pillow refuses (extraneous bytes in a tiny image), giving pixels where the others raise;
 - ``"pillow"``: Pillow's JPEG plugin opened directly (not through ``Image.open``'s format probing),
   the GIL released in the decode only, two copies into ``out`` (Pillow stores RGB as 4 bytes a pixel);
 - ``"auto"`` (the default): the first of `AUTO` that is installed, by measurement the fastest that
