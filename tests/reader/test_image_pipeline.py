@@ -138,6 +138,7 @@ def test_a_transformed_epoch_resumes_on_any_number_of_shards_with_the_same_sampl
             assert np.array_equal(a, b), f"sample {sample_id} transformed differently"
 
 
+@pytest.mark.timeout(120)
 def test_encoded_bytes_come_as_written(tmp_path: Path) -> None:
     url, blobs = jpeg_dataset("jpeg", 60)
     batches = read_all(url, batch_size=32, decode=False, seed=1)
@@ -145,6 +146,15 @@ def test_encoded_bytes_come_as_written(tmp_path: Path) -> None:
         assert b["image"].dtype == object
         assert all(b["image"][i] == blobs[k] for i, k in enumerate(b["id"].tolist()))
     assert sorted(k for b in batches for k in b["id"].tolist()) == list(range(N))
+    # through DataLoader workers (the bytes cross in each batch's shared-memory block): the same bytes
+    torch = pytest.importorskip("torch")
+    from shardkit.torch import ShardkitIterableDataset
+
+    loader = torch.utils.data.DataLoader(ShardkitIterableDataset(url, batch_size=32, decode=False, seed=1),
+                                         batch_size=None, num_workers=2)
+    got = {k: image for b in loader for k, image in zip(b["id"].tolist(), b["image"], strict=True)}
+    assert N - len(got) < 2  # two workers: remainder="drop" leaves out at most one sample
+    assert all(image == blobs[k] for k, image in got.items())
     with pytest.raises(ReaderError, match=r"decode=\{'label': False\}: 'label' is a scalar field"):
         shardkit.make_reader(url, decode={"label": False})
     with pytest.raises(ReaderError, match=r"decode= names 'nope', which is not a column read"):

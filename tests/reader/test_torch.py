@@ -598,6 +598,32 @@ def test_a_worker_batch_pickles_to_views_of_one_tensor() -> None:
     assert out["x"].tolist() == [0, 1, 2]
 
 
+def test_a_worker_batchs_bytes_cross_in_its_block_and_come_out_as_bytes() -> None:
+    """An encoded image field read with ``decode=False`` (a list of bytes per batch, MiBs) crosses in the
+    batch's shared-memory block, not pickled through the DataLoader's pipe; it comes out as the same
+    bytes objects, None and empty values kept. A list mixing bytes and str goes the usual way."""
+    from multiprocessing.reduction import ForkingPickler
+
+    from shardkit.reader.adapters.torch_workers import _WorkerBatch
+
+    rng = np.random.default_rng(0)
+    blobs = [rng.bytes(int(n)) for n in rng.integers(1, 50_000, 40)]
+    blobs[3], blobs[7] = None, b""
+    mixed = np.array([b"x", "y", None], dtype=object)
+    batch = _WorkerBatch({"id": torch.arange(40), "image": np.array(blobs, dtype=object), "mixed": mixed,
+                          "nulls": np.array([None, None], dtype=object)},
+                         frozenset({"image", "mixed", "nulls"}))
+    sent = ForkingPickler.dumps(batch)
+    assert len(sent) < 10_000 < sum(len(b or b"") for b in blobs)  # the bytes did not go through the pipe
+    out = pickle.loads(sent)
+    assert list(out) == ["id", "image", "mixed", "nulls"]
+    assert out["image"] == blobs
+    assert all(type(b) is bytes for b in out["image"] if b is not None)
+    assert out["mixed"] == [b"x", "y", None]
+    assert out["nulls"] == [None, None]
+    assert out["id"].tolist() == list(range(40))
+
+
 def test_a_worker_state_refuses_another_layout(ids_ds: str) -> None:
     ds = skt.ShardkitIterableDataset(ids_ds, batch_size=32, columns=["id"])
     state = ds.state_dict()
