@@ -14,6 +14,9 @@ where a row group is split by row range (so any number of shards works, even mor
 The remainder policy makes the pieces equal: ``drop`` leaves out the last ``len(remaining) %
 num_shards`` samples of the stage, ``pad`` repeats the first ones, ``uneven`` gives the first shards
 one more sample (so the last batch may be missing on some shards: it can hang an allreduce).
+``mask`` splits as ``uneven`` does, and every shard steps the batches of the longest piece
+(`stage_steps`): the reader fills a shorter piece's last batch with masked rows (`mask_ranges`), so
+every sample is read once and every shard runs the same number of steps, in every stage.
 ``drop_last`` also cuts every piece down to a multiple of the batch size (the stage's tail is left out).
 
 Resume. A data-parallel job steps all shards together, so "each shard consumed ``c`` samples of
@@ -41,7 +44,8 @@ import numpy as np
 
 from shardkit.errors import ReaderError
 
-Remainder = Literal["drop", "pad", "uneven"]
+Remainder = Literal["drop", "pad", "uneven", "mask"]
+REMAINDERS: tuple[Remainder, ...] = ("drop", "pad", "uneven", "mask")
 Ranges = list[tuple[int, int]]
 
 
@@ -212,7 +216,7 @@ def _split(remaining: Ranges, num_shards: int, remainder: Remainder, batch: int,
     the resume).
     """
     total_rows = total(remaining)
-    if remainder == "uneven":
+    if remainder in ("uneven", "mask"):
         sizes = [total_rows // num_shards + (1 if k < total_rows % num_shards else 0)
                  for k in range(num_shards)]
         if drop_last:  # each shard's last partial batch goes; the pieces stay contiguous
@@ -311,6 +315,42 @@ def shard_ranges(
         remaining = _subtract(stage, merge(gone))  # padding not consumed stays (see `_split`)
     pieces, _ = _split(remaining, num_shards, remainder, batch_size, drop_last, n=num_samples)
     return _real(pieces[shard], num_samples)
+
+
+def stage_steps(num_samples: int, *, num_shards: int, history: Sequence[tuple[int, int]] = (),
+                remainder: Remainder = "drop", batch_size: int = 1, drop_last: bool = False) -> int:
+    """Batches every shard steps in the current stage: those of its longest piece (shard 0's).
+
+    Example:
+        >>> stage_steps(10, num_shards=3, remainder="mask", batch_size=2)   # pieces of 4, 3, 3 samples
+        2
+    """
+    longest = shard_ranges(num_samples, shard=0, num_shards=num_shards, history=history,
+                           remainder=remainder, batch_size=batch_size, drop_last=drop_last)
+    return -(-total(longest) // batch_size)
+
+
+def mask_ranges(ranges: Ranges, *, start: int, steps_left: int, batch_size: int, first: Ranges) -> Ranges:
+    """``remainder="mask"``: a shard's piece ``ranges`` with the masked rows it reads to step
+    ``steps_left`` more batches from piece position ``start``. Rows past ``total(ranges)`` are masked.
+
+    Example:
+        >>> mask_ranges([(0, 4)], start=0, steps_left=3, batch_size=2, first=[(0, 5)])  # 2 batches + 1
+        [(0, 4), (3, 4)]
+        >>> mask_ranges([], start=0, steps_left=1, batch_size=2, first=[(7, 9)])         # an empty piece
+        [(7, 8)]
+
+    Pieces differ by one sample at most, so a shorter piece is one batch short at most: one row of it,
+    its last one again (in the window already read), makes that batch; the reader fills the batch up to
+    ``batch_size`` rows with copies of it. An empty piece (a stage of fewer samples than shards) reads
+    the first sample of ``first`` (the longest piece) instead. The reader pads the last partial batch
+    of a piece the same way; what is masked is never a sample of the piece, so nothing is consumed.
+    """
+    batches = -(-max(0, total(ranges) - start) // batch_size)
+    if steps_left <= batches:
+        return ranges
+    filler = take(ranges, total(ranges) - 1, total(ranges)) if ranges else take(first, 0, 1)
+    return [*ranges, *filler]
 
 
 def validate_shard(shard: int, num_shards: int) -> None:

@@ -16,9 +16,10 @@ from shardkit.dataset.write import parse_size
 from shardkit.errors import CacheWarning, ReaderError, SchemaError
 from shardkit.reader._arguments import explained
 from shardkit.reader._filter import Filter
+from shardkit.reader._pipeline.assemble import VALID
 from shardkit.reader._pipeline.decode import late_fields
 from shardkit.reader._pipeline.transform import check_picklable
-from shardkit.reader._plan import Remainder, validate_shard
+from shardkit.reader._plan import REMAINDERS, Remainder, validate_shard
 from shardkit.reader.mixture import open_mixture
 from shardkit.reader.reader import WINDOW_BYTES, Reader
 
@@ -69,7 +70,11 @@ def make_reader(
 
     Every sample goes to exactly one shard, shards get equal numbers of samples (so every rank runs the
     same number of steps), and ``state_dict()``/``load_state_dict()`` resume mid-epoch, with the same
-    or a different number of shards, without repeating or skipping a sample.
+    or a different number of shards, without repeating a sample. ``remainder="mask"`` also reads every
+    sample, in every epoch and through any resume: a shard with fewer samples fills its last batch with
+    masked rows, and every batch carries a bool ``__valid__`` column (the default ``"drop"`` leaves out
+    fewer than ``num_shards`` samples per epoch: of an epoch resumed on another number of shards, fewer
+    than the number that finishes it).
 
     Several datasets mix into one stream (a `shardkit.reader.mixture.MixedReader`; see the guide
     "Mixing datasets"): ``make_reader({"web": url_a, "books": url_b}, weights={"web": 3, "books": 1})``.
@@ -84,7 +89,8 @@ def make_reader(
             (``WORLD_SIZE`` or an initialized ``torch.distributed``); with neither given, a single shard
             outside a job.
         num_shards: the number of workers (shards).
-        batch_size: rows per batch; the last batch of an epoch may be smaller (see ``drop_last``).
+        batch_size: rows per batch; the last batch of an epoch may be smaller (see ``drop_last``), except
+            with ``remainder="mask"``, where every batch has ``batch_size`` rows.
         columns: fields to read (default: all).
         filter: a ``pyarrow.compute`` expression or DNF tuples (``[("label", "<", 5)]``), pushed down
             to row-group statistics; matching rows are counted before reading so shards stay equal.
@@ -99,9 +105,16 @@ def make_reader(
         seed: the shuffle's seed.
         num_epochs: epochs to iterate; None for forever.
         remainder: samples that do not divide among the shards: ``"drop"`` (default; fewer than
-            ``num_shards`` per epoch are left out), ``"pad"`` (repeat a few), ``"uneven"`` (first
-            shards get one more; ranks may then run different numbers of steps: can hang allreduce).
-        drop_last: also drop each shard's last partial batch.
+            ``num_shards`` per epoch are left out; in an epoch resumed on another number of shards,
+            fewer than that number), ``"pad"`` (repeat a few), ``"uneven"`` (first shards get one
+            more; ranks may then run different numbers of steps: can hang allreduce), ``"mask"`` (every
+            sample exactly once, even through resumes on other shard counts, and every shard runs the
+            same number of steps: each batch has ``batch_size`` rows and a bool column ``__valid__``,
+            False on the masked rows that fill a shard's last batch, copies of a real row; weigh the
+            loss with it: ``(loss * valid).sum() / valid.sum().clamp(min=1)``, since a batch may be all
+            masked). Not for mixtures yet.
+        drop_last: also drop each shard's last partial batch. Not with ``remainder="mask"``, whose
+            batches are all full (masked rows fill the last one), so it could only drop samples.
         cache: ``"auto"`` (row groups of remote datasets are cached on local disk; where its folder
             cannot be created, a `CacheWarning` and no cache), None, a folder, or a
             ``shardkit.reader._cache.CacheConfig`` (whose folder must be writable: `ReaderError`).
@@ -165,8 +178,14 @@ def make_reader(
         raise ReaderError(f"seed={seed!r} must be an int >= 0")
     if num_epochs is not None:
         _positive("num_epochs", num_epochs)
-    if remainder not in ("drop", "pad", "uneven"):
-        raise ReaderError(f"remainder={remainder!r} must be 'drop', 'pad' or 'uneven'")
+    if remainder not in REMAINDERS:
+        raise ReaderError(f"remainder={remainder!r} must be 'drop', 'pad', 'uneven' or 'mask'")
+    if remainder == "mask" and drop_last:
+        raise ReaderError(
+            "drop_last=True with remainder='mask': mask fills each shard's last batch up to batch_size rows "
+            "with masked rows (__valid__ False), so every batch is full and drop_last could only leave out "
+            "samples, which mask is there to keep; leave drop_last out (False), or use remainder='drop' "
+            "with drop_last=True")
     if on_error not in ("raise", "skip"):
         raise ReaderError(f"on_error={on_error!r} must be 'raise' or 'skip'")
     workers = _positive("workers", workers) if workers is not None else max(2, min(4, os.cpu_count() or 2))
@@ -189,6 +208,11 @@ def make_reader(
                                           or isinstance(transform_timeout, bool) or transform_timeout <= 0):
         raise ReaderError(f"transform_timeout={transform_timeout!r} must be a number of seconds > 0, or None")
     if isinstance(url, Mapping):
+        if remainder == "mask":
+            raise ReaderError(
+                "remainder='mask' is not supported for a mixture of datasets yet (a mixture's sources are "
+                "split by their own plans); read a mixture with remainder='drop' (default) or 'pad', or "
+                "read each source with make_reader(url, remainder='mask')")
         given: dict[str, Any] = {"transform": transform if transform is not None else None,
                                  "decode": None if decode is True else decode}
         for name, value in given.items():
@@ -256,6 +280,12 @@ def make_reader(
         twice = sorted({c for c in columns if list(columns).count(c) > 1})
         if twice:
             raise ReaderError(f"columns={list(columns)!r} names {twice} more than once; name each field once")
+    if remainder == "mask" and VALID in columns:
+        raise ReaderError(
+            f"remainder='mask': {dataset.url!r} has a field named {VALID!r}, the column mask adds to every "
+            f"batch (True for a sample, False for a masked row); leave it out of the columns read "
+            f"(columns={[c for c in names if c != VALID]!r}), rename it in the data, or read with "
+            "remainder='drop' or 'pad'")
     raw = _raw_fields(decode, dataset, list(columns))
     fields = {name: dataset.schema[name] for name in columns}
     late = late_fields(fields, dict.fromkeys(raw, False))

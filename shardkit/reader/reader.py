@@ -15,6 +15,13 @@ samples of its piece that its yielded batches cover (``consumed``) and the batch
 (``steps``). Iterating again after a ``break`` continues from that position (a reader has one live
 iteration: starting a new one, `load_state_dict` or `close` ends the previous one).
 
+Masked remainder (``remainder="mask"``). Every shard steps the batches of the stage's longest piece
+(`shardkit.reader._plan.stage_steps`); each batch has ``batch_size`` rows and a bool column ``__valid__``
+(`assemble.VALID`). A piece's last partial batch is filled with copies of its first row, masked; a piece
+one batch short (or empty) reads one row more, masked (`shardkit.reader._plan.mask_ranges`), for a batch
+of masked rows. Masked rows are never counted as consumed, so a resume on any number of shards reads
+every sample once.
+
 Lost rows (``on_error="skip"``). A row of a corrupt row group (or a row that cannot be decoded) is lost;
 its place in the batch is taken by a readable sample: the one half an epoch further in the epoch's order
 ``pi``, or one at places hashed from its own (see `shardkit.reader._lost.substitutes`). So every batch
@@ -43,7 +50,7 @@ from shardkit.errors import CorruptDatasetError, ImageShapeError, ReaderError
 from shardkit.reader._filter import Filter, Partitions, select_rows, to_expression
 from shardkit.reader._lost import substitutes
 from shardkit.reader._pipeline import batching
-from shardkit.reader._pipeline.assemble import POSITION, needed_rows, pi_at, scatter_plan
+from shardkit.reader._pipeline.assemble import POSITION, VALID, masked, needed_rows, pi_at, scatter_plan
 from shardkit.reader._pipeline.assemble import chunks as assemble_chunks
 from shardkit.reader._pipeline.decode import DecodeStage, LateDecode
 from shardkit.reader._pipeline.source import DEFAULT_INFLIGHT, Columns, Late, Part, RowGroupSource
@@ -52,9 +59,11 @@ from shardkit.reader._plan import (
     EpochOrder,
     Remainder,
     Task,
+    mask_ranges,
     shard_ranges,
     shard_windows,
     split_tasks,
+    stage_steps,
     take,
     total,
 )
@@ -171,6 +180,8 @@ class Reader:
         self._generation = 0  # bumped to end the live iteration (new iteration, load_state_dict, close)
         self._closed = False
         self._repeated_before = 0  # stats["repeated_rows"] when the epoch (or its resume) began
+        self._piece_rows = 0  # remainder="mask": samples of the current stage's piece (rows past: masked)
+        self._filler: Columns | None = None  # remainder="mask": a row for a batch whose samples all failed
         if len(self) == 0:  # an epoch without a batch: num_epochs=None would spin without yielding
             samples = total(shard_ranges(self.num_samples, shard=shard, num_shards=num_shards,
                                          remainder=remainder))
@@ -194,6 +205,14 @@ class Reader:
         self._out_schema = value
 
     def _output_schema(self) -> Schema:
+        schema = self._sample_schema()
+        if self.remainder != "mask":
+            return schema
+        if VALID in schema.names:  # a transform's field: the dataset's is refused by make_reader
+            raise ReaderError(_valid_collision(f"the transform {self.transform!r} returns a field"))
+        return Schema([*schema, Field(VALID, "bool")])
+
+    def _sample_schema(self) -> Schema:
         fields = [Field(f.name, "bytes", nullable=f.nullable) if f.name in self._raw else f
                   for f in self._read_schema]
         if self.transform is None:
@@ -239,13 +258,15 @@ class Reader:
 
     def __len__(self) -> int:
         """Batches this shard yields in a whole epoch (not counting resumes; per epoch, not in total)."""
+        if self.remainder == "mask":  # every shard steps its longest piece's batches
+            return stage_steps(self.num_samples, num_shards=self.num_shards, remainder=self.remainder,
+                               batch_size=self.batch_size)
         return (total(self._ranges(())) + self.batch_size - 1) // self.batch_size
 
     def _stage_steps(self) -> int:
         """Batches the job steps in the current stage: those of its longest piece (shard 0's)."""
-        longest = shard_ranges(self.num_samples, shard=0, num_shards=self.num_shards, history=self._history,
-                               remainder=self.remainder, batch_size=self.batch_size, drop_last=self.drop_last)
-        return -(-total(longest) // self.batch_size)
+        return stage_steps(self.num_samples, num_shards=self.num_shards, history=self._history,
+                           remainder=self.remainder, batch_size=self.batch_size, drop_last=self.drop_last)
 
     @property
     def fingerprint(self) -> str:
@@ -399,6 +420,13 @@ class Reader:
         order = EpochOrder(self.rows_per_group, self.seed, self.epoch, self.shuffle, self.shuffle_buffer)
         ranges = self._ranges(self._history)
         start = self._consumed  # > 0 when an earlier iteration of this stage stopped early
+        if self.remainder == "mask" and placer is None:  # rows past the piece's samples are masked
+            self._piece_rows = total(ranges)
+            longest = ranges if self.shard == 0 else shard_ranges(
+                self.num_samples, shard=0, num_shards=self.num_shards, history=self._history,
+                remainder=self.remainder, batch_size=self.batch_size)
+            ranges = mask_ranges(ranges, start=start, steps_left=self._stage_steps() - self._steps,
+                                 batch_size=self.batch_size, first=longest)
         stop = total(ranges) if placer is None else min(total(ranges), start + placer.remaining())
         windows = shard_windows(order, take(ranges, start, stop))
         # the first batch comes sooner: its rows are read first, the rest of the window in tasks
@@ -493,9 +521,23 @@ class Reader:
 
     def _step(self, batch: Columns) -> Columns:
         """Account for a batch about to be yielded: from now on `state_dict` counts it as consumed."""
-        self._consumed = int(batch.pop(POSITION)[-1]) + 1
+        positions = batch.pop(POSITION)
         self._steps += 1
-        return batch
+        if self.remainder != "mask":
+            self._consumed = int(positions[-1]) + 1
+            return batch
+        # a batch holds samples of the piece, or the one masked row read to fill a batch (`mask_ranges`)
+        samples = len(positions) > 0 and int(positions[0]) < self._piece_rows
+        if samples:
+            self._consumed = int(positions[-1]) + 1
+        if VALID in batch:
+            raise ReaderError(_valid_collision(f"the transform {self.transform!r} returns a field"))
+        n = batching.num_rows(batch)
+        if n and self._source.on_error == "skip":  # a later batch may lose all its samples to a transform
+            self._filler = {name: values[:1].copy() for name, values in batch.items()}
+        elif not n and self._filler is not None:
+            batch, samples = dict(self._filler), False
+        return masked(batch, batching.num_rows(batch) if samples else 0, self.batch_size)
 
     def _late_fields(self, placer: batching.Placer | None) -> Late | None:
         """What the tasks of a pass leave encoded, spilled (None: every field decoded as it is read; a
@@ -521,11 +563,14 @@ class Reader:
         self._history, self._consumed, self._steps = [], 0, 0
 
     def rows(self) -> Iterator[dict[str, Any]]:
-        """Row-at-a-time iteration (slower than batches): each row a dict of field -> value."""
+        """Row-at-a-time iteration (slower than batches): each row a dict of field -> value (with
+        ``remainder="mask"``, the samples only: masked rows and the ``__valid__`` column are left out)."""
         for batch in self:
+            valid = batch.pop(VALID, None)
             names = list(batch)
             for i in range(batching.num_rows(batch)):
-                yield {name: batch[name][i] for name in names}
+                if valid is None or valid[i]:
+                    yield {name: batch[name][i] for name in names}
 
     def _share(self, *, workers: int, prefetch: int, shuffle_buffer: int) -> None:
         """Read with ``workers`` threads, ``prefetch`` tasks ahead and a window of ``shuffle_buffer`` rows
@@ -585,7 +630,8 @@ class Reader:
         Ranks step together, so after ``k`` batches every shard has consumed ``min(k * batch_size,
         its piece)``. A shard that yielded the stage's last step has finished the epoch: its state
         points at the start of the next one (with ``remainder="uneven"`` a shorter piece finishes one
-        step early only when its last batch was full, and then the job has a step to go).
+        step early only when its last batch was full, and then the job has a step to go; with ``"mask"``
+        every shard steps the stage's batches, masked rows counting for nothing).
         """
         epoch, history = self.epoch, list(self._history)
         if self._steps and self._steps >= self._stage_steps():
@@ -707,6 +753,12 @@ def _field_of(name: str, values: np.ndarray, variable: bool) -> Field:
         return Field(name, array.dtype, (None,) * array.ndim)
     shape = values.shape[1:]
     return Field(name, values.dtype, tuple(None for _ in shape) if variable else shape)
+
+
+def _valid_collision(what: str) -> str:
+    """The message for a field named like the mask column of ``remainder="mask"``."""
+    return (f"{what} named {VALID!r}, the column remainder='mask' adds to every batch (True for a sample, "
+            f"False for a masked row); rename that field, or read with remainder='drop' or 'pad'")
 
 
 def closed_error(reader: object) -> ReaderError:

@@ -1,6 +1,7 @@
 """A shuffle window's rows in emission order: which rows its tasks decode, how the worker threads place
 them (`batching.Scatter`), and the chunks the batcher cuts into batches, each row with its position
-in the shard's piece (`POSITION`), lost rows (``on_error="skip"``) kept in their places."""
+in the shard's piece (`POSITION`), lost rows (``on_error="skip"``) kept in their places; with
+``remainder="mask"``, each batch filled to ``batch_size`` rows and its mask (`VALID`, `masked`)."""
 
 from __future__ import annotations
 
@@ -13,6 +14,9 @@ from shardkit.reader._pipeline.source import Columns, Part
 from shardkit.reader._plan import EpochOrder, Window
 
 POSITION = "\x00shardkit.position"  # rides along in chunks: the piece position of each row
+#: ``remainder="mask"``: the column every batch carries, bool per row, True for a sample of the shard's piece,
+#: False for a masked row that fills a shorter piece's last batch (see `masked`)
+VALID = "__valid__"
 
 
 def needed_rows(window: Window, order: EpochOrder
@@ -117,3 +121,24 @@ def pi_at(ranges: Sequence[tuple[int, int]], positions: np.ndarray) -> np.ndarra
     starts = np.array([a for a, _ in ranges], dtype=np.int64)
     pi: np.ndarray = starts[k] + positions - (ends - lengths)[k]
     return pi
+
+
+def masked(batch: Columns, valid: int, batch_size: int) -> Columns:
+    """``remainder="mask"``: ``batch`` filled up to ``batch_size`` rows with copies of its first row, and
+    its `VALID` column: True on its first ``valid`` rows (samples), False on the rest (masked).
+
+    Example:
+        >>> masked({"x": np.array([5, 6])}, 2, 4)
+        {'x': array([5, 6, 5, 5]), '__valid__': array([ True,  True, False, False])}
+
+    Copies of a real row keep every value in its field's domain (an index in range, an image of its
+    shape), so a model computes on masked rows without error; their loss is masked out. A batch of no
+    rows (every sample left out by ``on_error="skip"``) stays empty: it has no row to copy.
+    """
+    n = batching.num_rows(batch)
+    if 0 < n < batch_size:
+        batch = batching.concat([batch, batching.take(batch, np.zeros(batch_size - n, dtype=np.int64))])
+    mask = np.zeros(batching.num_rows(batch), dtype=bool)
+    mask[:valid] = True
+    batch[VALID] = mask
+    return batch

@@ -60,6 +60,8 @@ class Collate:
       dims)``, True on real elements (only the variable dimensions: ``(rows, L)`` for a sequence).
     - nullable fields: also ``<name>__valid``, bool ``(rows,)``, True where the row has a value; a null
       number reads as 0. It is there in every batch, nulls or not, so the keys never change.
+    - the reader's ``__valid__`` column (``remainder="mask"``: True for a sample, False for a masked row)
+      is a bool field of the schema like any other: a bool tensor / array ``(rows,)`` in every batch.
     - ``cast``: ``{field: dtype}`` converts a field first, e.g. ``{"depth": "int32"}`` for uint16 data
       (torch has no arithmetic on uint16/32/64) or ``{"when": "int64"}`` for datetime64 (units since the
       epoch). A field a framework cannot represent without a cast fails when the adapter is created.

@@ -173,8 +173,9 @@ def _put_error(tree: Mapping[str, Any], target: Target, error: Exception) -> str
             except ValueError:
                 return (f"the batch's {key!r}, shape {tuple(shape)}, does not divide among "
                         f"sharding={target!r} ({one_line(error)}); an epoch's last batch is short unless "
-                        "drop_last=True: pass drop_last=True, or a batch_size and shard size that divide "
-                        "among its devices")
+                        "drop_last=True or remainder='mask': pass remainder='mask' (every batch full, "
+                        "masked rows marked in batch['__valid__']), drop_last=True, or a batch_size and "
+                        "shard size that divide among its devices")
         if isinstance(target, jax.sharding.Sharding) and isinstance(value, list):
             return f"the batch's {key!r} is a list of per-row arrays, which sharding={target!r} cannot split"
     return f"jax.device_put of the batch to {target!r} failed: {one_line(error)}"
@@ -247,6 +248,10 @@ def make_loader(reader_or_url: Reader | str | os.PathLike[str] | Dataset, *,
     plus ``<name>__mask`` (``variable="pad"``: still one shape per longest row of a batch); nullable
     fields add ``<name>__valid``. ``Collate.writable`` has no effect (jax arrays are never written).
 
+    With ``remainder="mask"`` every batch has ``batch_size`` rows (one shape: one compilation) and a bool
+    ``jax.Array`` ``batch["__valid__"]``, False on the masked rows that fill a shard's last batch; a masked
+    mean loss: ``jnp.sum(loss * valid) / jnp.maximum(jnp.sum(valid), 1)``.
+
     64-bit values: jax keeps them only with ``jax_enable_x64`` on; off (jax's default) it narrows
     int64, uint64 and float64 to 32 bits without a word, which would wrap ids past 2**31. So, with x64
     off, the loader narrows them itself, as jax would, checking each batch: integers that fit become
@@ -267,7 +272,8 @@ def make_loader(reader_or_url: Reader | str | os.PathLike[str] | Dataset, *,
             "tpu:0". One that does not exist here raises `AdapterError` before anything is read.
         sharding: instead of ``device``, a ``jax.sharding.Sharding`` of this process's devices, e.g.
             ``NamedSharding(mesh, PartitionSpec("data"))`` to split each batch among them. The batch
-            size must divide among them, and so must an epoch's last batch: pass ``drop_last=True``.
+            size must divide among them, and so must an epoch's last batch: pass ``remainder="mask"``
+            (every batch full) or ``drop_last=True``.
         prefetch: batches put on the device ahead of the one handed out (0: none).
         collate: a `Collate` policy (default ``Collate()``), or a function from a numpy batch to a dict:
             its numeric numpy arrays, jax arrays and lists of them are put like the others, other

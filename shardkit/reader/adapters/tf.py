@@ -22,6 +22,7 @@ import tensorflow as tf  # noqa: E402
 
 from shardkit.dataset import Schema  # noqa: E402
 from shardkit.reader._pipeline import batching  # noqa: E402
+from shardkit.reader._pipeline.assemble import VALID  # noqa: E402
 from shardkit.reader.adapters.collate import (  # noqa: E402
     MASK_SUFFIX,
     VALID_SUFFIX,
@@ -152,7 +153,9 @@ def make_dataset(reader_or_url: Reader | Any, *, label: str | None = None,
 
     Args:
         reader_or_url: a `Reader`, or a dataset URL and ``make_reader_kwargs`` for `make_reader`.
-        label: a field to yield apart, as ``(features, label)`` pairs for ``model.fit``.
+        label: a field to yield apart, as ``(features, label)`` pairs for ``model.fit``; with
+            ``remainder="mask"``, ``(features, label, sample_weight)`` triples, the weight 1.0 for a sample
+            and 0.0 for a masked row (``__valid__`` as float32), which Keras applies to the loss.
         features: with ``label``: one field (yielded as a tensor) or several (a dict); default every
             other field. Without ``columns=``, only these fields and ``label`` are read.
         collate: the `Collate` policy for strings, nulls and variable shapes (``cast`` included).
@@ -176,7 +179,7 @@ def make_dataset(reader_or_url: Reader | Any, *, label: str | None = None,
         reader = make_reader(reader_or_url, **make_reader_kwargs)
     plans = plan_fields(reader.schema, policy, "tf")
     spec = element_spec(reader.schema, policy)
-    split = _splitter(spec, label, features)
+    split = _splitter(spec, label, features, VALID in spec)
 
     passes = Passes(reader, fresh=True)
     # dense and text fields are row by row: a run of batches prepares as the batches would, one by one
@@ -274,22 +277,41 @@ def _field_of(key: str) -> str:
     return key
 
 
-def _splitter(spec: dict[str, Any], label: str | None, features: str | Sequence[str] | None
-              ) -> Callable[[dict[str, Any]], Any]:
-    """Turns an element dict (or the spec itself) into what the dataset yields."""
+def _splitter(spec: dict[str, Any], label: str | None, features: str | Sequence[str] | None,
+              masked: bool = False) -> Callable[[dict[str, Any]], Any]:
+    """Turns an element dict (or the spec itself) into what the dataset yields; ``masked``
+    (``remainder="mask"``): pairs become ``(features, label, sample_weight)`` triples."""
     if label is None and features is None:
         return lambda d: d
     names = [features] if isinstance(features, str) else list(features or [])
     unknown = [n for n in [*names, *([label] if label is not None else [])] if n not in spec]
     if unknown:
         raise AdapterError(f"make_dataset: {unknown} are not fields of the batches; they hold {sorted(spec)}")
+    if masked and (label is None or label == VALID or VALID in names):
+        raise AdapterError(
+            f"make_dataset(features={features!r}, label={label!r}) with remainder='mask': the batches' "
+            f"{VALID!r} mask would be lost or taken for data; give label= (the dataset then yields "
+            "(features, label, sample_weight) triples, the weight 0.0 on masked rows), or leave features= "
+            f"and label= out (dicts holding {VALID!r})")
     if label is None:
         return (lambda d: d[names[0]]) if isinstance(features, str) else (lambda d: {n: d[n] for n in names})
     if features is None:
-        return lambda d: ({k: v for k, v in d.items() if k != label}, d[label])
-    if isinstance(features, str):
-        return lambda d: (d[names[0]], d[label])
-    return lambda d: ({n: d[n] for n in names}, d[label])
+        pick: Callable[[dict[str, Any]], Any] = lambda d: {k: v for k, v in d.items()  # noqa: E731
+                                                           if k not in (label, VALID)}
+    elif isinstance(features, str):
+        pick = lambda d: d[names[0]]  # noqa: E731
+    else:
+        pick = lambda d: {n: d[n] for n in names}  # noqa: E731
+    if not masked:
+        return lambda d: (pick(d), d[label])
+    return lambda d: (pick(d), d[label], _weight(d[VALID]))
+
+
+def _weight(valid: Any) -> Any:
+    """``remainder="mask"``: the Keras ``sample_weight`` of a ``__valid__`` column (or its spec)."""
+    if isinstance(valid, tf.TensorSpec):
+        return tf.TensorSpec(valid.shape, tf.float32)
+    return np.asarray(valid, dtype=np.float32)
 
 
 def dataset_fn(url: Any, *, batch_size: int, **kwargs: Any) -> Callable[[tf.distribute.InputContext],

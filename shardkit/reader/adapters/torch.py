@@ -363,6 +363,10 @@ def make_loader(reader_or_url: Reader | str | Any, *, device: str | torch.device
     on batch k. The tensors are then safe on the current stream (it waits for their copy; they carry
     ``record_stream``). Strings, bytes and variable shapes follow the `Collate` policy.
 
+    With ``remainder="mask"`` every batch has ``batch_size`` rows and a ``torch.bool`` tensor
+    ``batch["__valid__"]`` (False on the masked rows that fill a shard's last batch); a masked mean loss:
+    ``(per_sample_loss * batch["__valid__"]).sum() / batch["__valid__"].sum().clamp(min=1)``.
+
     A pass (``for batch in loader``) yields ``num_epochs`` epochs from where the reader is (one, by
     default), and the next pass goes on from there: ``for epoch in range(3): for batch in loader:``
     reads three epochs, each shuffled anew. ``state_dict()`` / ``load_state_dict()`` are the reader's,
