@@ -212,6 +212,23 @@ def test_a_transform_sees_no_mask_and_batches_get_it(tmp_path: Path) -> None:
     assert all((b["twice"] == b["id"] * 2).all() for b in batches)
 
 
+def test_samples_a_transform_leaves_out_become_masked_rows(tmp_path: Path) -> None:
+    """``on_error="skip"`` leaves a sample whose transform raises out of its batch: the batch keeps its
+    ``batch_size`` rows, the missing ones masked."""
+    url = write_ids(tmp_path / "ds", 10, row_group_size=4)
+
+    def fail(sample: dict[str, Any]) -> dict[str, Any]:
+        if int(sample["id"]) in (5, 9):
+            raise ValueError("bad sample")
+        return {"id": sample["id"]}
+
+    with pytest.warns(UserWarning, match="on_error='skip'"), \
+            shardkit.make_reader(url, batch_size=4, shuffle=False, remainder="mask", transform=fail,
+                                 on_error="skip") as r:
+        batches = [(b["id"][b[VALID]].tolist(), len(b[VALID]), len(b["id"])) for b in r]
+    assert batches == [([0, 1, 2, 3], 4, 4), ([4, 6, 7], 4, 4), ([8], 4, 4)]
+
+
 # ---- adapters -------------------------------------------------------------------------------------
 def test_torch_gets_a_bool_tensor(tmp_path: Path) -> None:
     torch = pytest.importorskip("torch")
