@@ -371,7 +371,12 @@ class _Runner:
         if spec is not None:
             for name, kind in spec.items():
                 if kind[0] == "array":
-                    out.arrays[name] = None if dest is not None else (arrays or {})[name][:count]
+                    if dest is not None:
+                        out.arrays[name] = None
+                    elif arrays is None:  # every sample of the batch skipped (on_error="skip")
+                        out.arrays[name] = np.empty((0, *kind[1]), np.dtype(kind[2]))
+                    else:
+                        out.arrays[name] = arrays[name][:count]
                 else:
                     column = np.empty(count, object)
                     column[:] = objects.get(name, [])
