@@ -71,7 +71,8 @@ def _inspect(args: argparse.Namespace) -> int:
     mixture they make (`describe_mixture`), with ``--weights`` and ``--samples-per-epoch``."""
     from shardkit.dataset import SummaryMissingWarning, open_dataset
 
-    mixed = len(args.url) > 1 or args.weights is not None or args.samples_per_epoch is not None
+    mixed = len(args.url) > 1 or args.weights is not None or args.samples_per_epoch is not None \
+        or args.at is not None
     options = args.storage_options
     if not mixed:
         with warnings_after(SummaryMissingWarning), _in_flags(args, version=args.version):
@@ -86,7 +87,7 @@ def _inspect(args: argparse.Namespace) -> int:
     weights = weights_of(args.weights, list(sources))
     with warnings_after(SummaryMissingWarning), _in_flags(args):
         datasets = {name: open_dataset(url, storage_options=options) for name, url in sources.items()}
-    info = describe_mixture(datasets, weights, args.samples_per_epoch)
+    info = describe_mixture(datasets, weights, args.samples_per_epoch, args.at)
     print(json.dumps(info, indent=2) if args.json else format_mixture(info))
     return 0
 
@@ -229,9 +230,21 @@ def _add_table_version(p: argparse.ArgumentParser) -> None:
                         "current one)")
 
 
+def _samples_list(text: str) -> list[int]:
+    try:
+        points = [int(p.replace("_", "")) for p in text.split(",") if p.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: give samples as ints, e.g. --at 0,500000,1000000") \
+            from None
+    if not points or min(points) < 0:
+        raise argparse.ArgumentTypeError(f"{text!r}: give samples >= 0, e.g. --at 0,500000,1000000")
+    return points
+
+
 def _add_mixture(p: argparse.ArgumentParser) -> None:
     p.add_argument("--weights", metavar="W,W",
-                   help="a mixture's weights: one per URL in order (3,1) or by name (web=3,books=1); "
+                   help="a mixture's weights: one per URL in order (3,1) or by name (web=3,books=1), or "
+                        "JSON with schedules ('{\"web\": [[0, 3], [1000000, 1]], \"books\": 1}'); "
                         "default: the sources' rows")
     p.add_argument("--samples-per-epoch", type=int, metavar="N",
                    help="a mixture's epoch in samples of all sources (default: their rows together)")
@@ -264,6 +277,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "or named by its last path part, for a mixture")
     p.add_argument("--json", action="store_true", help="machine-readable output")
     _add_mixture(p)
+    p.add_argument("--at", metavar="N,N", type=_samples_list,
+                   help="a mixture's shares at these samples read (default, for weights that change: at "
+                        "their breakpoints)")
     _add_table_version(p)
     add_storage_options(p, "each URL")
     p.set_defaults(func=_inspect, parser=p)

@@ -5,6 +5,7 @@ of ``inspect`` and ``bench`` as typed. Shared by the commands of `shardkit.cli`.
 from __future__ import annotations
 
 import contextlib
+import json
 import re
 import sys
 import warnings
@@ -144,11 +145,21 @@ def _last_part(url: str) -> str:
     return url.rstrip("/").rsplit("/", 1)[-1].split("://")[-1] or url
 
 
-def weights_of(text: str | None, names: Sequence[str]) -> dict[str, float] | None:
-    """``--weights 3,1`` (in the order of the sources) or ``--weights web=3,books=1``; None when not given.
-    The numbers are checked by the mixture (`shardkit.reader.mixture.check_weights`)."""
+def weights_of(text: str | None, names: Sequence[str]) -> dict[str, Any] | None:
+    """``--weights 3,1`` (in the order of the sources), ``--weights web=3,books=1``, or a JSON object of
+    source name -> weight or schedule (``{"web": [[0, 3], [1000000, 1]], "books": 1}``); None when not
+    given. The values are checked by the mixture (`shardkit.reader.mixture.check_weights`)."""
     if text is None:
         return None
+    if text.lstrip().startswith("{"):
+        try:
+            value = json.loads(text)
+        except json.JSONDecodeError as e:
+            raise ReaderError(f"--weights {text}: not JSON ({e}); e.g. --weights "
+                              '\'{"web": [[0, 3], [1000000, 1]], "books": 1}\'') from None
+        if not isinstance(value, dict):
+            raise ReaderError(f"--weights {text}: give a JSON object of source name -> weight")
+        return value
     parts = [p.strip() for p in text.split(",") if p.strip()]
     named = [p.partition("=") for p in parts]
     try:
@@ -170,11 +181,12 @@ def _number(text: str) -> float:
 
 
 def describe_mixture(datasets: Mapping[str, Dataset], weights: Mapping[str, Any] | None,
-                     samples_per_epoch: int | None) -> dict[str, Any]:
+                     samples_per_epoch: int | None, at: Sequence[int] | None = None) -> dict[str, Any]:
     """A JSON-able description of a mixture of ``datasets`` (what ``shardkit inspect --json URL URL ...``
     prints): each dataset's `describe` with its name, and the mixture: each source's rows, weight, share,
-    samples and passes per epoch, the schedule's bound, and whether the fields agree (the message of the
-    mismatch, as a reader would raise it, or None)."""
+    samples and passes per epoch (at the start of a schedule), the schedule's bound, the shares at the
+    samples ``at`` (default: a schedule's breakpoints; none for constant weights), and whether the fields
+    agree (the message of the mismatch, as a reader would raise it, or None)."""
     from shardkit.errors import ShardkitError
     from shardkit.reader.mixture import Mixture, shared_schema  # on use: the reader pulls in pyarrow
 
@@ -188,8 +200,8 @@ def describe_mixture(datasets: Mapping[str, Dataset], weights: Mapping[str, Any]
     return {
         "sources": [{"name": name, **describe(d)} for name, d in datasets.items()],
         "mixture": {"samples_per_epoch": mixture.samples_per_epoch, "sources": mixture.to_json(),
-                    "bound": mixture.schedule.bound, "period": mixture.schedule.period,
-                    "fields_differ": fields},
+                    "bound": mixture.bound, "period": mixture.schedule.period,
+                    "shares_at": mixture.schedule_json(at), "fields_differ": fields},
     }
 
 
@@ -197,7 +209,7 @@ def format_mixture(info: dict[str, Any]) -> str:
     """`describe_mixture` for people: each source as ``inspect`` shows it, then the mixture."""
     parts = [f"source {d['name']}: {format_description(d)}" for d in info["sources"]]
     mix = info["mixture"]
-    rows = [[m["name"], f"{m['rows']:,}", f"{m['weight']:g}", f"{m['share']:.2%}",
+    rows = [[m["name"], f"{m['rows']:,}", _weight_text(m["weight"]), f"{m['share']:.2%}",
              f"{m['samples_per_epoch']:,.1f}", f"{m['passes_per_epoch']:.3g}"] for m in mix["sources"]]
     head = (f"mixture: {len(rows)} sources, {mix['samples_per_epoch']:,} samples per epoch; in every prefix "
             f"of the stream each source is within {mix['bound']:.3g} of its share (schedule period "
@@ -205,7 +217,23 @@ def format_mixture(info: dict[str, Any]) -> str:
     fields = ("fields: the same in every source" if mix["fields_differ"] is None
               else f"fields: DIFFER: {mix['fields_differ']}")
     table = _table(rows, ["source", "rows", "weight", "share", "samples/epoch", "passes/epoch"])
-    return "\n\n".join([*parts, "\n".join([head, fields]), table])
+    out = [*parts, "\n".join([head, fields]), table]
+    if mix.get("shares_at"):
+        names = [m["name"] for m in mix["sources"]]
+        shares = [[f"{p['samples']:,}", *(f"{p['shares'][n]:.2%}" for n in names)] for p in mix["shares_at"]]
+        out.append("shares along the schedule (samples read, all shards together):\n"
+                   + _table(shares, ["samples", *names]))
+    return "\n\n".join(out)
+
+
+def _weight_text(weight: Any) -> str:
+    """A weight as ``inspect`` shows it: ``3``, ``0:3 -> 1000000:1`` (linear), ``steps 0:1, 1000:0``."""
+    if isinstance(weight, dict):
+        kind, pairs = next(iter(weight.items()))
+        return f"{kind} " + ", ".join(f"{x}:{w:g}" for x, w in pairs)
+    if isinstance(weight, list):
+        return " -> ".join(f"{x}:{w:g}" for x, w in weight)
+    return f"{weight:g}"
 
 
 def column_names(text: str | None) -> list[str] | None:

@@ -1,7 +1,9 @@
 """Mixtures: several datasets read as one weighted stream, sharded, shuffled and resumable like one.
 
 ``make_reader({"web": url_a, "books": url_b}, weights={"web": 3, "books": 1}, samples_per_epoch=N)``
-returns a `MixedReader`. What it reads is a pure function of the seed and the sources:
+returns a `MixedReader`; a weight may also change with the samples read (``{"web": [(0, 3), (1_000_000,
+1)], "books": 1}``, see "Scheduled weights"). What it reads is a pure function of the seed, the sources
+and the weights:
 
 The mixed stream. Global positions ``0, 1, 2, ...`` run on without end; position ``p`` belongs to the
 source `Schedule.sources` says, and is that source's ``k``-th sample, ``k`` the number of positions of
@@ -22,6 +24,30 @@ denominator, so a position's source and a source's count are looked up, never re
 weighted round robin, the largest deficit first, passes 1 for some weights; a random draw per sample, as
 torchdata's ``MultiNodeWeightedSampler`` makes, is off by about the square root of the window.)
 
+Scheduled weights. A weight may be a schedule (`WeightSchedule`): ``(samples, weight)`` points, linear
+between them or in steps, as a function of the samples the mixture has read: its stream position, the
+same for every shard, so every shard agrees on the weights at each position and the stream stays a
+pure function of the seed, the sources and the weights. The stream is cut into pieces of constant
+shares (`Weights.realize`): a stretch where no weight changes is one piece at its exact shares, which
+ends at the whole number of its periods nearest the next breakpoint (so a breakpoint moves by less
+than half a period: 2 positions at 3:1); a linear ramp goes in steps of at least `RAMP_STEP` positions,
+each at the shares of its middle in multiples of ``1 / RAMP_STEP``. Every piece is whole periods long,
+so at its end each source has exactly its share of it: the prefix bound above holds along the whole
+stream against the shares it is read at (`Mixture.shares_at`), and any ``m`` consecutive positions hold
+each source the sum of its shares over them, to within ``2 - 1/(n-1)``. Positions still map to a
+source's count by lookup (`Piecewise`: the piece, then its period), never by replay.
+
+Reweighting. A state holds the weights it was read at; a reader at other weights refuses it, unless
+``load_state_dict(state, reweight=True)``: the stream then goes on in a new `Era` at the new weights
+(`MixedReader._reweighted`). The positions the epoch's stages read keep their sources and samples; the
+rest of the epoch moves, in its order, to the first positions of the new era, and the samples the old
+weights had put there are the era's holes: each source reads its holes first, then goes on past every
+sample the old eras reached. So every sample of every source is read once, as without the reweight,
+and each pass still holds each row once. The new era reads its schedule from the samples read so far
+(``epoch * samples_per_epoch`` plus the epoch's read positions). The eras are part of the state, so a
+later resume, on any number of shards, continues the same stream without ``reweight``; the sources'
+shuffle windows stay those of the first weights (a source's pass order follows its window).
+
 Epochs and shards. An epoch is ``samples_per_epoch`` positions of the stream, split among the shards
 exactly as a `Reader` splits its epoch (`shardkit.reader._plan.shard_ranges`: contiguous, equal
 pieces; resume stages; the remainder policy), so a shard's stream is a contiguous run of the global
@@ -32,9 +58,10 @@ where the last one stopped (`_Boundary`). ``remainder="pad"`` repeats a few posi
 (their rows come twice in their pass).
 
 Resume. `MixedReader.state_dict` holds the epoch, its stages (as a `Reader`'s, so every adapter reads
-it the same way), where the epoch starts in the stream, and each source's own reader state (its table
-snapshot, its fingerprint); a reader with the same or another number of shards continues from it, and
-what the two runs read together is a prefix of the stream, each position once.
+it the same way), where the epoch starts in the stream, the weights' eras, and each source's own reader
+state (its table snapshot, its fingerprint); a reader with the same or another number of shards
+continues from it, and what the two runs read together is a prefix of the stream, each position once.
+A state saved before schedules (no ``schedule`` key) is read as one era of its constant shares.
 
 Reading. Each source is read by a one-shard `Reader` (its filter, cache, lost rows and table snapshot as
 for one dataset), positioned with its own state at the first sample the shard needs of it, with the
@@ -45,6 +72,7 @@ row is copied once, in parallel, as in one reader's shuffled window; the batches
 
 from __future__ import annotations
 
+import bisect
 import dataclasses
 import functools
 import hashlib
@@ -58,7 +86,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from fractions import Fraction
 from functools import cached_property, lru_cache
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 
@@ -106,6 +134,11 @@ class Schedule:
     @property
     def period(self) -> int:
         return sum(self.quotas)
+
+    @property
+    def n(self) -> int:
+        """The number of sources."""
+        return len(self.quotas)
 
     @property
     def bound(self) -> float:
@@ -195,66 +228,277 @@ def _tijdeman(quotas: tuple[int, ...]) -> np.ndarray:
     return out
 
 
-# ---- what a mixture reads ----------------------------------------------------------------------------
+# ---- weights that change: schedules ------------------------------------------------------------------
+
+#: A linear ramp of weights is read in steps of constant shares, each at least ``RAMP_STEP`` positions long
+#: and with shares that are multiples of ``1 / RAMP_STEP``; a ramp has at most ``MAX_RAMP_STEPS`` steps.
+RAMP_STEP = 1024
+MAX_RAMP_STEPS = 256
+Kind = Literal["linear", "steps"]
+
 
 @dataclasses.dataclass(frozen=True)
-class Mixture:
-    """The sources of a mixture, their rows and shares, and its epoch: what `MixedReader` reads and
-    ``shardkit inspect`` shows. Make one with `Mixture.of`.
+class WeightSchedule:
+    """A source's weight as a function of the samples the mixture has read (its position in the mixed
+    stream, all shards together): ``points`` are ``(samples, weight)`` pairs, ``samples`` ints >= 0 that
+    strictly increase, ``weight`` numbers >= 0.
 
-    ``weights`` are as given (the rows, when none were); ``shares`` the fractions of the stream used:
-    the weights normalized, exactly when their common denominator is at most `MAX_PERIOD`, else rounded
-    to multiples of ``1 / MAX_PERIOD`` (largest remainders; a positive weight keeps a positive share).
-    The schedule's bound holds against ``shares``.
+    ``kind="linear"`` (what a plain list of pairs means): the weight runs linearly from one point to the
+    next. ``kind="steps"``: each point's weight holds until the next point. Before the first point the
+    weight is the first one's, after the last one the last one's.
+
+    Example:
+        >>> anneal = WeightSchedule([(0, 3), (1_000_000, 1)])   # 3 -> 1 over the first 1M samples
+        >>> anneal.at(500_000), anneal.at(5_000_000)
+        (Fraction(2, 1), Fraction(1, 1))
+        >>> WeightSchedule([(0, 1), (1000, 0)], kind="steps").at(999)
+        Fraction(1, 1)
+
+    `WeightSchedule.sampled` makes one from a function of the samples read.
     """
 
-    names: tuple[str, ...]
-    rows: tuple[int, ...]
-    weights: tuple[Any, ...]
-    shares: tuple[Fraction, ...]
-    samples_per_epoch: int
+    points: tuple[tuple[int, Fraction], ...]
+    kind: Kind = "linear"
+
+    def __init__(self, points: Sequence[Sequence[Any]], kind: Kind = "linear") -> None:
+        object.__setattr__(self, "points", _points(points, kind, "WeightSchedule"))
+        object.__setattr__(self, "kind", kind)
 
     @classmethod
-    def of(cls, names: Sequence[str], rows: Sequence[int], weights: Mapping[str, Any] | None,
-           samples_per_epoch: Any) -> Mixture:
-        """Check ``weights`` (see `check_weights`) and ``samples_per_epoch`` (default: the rows of the
-        sources of positive weight together), and make the shares."""
-        names = tuple(names)
-        exact = check_weights(weights, names)
-        if exact is None:  # weighted by their rows: an epoch reads each source about once
-            given: tuple[Any, ...] = tuple(int(r) for r in rows)
-            exact = tuple(Fraction(int(r)) for r in rows)
-        else:
-            given = tuple(weights[n] for n in names)  # type: ignore[index]
-        if samples_per_epoch is None:
-            samples_per_epoch = sum(int(r) for r, w in zip(rows, exact, strict=True) if w)
-        samples_per_epoch = int(samples_per_epoch) if isinstance(samples_per_epoch, np.integer) \
-            else samples_per_epoch
-        if not isinstance(samples_per_epoch, int) or isinstance(samples_per_epoch, bool) \
-                or samples_per_epoch < 1:
-            raise ReaderError(f"samples_per_epoch={samples_per_epoch!r} must be an int >= 1 (positions of "
-                              "the mixed stream per epoch); leave it out for the sources' rows together")
-        return cls(names, tuple(int(r) for r in rows), given, _shares(exact), samples_per_epoch)
+    def sampled(cls, weight: Callable[[int], float], *, stop: int, count: int = 64,
+                kind: Kind = "linear") -> WeightSchedule:
+        """``weight(samples)`` at ``count + 1`` points evenly spaced from 0 to ``stop`` (the last value
+        holds after it), as breakpoints: what a state saves and a resume reads, so the function itself is
+        never saved, and needs to be neither picklable nor around at the resume.
+
+        ``weight`` must be deterministic: it is called twice at each point, and two values at one point
+        are a `ReaderError`.
+
+        Example:
+            >>> WeightSchedule.sampled(lambda n: 1 + n / 1000, stop=2000, count=2).points
+            ((0, Fraction(1, 1)), (1000, Fraction(2, 1)), (2000, Fraction(3, 1)))
+        """
+        if isinstance(stop, bool) or not isinstance(stop, int) or isinstance(count, bool) \
+                or not isinstance(count, int) or count < 1 or stop < count:
+            raise ReaderError(f"WeightSchedule.sampled(stop={stop!r}, count={count!r}): stop and count are "
+                              "ints with stop >= count >= 1 (count + 1 points from 0 to stop)")
+        xs = sorted({stop * j // count for j in range(count + 1)})
+        out = []
+        for x in xs:
+            first, again = weight(x), weight(x)
+            if first != again:
+                raise ReaderError(f"the weight function {weight!r} gave {first!r} and then {again!r} at "
+                                  f"{x} samples: a schedule must give one value per point (no random draws, "
+                                  "no clock, no state); make it a function of the samples alone")
+            out.append((x, first))
+        return cls(out, kind)
+
+    def at(self, samples: int | Fraction) -> Fraction:
+        """The weight at ``samples`` samples read."""
+        xs = [x for x, _ in self.points]
+        j = bisect.bisect_right(xs, samples) - 1
+        if j < 0:
+            return self.points[0][1]
+        if self.kind == "steps" or j == len(xs) - 1:
+            return self.points[j][1]
+        (x0, w0), (x1, w1) = self.points[j], self.points[j + 1]
+        return w0 + (w1 - w0) * Fraction(samples - x0) / (x1 - x0)
+
+    def to_json(self) -> Any:
+        """``"3"`` for a constant weight, else ``{kind: [[samples, "weight"], ...]}`` (weights exact)."""
+        if len(self.points) == 1 and self.points[0][0] == 0:
+            return str(self.points[0][1])
+        return {self.kind: [[x, str(w)] for x, w in self.points]}
+
+    def plain(self) -> Any:
+        """The weight as a number (a constant) or ``[[samples, weight], ...]`` pairs (``{"steps": ...}``)."""
+        if len(self.points) == 1 and self.points[0][0] == 0:
+            w = self.points[0][1]
+            return int(w) if w.denominator == 1 else float(w)
+        pairs = [[x, int(w) if w.denominator == 1 else float(w)] for x, w in self.points]
+        return pairs if self.kind == "linear" else {"steps": pairs}
+
+
+def _weight_number(value: Any, where: str) -> Fraction:
+    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(float(value)):
+        raise ReaderError(f"{where}={value!r} is not a number; a weight is an int or float >= 0 (its share "
+                          "of the stream is weight / sum of weights), or a schedule: [(samples, weight), "
+                          "...] pairs")
+    if value < 0:
+        raise ReaderError(f"{where}={value!r} is negative; a weight is >= 0 (0 leaves the source out of the "
+                          "stream, or out of that part of a schedule)")
+    if isinstance(value, float | np.floating):
+        return Fraction(str(value))
+    return Fraction(value)  # type: ignore[call-overload,no-any-return]
+
+
+def _points(points: Any, kind: Any, where: str) -> tuple[tuple[int, Fraction], ...]:
+    """A schedule's breakpoints checked and exact (see `WeightSchedule`), or a `ReaderError` naming
+    ``where`` they came from."""
+    example = "[(0, 3), (1_000_000, 1)]"
+    if kind not in ("linear", "steps"):
+        raise ReaderError(f"{where}: kind={kind!r} is not a kind of schedule; use 'linear' (the weight runs "
+                          "linearly between points) or 'steps' (each point's weight holds until the next)")
+    if isinstance(points, str | bytes | Mapping) or not isinstance(points, Sequence) or not points:
+        raise ReaderError(f"{where}={points!r} is not a schedule; give (samples, weight) pairs with the "
+                          f"samples increasing, e.g. {example}")
+    out: list[tuple[int, Fraction]] = []
+    for j, pair in enumerate(points):
+        if isinstance(pair, str | bytes) or not isinstance(pair, Sequence) or len(pair) != 2:
+            raise ReaderError(f"{where}[{j}]={pair!r} is not a (samples, weight) pair; give pairs, e.g. "
+                              f"{example}")
+        x, w = pair
+        x = int(x) if isinstance(x, np.integer) else x
+        if isinstance(x, bool) or not isinstance(x, int) or x < 0:
+            raise ReaderError(f"{where}[{j}] has samples={x!r}; a point's samples are an int >= 0 (the "
+                              "samples the mixture has read, all shards together)")
+        if out and x <= out[-1][0]:
+            raise ReaderError(f"{where}[{j}] is at {x} samples, after a point at {out[-1][0]}: the points' "
+                              f"samples must increase strictly; sort them and give each place once, e.g. "
+                              f"{example}")
+        out.append((x, _weight_number(w, f"{where}[{j}] weight")))
+    return tuple(out)
+
+
+def _schedule_of(value: Any, where: str) -> WeightSchedule:
+    """A source's weight as given (a number, pairs, ``{"linear"|"steps": pairs}``, a `WeightSchedule`) as a
+    `WeightSchedule`."""
+    if isinstance(value, WeightSchedule):
+        return value
+    if callable(value):
+        raise ReaderError(f"{where} is the function {value!r}: a state must be able to say which weights it "
+                          "was read with, so a function is taken as breakpoints: "
+                          "WeightSchedule.sampled(function, stop=N) (it checks that the function gives one "
+                          "value per point)")
+    if isinstance(value, Mapping):
+        if len(value) != 1 or next(iter(value)) not in ("linear", "steps"):
+            raise ReaderError(f"{where}={value!r}: a schedule as a dict has one key, 'linear' or 'steps', "
+                              "holding its (samples, weight) pairs, e.g. {'steps': [[0, 1], [1000000, 0]]}")
+        kind, points = next(iter(value.items()))
+        return WeightSchedule(_points_json(points, where) if _is_json(points) else
+                              _points(points, kind, where), kind)
+    if isinstance(value, Sequence) and not isinstance(value, str | bytes):
+        return WeightSchedule(_points(value, "linear", where))
+    return WeightSchedule([(0, _weight_number(value, where))], "steps")
+
+
+def _is_json(points: Any) -> bool:
+    return isinstance(points, list) and any(isinstance(p, list) and len(p) == 2 and isinstance(p[1], str)
+                                            for p in points)
+
+
+def _points_json(points: Any, where: str) -> list[tuple[Any, Fraction]]:
+    try:
+        return [(x, Fraction(w)) for x, w in points]
+    except (TypeError, ValueError, ZeroDivisionError) as e:
+        raise ReaderError(f"{where}={points!r} is not a saved schedule ({e})") from e
+
+
+@dataclasses.dataclass(frozen=True)
+class Weights:
+    """Every source's weight, as a schedule (a constant weight is a schedule of one point), checked: what
+    ``weights=`` says. Make one with `check_weights`."""
+
+    names: tuple[str, ...]
+    schedules: tuple[WeightSchedule, ...]
+
+    @classmethod
+    def constant(cls, names: Sequence[str], weights: Sequence[Fraction]) -> Weights:
+        return cls(tuple(names), tuple(WeightSchedule([(0, w)], "steps") for w in weights))
+
+    @property
+    def is_constant(self) -> bool:
+        return all(len(s.points) == 1 for s in self.schedules)
 
     @cached_property
-    def schedule(self) -> Schedule:
-        period = math.lcm(*(s.denominator for s in self.shares))
-        return Schedule(tuple(int(s * period) for s in self.shares))
+    def breakpoints(self) -> tuple[int, ...]:
+        """Where any source's weight changes its course, from 0 on."""
+        return tuple(sorted({0, *(x for s in self.schedules for x, _ in s.points)}))
 
-    def to_json(self) -> list[dict[str, Any]]:
-        """Per source: name, rows, weight, share, samples per epoch and passes per epoch (expected)."""
+    def at(self, samples: int | Fraction) -> tuple[Fraction, ...]:
+        return tuple(s.at(samples) for s in self.schedules)
+
+    @cached_property
+    def ever_positive(self) -> tuple[bool, ...]:
+        return tuple(any(w for _, w in s.points) for s in self.schedules)
+
+    def key(self) -> Any:
+        """What two mixtures must share to read one stream: the shares of constant weights (3:1 and 6:2 are
+        one), else the schedules."""
+        if self.is_constant:
+            return ["shares", [str(s) for s in _shares(self.at(0))]]
+        return ["schedule", self.to_json()]
+
+    def to_json(self) -> dict[str, Any]:
+        return {name: s.to_json() for name, s in zip(self.names, self.schedules, strict=True)}
+
+    @classmethod
+    def from_json(cls, names: Sequence[str], data: Any) -> Weights:
+        """The weights `to_json` saved (a `ReaderError` where they are not)."""
+        if not isinstance(data, Mapping) or list(data) != list(names):
+            raise ReaderError(f"the mixture state's weights {data!r} are not saved weights of the sources "
+                              f"{list(names)}")
         out = []
-        for name, rows, weight, share in zip(self.names, self.rows, self.weights, self.shares, strict=True):
-            samples = float(share * self.samples_per_epoch)
-            out.append({"name": name, "rows": rows, "weight": _plain_number(weight), "share": float(share),
-                        "samples_per_epoch": samples, "passes_per_epoch": samples / rows if rows else 0.0})
-        return out
+        for name in names:
+            value = data[name]
+            if isinstance(value, str):
+                try:
+                    value = Fraction(value)
+                except (ValueError, ZeroDivisionError) as e:
+                    raise ReaderError(f"the mixture state's weight of {name!r} is {value!r}, not a "
+                                      "number") from e
+            out.append(_schedule_of(value, f"the saved weight of {name!r}"))
+        return cls(tuple(names), tuple(out))
+
+    def _flat(self, a: int, b: int) -> bool:
+        """Whether every weight is constant on ``[a, b)`` (no breakpoint inside it)."""
+        return all(s.kind == "steps" or s.at(a) == s.at(b) for s in self.schedules)
+
+    def realize(self, start: int, time: int = 0) -> Piecewise:
+        """The pieces of constant shares the stream reads these weights in, from stream position ``start``,
+        which has read ``time`` samples (see the module docstring, "Scheduled weights").
+
+        Where the weights are constant, one piece at their shares (`_shares`), which ends at the whole
+        number of its periods nearest the next breakpoint; a linear ramp, in steps of `RAMP_STEP` or
+        more positions (at most `MAX_RAMP_STEPS`), each at the shares of its middle in multiples of
+        ``1 / RAMP_STEP``. Every piece is whole periods long, so at its end each source has exactly its
+        share of it, and the bound of the constant schedule holds along the whole stream."""
+        pieces: list[tuple[int, tuple[int, ...]]] = []  # (offset from start, reduced quotas)
+
+        def add(t: int, quotas: tuple[int, ...]) -> None:
+            if pieces and pieces[-1][0] == t - time:  # the piece before came to no position
+                pieces.pop()
+            if not pieces or pieces[-1][1] != quotas:
+                pieces.append((t - time, quotas))
+
+        t, x0 = time, time  # x0: where the weights' stretch starts (t may lie before it, or after)
+        for x1 in [*(x for x in self.breakpoints if x > time), None]:
+            if x1 is not None and x1 <= t:
+                x0 = x1
+                continue
+            if x1 is None or self._flat(max(t, x0), x1):
+                quotas = _reduced(_exact_quotas(self.at(max(t, x0))))
+                add(t, quotas)
+                if x1 is None:
+                    break
+                period = sum(quotas)
+                t += (x1 - t + period // 2) // period * period
+                x0 = x1
+                continue
+            span = x1 - t
+            step = max(RAMP_STEP, -(-span // (MAX_RAMP_STEPS * RAMP_STEP)) * RAMP_STEP)
+            for _ in range((span + step // 2) // step):
+                add(t, _reduced(tuple(_round_quotas(self.at(Fraction(2 * t + step, 2)), RAMP_STEP))))
+                t += step
+            x0 = x1
+        return Piecewise(start, pieces)
 
 
-def check_weights(weights: Mapping[str, Any] | None, names: Sequence[str]) -> tuple[Fraction, ...] | None:
-    """``weights`` as exact fractions in the order of ``names`` (None: none given), or a `ReaderError`:
-    not a dict, a weight for a source not given or a source without one, a weight that is not a finite
-    number, a negative one, or all of them zero."""
+def check_weights(weights: Mapping[str, Any] | None, names: Sequence[str]) -> Weights | None:
+    """``weights`` checked, as `Weights` in the order of ``names`` (None: none given), or a `ReaderError`:
+    not a dict, a weight for a source not given or a source without one, a weight that is neither a
+    finite number >= 0 nor a schedule (`WeightSchedule`: pairs whose samples increase, weights >= 0), or
+    all the weights zero at some point."""
     if weights is None:
         return None
     if not isinstance(weights, Mapping):
@@ -267,22 +511,288 @@ def check_weights(weights: Mapping[str, Any] | None, names: Sequence[str]) -> tu
     missing = [n for n in names if n not in weights]
     if missing:
         raise ReaderError(f"weights= gives no weight for the source(s) {missing!r} (weights given: "
-                          f"{dict(weights)!r}); give every source a weight (0 leaves one out), or leave "
-                          "weights= out to weigh the sources by their rows")
-    out = []
-    for name in names:
-        w = weights[name]
-        if isinstance(w, bool) or not isinstance(w, numbers.Real) or not math.isfinite(float(w)):
-            raise ReaderError(f"weights[{name!r}]={w!r} is not a number; a weight is an int or float >= 0 "
-                              "(its share of the stream is weight / sum of weights)")
-        if w < 0:
-            raise ReaderError(f"weights[{name!r}]={w!r} is negative; a weight is >= 0 (0 leaves the source "
-                              "out of the stream)")
-        out.append(Fraction(str(w)) if isinstance(w, float | np.floating) else Fraction(w))  # type: ignore[call-overload]
-    if not any(out):
-        raise ReaderError(f"weights={dict(weights)!r} are all zero, so no source would be read; give at "
-                          "least one source a positive weight")
-    return tuple(out)
+                          f"{dict(weights)!r}); give every source a weight or a schedule (0 leaves one "
+                          "out), or leave weights= out to weigh the sources by their rows")
+    out = Weights(tuple(names), tuple(_schedule_of(weights[n], f"weights[{n!r}]") for n in names))
+    for x in out.breakpoints:  # between breakpoints the sum is linear: positive where both ends are
+        if not any(out.at(x)):
+            if out.is_constant:
+                raise ReaderError(f"weights={dict(weights)!r} are all zero, so no source would be read; "
+                                  "give at least one source a positive weight")
+            at = dict(zip(names, map(float, out.at(x)), strict=True))
+            raise ReaderError(f"weights= are all zero at {x:,} samples ({at}), so no source would be read "
+                              "there; give at least one source a positive weight at every point of the "
+                              "schedules")
+    return out
+
+
+def _exact_quotas(weights: Sequence[Fraction]) -> tuple[int, ...]:
+    """Integer quotas of one period of ``weights``' shares (`_shares`)."""
+    shares = _shares(weights)
+    period = math.lcm(*(s.denominator for s in shares))
+    return tuple(int(s * period) for s in shares)
+
+
+def _reduced(quotas: Sequence[int]) -> tuple[int, ...]:
+    g = math.gcd(*quotas)
+    return tuple(q // g for q in quotas)
+
+
+class Piecewise:
+    """Which source each position of the stream holds from ``start`` on, for weights that change: pieces
+    of constant shares, piece ``j`` from offset ``offsets[j]`` at the `Schedule` ``schedules[j]``, the last
+    one without end. Each piece but the last is a whole number of its schedule's periods (`Weights.realize`),
+    so at its start each source's count is exactly its share of the positions before."""
+
+    def __init__(self, start: int, pieces: Sequence[tuple[int, tuple[int, ...]]]) -> None:
+        self.start = start
+        self.offsets = np.array([o for o, _ in pieces], dtype=np.int64)
+        self.schedules = [Schedule(q) for _, q in pieces]
+        self.bases = np.zeros((len(pieces), len(pieces[0][1])), dtype=np.int64)
+        for j in range(1, len(pieces)):
+            length = int(self.offsets[j] - self.offsets[j - 1])
+            quotas = np.array(pieces[j - 1][1], dtype=np.int64)
+            self.bases[j] = self.bases[j - 1] + quotas * (length // int(quotas.sum()))
+
+    @property
+    def bound(self) -> float:
+        return max(s.bound for s in self.schedules)
+
+    def shares(self, position: int) -> tuple[Fraction, ...]:
+        """The shares at ``position`` of the stream (>= ``start``)."""
+        s = self.schedules[self._piece(position)]
+        return tuple(Fraction(q, s.period) for q in s.quotas)
+
+    def _piece(self, position: int) -> int:
+        return max(0, int(np.searchsorted(self.offsets, position - self.start, side="right")) - 1)
+
+    def counts(self, position: int) -> np.ndarray:
+        """How many positions of ``[start, position)`` each source has (int64)."""
+        j = self._piece(position)
+        offset = position - self.start - int(self.offsets[j])
+        out: np.ndarray = self.bases[j] + self.schedules[j].counts(offset)
+        return out
+
+    def counts_at(self, positions: np.ndarray) -> np.ndarray:
+        rel = np.asarray(positions, dtype=np.int64) - self.start
+        if len(self.schedules) == 1:
+            return self.schedules[0].counts_at(rel)
+        pieces = np.maximum(np.searchsorted(self.offsets, rel, side="right") - 1, 0)
+        out = self.bases[pieces].copy()
+        for j in np.unique(pieces).tolist():
+            mask = pieces == j
+            out[mask] += self.schedules[j].counts_at(rel[mask] - self.offsets[j])
+        return out
+
+    def sources(self, a: int, b: int) -> np.ndarray:
+        """The source of each position in ``[a, b)`` (int32)."""
+        if len(self.schedules) == 1:
+            whole: np.ndarray = self.schedules[0].sources(a - self.start, b - self.start)
+            return whole
+        a, b = a - self.start, b - self.start
+        j = self._piece(a + self.start)
+        if j == len(self.schedules) - 1 or b <= self.offsets[j + 1]:
+            out: np.ndarray = self.schedules[j].sources(a - int(self.offsets[j]), b - int(self.offsets[j]))
+            return out
+        parts = []
+        while a < b:
+            stop = b if j == len(self.schedules) - 1 else min(b, int(self.offsets[j + 1]))
+            parts.append(self.schedules[j].sources(a - int(self.offsets[j]), stop - int(self.offsets[j])))
+            a, j = stop, j + 1
+        return np.concatenate(parts)
+
+
+@dataclasses.dataclass(frozen=True)
+class Era:
+    """A part of the stream read at one set of weights: from position ``start`` (which had read ``time``
+    samples) on, at ``weights``; source ``i``'s ``k``-th position in it holds its sample ``holes[i]``
+    (index ranges an earlier era left unread), then ``next[i]``, ``next[i] + 1``, ... A stream that was
+    never reweighted is one era from 0, without holes."""
+
+    start: int
+    time: int
+    weights: Weights
+    holes: tuple[Ranges, ...]
+    next: tuple[int, ...]
+
+    @classmethod
+    def first(cls, weights: Weights) -> Era:
+        n = len(weights.names)
+        return cls(0, 0, weights, tuple([] for _ in range(n)), (0,) * n)
+
+    @cached_property
+    def plan(self) -> Piecewise:
+        return self.weights.realize(self.start, self.time)
+
+    def samples(self, i: int, k0: int, k1: int) -> Ranges:
+        """Source ``i``'s samples at its positions ``k0 .. k1 - 1`` of the era."""
+        if k1 <= k0:
+            return []
+        holes, base = self.holes[i], self.next[i]
+        if not holes:
+            return [(base + k0, base + k1)]
+        return take([*holes, (base, base + max(0, k1 - total(holes)))], k0, k1)
+
+    def to_json(self) -> dict[str, Any]:
+        names = self.weights.names
+        return {"start": self.start, "time": self.time, "weights": self.weights.to_json(),
+                "holes": {n: [list(r) for r in h] for n, h in zip(names, self.holes, strict=True)},
+                "next": dict(zip(names, self.next, strict=True))}
+
+    @classmethod
+    def from_json(cls, names: Sequence[str], data: Mapping[str, Any]) -> Era:
+        weights = Weights.from_json(names, data["weights"])
+        holes = tuple([(int(a), int(b)) for a, b in data["holes"][n]] for n in names)
+        nexts = tuple(int(data["next"][n]) for n in names)
+        era = cls(int(data["start"]), int(data["time"]), weights, holes, nexts)
+        if min(era.start, era.time, *era.next, *(v for h in holes for r in h for v in r)) < 0:
+            raise ValueError("positions and samples must be >= 0")
+        return era
+
+
+class Stream:
+    """The mixed stream over its eras: which source each position holds (`sources`), how many positions
+    of each source lie before one (`counts`, `counts_at`), and which of a source's samples a run of
+    positions holds (`samples`). Position ``p`` belongs to the last era starting at or before it."""
+
+    def __init__(self, eras: Sequence[Era]) -> None:
+        self.eras = tuple(eras)
+        self.n = len(self.eras[0].holes)
+        self.starts = np.array([e.start for e in self.eras], dtype=np.int64)
+        self._before = np.zeros((len(self.eras), self.n), dtype=np.int64)
+        for e in range(1, len(self.eras)):
+            self._before[e] = self._before[e - 1] + self.eras[e - 1].plan.counts(self.eras[e].start)
+        self._plain = len(self.eras) == 1 and not self.eras[0].start
+        self.bound = max(e.plan.bound for e in self.eras)
+
+    def _era(self, position: int) -> int:
+        return max(0, int(np.searchsorted(self.starts, position, side="right")) - 1)
+
+    def _split(self, a: int, b: int) -> Iterator[tuple[int, int, int]]:
+        """``[a, b)`` cut at the eras' starts: (era, start, stop) of each part."""
+        e = self._era(a)
+        while a < b:
+            stop = b if e == len(self.eras) - 1 else min(b, int(self.starts[e + 1]))
+            yield e, a, stop
+            a, e = stop, e + 1
+
+    def sources(self, a: int, b: int) -> np.ndarray:
+        if self._plain:
+            return self.eras[0].plan.sources(a, b)
+        parts = [self.eras[e].plan.sources(x, y) for e, x, y in self._split(a, b)]
+        out: np.ndarray = parts[0] if len(parts) == 1 else np.concatenate(parts)
+        return out
+
+    def counts(self, position: int) -> np.ndarray:
+        e = self._era(position)
+        out: np.ndarray = self._before[e] + self.eras[e].plan.counts(position)
+        return out
+
+    def counts_at(self, positions: np.ndarray) -> np.ndarray:
+        if self._plain:
+            return self.eras[0].plan.counts_at(positions)
+        positions = np.asarray(positions, dtype=np.int64)
+        eras = np.maximum(np.searchsorted(self.starts, positions, side="right") - 1, 0)
+        out = self._before[eras].copy()
+        for e in np.unique(eras).tolist():
+            mask = eras == e
+            out[mask] += self.eras[e].plan.counts_at(positions[mask])
+        return out
+
+    def samples(self, segments: Sequence[tuple[int, int]]) -> list[Ranges]:
+        """Per source, the runs of its samples that the positions ``segments`` hold, in their order."""
+        out: list[Ranges] = [[] for _ in range(self.n)]
+        for a, b in segments:
+            for e, x, y in self._split(a, b):
+                era = self.eras[e]
+                k0, k1 = era.plan.counts(x).tolist(), era.plan.counts(y).tolist()
+                for i in range(self.n):
+                    out[i].extend(era.samples(i, k0[i], k1[i]))
+        return out
+
+
+# ---- what a mixture reads ----------------------------------------------------------------------------
+
+@dataclasses.dataclass(frozen=True)
+class Mixture:
+    """The sources of a mixture, their rows and shares, and its epoch: what `MixedReader` reads and
+    ``shardkit inspect`` shows. Make one with `Mixture.of`.
+
+    ``weights`` are as given (the rows, when none were; a schedule as `WeightSchedule.plain` shows it),
+    ``plan`` the same checked (`Weights`); ``shares`` the fractions of the stream used at its start: the
+    weights normalized, exactly when their common denominator is at most `MAX_PERIOD`, else rounded to
+    multiples of ``1 / MAX_PERIOD`` (largest remainders; a positive weight keeps a positive share).
+    `shares_at` gives them at any point of a schedule. The schedule's bound holds against them.
+    """
+
+    names: tuple[str, ...]
+    rows: tuple[int, ...]
+    weights: tuple[Any, ...]
+    shares: tuple[Fraction, ...]
+    samples_per_epoch: int
+    plan: Weights
+
+    @classmethod
+    def of(cls, names: Sequence[str], rows: Sequence[int], weights: Mapping[str, Any] | None,
+           samples_per_epoch: Any) -> Mixture:
+        """Check ``weights`` (see `check_weights`) and ``samples_per_epoch`` (default: the rows of the
+        sources of positive weight at some point together), and make the shares."""
+        names = tuple(names)
+        plan = check_weights(weights, names)
+        if plan is None:  # weighted by their rows: an epoch reads each source about once
+            given: tuple[Any, ...] = tuple(int(r) for r in rows)
+            plan = Weights.constant(names, [Fraction(int(r)) for r in rows])
+        else:
+            given = tuple(weights[n] if s.kind == "steps" and len(s.points) == 1 else s.plain()  # type: ignore[index]
+                          for n, s in zip(names, plan.schedules, strict=True))
+        if samples_per_epoch is None:
+            samples_per_epoch = sum(int(r) for r, w in zip(rows, plan.ever_positive, strict=True) if w)
+        samples_per_epoch = int(samples_per_epoch) if isinstance(samples_per_epoch, np.integer) \
+            else samples_per_epoch
+        if not isinstance(samples_per_epoch, int) or isinstance(samples_per_epoch, bool) \
+                or samples_per_epoch < 1:
+            raise ReaderError(f"samples_per_epoch={samples_per_epoch!r} must be an int >= 1 (positions of "
+                              "the mixed stream per epoch); leave it out for the sources' rows together")
+        return cls(names, tuple(int(r) for r in rows), given, plan.realize(0).shares(0), samples_per_epoch,
+                   plan)
+
+    @cached_property
+    def pieces(self) -> Piecewise:
+        """The pieces of constant shares the stream is read in (one, for constant weights)."""
+        return self.plan.realize(0)
+
+    @property
+    def schedule(self) -> Schedule:
+        """The schedule of the stream's first piece (of the whole stream, for constant weights)."""
+        return self.pieces.schedules[0]
+
+    @property
+    def bound(self) -> float:
+        """The most any source's count strays from its shares' sum over any prefix of the stream."""
+        return self.pieces.bound
+
+    def shares_at(self, samples: int) -> tuple[Fraction, ...]:
+        """The shares the stream reads at position ``samples`` (samples read, all shards together)."""
+        return self.pieces.shares(samples)
+
+    def to_json(self) -> list[dict[str, Any]]:
+        """Per source: name, rows, weight, share, samples per epoch and passes per epoch (expected; at the
+        shares of the stream's start, for a schedule)."""
+        out = []
+        for name, rows, weight, share in zip(self.names, self.rows, self.weights, self.shares, strict=True):
+            samples = float(share * self.samples_per_epoch)
+            out.append({"name": name, "rows": rows, "weight": _plain_number(weight), "share": float(share),
+                        "samples_per_epoch": samples, "passes_per_epoch": samples / rows if rows else 0.0})
+        return out
+
+    def schedule_json(self, points: Sequence[int] | None = None) -> list[dict[str, Any]]:
+        """The shares at ``points`` (default: the schedule's breakpoints; none for constant weights): per
+        point, its samples and each source's share (what ``shardkit inspect --at`` prints)."""
+        if points is None:
+            points = [] if self.plan.is_constant else list(self.plan.breakpoints)
+        return [{"samples": int(p), "shares": {n: float(s) for n, s in zip(self.names, self.shares_at(p),
+                                                                            strict=True)}}
+                for p in points]
 
 
 def _shares(weights: Sequence[Fraction]) -> tuple[Fraction, ...]:
@@ -290,15 +800,22 @@ def _shares(weights: Sequence[Fraction]) -> tuple[Fraction, ...]:
     exact = [w / sum(weights) for w in weights]
     if math.lcm(*(s.denominator for s in exact)) <= MAX_PERIOD:
         return tuple(exact)
-    raw = [s * MAX_PERIOD for s in exact]
+    return tuple(Fraction(q, MAX_PERIOD) for q in _round_quotas(weights, MAX_PERIOD))
+
+
+def _round_quotas(weights: Sequence[Fraction], period: int) -> list[int]:
+    """``weights``' shares of ``period`` positions in whole numbers (largest remainders; a positive weight
+    keeps at least one, taken from the largest)."""
+    exact = [w / sum(weights) for w in weights]
+    raw = [s * period for s in exact]
     quotas = [math.floor(r) for r in raw]
-    for i in sorted(range(len(raw)), key=lambda i: (quotas[i] - raw[i], i))[: MAX_PERIOD - sum(quotas)]:
+    for i in sorted(range(len(raw)), key=lambda i: (quotas[i] - raw[i], i))[: period - sum(quotas)]:
         quotas[i] += 1
-    for i, s in enumerate(exact):  # a positive weight keeps a positive share, from the largest one
+    for i, s in enumerate(exact):
         if s and not quotas[i]:
             quotas[max(range(len(quotas)), key=lambda j: quotas[j])] -= 1
             quotas[i] = 1
-    return tuple(Fraction(q, MAX_PERIOD) for q in quotas)
+    return quotas
 
 
 def _plain_number(value: Any) -> Any:
@@ -359,8 +876,9 @@ class _Boundary:
 
     def positions(self, samples: int) -> Ranges:
         """The epoch's positions, as ranges in their order (index ``i`` of the epoch is its ``i``-th)."""
-        carried = total(self.carry)
-        return [*self.carry, (self.fresh, self.fresh + samples - carried)]
+        carried = total(self.carry)  # (after a reweight, the carry is the whole epoch: see `_reweighted`)
+        return [*self.carry, (self.fresh, self.fresh + samples - carried)] if samples > carried \
+            else list(self.carry)
 
     def to_json(self) -> dict[str, Any]:
         return {"epoch": self.epoch, "fresh": self.fresh, "carry": [list(r) for r in self.carry]}
@@ -383,7 +901,7 @@ class _Claims:
 
     SCAN = 1 << 16  # piece positions looked up at a time
 
-    def __init__(self, index: int, segments: Sequence[tuple[int, int]], schedule: Schedule,
+    def __init__(self, index: int, segments: Sequence[tuple[int, int]], schedule: Stream,
                  blocks: Blocks) -> None:
         self.index, self.schedule, self.blocks = index, schedule, blocks
         self.left = 0
@@ -517,20 +1035,27 @@ class MixedReader(Reader):
         self._steps = 0  # batches yielded in the current stage
         self._generation = 0  # bumped to end the live iteration (new iteration, load_state_dict, close)
         self._closed = False
+        #: Whether `load_state_dict` continues a state saved at other weights at this reader's (its
+        #: ``reweight=`` when not given): set it where the state is loaded for you (``ctx.checkpoint.
+        #: restore(reader=reader)``, the adapters' resumes).
+        self.reweight = False
         self._configure()
 
-    def _configure(self) -> None:
+    def _configure(self, resources: Weights | None = None) -> None:
         """The mixture of the sources' readers as they are (their rows: opened, or pinned to a saved table
-        snapshot), each source's share of the threads, the read-ahead and the shuffle window, and the
-        memory of the batches."""
+        snapshot), each source's share of the threads, the read-ahead and the shuffle window (by
+        ``resources``, default the mixture's weights: a stream continued at other weights keeps the
+        windows its first weights gave, since a source's pass order follows its window), and the memory
+        of the batches."""
         rows = [r.num_samples for r in self.readers.values()]
         self.mixture = mixture = Mixture.of(self.sources, rows, *self._given)
         self.shares = dict(zip(mixture.names, mixture.shares, strict=True))
-        self.schedule = mixture.schedule
+        self._set_eras((Era.first(mixture.plan),))
         self.datasets = {name: r.dataset for name, r in self.readers.items()}
         self.schema: Schema = shared_schema({name: r.schema for name, r in self.readers.items()})
         self.num_samples = self.samples_per_epoch = mixture.samples_per_epoch
-        for (name, reader), share in zip(self.readers.items(), mixture.shares, strict=True):
+        mixture_shares = _resource_shares(mixture.plan if resources is None else resources)
+        for (name, reader), share in zip(self.readers.items(), mixture_shares, strict=True):
             # sources that each had all the threads crowded the cores (more CPU per row) and held a
             # window each (the memory of one dataset, per source)
             reader._share(workers=max(1, round(self.workers * share)),
@@ -543,7 +1068,7 @@ class MixedReader(Reader):
         # has its rows copied through memory its worker reuses); larger blocks measured no faster, and
         # every fresh MiB costs the kernel its zeroed pages
         span = max((r.shuffle_buffer if self.shuffle else r.task_rows or 1) / share
-                   for r, share in zip(self.readers.values(), mixture.shares, strict=True) if share)
+                   for r, share in zip(self.readers.values(), mixture_shares, strict=True) if share)
         most = max(self.batch_size, BLOCK_BYTES // row_bytes)
         self._block_rows = -(-min(math.ceil(span), most) // self.batch_size) * self.batch_size
         self._recycler = batching.Recycler(4 * self._block_rows * row_bytes)
@@ -575,13 +1100,23 @@ class MixedReader(Reader):
 
     @property
     def fingerprint(self) -> str:
-        """Identifies what resume states refer to: the sources (each reader's fingerprint), their shares
-        and the samples per epoch."""
+        """Identifies what resume states refer to: the sources (each reader's fingerprint) and the samples
+        per epoch (the weights are checked on their own: a state may be continued at other weights, see
+        `load_state_dict`)."""
+        return self._fingerprint(None)
+
+    def _fingerprint(self, shares: Mapping[str, Any] | None) -> str:
+        """The fingerprint; with ``shares``, as a state saved before schedules has it."""
         h = hashlib.sha256()
         for name, reader in self.readers.items():
-            h.update(f"{name}\0{reader.fingerprint}\0{self.shares[name]}\0".encode())
+            extra = f"{shares[name]}\0" if shares is not None else ""
+            h.update(f"{name}\0{reader.fingerprint}\0{extra}".encode())
         h.update(str(self.samples_per_epoch).encode())
         return h.hexdigest()[:24]
+
+    def _set_eras(self, eras: Sequence[Era]) -> None:
+        self._eras = tuple(eras)
+        self.stream = Stream(self._eras)
 
     # ---- iteration ---------------------------------------------------------------------------
     def __iter__(self) -> Iterator[Columns]:
@@ -606,10 +1141,7 @@ class MixedReader(Reader):
         position = self._consumed
         epoch_positions = self._boundary.positions(self.num_samples)
         segments = [g for a, b in take(ranges, position, total(ranges)) for g in take(epoch_positions, a, b)]
-        counts = {s: self.schedule.counts(s) for g in segments for s in g}
-        runs = [[(int(counts[a][i]), int(counts[b][i])) for a, b in segments]
-                for i in range(len(self.readers))]
-        yield from self._placed_epoch(generation, segments, runs, position)
+        yield from self._placed_epoch(generation, segments, self.stream.samples(segments), position)
 
     def _placed_epoch(self, generation: int, segments: Sequence[tuple[int, int]],
                       runs: Sequence[Sequence[tuple[int, int]]], position: int) -> Iterator[Columns]:
@@ -617,15 +1149,15 @@ class MixedReader(Reader):
         samples they hold), the sources' rows placed in the batches' memory by their own workers."""
         blocks = Blocks(self._block_rows, self._recycler)
         names = self.schema.names[:-1]
-        feeds = [_Placing(reader, run, _Claims(i, segments, self.schedule, blocks))
+        feeds = [_Placing(reader, run, _Claims(i, segments, self.stream, blocks))
                  for i, (reader, run) in enumerate(zip(self.readers.values(), runs, strict=True))]
         at = 0  # the piece position of the next batch, from where this iteration started
         try:
             _prime([functools.partial(f.until, 1) for f, run in zip(feeds, runs, strict=True) if total(run)])
             for spans, consumed, needed in _needs(_batches(segments, self.batch_size, position),
-                                                  self.schedule):
-                which = self.schedule.sources(*spans[0]) if len(spans) == 1 else \
-                    np.concatenate([self.schedule.sources(a, b) for a, b in spans])
+                                                  self.stream):
+                which = self.stream.sources(*spans[0]) if len(spans) == 1 else \
+                    np.concatenate([self.stream.sources(a, b) for a, b in spans])
                 read = False
                 for feed, count in zip(feeds, needed, strict=True):
                     if feed.placed < count:
@@ -648,6 +1180,14 @@ class MixedReader(Reader):
                 feed.close()
         if generation == self._generation:
             self._finish_epoch()
+
+    def _read_indices(self, stages: Sequence[tuple[int, int]]) -> Ranges:
+        """The epoch indices the shards of ``stages`` (each as far as its ``consumed``) read, merged."""
+        done: Ranges = []
+        for i, (shards, consumed) in enumerate(stages):
+            for k in range(shards):
+                done.extend(take(self._ranges(stages[:i], k, shards), 0, consumed))
+        return merge(done)
 
     def _finish_epoch(self) -> None:
         self._boundary = self._next_boundary([*self._history, (self.num_shards, self._longest())])
@@ -679,12 +1219,8 @@ class MixedReader(Reader):
             extra = n % shards if self.remainder == "uneven" else 0
             read = extra * pieces[0] + (shards - extra) * pieces[1]
             return [(read, n)] if read < n else []
-        done: Ranges = []
-        for i, (shards, consumed) in enumerate(stages):
-            for k in range(shards):
-                done.extend(take(self._ranges(stages[:i], k, shards), 0, consumed))
         out, at = [], 0
-        for a, b in merge(done):
+        for a, b in self._read_indices(stages):
             if a > at:
                 out.append((at, a))
             at = max(at, b)
@@ -706,7 +1242,8 @@ class MixedReader(Reader):
 
     def state_dict(self) -> dict[str, Any]:
         """Position in the epoch (JSON-able), as a `Reader`'s (``epoch``, ``history``), with where the epoch
-        starts in the stream (``start``) and each source's reader state (``sources``: its snapshot and
+        starts in the stream (``start``), the weights it was read at (``schedule``: its eras, see `Era`;
+        ``shares``: the shares at its start) and each source's reader state (``sources``: its snapshot and
         fingerprint; its position is the mixture's)."""
         epoch, history, boundary = self.epoch, list(self._history), self._boundary
         if self._steps and self._steps >= self._stage_steps():
@@ -719,19 +1256,28 @@ class MixedReader(Reader):
             "shuffle": self.shuffle, "remainder": self.remainder, "drop_last": self.drop_last,
             "batch_size": self.batch_size, "samples_per_epoch": self.samples_per_epoch,
             "shares": {name: str(share) for name, share in self.shares.items()},
+            "schedule": [era.to_json() for era in self._eras],
             "epoch": epoch, "history": [[w, c] for w, c in history], "start": boundary.to_json(),
             "sources": {name: _own(reader.state_dict()) for name, reader in self.readers.items()},
         }
 
-    def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        """Continue from ``state`` (from a mixture with the same sources and weights, and the same or a
-        different ``num_shards``). A state whose ``epoch`` was moved (``jump_to_epoch``) starts that
-        epoch where this reader's shards, read from the start, would."""
+    def load_state_dict(self, state: Mapping[str, Any], *, reweight: bool | None = None) -> None:
+        """Continue from ``state`` (from a mixture with the same sources, weights and ``samples_per_epoch``,
+        and the same or a different ``num_shards``). A state whose ``epoch`` was moved (``jump_to_epoch``)
+        starts that epoch where this reader's shards, read from the start, would.
+
+        A state saved at other weights (or another schedule) is refused, unless ``reweight=True`` (default:
+        the reader's ``reweight`` attribute): the stream then goes on from where the state stopped at this
+        reader's weights (`_reweighted`), each source's passes still each row once. Every shard of the
+        job must load the state the same way; the state this reader saves next holds both weights, so a
+        later resume needs no ``reweight``.
+        A state saved by shardkit before schedules (no ``schedule``) is read as one of constant weights."""
         if not isinstance(state, Mapping) or state.get("kind") != STATE_KIND \
                 or state.get("version") != STATE_VERSION:
             raise ReaderError(f"not the state of a shardkit mixture (kind {STATE_KIND!r}, version "
                               f"{STATE_VERSION}): {json.dumps(state, default=str)[:200]}; a mixture "
                               "resumes from a mixture's state")
+        legacy = "schedule" not in state  # saved before schedules: its fingerprint holds the shares
         saved = state.get("sources")
         if not isinstance(saved, Mapping) or list(saved) != list(self.sources):
             got = list(saved) if isinstance(saved, Mapping) else saved
@@ -748,13 +1294,11 @@ class MixedReader(Reader):
             pinned |= reader.dataset is not before
         if pinned:  # their rows, and so the mixture's shares and epoch, may be other than when opened
             self._configure()
-        shares = {name: str(share) for name, share in self.shares.items()}
-        mine: Any
-        for key, mine in (("shares", shares), ("samples_per_epoch", self.samples_per_epoch)):
-            if state.get(key) != mine:
-                raise ReaderError(f"the mixture state was saved with {key}={state.get(key)!r}, this reader "
-                                  f"has {mine!r}; resume with the same weights and samples_per_epoch, or "
-                                  "start a fresh reader")
+        if state.get("samples_per_epoch") != self.samples_per_epoch:
+            raise ReaderError(f"the mixture state was saved with samples_per_epoch="
+                              f"{state.get('samples_per_epoch')!r}, this reader has "
+                              f"{self.samples_per_epoch!r}; resume with the same samples_per_epoch, or start "
+                              "a fresh reader")
         for key in ("seed", "shuffle", "remainder", "drop_last"):
             if state.get(key) != getattr(self, key):
                 raise ReaderError(f"the mixture state was saved with {key}={state.get(key)!r}, this reader "
@@ -772,24 +1316,90 @@ class MixedReader(Reader):
                         *(v for r in boundary.carry for v in r)]
             if not all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in numbers_):
                 raise TypeError("epochs, positions and history entries must be ints >= 0")
-        except (KeyError, TypeError, ValueError) as e:
+            if legacy:  # constant weights, saved as their shares
+                shares = [Fraction(state["shares"][name]) for name in self.sources]
+                eras = [Era.first(Weights.constant(self.sources, shares))]
+            else:
+                eras = [Era.from_json(self.sources, era) for era in state["schedule"]]
+                if not eras or eras[0].start or any(b.start < a.start for a, b in itertools.pairwise(eras)):
+                    raise ValueError("the eras must start at 0 and follow one another")
+        except (KeyError, TypeError, ValueError, ZeroDivisionError) as e:
             raise ReaderError(f"the mixture state is malformed ({e!r}): "
                               f"{json.dumps(state, default=str)[:200]}") from e
+        reweighted = eras[-1].weights.key() != self.mixture.plan.key()
+        if reweighted and not (self.reweight if reweight is None else reweight):
+            raise ReaderError(
+                f"the mixture state was saved with the weights {eras[-1].weights.to_json()} (shares="
+                f"{dict(state.get('shares') or {})} at its start), this reader has "
+                f"{self.mixture.plan.to_json()}; resume with the same weights, or continue the state at "
+                "these weights on purpose: reader.load_state_dict(state, reweight=True) on every shard "
+                "(each source still reads each row once per pass)")
+        if eras[0].weights.key() != self.mixture.plan.key():  # the sources' windows of the first weights
+            self._configure(eras[0].weights)
         for name, reader in self.readers.items():
             try:
                 reader.load_state_dict(saved[name])  # its snapshot, its fingerprint; its place is ours
             except ReaderError as e:
                 raise ReaderError(f"source {name!r} of the mixture: {e}") from e
-        if state.get("fingerprint") != self.fingerprint:  # after the sources' snapshots are pinned
+        fingerprint = self._fingerprint(state.get("shares") if legacy else None)
+        if state.get("fingerprint") != fingerprint:  # after the sources' snapshots are pinned
             raise ReaderError("the mixture state was saved with other sources (its fingerprint "
-                              f"{state.get('fingerprint')!r}, this reader's {self.fingerprint!r}); resume "
+                              f"{state.get('fingerprint')!r}, this reader's {fingerprint!r}); resume "
                               "with the same sources, or start a fresh reader")
         self._ranges(history)  # validates the history against this epoch's samples
         if boundary.epoch != epoch:  # moved to another epoch: start it where these shards would have
             boundary = self._moved(boundary if boundary.epoch < epoch else _Boundary(0, 0), epoch)
+        if reweighted:
+            eras, boundary = self._reweighted(eras, boundary, epoch, history)
+        self._set_eras(eras)
         self.epoch, self._history, self._boundary = epoch, history, boundary
         self._consumed, self._steps = 0, 0
         self._generation += 1
+
+    def _reweighted(self, eras: Sequence[Era], boundary: _Boundary, epoch: int,
+                    history: Sequence[tuple[int, int]]) -> tuple[list[Era], _Boundary]:
+        """The stream of ``eras`` continued at this reader's weights from the state ``boundary``,
+        ``epoch``, ``history``: a new `Era` from the first position past the epoch, which the rest of the
+        epoch moves to.
+
+        The epoch's indices that its stages read keep their positions; the others, in their order, take
+        the new era's first positions (so the stages' shards read them where they would have), and the
+        samples the old eras held there become the new era's holes, each source's read first in the new
+        era, before it goes on past every sample the old eras reached: each sample of each source comes
+        once, as before. The new era reads its weights from the samples read so far (the epochs before,
+        ``samples_per_epoch`` each, and what this one read)."""
+        n = self.num_samples
+        positions = boundary.positions(n)
+        read = self._read_indices(history)
+        unread, at = [], 0
+        for a, b in [*read, (n, n)]:
+            if a > at:
+                unread.append((at, a))
+            at = max(at, b)
+        old = Stream(eras)
+        start = max(eras[-1].start, *(b for _, b in positions))
+        last = eras[-1]
+        reached = last.plan.counts(start).tolist()
+        holes: list[Ranges] = [[] for _ in self.sources]
+        for a, b in unread:
+            for i, runs in enumerate(old.samples(take(positions, a, b))):
+                holes[i].extend(runs)
+        nexts = []
+        for i in range(len(self.sources)):
+            own = total(last.holes[i])
+            holes[i].extend(take(last.holes[i], reached[i], own))  # holes its era did not reach
+            nexts.append(last.next[i] + max(0, reached[i] - own))
+        time = epoch * n + total(read)
+        era = Era(start, time, self.mixture.plan, tuple(merge(h) for h in holes), tuple(nexts))
+        explicit: list[tuple[int, int]] = []
+        fresh, at = start, 0
+        for a, b in [*read, (n, n)]:
+            if a > at:  # unread: to the new era
+                explicit.append((fresh, fresh + a - at))
+                fresh += a - at
+            explicit.extend(take(positions, a, b))
+            at = max(at, b)
+        return [*eras, era], _Boundary(boundary.epoch, fresh, tuple(explicit))
 
     def _moved(self, boundary: _Boundary, epoch: int) -> _Boundary:
         """Where ``epoch`` starts when the epochs from ``boundary``'s on are read whole by these shards."""
@@ -820,6 +1430,14 @@ class MixedReader(Reader):
                 f"batch_size={self.batch_size}, samples_per_epoch={self.samples_per_epoch})")
 
 
+def _resource_shares(plan: Weights) -> list[float]:
+    """Each source's part of the threads, the read-ahead and the shuffle window: its share (for a schedule,
+    the largest it reaches, the parts then scaled to add up to 1)."""
+    pieces = plan.realize(0).schedules
+    most = [max(s.quotas[i] / s.period for s in pieces) for i in range(len(plan.names))]
+    return [m / sum(most) for m in most]
+
+
 def _own(state: dict[str, Any]) -> dict[str, Any]:
     """A source reader's state as a mixture keeps it: its snapshot and fingerprint, at the start (its
     place in the stream is the mixture's to say)."""
@@ -848,11 +1466,12 @@ def _batches(segments: Sequence[tuple[int, int]], batch_size: int, position: int
         yield spans, position + rows
 
 
-def _needs(batches: Iterator[tuple[list[tuple[int, int]], int]], schedule: Schedule, group: int = 1024
+def _needs(batches: Iterator[tuple[list[tuple[int, int]], int]], schedule: Stream | Schedule,
+           group: int = 1024
            ) -> Iterator[tuple[list[tuple[int, int]], int, list[int]]]:
     """``batches`` (`_batches`) with, for each, how many samples of each source the batches up to it
     hold together (``group`` batches looked up at a time, with `Schedule.counts_at`)."""
-    so_far = np.zeros(len(schedule.quotas), dtype=np.int64)
+    so_far = np.zeros(schedule.n, dtype=np.int64)
     while chunk := list(itertools.islice(batches, group)):
         spans = [span for batch, _ in chunk for span in batch]
         ends = np.cumsum([len(batch) for batch, _ in chunk]) - 1
@@ -957,5 +1576,6 @@ def _about(name: str, error: ShardkitError) -> ShardkitError | None:
         return None
 
 
-__all__ = ["MAX_PERIOD", "PER_SOURCE", "SOURCE", "MixedReader", "Mixture", "Schedule", "check_weights",
+__all__ = ["MAX_PERIOD", "MAX_RAMP_STEPS", "PER_SOURCE", "RAMP_STEP", "SOURCE", "Era", "MixedReader",
+           "Mixture", "Piecewise", "Schedule", "Stream", "WeightSchedule", "Weights", "check_weights",
            "open_mixture", "shared_schema", "source_seed"]

@@ -347,7 +347,7 @@ def describe(config: JobConfig) -> str:
         if d.sources is not None:
             weights = {name: s.weight for name, s in d.sources.items()}
             where = "mixture of " + ", ".join(
-                f"{name} {s.url}" + (f" (weight {s.weight:g})" if s.weight is not None else "")
+                f"{name} {s.url}" + (f" (weight {_weight_text(s.weight)})" if s.weight is not None else "")
                 for name, s in d.sources.items())
             if all(w is None for w in weights.values()):
                 where += " (weighed by their rows)"
@@ -381,3 +381,14 @@ def describe(config: JobConfig) -> str:
             state = "found" if ref.file is not None and ref.file.is_file() else "MISSING"
             out.append(f"  secret {name}: from file {ref.file} ({state})")
     return "\n".join(out)
+
+
+def _weight_text(weight: Any) -> str:
+    """A source's weight as the summary shows it: ``3``, ``0:3 -> 1000000:1`` (linear), ``steps 0:1,
+    1000:0``."""
+    if isinstance(weight, dict):
+        kind, pairs = next(iter(weight.items()))
+        return f"{kind} " + ", ".join(f"{x}:{w:g}" for x, w in pairs)
+    if isinstance(weight, list):
+        return " -> ".join(f"{x}:{w:g}" for x, w in weight)
+    return f"{weight:g}"

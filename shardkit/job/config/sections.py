@@ -5,6 +5,7 @@ model and error helpers they share with it."""
 from __future__ import annotations
 
 import difflib
+import math
 import re
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
@@ -146,12 +147,15 @@ class SourceConfig(_Model):
 
     ``url`` is resolved as ``data.url`` is. ``weight``: its share of the stream is its weight over the
     sum of the sources' (0 leaves it out); give every source one, or none (then the sources weigh as
-    their rows). ``filter``, ``version`` and ``storage_options`` are this source's own `make_reader`
-    options (a filter for every source goes in ``data.options.filter``).
+    their rows). A weight may change with the samples the job has read: a list of ``[samples, weight]``
+    pairs runs linearly from one to the next (``weight: [[0, 3], [1000000, 1]]``), ``{steps: [[samples,
+    weight], ...]}`` holds each weight until the next point (`shardkit.reader.mixture.WeightSchedule`).
+    ``filter``, ``version`` and ``storage_options`` are this source's own `make_reader` options (a filter
+    for every source goes in ``data.options.filter``).
     """
 
     url: str
-    weight: float | None = Field(default=None, ge=0)
+    weight: Any = None
     filter: Any = None
     version: int | None = Field(default=None, ge=0)
     storage_options: dict[str, Any] | None = None
@@ -162,6 +166,12 @@ class SourceConfig(_Model):
         if not value.strip():
             raise Problem((), value, "the source's URL is empty", "give the dataset's folder or URL")
         return location(value)
+
+    @field_validator("weight")
+    @classmethod
+    def _weight_or_schedule(cls, value: Any) -> Any:
+        _schedule_points(value)
+        return value
 
     @field_validator("storage_options")
     @classmethod
@@ -261,10 +271,16 @@ class DataConfig(_Model):
                           f"the sources {weighed} have a weight and {missing} do not",
                           "give every source a weight (0 leaves one out), or none (they then weigh as "
                           "their rows)")
-        if weighed and not any(source.weight for source in self.sources.values()):
-            raise Problem(("sources",), {n: s.weight for n, s in self.sources.items()},
-                          "every source's weight is 0, so none would be read",
-                          "give at least one source a positive weight")
+        if weighed:
+            points = {name: _schedule_points(s.weight) for name, s in self.sources.items()}
+            for x in sorted({0, *(x for pairs in points.values() for x, _, _ in pairs)}):
+                if not any(_weight_at(pairs, x) for pairs in points.values()):
+                    constant = all(not isinstance(s.weight, list | dict) for s in self.sources.values())
+                    raise Problem(("sources",), {n: s.weight for n, s in self.sources.items()},
+                                  "every source's weight is 0" + ("" if constant else f" at {x:,} samples")
+                                  + ", so none would be read" + ("" if constant else " there"),
+                                  "give at least one source a positive weight" + (
+                                      "" if constant else " at every point of the schedules"))
         problems = [Problem(("sources", name, key), getattr(source, key),
                             f"data.options.{key} is set too, for every source",
                             f"give {key} either per source or in data.options, not both")
@@ -292,6 +308,71 @@ class DataConfig(_Model):
             if given:
                 kwargs[key] = given
         return kwargs
+
+
+def _schedule_points(value: Any) -> list[tuple[int, float, str]]:
+    """A source's ``weight`` as ``(samples, weight, kind)`` points (none: no weight), or a `Problem`: a number
+    >= 0, ``[[samples, weight], ...]`` (samples ints >= 0 that increase) or ``{linear|steps: pairs}``. The
+    reader checks the same (`shardkit.reader.mixture.check_weights`); this is so that a bad schedule fails
+    before any process starts."""
+    example = "[[0, 3], [1000000, 1]]"
+    if value is None:
+        return []
+    kind = "linear"
+    if isinstance(value, dict):
+        if len(value) != 1 or next(iter(value)) not in ("linear", "steps"):
+            raise Problem((), value, "a weight given as a mapping has one key, linear or steps",
+                          f"write weight: {example} (linear between points) or weight: {{steps: {example}}}")
+        kind, value = next(iter(value.items()))
+        path: tuple[str, ...] = (kind,)
+    else:
+        path = ()
+    if not isinstance(value, list):
+        if not _finite(value):
+            raise Problem(path, value, "a weight is a number >= 0 or a schedule",
+                          f"write a number, or [samples, weight] pairs: weight: {example}")
+        if value < 0:
+            raise Problem(path, value, "the weight is negative: it must be greater than or equal to 0",
+                          "give a weight >= 0 (0 leaves the source out)")
+        return [(0, float(value), "steps")]
+    if not value:
+        raise Problem(path, value, "the schedule has no points", f"give [samples, weight] pairs: {example}")
+    out: list[tuple[int, float, str]] = []
+    for j, pair in enumerate(value):
+        if not isinstance(pair, list) or len(pair) != 2:
+            raise Problem((*path, j), pair, "not a [samples, weight] pair", f"write pairs: {example}")
+        x, w = pair
+        if isinstance(x, bool) or not isinstance(x, int) or x < 0:
+            raise Problem((*path, j, 0), x, "a point's samples are an int >= 0",
+                          "give the samples the job has read at that point (all shards together)")
+        if out and x <= out[-1][0]:
+            raise Problem((*path, j, 0), x, f"the points' samples must increase (after {out[-1][0]})",
+                          "sort the points and give each place once")
+        if not _finite(w):
+            raise Problem((*path, j, 1), w, "a weight is a number", "give a number >= 0")
+        if w < 0:
+            raise Problem((*path, j, 1), w, "the weight is negative: it must be greater than or equal to 0",
+                          "give a weight >= 0 (0 leaves the source out there)")
+        out.append((x, float(w), kind))
+    return out
+
+
+def _finite(value: Any) -> bool:
+    return not isinstance(value, bool) and isinstance(value, int | float) and math.isfinite(value)
+
+
+def _weight_at(points: Sequence[tuple[int, float, str]], x: int) -> float:
+    """The weight of ``points`` (`_schedule_points`) at ``x`` samples (0: no points)."""
+    if not points:
+        return 0.0
+    before = [p for p in points if p[0] <= x]
+    if not before:
+        return points[0][1]
+    x0, w0, kind = before[-1]
+    if kind == "steps" or len(before) == len(points):
+        return w0
+    x1, w1, _ = points[len(before)]
+    return w0 + (w1 - w0) * (x - x0) / (x1 - x0)
 
 
 def _credential_problems(options: Mapping[str, Any]) -> Iterator[Problem]:
