@@ -16,16 +16,22 @@ batch, keeps the states of the batches it yielded, and hands each worker its sta
 - A different ``world_size`` or ``num_workers``: convert the saved DataLoader state with `job_state` and
   load the result into the new dataset (``ds.load_state_dict(job_state(saved))``) before making the
   DataLoader. The DataLoader takes batches from its workers in turn, so after ``s`` steps the first
-  ``s % num_workers`` workers have read one batch more than the others. `job_state` keeps the position of
-  the workers that are behind: no sample is skipped, and the batches the others read past it (at most
-  ``num_workers - 1`` per rank) are read again. A checkpoint taken when ``s`` is a multiple of
-  ``num_workers`` (any step with one worker) resumes exactly on any layout.
+  ``s % num_workers`` workers have delivered one batch more than the others. `job_state` keeps what each
+  worker delivered (``"workers"``: each worker's position, the same on every rank), and each new worker's
+  reader resumes from a stage that says how many samples each old shard (``rank * num_workers +
+  worker``) consumed (`_exact_state`): the rest of the epoch is exactly what no worker delivered, split
+  among the new shards, and nothing is read twice. Where the reader's plan takes one count per stage
+  only (`_plan_takes_shard_counts`), the job resumes from the position of the workers behind: nothing
+  is skipped, and the batches the others delivered past it (at most ``num_workers - 1`` per rank) are
+  read again.
 - A plain ``DataLoader`` cannot hand worker states to the main process: resume it with ``num_workers=0``,
   or use torchdata's ``StatefulDataLoader``.
 """
 
 from __future__ import annotations
 
+import functools
+import logging
 import mmap
 import os
 import secrets
@@ -33,12 +39,13 @@ import threading
 import weakref
 from collections.abc import Iterator, Mapping
 from multiprocessing.reduction import DupFd
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
 from shardkit.dataset import Dataset
 from shardkit.errors import AdapterError, ReaderError, require
+from shardkit.reader._plan import shard_ranges, total
 from shardkit.reader.adapters.collate import Collate, Passes, jump_to_epoch, plan_fields, prepare
 from shardkit.reader.adapters.torch import Batch, CollateFn, to_torch
 from shardkit.reader.api import make_reader
@@ -50,6 +57,7 @@ require("torch", extra="torch", purpose="shardkit.torch (PyTorch tensors and Dat
 import torch  # noqa: E402
 
 STATE_KIND = "shardkit.ShardkitIterableDataset"
+logger = logging.getLogger(__name__)
 _LAYOUT = ("world_size", "num_workers", "worker")
 _ALIGN = 64  # each tensor of a packed batch starts at a multiple of this many bytes
 _SEGMENT_ROUND = 1 << 20  # a worker's shared-memory segments are sized in whole MiB (plus the header)
@@ -480,7 +488,7 @@ class ShardkitIterableDataset(torch.utils.data.IterableDataset[Batch]):
         if not isinstance(state, Mapping):
             raise AdapterError(f"not a ShardkitIterableDataset state: {state!r:.200}")
         if state.get("kind") != STATE_KIND:  # a plain reader state (e.g. make_loader's): the job's position
-            self._pending, self._pending_pass, self._epoch = dict(state), None, None
+            self._pending, self._pending_pass, self._epoch = self._in_order(state), None, None
             self._pin_table(self._pending)
             return
         if state.get("worker") is not None:
@@ -494,13 +502,25 @@ class ShardkitIterableDataset(torch.utils.data.IterableDataset[Batch]):
                     "workers. For another layout, load shardkit.torch.job_state(<saved DataLoader state>) "
                     "into the dataset before making the DataLoader"
                 )
-        self._pending = None if state.get("reader") is None else dict(state["reader"])
+        self._pending = None if state.get("reader") is None else self._in_order(state["reader"])
+        delivered = state.get("workers")
+        if self._pending is not None and isinstance(delivered, Mapping):  # a job's: exactly what is left
+            self._pending = _resume_state(delivered, self._pending, self.num_samples)
         self._pin_table(self._pending)
         started = state.get("pass")
         self._pending_pass = started if isinstance(started, int) and not isinstance(started, bool) else None
         self._epoch = state.get("epoch")
         if self._pending is None and self._epoch is None:
             self._epoch = 0  # saved before its worker read anything: the start of the first epoch
+
+    def _in_order(self, reader_state: Mapping[str, Any]) -> dict[str, Any]:
+        """A reader state, a mixture's with its sources in the order of this dataset's: the states a
+        ``StatefulDataLoader`` collects from its workers come back with their keys in another order, and
+        a mixture resumes only from its sources in its own order."""
+        sources = reader_state.get("sources")
+        if isinstance(self.url, Mapping) and isinstance(sources, Mapping) and set(sources) == set(self.url):
+            return {**reader_state, "sources": {name: sources[name] for name in self.url}}
+        return dict(reader_state)
 
     def _pin_table(self, reader_state: Mapping[str, Any] | None) -> None:
         """A table's reader state saved on another snapshot: open that snapshot here, once, for every
@@ -548,11 +568,107 @@ def _dataset_states(obj: Any) -> Iterator[Mapping[str, Any]]:
             yield from _dataset_states(value)
 
 
-def _position(state: Mapping[str, Any]) -> tuple[int, list[int]]:
+def _position(state: Mapping[str, Any]) -> tuple[int, list[Any]]:
     reader = state["reader"]
     if reader is None:
         return int(state.get("epoch") or 0), []
-    return int(reader["epoch"]), [int(consumed) for _, consumed in reader["history"]]
+    return int(reader["epoch"]), [list(stage) for stage in reader["history"]]
+
+
+def _delivered(states: list[Mapping[str, Any]]) -> dict[str, Any] | None:
+    """What each DataLoader worker of the job delivered: ``{"world_size", "num_workers", "positions"}``,
+    ``positions[w]`` worker ``w``'s ``{"epoch", "history"}`` (the same on every rank: ranks step
+    together; where states of several ranks are given, the one furthest behind). None when the states do
+    not hold every worker of one layout."""
+    layouts = {(s.get("world_size"), s.get("num_workers")) for s in states if s.get("worker") is not None}
+    if len(layouts) != 1:
+        return None
+    ((world_size, workers),) = layouts
+    if not isinstance(world_size, int) or not isinstance(workers, int) or min(world_size, workers) < 1:
+        return None
+    positions = []
+    for w in range(workers):
+        mine = [s for s in states if s.get("worker") == w]
+        if not mine:
+            return None
+        epoch, history = _position(min(mine, key=_position))
+        positions.append({"epoch": epoch, "history": history})
+    return {"world_size": world_size, "num_workers": workers, "positions": positions}
+
+
+@functools.cache
+def _plan_takes_shard_counts() -> bool:
+    """Whether the reader's plan takes a stage's consumed samples as one count per shard."""
+    try:
+        return shard_ranges(2, shard=0, num_shards=1, history=[(2, cast(Any, [1, 0]))]) == [(1, 2)]
+    except (TypeError, ReaderError):
+        return False
+
+
+def _resume_state(job: Mapping[str, Any], behind: dict[str, Any], num_samples: int) -> dict[str, Any]:
+    """Where the workers of ``job`` (`_delivered`) leave the epoch: exactly what none of them delivered
+    (`_exact_state`), or, where that cannot be said, the position ``behind`` of those furthest behind."""
+    exact = _exact_state(job, behind, num_samples)
+    if exact is None or exact == behind:
+        return behind
+    if not _plan_takes_shard_counts():
+        logger.warning("this reader's plan takes one count of consumed samples per stage, not one per shard: "
+                       "the job resumes where its DataLoader workers furthest behind were, and reads again "
+                       "the batches the others had delivered past it")
+        return behind
+    return exact
+
+
+def _exact_state(job: Mapping[str, Any], behind: Mapping[str, Any], num_samples: int
+                 ) -> dict[str, Any] | None:
+    """The reader state that leaves out exactly what the workers of ``job`` (`_delivered`) delivered, or
+    None where their positions are not one stage apart (then ``behind``, the position of those furthest
+    behind, stands).
+
+    Old shard ``rank * num_workers + w`` consumed what worker ``w`` consumed on rank 0 (ranks step
+    together): the batches it delivered, in samples (on another rank's shorter piece, with ``uneven`` or
+    ``mask``, the plan reads the count as the whole piece). A worker that finished the epoch consumed
+    its whole piece. So the current stage becomes ``[num_shards, [count of each shard]]``, and the next
+    stage splits among the new shards exactly what no worker delivered.
+    """
+    try:
+        world_size, workers = int(job["world_size"]), int(job["num_workers"])
+        positions = [(int(p["epoch"]), [(int(w), c) for w, c in p["history"]]) for p in job["positions"]]
+        batch = int(behind["batch_size"])
+        epoch = int(behind["epoch"])
+    except (KeyError, TypeError, ValueError):
+        return None
+    num_shards = world_size * workers
+    if len(positions) != workers or batch < 1 or epoch != min(e for e, _ in positions):
+        return None
+    current = [h for e, h in positions if e == epoch]
+    if any(e != epoch and (e != epoch + 1 or h) for e, h in positions):
+        return None  # a worker past the end of this epoch's stage: not one stage apart
+    prefix: list[tuple[int, Any]] = []
+    for stages in zip(*current, strict=False):
+        if any(s != stages[0] for s in stages):
+            break
+        prefix.append(stages[0])
+    if [(int(w), c) for w, c in behind["history"]][:len(prefix)] != prefix:
+        return None
+    first = shard_ranges(num_samples, shard=0, num_shards=num_shards, history=prefix, batch_size=batch,
+                         remainder=behind["remainder"], drop_last=behind["drop_last"])
+    longest = total(first)  # shard 0's piece: the longest
+    counts = []
+    for e, history in positions:
+        tail = history[len(prefix):]
+        if e != epoch:  # finished the epoch: its whole piece
+            counts.append(longest)
+        elif not tail:
+            counts.append(0)
+        elif len(tail) == 1 and tail[0][0] == num_shards and isinstance(tail[0][1], int):
+            counts.append(min(longest, -(-tail[0][1] // batch) * batch))  # whole batches delivered
+        else:
+            return None
+    per_shard = [counts[shard % workers] for shard in range(num_shards)]
+    stage: list[Any] = [[num_shards, per_shard if len(set(per_shard)) > 1 else per_shard[0]]]
+    history = [[w, c] for w, c in prefix] + (stage if any(per_shard) else [])
+    return {**behind, "epoch": epoch, "history": history}
 
 
 def job_state(saved: Any) -> dict[str, Any]:
@@ -565,9 +681,10 @@ def job_state(saved: Any) -> dict[str, Any]:
         >>> loader = StatefulDataLoader(ds, batch_size=None, num_workers=4)   # no load_state_dict here
 
     ``saved`` is anything holding the workers' dataset states (a ``StatefulDataLoader`` state, or a list of
-    `ShardkitIterableDataset.state_dict` results). The position kept is that of the workers furthest
-    behind: nothing is skipped; batches read past it by other workers are read again (see the module
-    docstring; none when every worker had read as many batches).
+    `ShardkitIterableDataset.state_dict` results) of one rank, or of several. The state holds what each
+    worker delivered (``"workers"``), so the new workers read exactly what none of them delivered (see
+    the module docstring), and the position of the workers furthest behind (``"reader"``), which a plain
+    `Reader` or `make_loader` resumes from (reading again what the others delivered past it).
     """
     states = list(_dataset_states(saved))
     if not states:
@@ -580,8 +697,16 @@ def job_state(saved: Any) -> dict[str, Any]:
         raise AdapterError(f"the saved worker states disagree on {differ}; they come from different datasets "
                            "or jobs")
     behind = min(states, key=_position)
-    return {"kind": STATE_KIND, "version": 1, "reader": behind["reader"], "pass": behind.get("pass"),
-            "epoch": _position(behind)[0], "job": True, "worker": None}
+    if behind["reader"] is None and readers:  # a worker that delivered nothing yet: the start of its epoch
+        epoch = _position(behind)[0]
+        base = next((r for r in readers if int(r["epoch"]) == epoch), None)
+        behind = {**behind, "reader": None if base is None else {**base, "epoch": epoch, "history": []}}
+    out = {"kind": STATE_KIND, "version": 1, "reader": behind["reader"], "pass": behind.get("pass"),
+           "epoch": _position(behind)[0], "job": True, "worker": None}
+    delivered = _delivered(states)
+    if delivered is not None:
+        out["workers"] = delivered
+    return out
 
 
 __all__ = ["ShardkitIterableDataset", "job_state"]
