@@ -147,7 +147,18 @@ class TrainContext:
         Every process of an allreduce job must call it once per step (the checkpoint decision is the
         same on all of them; rank 0 / the chief writes). Metric values may be tensors: they are read
         only when a heartbeat goes out. Returns the new step number.
+
+        A checkpoint due at step ``s`` is written here, with the objects as they are now, and committed
+        (restorable) when the next step is counted or at `finish`: what the script does after
+        ``ctx.step`` in step ``s`` (recording what it trained, say) belongs to step ``s``, and a process
+        killed before the end of step ``s`` resumes from the checkpoint before (see
+        `shardkit.trainer.checkpoint.policy.Checkpoints.commit_pending`).
         """
+        # The step saved at the previous call is over only now (see `Checkpoints.commit_pending`): commit
+        # it before this one is counted, so that its heartbeat tells the step and samples it holds.
+        url = self.checkpoint.commit_pending()
+        if url is not None:
+            self._beat("checkpoint", checkpoint=url)
         self.step_count += 1
         self.samples += int(samples)
         if metrics is not None:
@@ -155,9 +166,7 @@ class TrainContext:
         step = self.step_count
         if self.checkpoint.due(step):
             self._beat("step")  # a save may take a while: show progress first
-            url = self.checkpoint.save(step)
-            if url is not None:
-                self._beat("checkpoint", checkpoint=url)
+            self.checkpoint.save(step, commit=False)  # committed at the next step, or by finish
         elif time.monotonic() - self._last_beat >= self.heartbeat_interval:
             self._beat("step")
         return step
@@ -197,6 +206,9 @@ class TrainContext:
             return
         self._finished = True
         try:
+            url = self.checkpoint.commit_pending()  # the last step saved by `step`: the script is done
+            if url is not None:
+                self._beat("checkpoint", checkpoint=url)
             changed = [hook() for hook in self._finish_hooks]  # a list: every callback runs
             if save and self.checkpoint.pending(self.step_count, again=any(changed)):
                 url = self.checkpoint.save(self.step_count)
@@ -250,6 +262,9 @@ class TrainContext:
             self.finish()
         elif not self._finished:  # the process is failing: no final checkpoint, no "done"
             self._finished = True
+            url = self.checkpoint.fail_pending()  # alone: committed; with others, the one before serves
+            if url is not None:
+                self._beat("checkpoint", checkpoint=url)
             # Step heartbeats are rate-limited: the supervisor may not have heard of the last steps. If it
             # trained a step in this attempt, this one tells it the steps and samples trained (a process
             # killed by a signal cannot send it).

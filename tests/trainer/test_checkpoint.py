@@ -213,6 +213,31 @@ def test_commit_lists_every_file_with_size_and_sha256(tmp_path: Path) -> None:
     assert set(state["rng"]) >= {"python", "numpy", "torch"}
 
 
+def test_a_save_without_commit_is_restored_only_once_committed(tmp_path: Path) -> None:
+    """``ctx.step``'s saves: written at the step, committed when the script is done with it; until then
+    a restore (another process's) takes the one before, and a save of a later step commits it first."""
+    ckpt = CheckpointManager(tmp_path, keep=2)
+    ckpt.save(1, reader=Counter(1))
+    url = ckpt.save(2, reader=Counter(2), commit=False)
+    assert ckpt.pending == 2
+    assert [i.step for i in ckpt.list()] == [1]
+    counter = Counter()
+    with pytest.warns(CheckpointWarning, match="step-000000002"):
+        restored = CheckpointManager(tmp_path).restore(reader=counter)
+    assert restored is not None
+    assert (restored.step, counter.value) == (1, 1)
+    assert ckpt.commit_pending() == url
+    assert (ckpt.pending, ckpt.commit_pending()) == (None, None)
+    assert [i.step for i in ckpt.list()] == [1, 2]
+    ckpt.save(3, reader=Counter(3), commit=False)
+    ckpt.save(4, reader=Counter(4))
+    assert [i.step for i in ckpt.list()] == [3, 4]  # keep=2
+    ckpt.save(5, reader=Counter(5), commit=False)
+    ckpt.discard_pending()  # a process failing before its step was over: the folder stays uncommitted
+    assert [i.step for i in ckpt.list()] == [3, 4]
+    assert ckpt.newest_folder() == 5
+
+
 def test_saving_a_step_again_replaces_it(ckpt_url: str) -> None:
     ckpt = CheckpointManager(ckpt_url)
     ckpt.save(1, model=linear(1.0))

@@ -216,6 +216,35 @@ def test_a_failing_process_reports_the_steps_and_samples_it_trained(
     assert [(b.kind, b.step, b.samples) for b in beats] == expected
 
 
+@pytest.mark.parametrize("alone", [True, False])
+def test_a_failing_process_commits_its_last_save_only_alone(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                            alone: bool) -> None:
+    """``ctx.step``'s save of step 4 is committed when the script is done with step 4. An error out of
+    ``with ctx`` after it: a process alone commits it (the error came after ``ctx.step``); one of several
+    leaves it uncommitted, as another may still be in step 4 (the job resumes from step 2)."""
+    with HeartbeatReceiver() as receiver:
+        if alone:
+            ctx = init(config=write_yaml(tmp_path, checkpoint={"every_steps": 2}))
+        else:
+            _in_job(monkeypatch, tmp_path, receiver.addr, checkpoint={"every_steps": 2})
+            ctx = init()
+        counter = Counter()
+        ctx.checkpoint.restore(reader=counter)
+
+        def train() -> None:
+            with ctx:
+                for _ in range(4):
+                    counter.value += 1
+                    ctx.step()
+                raise RuntimeError("step 5 fails")
+
+        with pytest.raises(RuntimeError):
+            train()
+    manager = ctx.checkpoint.manager
+    assert manager is not None
+    assert [c.step for c in manager.list()] == ([2, 4] if alone else [2])
+
+
 @pytest.mark.parametrize("num_epochs", [1, 2])
 def test_a_job_restarted_from_its_final_checkpoint_reads_nothing_more(
         tmp_path: Path, dataset: str, monkeypatch: pytest.MonkeyPatch, num_epochs: int) -> None:

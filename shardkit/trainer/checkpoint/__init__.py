@@ -143,6 +143,8 @@ class CheckpointManager:
         self.keep = keep
         self.schedule = Schedule(every_steps, every_seconds, 0, time.monotonic())
         self._store = Store(Location.of(self.url, storage_options))
+        # (step, files, framework) of a save(commit=False) whose COMMIT is not written yet
+        self._pending: tuple[int, dict[str, Any], str] | None = None
 
     def __repr__(self) -> str:
         return f"CheckpointManager({self.url!r}, keep={self.keep})"
@@ -155,8 +157,14 @@ class CheckpointManager:
              optimizer: torch.optim.Optimizer | None = None, reader: Stateful | None = None,
              tf_checkpoint: tf.train.Checkpoint | None = None, extra: Mapping[str, Any] | None = None,
              writer: bool = True, rng_ranks: Sequence[Mapping[str, Any]] | None = None,
-             reader_shards: Sequence[Mapping[str, Any] | None] | None = None) -> str | None:
+             reader_shards: Sequence[Mapping[str, Any] | None] | None = None, commit: bool = True
+             ) -> str | None:
         """Write step ``step`` and commit it; returns its URL (None when ``writer=False``).
+
+        ``commit=False``: write the files only; the checkpoint exists once `commit_pending` writes its
+        ``COMMIT`` (``ctx.step`` does so when the script comes back for the next step: see
+        `shardkit.trainer.checkpoint.policy.Checkpoints.commit_pending`). Until then a restore skips it,
+        as any uncommitted folder; a save of another step first commits the pending one.
 
         ``model`` may be wrapped in DDP, DataParallel or torch.compile (the module inside is saved).
         ``extra`` and the reader state must be JSON with str dict keys (tuples come back as lists).
@@ -187,6 +195,7 @@ class CheckpointManager:
                     fw.tf_write(tf_checkpoint, os.path.join(tmp, fw.TF_PREFIX))
             self.schedule.record(step, time.monotonic())
             return None
+        self.commit_pending()  # a step saved earlier is over: this one comes after it
         where = self._store.url(step)
         state = encode_state(step, reader=reader.state_dict() if reader is not None else None,
                              rng=capture_rng(), extra=extra, where=where, rng_ranks=rng_ranks,
@@ -206,15 +215,48 @@ class CheckpointManager:
                 if tf_checkpoint is not None:
                     files.update(_load.write_tf(self._store, step, tf_checkpoint))
                 files[STATE] = self._store.write(step, STATE, state)
-                self._store.commit(step, files, "+".join(kinds) or "none")
+                if commit:
+                    self._store.commit(step, files, "+".join(kinds) or "none")
             except CheckpointError:
                 raise
             except OSError as e:
                 raise CheckpointError(f"could not write checkpoint {where} ({e}); check that the folder is "
                                       "writable and has space (the previous checkpoints are intact)") from e
             self.schedule.record(step, time.monotonic())
+            if not commit:
+                self._pending = (step, files, "+".join(kinds) or "none")
+                return where
             self._prune(step)
         return where
+
+    @property
+    def pending(self) -> int | None:
+        """The step saved with ``commit=False`` and not committed yet (None: none)."""
+        return self._pending[0] if self._pending is not None else None
+
+    def commit_pending(self) -> str | None:
+        """Commit the step saved with ``save(commit=False)``, then delete what ``keep`` leaves out; its
+        URL, or None when none was pending."""
+        if self._pending is None:
+            return None
+        step, files, framework = self._pending
+        self._pending = None
+        where = self._store.url(step)
+        with self._store.lock():
+            try:
+                self._store.commit(step, files, framework)
+            except CheckpointError:
+                raise
+            except OSError as e:
+                raise CheckpointError(f"could not commit checkpoint {where} ({e}); check that the folder is "
+                                      "writable and has space (the previous checkpoints are intact)") from e
+            self._prune(step)
+        return where
+
+    def discard_pending(self) -> None:
+        """Forget the step saved with ``save(commit=False)``: it stays an uncommitted folder, which a
+        restore skips and the next save deletes (a process failing before its step was over)."""
+        self._pending = None
 
     def restore(self, *, model: torch.nn.Module | None = None, optimizer: torch.optim.Optimizer | None = None,
                 reader: Stateful | None = None, tf_checkpoint: tf.train.Checkpoint | None = None,

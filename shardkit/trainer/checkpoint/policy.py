@@ -96,6 +96,7 @@ class Checkpoints:
         self._tf_strategy: Any = None  # a MultiWorkerMirroredStrategy that tells the chief's answers
         self._tf_agree: Any = None  # its all-reduce, a tf.function made at the first exchange
         self._next_exchange = 0  # the step of the next exchange of the chief's decision
+        self._pending: int | None = None  # the step of a save(commit=False) not committed yet
         self._last_exchange: tuple[int, float] | None = None  # (step, time) of the chief's last one
         config = ctx.config
         if config is None:
@@ -371,19 +372,84 @@ class Checkpoints:
         return (self.manager is not None and bool(self.objects)
                 and step > (0 if again else self.manager.schedule.last_step))
 
-    def save(self, step: int | None = None, *, extra: dict[str, Any] | None = None) -> str | None:
+    def save(self, step: int | None = None, *, extra: dict[str, Any] | None = None,
+             commit: bool = True) -> str | None:
         """Save the registered objects as ``step`` (default: the current step); the URL on the writer
         (the chief), None elsewhere. Every process of an allreduce job calls it at the same step (torch:
-        the ranks' RNG states are gathered then). ``extra``: see the class docstring."""
+        the ranks' RNG states are gathered then). ``extra``: see the class docstring.
+
+        ``commit=False`` (``ctx.step``'s scheduled saves): the files are written now, the checkpoint is
+        committed by `commit_pending` when the script is done with the step. A step saved so and not
+        committed yet is committed first."""
         if self.manager is None:
             return None
+        url = self.commit_pending()
+        if url is not None:
+            self._ctx._beat("checkpoint", checkpoint=url)
         if extra is not None:
             self.extra.update(extra)
         step = self._ctx.step_count if step is None else step
         rng_ranks = self._gather_rng() if self._ctx.framework == "torch" and self._processes() > 1 else None
         objects, reader_shards = self._with_reader_shards()
-        return self.manager.save(step, **objects, extra=self.extra, writer=self._ctx.is_chief,
-                                 rng_ranks=rng_ranks, reader_shards=reader_shards)
+        where = self.manager.save(step, **objects, extra=self.extra, writer=self._ctx.is_chief,
+                                  rng_ranks=rng_ranks, reader_shards=reader_shards, commit=commit)
+        if not commit:
+            self._pending = step
+        return where
+
+    def commit_pending(self) -> str | None:
+        """Commit the step that ``save(commit=False)`` wrote, now that the script is done with it; its URL
+        on the writer, None elsewhere or when none is pending. ``ctx.step`` calls it as the next step
+        is counted, and ``ctx.finish`` before the last save.
+
+        Why a scheduled save is committed one step late: ``ctx.step(s)`` runs inside step ``s`` of the
+        script, and what the script does after it (record the ids it trained, log, push metrics) is part
+        of step ``s`` too. Committed inside ``ctx.step(s)``, the checkpoint was the newest as soon as it
+        was written: a process that died before the rest of step ``s`` ran (SIGKILLed there, or stopped
+        by the supervisor because a peer was killed meanwhile; in an allreduce job the others are past
+        the save's collective and finish step ``s`` while the chief writes) left a checkpoint that
+        resumes at step ``s + 1``, so the end of step ``s`` was in no attempt's lineage: a run lost the
+        record of a trained batch that way. Committed when the next step is counted, every process has
+        finished step ``s`` first: in a torch allreduce job of several processes a barrier here makes
+        sure of it for every rank (the writer's own order does for it); where one is killed before
+        that, the checkpoint stays uncommitted and the attempt resumes from the one before, redoing
+        those steps.
+        """
+        if self._pending is None or self.manager is None:
+            return None
+        self._pending = None
+        if self._ctx.framework == "torch" and self._processes() > 1:
+            import torch
+            import torch.distributed as dist
+
+            # a barrier (as an all-reduce on the job's device: NCCL's barrier guesses one): every rank is
+            # done with the step before it may be the newest checkpoint
+            dist.all_reduce(torch.zeros(1, dtype=torch.int64, device=self._ctx.device))
+        return self.manager.commit_pending()
+
+    def fail_pending(self) -> str | None:
+        """A process failing (an exception out of ``with ctx``) with a save not committed yet: alone in
+        its job, it commits it and returns its URL, as the error came from the script after
+        ``ctx.step`` (the next step, most often: a failing step does not cost the checkpoint before
+        it). With other processes it is left uncommitted (a restore skips it for the one before),
+        since another process may still be in the rest of the saved step: committing it here would
+        bring back the loss `commit_pending` prevents. A commit that fails here warns: the error on
+        its way out is the one to see."""
+        if self._pending is None or self.manager is None:
+            return None
+        ctx = self._ctx
+        if self._processes() > 1 or ctx.world_size > 1 or (ctx.num_data_shards or 1) > 1:
+            self._pending = None
+            self.manager.discard_pending()
+            return None
+        try:
+            return self.commit_pending()
+        except (CheckpointError, OSError) as e:
+            warnings.warn(f"could not commit the checkpoint of step {ctx.step_count} under "
+                          f"{self.manager.url} as the script failed ({e}); the job resumes from the one "
+                          "before",
+                          CheckpointWarning, stacklevel=2)
+            return None
 
     def _with_reader_shards(self) -> tuple[dict[str, Any], list[dict[str, Any] | None] | None]:
         """The objects to save and every worker's reader state, taken with the ps state (chief of a torch

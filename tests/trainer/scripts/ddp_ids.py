@@ -4,10 +4,13 @@ Each rank appends, per trained step, ``{"attempt", "step", "ids", "loss", "saved
 ``<job dir>/ids-rank<r>.jsonl`` (after ``ctx.step``, which may checkpoint: ``saved``), and one
 ``{"attempt", "start"}`` line when it starts. Rank 0 saves the final weights to ``<job dir>/final.pt``.
 
-Faults (``params.fault``, on the listed attempts only): ``{"rank": r, "step": s, "how": h}`` with ``h``
-= ``kill`` (SIGKILL itself before step s), ``hang`` (sleep without heartbeats before step s),
-``crash_commit`` / ``crash_write`` (rank 0 SIGKILLs itself while saving the checkpoint of step s: before
-its COMMIT is written, or halfway through writing optimizer.pt).
+Faults (``params.fault``, or several in ``params.faults``; each on its listed ``attempts`` only, attempt
+0 by default): ``{"rank": r, "step": s, "how": h}`` with ``h`` = ``kill`` (SIGKILL itself before step s),
+``kill_after_step`` (SIGKILL itself once ``ctx.step`` of step s returned, before the step's record is
+written: the end of a step, after its checkpoint was taken), ``hang`` (sleep without heartbeats before
+step s), ``crash_commit`` / ``crash_write`` (rank 0 SIGKILLs itself while saving the checkpoint of step
+s: before its COMMIT is written, or halfway through writing optimizer.pt), ``kill_after_commit`` (rank 0
+SIGKILLs itself as soon as the COMMIT of step s is written).
 """
 
 from __future__ import annotations
@@ -32,7 +35,10 @@ def _inject_save_crash(step: int, how: str) -> None:
     def crashing_commit(self: Any, s: int, *args: Any, **kwargs: Any) -> Any:
         if s == step and how == "crash_commit":
             os.kill(os.getpid(), signal.SIGKILL)
-        return commit(self, s, *args, **kwargs)
+        done = commit(self, s, *args, **kwargs)
+        if s == step and how == "kill_after_commit":
+            os.kill(os.getpid(), signal.SIGKILL)
+        return done
 
     def crashing_write(self: Any, s: int, name: str, data: bytes) -> Any:
         if s == step and how == "crash_write" and name == "optimizer.pt":
@@ -49,9 +55,11 @@ def _inject_save_crash(step: int, how: str) -> None:
 def main() -> None:
     ctx = shardkit.trainer.init()
     params = ctx.params
-    fault = params.get("fault") or {}
-    armed = ctx.attempt in fault.get("attempts", [0]) and fault.get("rank") == ctx.rank
-    if armed and fault["how"].startswith("crash_"):
+    faults = params.get("faults") or ([params["fault"]] if params.get("fault") else [])
+    mine = [f for f in faults if ctx.attempt in f.get("attempts", [0]) and f.get("rank") == ctx.rank]
+    fault = mine[0] if mine else {}
+    armed = bool(mine)
+    if armed and fault["how"].startswith(("crash_", "kill_after_commit")):
         _inject_save_crash(fault["step"], fault["how"])
     torch.manual_seed(0)
     model = DDP(torch.nn.Linear(4, 1))
@@ -74,6 +82,8 @@ def main() -> None:
             loss.backward()
             optimizer.step()
             ctx.step({"loss": loss.detach()}, samples=len(batch["id"]))
+            if armed and step == fault["step"] and fault["how"] == "kill_after_step":
+                os.kill(os.getpid(), signal.SIGKILL)
             saved = ctx.checkpoint.manager is not None and ctx.checkpoint.manager.schedule.last_step == step
             log.write(json.dumps({"attempt": ctx.attempt, "step": step, "ids": batch["id"].tolist(),
                                   "loss": loss.item(), "saved": saved}) + "\n")
