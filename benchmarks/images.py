@@ -28,7 +28,11 @@ JPEGs (shardkit `write_dataset` with the bytes as the image field's values vs Li
 ``MDSWriter``, and how many stored images are byte-identical to the input); and "reach": the shuffle
 on a dataset 10x larger than the shuffle's memory (``--reach-images`` tiny JPEGs, raw bytes, only
 the order of ids is used), shardkit with ``shuffle_buffer`` = N/10 rows beside Mosaic's py1e with
-``shuffle_block_size`` = N/10, and shardkit with its defaults.
+``shuffle_block_size`` = N/10, and shardkit with its defaults. And the first batch from a loopback S3
+store, cold cache (`images_s3`): the three datasets on a moto server on 127.0.0.1, each system in a
+fresh process (round-robin, ``--rounds``, medians) in mode augment with an EMPTY cache folder each time,
+the seconds from making the dataset to the first batch, the bytes in its cache by then, and (one more
+run each, through a counting relay) the bytes and requests it fetched by then.
 
 LitData and Mosaic run in their own pinned venv (`images_env`); the data and datasets are cached in
 ``.bench/images/`` (the conversion writes them anew in each run).
@@ -36,7 +40,9 @@ LitData and Mosaic run in their own pinned venv (`images_env`); the data and dat
 Usage (from the repository root):
     python -m benchmarks.images              # 20,000 images, 3 rounds, saves results/images-<machine>.json
     python -m benchmarks.images --images 4000 --rounds 1 --no-save   # a quick look
-    python -m benchmarks.images --quick      # smoke: 600 images, shardkit only, not saved
+    python -m benchmarks.images --quick      # smoke: 600 images, shardkit only, no S3, not saved
+    python -m benchmarks.images --only-s3 --no-save   # only the S3 first batch (datasets as cached)
+    python -m benchmarks.images --report-only results/images-<machine>.json   # the tables again
 """
 
 from __future__ import annotations
@@ -484,8 +490,8 @@ def _median(runs: Sequence[dict[str, Any]], key: str) -> float | None:
 
 def report(doc: dict[str, Any]) -> tuple[str, list[dict[str, str]]]:
     """The printed tables and the acceptance verdicts (issue 37) of a run's results."""
-    runs, n = doc["reads"], doc["images"]
-    uniform = doc["uniform"]
+    runs, n = doc.get("reads", {}), doc["images"]
+    uniform = doc.get("uniform")
     lines: list[str] = []
     verdicts: list[dict[str, str]] = []
 
@@ -520,11 +526,13 @@ def report(doc: dict[str, Any]) -> tuple[str, list[dict[str, str]]]:
                          f"{_median(good, 'units_per_batch'):.1f}", f"{_median(good, 'gap_vs_uniform'):.2f}",
                          f"{images:,.0f} ({_median(good, 'distinct_ids'):,.0f})",
                          f"{_median(good, 'load_1m'):.1f}"])
-    lines.append(table(["mode", "system", "images/s", "shardkit / peer, same round", "first batch",
-                        "peak PSS (tree)", "CPU-s", "CPU-ms/image", "units/batch", "gap/uniform",
-                        "images (distinct)", "load"], rows))
-    lines.append(f"\nuniform shuffle of the same {n:,} images: {uniform['units_per_batch']:.1f} units per "
-                 f"{BATCH}-batch, gap {uniform['gap_vs_uniform']:.2f}")
+    if rows:  # none in an --only-s3 run
+        lines.append(table(["mode", "system", "images/s", "shardkit / peer, same round", "first batch",
+                            "peak PSS (tree)", "CPU-s", "CPU-ms/image", "units/batch", "gap/uniform",
+                            "images (distinct)", "load"], rows))
+    if uniform:
+        lines.append(f"\nuniform shuffle of the same {n:,} images: {uniform['units_per_batch']:.1f} units "
+                     f"per {BATCH}-batch, gap {uniform['gap_vs_uniform']:.2f}")
     how = sorted({r.get("how", "") for rs in runs.get("augment", {}).values() for r in rs if r.get("how")})
     if how:
         lines.append(f"shardkit's augmentation ran through {', '.join(how)}"
@@ -566,7 +574,7 @@ def report(doc: dict[str, Any]) -> tuple[str, list[dict[str, str]]]:
                 verdict(f"{mode}: shardkit >= {target}x {peer} images/s", med >= target, f"{med:.3f}x")
     sk = [r for r in runs.get("augment", {}).get("shardkit", []) if "error" not in r]
     lit = [r for r in runs.get("augment", {}).get("litdata", []) if "error" not in r]
-    if sk:
+    if sk and uniform:
         fb = _median(sk, "first_batch_seconds") or 0.0
         verdict(f"augment: first batch <= {FIRST_BATCH_TARGET} s", fb <= FIRST_BATCH_TARGET, f"{fb:.2f} s")
         for key, ref in (("units_per_batch", "units per batch"), ("gap_vs_uniform", "position gap")):
@@ -600,6 +608,13 @@ def report(doc: dict[str, Any]) -> tuple[str, list[dict[str, str]]]:
     if "shardkit" in res and "error" not in res["shardkit"]:
         verdict("resume mid-epoch in a new process: exact", bool(res["shardkit"].get("exact")),
                 "exact" if res["shardkit"].get("exact") else "not exact")
+    if doc.get("s3_first_batch"):
+        from benchmarks import images_s3
+
+        s3_text, s3_verdicts = images_s3.report(doc["s3_first_batch"], PEERS, fmt_bytes, table)
+        lines.append(s3_text)
+        for target, ok, detail in s3_verdicts:
+            verdict(target, ok, detail)
     lines.append("\n" + table(["target (issue 37)", "result", "measured"],
                               [[v["target"], v["result"], v["detail"]] for v in verdicts]))
     return "\n".join(lines), verdicts
@@ -625,6 +640,10 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--reach-images", type=int, default=100_000,
                         help="images of the reach case (0: skip it)")
     parser.add_argument("--no-resume", action="store_true")
+    parser.add_argument("--no-s3", action="store_true",
+                        help="skip the first batch from a loopback S3 store (moto), cold cache")
+    parser.add_argument("--only-s3", action="store_true",
+                        help="only the S3 first batch (the datasets converted once if not cached)")
     parser.add_argument("--quick", action="store_true",
                         help="smoke: 600 images, 1 round, shardkit only, no reach, not saved")
     parser.add_argument("--no-save", action="store_true")
@@ -639,6 +658,9 @@ def main(argv: list[str] | None = None) -> None:
         return
     if args.quick:
         args.images, args.rounds, args.systems, args.reach_images, args.no_save = 600, 1, "shardkit", 0, True
+        args.no_s3 = True
+    if args.only_s3 and args.no_s3:
+        parser.error("--only-s3 and --no-s3 (or --quick) exclude each other")
     systems = [s for s in args.systems.split(",") if s]
     modes = [m for m in args.modes.split(",") if m]
     bad = sorted(set(systems) - set(SYSTEMS)) + sorted(set(modes) - set(MODES))
@@ -657,6 +679,9 @@ def main(argv: list[str] | None = None) -> None:
     conv: dict[str, Any] = {}
     layouts: dict[str, dict[str, list[int]]] = {}
     for system in systems:
+        if args.only_s3 and (_dataset_path(system, n) / "layout.json").exists():
+            layouts[system] = _layout(_dataset_path(system, n))  # converted by an earlier run: as it is
+            continue
         try:
             conv[system] = convert(system, store, _dataset_path(system, n), n)
         except (CaseFailed, OSError) as e:
@@ -669,11 +694,20 @@ def main(argv: list[str] | None = None) -> None:
              f"{c['identical']:,}/{n:,} byte-identical")
     doc["convert"] = conv
     ok = [s for s in systems if s in layouts]
-    doc["uniform"] = (uniform_quality(layouts[ok[0]]) if ok
-                      else {"units_per_batch": 0.0, "gap_vs_uniform": 0.0})
-    runs, epochs = run_reads(ok, modes, n, args.rounds, layouts, _log)
+    if not args.only_s3:
+        doc["uniform"] = (uniform_quality(layouts[ok[0]]) if ok
+                          else {"units_per_batch": 0.0, "gap_vs_uniform": 0.0})
+    runs, epochs = run_reads(ok, [] if args.only_s3 else modes, n, args.rounds, layouts, _log)
     doc["reads"] = runs
-    if not args.no_resume:
+    if not args.no_s3:
+        from benchmarks.images_s3 import s3_first_batch
+
+        try:
+            doc["s3_first_batch"] = s3_first_batch(ok, n, args.rounds, _log)
+        except (CaseFailed, OSError, RuntimeError) as e:  # the server did not start, an upload failed
+            doc["s3_first_batch"] = {"error": str(e)[-3000:]}
+            _log(f"  s3 first batch FAILED\n{doc['s3_first_batch']['error']}")
+    if not args.no_resume and not args.only_s3:
         doc["resume"] = {}
         for system in ok:
             try:
@@ -681,7 +715,7 @@ def main(argv: list[str] | None = None) -> None:
             except (CaseFailed, OSError) as e:
                 doc["resume"][system] = {"error": str(e)[-3000:]}
             _log(f"  resume {system}: {doc['resume'][system]}"[:400])
-    if args.reach_images:
+    if args.reach_images and not args.only_s3:
         try:
             doc["reach"] = reach_check(ok, args.reach_images, _log)
         except (CaseFailed, OSError) as e:
@@ -699,6 +733,8 @@ def main(argv: list[str] | None = None) -> None:
         path = save_results("images", doc)
         _log(f"saved {path}")
     failed = any("error" in r for rs in runs.values() for v in rs.values() for r in v)
+    s3 = doc.get("s3_first_batch", {})
+    failed = failed or "error" in s3 or any("error" in r for rs in s3.get("runs", {}).values() for r in rs)
     if failed or any("error" in c for c in conv.values()):
         sys.exit(1)
 

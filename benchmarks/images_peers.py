@@ -160,7 +160,8 @@ class _Transformed:  # built lazily: the class needs streaming imported
     cls: Any = None
 
 
-def _mosaic_dataset(path: str, mode: str, shuffle_block: int | None) -> Any:
+def _mosaic_dataset(path: str, mode: str, shuffle_block: int | None, local: str | None = None) -> Any:
+    """Mosaic's dataset of the MDS folder ``path``, or of the remote ``path`` cached in ``local``."""
     streaming = import_streaming()
     if _Transformed.cls is None:
         class MosaicImages(streaming.StreamingDataset):  # type: ignore[misc,name-defined]
@@ -176,7 +177,8 @@ def _mosaic_dataset(path: str, mode: str, shuffle_block: int | None) -> Any:
         _Transformed.cls = MosaicImages
     streaming.base.util.clean_stale_shared_memory()
     extra = {"shuffle_block_size": shuffle_block} if shuffle_block else {}
-    return _Transformed.cls(mode, local=path, shuffle=True, shuffle_seed=0, shuffle_algo="py1e",
+    where = {"local": path} if local is None else {"remote": path, "local": local}
+    return _Transformed.cls(mode, **where, shuffle=True, shuffle_seed=0, shuffle_algo="py1e",
                             batch_size=BATCH, **extra)
 
 
@@ -212,3 +214,43 @@ def case_read(system: str, mode: str, path: str, stop_after: int | None = None,
                  save=(lambda: torch.save(loader.state_dict(), state_out)) if state_out else None)
     cpu = (_cpu_ticks("self") - cpu0) / tick
     return {"system": system, "mode": mode, **read, "cpu_seconds": cpu}
+
+
+def case_s3_first(system: str, mode: str, url: str, endpoint: str, cache_dir: str) -> dict[str, Any]:
+    """The first batch from ``url`` on the S3 server at ``endpoint``, with an empty ``cache_dir``
+    (`benchmarks.images_s3`): LitData ``StreamingDataset(url, cache_dir=, storage_options={"endpoint_url":
+    ...})``, Mosaic ``StreamingDataset(remote=url, local=cache_dir)`` (its endpoint from ``S3_ENDPOINT_URL``);
+    the loader as in `case_read`, stopped after one batch. Returns what `case_read` does, less the seconds,
+    plus the bytes in ``cache_dir`` at the first batch and the ``time.monotonic()`` its clock started at."""
+    from benchmarks.images_s3 import folder_bytes, s3_env
+
+    s3_env(endpoint)
+    import boto3  # noqa: F401  (both systems' S3 client: imported before the clock, as s3fs for shardkit)
+
+    from benchmarks.common import _cpu_ticks
+    from benchmarks.images_epoch import drain
+
+    if system == "litdata":
+        from litdata import StreamingDataLoader, StreamingDataset
+        from litdata.streaming import downloader
+
+        # its default remote path (obstore's async prefetch) refuses an http:// endpoint unless the client
+        # allows it, and LitData passes no way to: allowed here, so it reads as it would from https S3
+        downloader._OBSTORE_CLIENT_OPTIONS["allow_http"] = True  # type: ignore[index]
+    else:
+        streaming = import_streaming()
+    tick = os.sysconf("SC_CLK_TCK")
+    at_first: dict[str, int] = {}
+    cpu0, started, clock = _cpu_ticks("self"), time.perf_counter(), time.monotonic()
+    if system == "litdata":
+        ds = StreamingDataset(url, cache_dir=cache_dir, storage_options={"endpoint_url": endpoint},
+                              shuffle=True, seed=0, transform=functools.partial(transform, mode))
+        loader = StreamingDataLoader(ds, batch_size=BATCH, num_workers=WORKERS)
+    else:
+        ds = _mosaic_dataset(url, mode, None, local=cache_dir)
+        loader = streaming.StreamingDataLoader(ds, batch_size=BATCH, num_workers=WORKERS)
+    read = drain(loader, started, 1, save=lambda: at_first.update(cached=folder_bytes(cache_dir)))
+    cpu = (_cpu_ticks("self") - cpu0) / tick
+    read.pop("seconds")
+    return {"system": system, "mode": mode, **read, "cpu_seconds": cpu, "clock": clock,
+            "cached_bytes": at_first.get("cached", 0)}

@@ -166,3 +166,27 @@ def test_images_benchmark_shuffle_figures_and_crop() -> None:
     out = images_aug.augment({"image": img, "id": 1}, rng)
     assert tuple(out["image"].shape) == (3, 224, 224)
     assert str(out["image"].dtype) == "torch.uint8"
+
+
+def test_images_benchmark_reports_the_s3_first_batch_and_old_results_without_it() -> None:
+    from benchmarks import images
+
+    def run(first: float, cached: int) -> dict[str, object]:
+        return {"first_batch_seconds": first, "cached_bytes": cached, "peak_pss": 2**30, "load_1m": 1.0}
+
+    s3 = {"mode": "augment",
+          "runs": {"shardkit": [run(2.0, 100), run(3.0, 100)], "litdata": [run(1.0, 200), run(2.0, 200)],
+                   "mosaic": [{"error": "boom"}, run(5.0, 300)]},
+          "counted": {"shardkit": {"bytes_by_first": 2**20, "requests_by_first": 7, "bytes_total": 2**21,
+                                   "requests_total": 9}}}
+    text, verdicts = images.report({"images": 10, "s3_first_batch": s3})  # an --only-s3 run: no local reads
+    # medians over the good runs; ratios within a round, a failed round left out
+    assert re.search(r"^\| shardkit +\| +2\.50 s \| 2\.00 3\.00 \| 1\.75x litdata, 0\.60x mosaic ", text,
+                     re.M), text
+    assert "| 1 MiB (7) / 2 MiB (9) " in text, text
+    assert "images/s" not in text  # no local reads: no table of them
+    assert [(v["result"], v["detail"]) for v in verdicts] == [("MISS", "2.50 vs 1.50 s (litdata)")], verdicts
+    old, _ = images.report({"images": 10, "reads": {"augment": {"shardkit": [{"error": "x"}]}},
+                            "uniform": {"units_per_batch": 1.0, "gap_vs_uniform": 1.0}})  # results before it
+    assert "S3" not in old
+    assert re.search(r"^\| augment +\| shardkit +\| failed ", old, re.M), old
