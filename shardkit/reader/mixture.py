@@ -201,6 +201,22 @@ def _tijdeman(quotas: tuple[int, ...]) -> np.ndarray:
     if len(active) == 1:
         out.fill(active[0])
         return out
+    if len(active) == 2:
+        # the same slots as the heaps below give, in closed form (tests hold them equal): the first source
+        # has floor(s t + 1/2) of the first t slots. A schedule's ramp reads hundreds of periods.
+        first, second = active
+        t = np.arange(period + 1, dtype=np.int64)
+        counts = (2 * quotas[first] * t + period) // (2 * period)
+        out[:] = np.where(np.diff(counts) == 1, first, second)
+        return out
+    return _tijdeman_heaps(quotas)
+
+
+def _tijdeman_heaps(quotas: tuple[int, ...]) -> np.ndarray:
+    """`_tijdeman` for any number of sources, on two heaps."""
+    period = sum(quotas)
+    active = [i for i, q in enumerate(quotas) if q]
+    out = np.empty(period, dtype=np.int32)
     d = 2 * len(active) - 2  # d = 1/D below: scaled by D to stay in integers
     scale = math.lcm(*(quotas[i] for i in active))  # deadlines as integers: W (jD - 1) / (q D) * (L D / W)
     counts = [0] * len(quotas)
@@ -455,43 +471,50 @@ class Weights:
         return all(s.kind == "steps" or s.at(a) == s.at(b) for s in self.schedules)
 
     def realize(self, start: int, time: int = 0) -> Piecewise:
-        """The pieces of constant shares the stream reads these weights in, from stream position ``start``,
-        which has read ``time`` samples (see the module docstring, "Scheduled weights").
+        """The pieces of constant shares the stream reads these weights in (see `_realize`); one object for
+        the same arguments (its periods are worked out once)."""
+        return _realize(self, start, time)
 
-        Where the weights are constant, one piece at their shares (`_shares`), which ends at the whole
-        number of its periods nearest the next breakpoint; a linear ramp, in steps of `RAMP_STEP` or
-        more positions (at most `MAX_RAMP_STEPS`), each at the shares of its middle in multiples of
-        ``1 / RAMP_STEP``. Every piece is whole periods long, so at its end each source has exactly its
-        share of it, and the bound of the constant schedule holds along the whole stream."""
-        pieces: list[tuple[int, tuple[int, ...]]] = []  # (offset from start, reduced quotas)
 
-        def add(t: int, quotas: tuple[int, ...]) -> None:
-            if pieces and pieces[-1][0] == t - time:  # the piece before came to no position
-                pieces.pop()
-            if not pieces or pieces[-1][1] != quotas:
-                pieces.append((t - time, quotas))
+@lru_cache(maxsize=16)
+def _realize(weights: Weights, start: int, time: int) -> Piecewise:
+    """The pieces of constant shares the stream reads these weights in, from stream position ``start``,
+    which has read ``time`` samples (see the module docstring, "Scheduled weights").
 
-        t, x0 = time, time  # x0: where the weights' stretch starts (t may lie before it, or after)
-        for x1 in [*(x for x in self.breakpoints if x > time), None]:
-            if x1 is not None and x1 <= t:
-                x0 = x1
-                continue
-            if x1 is None or self._flat(max(t, x0), x1):
-                quotas = _reduced(_exact_quotas(self.at(max(t, x0))))
-                add(t, quotas)
-                if x1 is None:
-                    break
-                period = sum(quotas)
-                t += (x1 - t + period // 2) // period * period
-                x0 = x1
-                continue
-            span = x1 - t
-            step = max(RAMP_STEP, -(-span // (MAX_RAMP_STEPS * RAMP_STEP)) * RAMP_STEP)
-            for _ in range((span + step // 2) // step):
-                add(t, _reduced(tuple(_round_quotas(self.at(Fraction(2 * t + step, 2)), RAMP_STEP))))
-                t += step
+    Where the weights are constant, one piece at their shares (`_shares`), which ends at the whole
+    number of its periods nearest the next breakpoint; a linear ramp, in steps of `RAMP_STEP` or
+    more positions (at most `MAX_RAMP_STEPS`), each at the shares of its middle in multiples of
+    ``1 / RAMP_STEP``. Every piece is whole periods long, so at its end each source has exactly its
+    share of it, and the bound of the constant schedule holds along the whole stream."""
+    pieces: list[tuple[int, tuple[int, ...]]] = []  # (offset from start, reduced quotas)
+
+    def add(t: int, quotas: tuple[int, ...]) -> None:
+        if pieces and pieces[-1][0] == t - time:  # the piece before came to no position
+            pieces.pop()
+        if not pieces or pieces[-1][1] != quotas:
+            pieces.append((t - time, quotas))
+
+    t, x0 = time, time  # x0: where the weights' stretch starts (t may lie before it, or after)
+    for x1 in [*(x for x in weights.breakpoints if x > time), None]:
+        if x1 is not None and x1 <= t:
             x0 = x1
-        return Piecewise(start, pieces)
+            continue
+        if x1 is None or weights._flat(max(t, x0), x1):
+            quotas = _reduced(_exact_quotas(weights.at(max(t, x0))))
+            add(t, quotas)
+            if x1 is None:
+                break
+            period = sum(quotas)
+            t += (x1 - t + period // 2) // period * period
+            x0 = x1
+            continue
+        span = x1 - t
+        step = max(RAMP_STEP, -(-span // (MAX_RAMP_STEPS * RAMP_STEP)) * RAMP_STEP)
+        for _ in range((span + step // 2) // step):
+            add(t, _reduced(tuple(_round_quotas(weights.at(Fraction(2 * t + step, 2)), RAMP_STEP))))
+            t += step
+        x0 = x1
+    return Piecewise(start, pieces)
 
 
 def check_weights(weights: Mapping[str, Any] | None, names: Sequence[str]) -> Weights | None:

@@ -20,6 +20,7 @@ from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 import shardkit
+import shardkit.reader.mixture as mixture
 from shardkit.errors import ReaderError
 from shardkit.job.config.sections import DataConfig
 from shardkit.reader.mixture import (
@@ -128,6 +129,15 @@ def test_every_window_along_a_schedule_holds_each_source_within_the_constant_bou
         lo, hi = near.min(axis=0), near.max(axis=0)
         assert np.all(shares[p] >= lo - n / RAMP_STEP - 1e-9), (p, shares[p], lo)
         assert np.all(shares[p] <= hi + n / RAMP_STEP + 1e-9), (p, shares[p], hi)
+
+
+@settings(max_examples=200, deadline=None)
+@given(a=st.integers(1, 5000), b=st.integers(1, 5000), zeros=st.lists(st.booleans(), max_size=3))
+def test_two_sources_take_the_slots_the_heaps_of_tijdemans_rule_give(a: int, b: int, zeros: list[bool]
+                                                                       ) -> None:
+    """Two sources' periods (a ramp reads hundreds of them) come in closed form: the same as the heaps."""
+    quotas = tuple([0] * len(zeros) + [a] + [0] * sum(zeros) + [b])
+    assert np.array_equal(mixture._tijdeman.__wrapped__(quotas), mixture._tijdeman_heaps(quotas))
 
 
 def test_constant_stretches_are_read_at_their_exact_shares() -> None:
