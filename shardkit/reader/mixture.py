@@ -1520,10 +1520,12 @@ def _prime(starts: Sequence[Callable[[], None]]) -> None:
 def open_mixture(sources: Mapping[str, Any], open_source: Callable[..., Reader], *,
                  weights: Mapping[str, Any] | None, samples_per_epoch: Any, shard: int, num_shards: int,
                  batch_size: int, shuffle: bool, seed: int, num_epochs: int | None, remainder: Remainder,
-                 drop_last: bool, prefetch: int, workers: int, options: Mapping[str, Any]) -> MixedReader:
+                 drop_last: bool, prefetch: int, workers: int, options: Mapping[str, Any],
+                 reweight: bool = False) -> MixedReader:
     """A `MixedReader` of ``sources`` (name -> URL, `Dataset` or table), each opened with ``open_source``
     (`make_reader`) as a one-shard reader with ``options``, the other arguments of `make_reader`; of
-    those, ``filter``, ``storage_options``, ``version`` and ``schema`` may be per source (`PER_SOURCE`)."""
+    those, ``filter``, ``storage_options``, ``version`` and ``schema`` may be per source (`PER_SOURCE`).
+    ``reweight``: the reader's `MixedReader.reweight` (its loads continue states of other weights)."""
     if not sources:
         raise ReaderError("make_reader got an empty dict of sources; give at least one, "
                           "e.g. {'web': 's3://bucket/web'}")
@@ -1553,10 +1555,12 @@ def open_mixture(sources: Mapping[str, Any], open_source: Callable[..., Reader],
                 if about is None:
                     raise
                 raise about from e
-        return MixedReader(readers, weights=weights, samples_per_epoch=samples_per_epoch, shard=shard,
-                           num_shards=num_shards, batch_size=batch_size, shuffle=shuffle, seed=seed,
-                           num_epochs=num_epochs, remainder=remainder, drop_last=drop_last,
-                           prefetch=prefetch, workers=workers)
+        mixed = MixedReader(readers, weights=weights, samples_per_epoch=samples_per_epoch, shard=shard,
+                            num_shards=num_shards, batch_size=batch_size, shuffle=shuffle, seed=seed,
+                            num_epochs=num_epochs, remainder=remainder, drop_last=drop_last,
+                            prefetch=prefetch, workers=workers)
+        mixed.reweight = reweight
+        return mixed
     except BaseException:
         for reader in readers.values():
             reader.close()
