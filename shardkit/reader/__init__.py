@@ -3,7 +3,7 @@ dict of them -> a weighted mixture read as one (`MixedReader`, `shardkit.reader.
 
 from shardkit.reader._cache import CacheConfig
 from shardkit.reader.api import make_reader
-from shardkit.reader.mixture import SOURCE, MixedReader, Mixture
+from shardkit.reader.mixture import SOURCE, MixedReader, Mixture, WeightSchedule
 from shardkit.reader.reader import Reader
 
-__all__ = ["CacheConfig", "MixedReader", "Mixture", "Reader", "SOURCE", "make_reader"]
+__all__ = ["CacheConfig", "MixedReader", "Mixture", "Reader", "SOURCE", "WeightSchedule", "make_reader"]

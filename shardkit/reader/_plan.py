@@ -47,6 +47,8 @@ from shardkit.errors import ReaderError
 Remainder = Literal["drop", "pad", "uneven", "mask"]
 REMAINDERS: tuple[Remainder, ...] = ("drop", "pad", "uneven", "mask")
 Ranges = list[tuple[int, int]]
+#: a stage of an epoch: (num_shards, samples each shard consumed: one count for all, or one per shard)
+Stage = tuple[int, int | list[int]]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -284,7 +286,7 @@ def shard_ranges(
     *,
     shard: int,
     num_shards: int,
-    history: Sequence[tuple[int, int]] = (),
+    history: Sequence[Stage] = (),
     remainder: Remainder = "drop",
     batch_size: int = 1,
     drop_last: bool = False,
@@ -297,19 +299,19 @@ def shard_ranges(
         >>> shard_ranges(10, shard=0, num_shards=2, history=[(3, 2)])   # resume 3 -> 2 shards
         [(2, 3), (5, 6)]
 
-    ``history`` lists earlier stages of this epoch as ``(num_shards, samples consumed per shard)``.
+    ``history`` lists earlier stages of this epoch as ``(num_shards, samples consumed per shard)``: one
+    count for every shard, or a list of one count per shard (DataLoader workers a batch apart).
     """
     validate_shard(shard, num_shards)
     remaining: Ranges = [(0, num_samples)] if num_samples else []
     for past_shards, consumed in history:
-        if past_shards <= 0 or consumed < 0:
-            raise ReaderError(f"resume history entry {(past_shards, consumed)} is invalid")
+        counts = stage_counts(past_shards, consumed)
         pieces, stage = _split(remaining, past_shards, remainder, batch_size, drop_last, n=num_samples)
-        # A shorter piece (remainder="uneven") is read whole when the longest one reaches ``consumed``.
-        gone = [r for piece in pieces for r in take(piece, 0, consumed)]
-        if consumed > max(total(piece) for piece in pieces):
+        # A shorter piece (remainder="uneven") is read whole when the longest one reaches its count.
+        gone = [r for piece, count in zip(pieces, counts, strict=True) for r in take(piece, 0, count)]
+        if max(counts) > max(total(piece) for piece in pieces):
             raise ReaderError(
-                f"resume state says each of {past_shards} shards consumed {consumed} samples, more than "
+                f"resume state says a shard of {past_shards} consumed {max(counts)} samples, more than "
                 f"the stage holds; the state belongs to another dataset or reader configuration"
             )
         remaining = _subtract(stage, merge(gone))  # padding not consumed stays (see `_split`)
@@ -317,7 +319,7 @@ def shard_ranges(
     return _real(pieces[shard], num_samples)
 
 
-def stage_steps(num_samples: int, *, num_shards: int, history: Sequence[tuple[int, int]] = (),
+def stage_steps(num_samples: int, *, num_shards: int, history: Sequence[Stage] = (),
                 remainder: Remainder = "drop", batch_size: int = 1, drop_last: bool = False) -> int:
     """Batches every shard steps in the current stage: those of its longest piece (shard 0's).
 
@@ -351,6 +353,23 @@ def mask_ranges(ranges: Ranges, *, start: int, steps_left: int, batch_size: int,
         return ranges
     filler = take(ranges, total(ranges) - 1, total(ranges)) if ranges else take(first, 0, 1)
     return [*ranges, *filler]
+
+
+def stage_counts(num_shards: int, consumed: int | Sequence[int]) -> list[int]:
+    """The samples each of ``num_shards`` shards consumed in a stage: ``consumed`` is one count for all
+    (ranks step together) or one per shard (DataLoader workers, some a batch ahead of others).
+
+    Example:
+        >>> stage_counts(3, 8), stage_counts(3, [8, 8, 4])
+        ([8, 8, 8], [8, 8, 4])
+    """
+    counts = [consumed] * num_shards if isinstance(consumed, int) else list(consumed)
+    if not isinstance(num_shards, int) or isinstance(num_shards, bool) or num_shards <= 0 \
+            or len(counts) != num_shards \
+            or not all(isinstance(c, int) and not isinstance(c, bool) and c >= 0 for c in counts):
+        raise ReaderError(f"resume history entry {(num_shards, consumed)!r:.200} is invalid: it needs a "
+                          "number of shards and the samples consumed (one int, or one per shard)")
+    return counts
 
 
 def validate_shard(shard: int, num_shards: int) -> None:

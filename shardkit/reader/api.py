@@ -52,8 +52,9 @@ def make_reader(
     storage_options: dict[str, Any] | None = None,
     version: int | None = None,
     schema: Schema | Sequence[Field] | None = None,
-    weights: Mapping[str, float] | None = None,
+    weights: Mapping[str, Any] | None = None,
     samples_per_epoch: int | None = None,
+    reweight: bool = False,
     transform: Callable[..., Mapping[str, Any]] | None = None,
     transform_workers: int | None = None,
     transform_timeout: float | None = None,
@@ -139,9 +140,13 @@ def make_reader(
             for Spark's arrays and binary images; the other columns keep the fields their Arrow types
             give (`shardkit.dataset.hints`).
         weights: a mixture's weights, source name -> number >= 0 (each source's share of the stream is
-            its weight over their sum); default: the sources' rows (after ``filter``).
+            its weight over their sum), or a schedule of the samples read: ``[(samples, weight), ...]``
+            (linear between points), ``{"steps": [...]}`` or a `WeightSchedule` (see "Mixing datasets");
+            default: the sources' rows (after ``filter``).
         samples_per_epoch: a mixture's epoch, in samples of all sources together; default: the rows of
             the sources of positive weight together.
+        reweight: a mixture's: continue a state saved at other weights at these, from where it stopped
+            (`MixedReader.load_state_dict`), each source's rows still once per pass.
         transform: a function run on every sample after decoding, ``fn(sample) -> sample`` or
             ``fn(sample, rng)`` (a dict of field -> numpy value in, a dict out: random crops, flips,
             resizes, tokenizing). Reproducible: ``rng`` (a ``numpy.random.Generator``), Python's
@@ -227,8 +232,9 @@ def make_reader(
         return open_mixture(url, make_reader, weights=weights, samples_per_epoch=samples_per_epoch,
                             shard=shard, num_shards=num_shards, batch_size=batch_size, shuffle=bool(shuffle),
                             seed=seed, num_epochs=num_epochs, remainder=remainder, drop_last=bool(drop_last),
-                            prefetch=prefetch, workers=workers, options=each)
-    for name, value in (("weights", weights), ("samples_per_epoch", samples_per_epoch)):
+                            prefetch=prefetch, workers=workers, options=each, reweight=bool(reweight))
+    for name, value in (("weights", weights), ("samples_per_epoch", samples_per_epoch),
+                        ("reweight", reweight or None)):
         if value is not None:
             raise ReaderError(f"{name}={value!r} is for a mixture of several datasets, given as a dict: "
                               "make_reader({'web': url_a, 'books': url_b}, weights={'web': 3, 'books': 1}); "

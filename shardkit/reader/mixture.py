@@ -94,7 +94,7 @@ from shardkit.dataset import Field, Schema
 from shardkit.errors import ReaderError, SchemaMismatchError, ShardkitError
 from shardkit.reader._pipeline import batching
 from shardkit.reader._pipeline.placing import Blocks, WindowPlacement, destinations
-from shardkit.reader._plan import Ranges, Remainder, merge, shard_ranges, take, total
+from shardkit.reader._plan import Ranges, Remainder, Stage, merge, shard_ranges, stage_counts, take, total
 from shardkit.reader.reader import Reader, closed_error
 
 Columns = dict[str, np.ndarray]
@@ -1053,7 +1053,7 @@ class MixedReader(Reader):
         self._windows = {name: r._eager_window for name, r in self.readers.items()}
         self.epoch = 0
         self._boundary = _Boundary(0, 0)
-        self._history: list[tuple[int, int]] = []
+        self._history: list[Stage] = []
         self._consumed = 0  # piece positions of the current stage covered by yielded batches
         self._steps = 0  # batches yielded in the current stage
         self._generation = 0  # bumped to end the live iteration (new iteration, load_state_dict, close)
@@ -1107,7 +1107,7 @@ class MixedReader(Reader):
                 "fewer shards, more samples_per_epoch, or drop_last=False")
 
     # ---- sizes -------------------------------------------------------------------------------
-    def _ranges(self, history: Sequence[tuple[int, int]], shard: int | None = None,
+    def _ranges(self, history: Sequence[Stage], shard: int | None = None,
                 num_shards: int | None = None) -> Ranges:
         return shard_ranges(self.num_samples, shard=self.shard if shard is None else shard,
                             num_shards=self.num_shards if num_shards is None else num_shards,
@@ -1204,12 +1204,12 @@ class MixedReader(Reader):
         if generation == self._generation:
             self._finish_epoch()
 
-    def _read_indices(self, stages: Sequence[tuple[int, int]]) -> Ranges:
+    def _read_indices(self, stages: Sequence[Stage]) -> Ranges:
         """The epoch indices the shards of ``stages`` (each as far as its ``consumed``) read, merged."""
         done: Ranges = []
         for i, (shards, consumed) in enumerate(stages):
-            for k in range(shards):
-                done.extend(take(self._ranges(stages[:i], k, shards), 0, consumed))
+            for k, count in enumerate(stage_counts(shards, consumed)):
+                done.extend(take(self._ranges(stages[:i], k, shards), 0, count))
         return merge(done)
 
     def _finish_epoch(self) -> None:
@@ -1220,7 +1220,7 @@ class MixedReader(Reader):
     def _longest(self) -> int:
         return total(self._ranges(self._history, 0))
 
-    def _next_boundary(self, stages: Sequence[tuple[int, int]], boundary: _Boundary | None = None
+    def _next_boundary(self, stages: Sequence[Stage], boundary: _Boundary | None = None
                        ) -> _Boundary:
         """Where the epoch after ``boundary``'s (default: the current one) starts, its stages ``stages``
         read to the end: the positions none of them read are carried over (see the module docstring)."""
@@ -1230,7 +1230,7 @@ class MixedReader(Reader):
         carry = [g for a, b in self._unread(stages) for g in take(positions, a, b)]
         return _Boundary(boundary.epoch + 1, boundary.fresh + n - total(boundary.carry), tuple(merge(carry)))
 
-    def _unread(self, stages: Sequence[tuple[int, int]]) -> Ranges:
+    def _unread(self, stages: Sequence[Stage]) -> Ranges:
         """The epoch indices that no shard reads when the epoch's stages are ``stages`` (the last one read
         whole): none unless ``remainder="drop"`` or ``drop_last`` leave some out."""
         n = self.num_samples
@@ -1332,11 +1332,12 @@ class MixedReader(Reader):
                               f"the state has {state.get('batch_size')}, this reader {self.batch_size}")
         try:
             epoch = state["epoch"]
-            history = [(w, c) for w, c in state["history"]]
+            history: list[Stage] = [(w, c if isinstance(c, int) else list(c)) for w, c in state["history"]]
+            for w, c in history:
+                stage_counts(w, c)
             start = state["start"]
             boundary = _Boundary(start["epoch"], start["fresh"], tuple((a, b) for a, b in start["carry"]))
-            numbers_ = [epoch, boundary.epoch, boundary.fresh, *(v for h in history for v in h),
-                        *(v for r in boundary.carry for v in r)]
+            numbers_ = [epoch, boundary.epoch, boundary.fresh, *(v for r in boundary.carry for v in r)]
             if not all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in numbers_):
                 raise TypeError("epochs, positions and history entries must be ints >= 0")
             if legacy:  # constant weights, saved as their shares
@@ -1346,7 +1347,7 @@ class MixedReader(Reader):
                 eras = [Era.from_json(self.sources, era) for era in state["schedule"]]
                 if not eras or eras[0].start or any(b.start < a.start for a, b in itertools.pairwise(eras)):
                     raise ValueError("the eras must start at 0 and follow one another")
-        except (KeyError, TypeError, ValueError, ZeroDivisionError) as e:
+        except (KeyError, TypeError, ValueError, ZeroDivisionError, ReaderError) as e:
             raise ReaderError(f"the mixture state is malformed ({e!r}): "
                               f"{json.dumps(state, default=str)[:200]}") from e
         reweighted = eras[-1].weights.key() != self.mixture.plan.key()
@@ -1380,7 +1381,7 @@ class MixedReader(Reader):
         self._generation += 1
 
     def _reweighted(self, eras: Sequence[Era], boundary: _Boundary, epoch: int,
-                    history: Sequence[tuple[int, int]]) -> tuple[list[Era], _Boundary]:
+                    history: Sequence[Stage]) -> tuple[list[Era], _Boundary]:
         """The stream of ``eras`` continued at this reader's weights from the state ``boundary``,
         ``epoch``, ``history``: a new `Era` from the first position past the epoch, which the rest of the
         epoch moves to.

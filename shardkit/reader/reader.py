@@ -58,11 +58,13 @@ from shardkit.reader._pipeline.spill import Spill, oldest_segment
 from shardkit.reader._plan import (
     EpochOrder,
     Remainder,
+    Stage,
     Task,
     mask_ranges,
     shard_ranges,
     shard_windows,
     split_tasks,
+    stage_counts,
     stage_steps,
     take,
     total,
@@ -174,7 +176,7 @@ class Reader:
         self._recycler = batching.Recycler(4 * shuffle_buffer * row_bytes)
         self._pool: ThreadPoolExecutor | None = None
         self.epoch = 0
-        self._history: list[tuple[int, int]] = []
+        self._history: list[Stage] = []
         self._consumed = 0  # piece positions of the current stage covered by yielded batches
         self._steps = 0  # batches yielded in the current stage
         self._generation = 0  # bumped to end the live iteration (new iteration, load_state_dict, close)
@@ -252,7 +254,7 @@ class Reader:
                 "spilled_bytes": 0 if self._spill is None else self._spill.bytes_written,
                 "late_fields": list(self._late)}
 
-    def _ranges(self, history: Sequence[tuple[int, int]]) -> list[tuple[int, int]]:
+    def _ranges(self, history: Sequence[Stage]) -> list[tuple[int, int]]:
         return shard_ranges(self.num_samples, shard=self.shard, num_shards=self.num_shards, history=history,
                             remainder=self.remainder, batch_size=self.batch_size, drop_last=self.drop_last)
 
@@ -668,12 +670,12 @@ class Reader:
                               f"the state has {state.get('batch_size')}, this reader {self.batch_size}")
         try:
             epoch = state["epoch"]
-            history = [(w, c) for w, c in state["history"]]
-            if not isinstance(epoch, int) or epoch < 0 or not all(
-                isinstance(v, int) and not isinstance(v, bool) for entry in history for v in entry
-            ):
-                raise TypeError("epoch and history entries must be non-negative ints")
-        except (KeyError, TypeError, ValueError) as e:
+            history: list[Stage] = [(w, c if isinstance(c, int) else list(c)) for w, c in state["history"]]
+            if not isinstance(epoch, int) or epoch < 0:
+                raise TypeError("epoch must be a non-negative int")
+            for w, c in history:
+                stage_counts(w, c)
+        except (KeyError, TypeError, ValueError, ReaderError) as e:
             raise ReaderError(f"the reader state is malformed ({e!r}): {state!r:.200}") from e
         self._ranges(history)  # validates the history against this sample space
         self.epoch, self._history, self._consumed, self._steps = epoch, history, 0, 0

@@ -408,3 +408,26 @@ def test_shuffle_quality_matches_a_uniform_permutation_within_windows() -> None:
     # the row-group order is itself shuffled: no correlation with file order
     corr = np.corrcoef(order.group_order, np.arange(len(rows)))[0, 1]
     assert abs(corr) < 0.1
+
+
+@settings(max_examples=300, deadline=None)
+@given(n=st.integers(1, 400), before=st.integers(1, 24), after=st.integers(1, 24), batch=st.integers(1, 9),
+       remainder=st.sampled_from(["drop", "uneven", "mask"]), data=st.data())
+def test_a_stage_with_one_count_per_shard_leaves_exactly_the_rest(n: int, before: int, after: int, batch: int,
+                                                                  remainder: Any, data: Any) -> None:
+    """DataLoader workers a batch apart: shard k of a stage consumed counts[k] samples; the next stage
+    splits exactly what none of them consumed (all of it but the last stage's remainder)."""
+    if n < before:
+        return
+    kw = {"remainder": remainder, "batch_size": batch}
+    pieces = [shard_ranges(n, shard=k, num_shards=before, **kw) for k in range(before)]
+    counts = [data.draw(st.integers(0, sum(b - a for a, b in p))) for p in pieces]
+    consumed: list[int] = []
+    for p, c in zip(pieces, counts, strict=True):
+        consumed += [i for a, b in p for i in range(a, b)][:c]
+    rest = [i for k in range(after)
+            for a, b in shard_ranges(n, shard=k, num_shards=after, history=[(before, counts)], **kw)
+            for i in range(a, b)]
+    seen = Counter(consumed + rest)
+    assert max(seen.values(), default=1) == 1
+    assert n - len(seen) < (after if remainder == "drop" else 1)

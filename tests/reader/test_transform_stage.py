@@ -264,7 +264,8 @@ def test_skip_leaves_raising_samples_out_in_order_and_warns_once(processes: int)
         b = stage.submit(_batch(14), 0, np.arange(14), _where(14)).result()
         none = stage.submit({"i": np.array([3, 8, 13]), "x": np.zeros((3, 3))}, 0, np.arange(3)).result()
     assert a["i"].tolist() == [0, 1, 2, 4, 5, 6, 7, 9]
-    assert none["i"].shape == (0,) and none["i"].dtype == a["i"].dtype  # every sample skipped: empty
+    assert none["i"].shape == (0,)  # every sample skipped: empty
+    assert none["i"].dtype == a["i"].dtype
     assert b["i"].tolist() == [0, 1, 2, 4, 5, 6, 7, 9, 10, 11, 12]
     assert stage.stats["skipped_samples"] == 8
     assert len(seen) == 1

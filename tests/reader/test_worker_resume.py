@@ -27,7 +27,6 @@ from hypothesis import strategies as st
 
 import shardkit
 import shardkit.torch as skt
-from shardkit.reader.adapters.torch_workers import _plan_takes_shard_counts
 from tests.reader.datasets import write_ids
 
 N = 301  # no world x workers below divides it: "drop" leaves samples out of every stage
@@ -39,7 +38,6 @@ _SETTINGS = {"deadline": None, "derandomize": True,
              "suppress_health_check": [HealthCheck.function_scoped_fixture, HealthCheck.too_slow]}
 
 
-EXACT = _plan_takes_shard_counts()  # else the position of the workers behind (see torch_workers)
 
 
 @pytest.fixture(scope="module")
@@ -85,10 +83,7 @@ def _check(stages: list[list[list[np.ndarray]]], shards_after: int, repeats_allo
     left_out = shards_after - 1 if remainder == "drop" else 0  # "mask" leaves nothing out
     assert missing <= left_out, f"{missing} samples left out; the last stage has {shards_after} shards"
     repeated = sum(c - 1 for c in seen.values())
-    if EXACT:
-        assert repeated == 0, f"{repeated} samples read twice"
-    else:  # the position of the workers behind: what the others delivered past it is read again
-        assert repeated <= repeats_allowed
+    assert repeated == 0, f"{repeated} samples read twice"
 
 
 def _round_robin(iters: list[Iterator[Any]], steps: int | None) -> list[np.ndarray]:
@@ -204,8 +199,7 @@ def test_a_worker_that_finished_its_piece_is_not_read_again(ids_url: str) -> Non
     ds.load_state_dict(state)
     new = [b["id"].numpy().copy() for b in ds]  # no workers: the job's one shard
     _check([[old], [new]], 1, BATCH)
-    if EXACT:
-        assert len(new) == 1
+    assert len(new) == 1
 
 
 def _keep(sample: dict[str, Any]) -> dict[str, Any]:
@@ -261,4 +255,4 @@ def test_a_mixture_read_by_workers_resumes_on_another_layout(tmp_path: Path, ste
     ds.load_state_dict(state)
     got.update(int(i) for b in ds for i in b["id"])
     assert not want - got  # nothing left out (the two shards' "drop" tail is read by the one shard)
-    assert sum((got - want).values()) == (0 if EXACT or steps % 2 == 0 else 4)
+    assert sum((got - want).values()) == 0

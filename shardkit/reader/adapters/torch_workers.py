@@ -20,18 +20,13 @@ batch, keeps the states of the batches it yielded, and hands each worker its sta
   worker delivered (``"workers"``: each worker's position, the same on every rank), and each new worker's
   reader resumes from a stage that says how many samples each old shard (``rank * num_workers +
   worker``) consumed (`_exact_state`): the rest of the epoch is exactly what no worker delivered, split
-  among the new shards, and nothing is read twice. Where the reader's plan takes one count per stage
-  only (`_plan_takes_shard_counts`), the job resumes from the position of the workers behind: nothing
-  is skipped, and the batches the others delivered past it (at most ``num_workers - 1`` per rank) are
-  read again.
+  among the new shards, and nothing is read twice.
 - A plain ``DataLoader`` cannot hand worker states to the main process: resume it with ``num_workers=0``,
   or use torchdata's ``StatefulDataLoader``.
 """
 
 from __future__ import annotations
 
-import functools
-import logging
 import mmap
 import os
 import secrets
@@ -39,7 +34,7 @@ import threading
 import weakref
 from collections.abc import Iterator, Mapping
 from multiprocessing.reduction import DupFd
-from typing import Any, cast
+from typing import Any
 
 import numpy as np
 
@@ -57,7 +52,6 @@ require("torch", extra="torch", purpose="shardkit.torch (PyTorch tensors and Dat
 import torch  # noqa: E402
 
 STATE_KIND = "shardkit.ShardkitIterableDataset"
-logger = logging.getLogger(__name__)
 _LAYOUT = ("world_size", "num_workers", "worker")
 _ALIGN = 64  # each tensor of a packed batch starts at a multiple of this many bytes
 _SEGMENT_ROUND = 1 << 20  # a worker's shared-memory segments are sized in whole MiB (plus the header)
@@ -596,27 +590,11 @@ def _delivered(states: list[Mapping[str, Any]]) -> dict[str, Any] | None:
     return {"world_size": world_size, "num_workers": workers, "positions": positions}
 
 
-@functools.cache
-def _plan_takes_shard_counts() -> bool:
-    """Whether the reader's plan takes a stage's consumed samples as one count per shard."""
-    try:
-        return shard_ranges(2, shard=0, num_shards=1, history=[(2, cast(Any, [1, 0]))]) == [(1, 2)]
-    except (TypeError, ReaderError):
-        return False
-
-
 def _resume_state(job: Mapping[str, Any], behind: dict[str, Any], num_samples: int) -> dict[str, Any]:
     """Where the workers of ``job`` (`_delivered`) leave the epoch: exactly what none of them delivered
     (`_exact_state`), or, where that cannot be said, the position ``behind`` of those furthest behind."""
     exact = _exact_state(job, behind, num_samples)
-    if exact is None or exact == behind:
-        return behind
-    if not _plan_takes_shard_counts():
-        logger.warning("this reader's plan takes one count of consumed samples per stage, not one per shard: "
-                       "the job resumes where its DataLoader workers furthest behind were, and reads again "
-                       "the batches the others had delivered past it")
-        return behind
-    return exact
+    return behind if exact is None else exact
 
 
 def _exact_state(job: Mapping[str, Any], behind: Mapping[str, Any], num_samples: int
