@@ -246,7 +246,11 @@ class TrainContext:
         """The barrier before the group ends, with an ``alive`` heartbeat each ``heartbeat_interval``
         while it waits, so the supervisor and the torchrun node monitor see a process waiting for the
         others' last steps, evaluation or save (minutes, it may be), not one that cannot exit."""
-        work = dist.barrier(async_op=True)
+        self._wait_beating(dist.barrier(async_op=True))
+
+    def _wait_beating(self, work: Any) -> None:
+        """Wait for a collective's ``work`` (``async_op=True``), with an ``alive`` heartbeat each
+        ``heartbeat_interval`` (`_wait_for_all`; the commit of a save, `Checkpoints.commit_pending`)."""
         while not work.is_completed():
             if time.monotonic() - self._last_beat >= self.heartbeat_interval:
                 self._beat("alive")

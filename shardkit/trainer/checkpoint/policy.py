@@ -423,8 +423,10 @@ class Checkpoints:
             import torch.distributed as dist
 
             # a barrier (as an all-reduce on the job's device: NCCL's barrier guesses one): every rank is
-            # done with the step before it may be the newest checkpoint
-            dist.all_reduce(torch.zeros(1, dtype=torch.int64, device=self._ctx.device))
+            # done with the step before it may be the newest checkpoint. It beats while it waits: at
+            # `finish` a rank may wait here for another's evaluation (minutes, it may be)
+            zero = torch.zeros(1, dtype=torch.int64, device=self._ctx.device)
+            self._ctx._wait_beating(dist.all_reduce(zero, async_op=True))
         return self.manager.commit_pending()
 
     def fail_pending(self) -> str | None:
