@@ -32,6 +32,20 @@ _LOADER_KEYS = frozenset({"device", "pin_memory", "collate"})
 _DATASET_KEYS = frozenset({"label", "features", "collate", "prefetch"})
 
 
+VALID = "__valid__"  # the mask column of a reader's batches with remainder="mask"
+
+
+def batch_samples(batch: Mapping[str, Any]) -> int:
+    """The samples a batch holds: its ``__valid__`` rows (``remainder="mask"``), else its first column's rows
+    (numpy arrays, torch or tf tensors, jax arrays, lists)."""
+    valid = batch.get(VALID)
+    if valid is not None:
+        return int(valid.sum()) if hasattr(valid, "sum") else sum(bool(v) for v in valid)
+    for value in batch.values():
+        return len(value)
+    return 0
+
+
 class TrainContext:
     """What `init` returns: this process's rank and role, its data, checkpoints and heartbeats.
 
@@ -136,13 +150,17 @@ class TrainContext:
         return make_dataset(reader, **dataset_kwargs)
 
     # -- progress --------------------------------------------------------------------------------------
-    def step(self, metrics: Mapping[str, Any] | None = None, *, samples: int = 0) -> int:
+    def step(self, metrics: Mapping[str, Any] | None = None, *, samples: int | Mapping[str, Any] = 0) -> int:
         """Count one training step: heartbeat (at most every ``heartbeat_interval``) and checkpoint when due.
 
         Example:
             >>> for batch in reader:
             ...     loss = train_step(batch)
-            ...     ctx.step({"loss": loss}, samples=len(batch["label"]))
+            ...     ctx.step({"loss": loss}, samples=batch)   # or samples=len(batch["label"])
+
+        ``samples``: the samples this step trained, or the batch itself, which counts its valid rows
+        (with ``remainder="mask"``, its ``__valid__`` rows; else the rows of its first column), so that
+        the job's sample counts leave masked rows out.
 
         Every process of an allreduce job must call it once per step (the checkpoint decision is the
         same on all of them; rank 0 / the chief writes). Metric values may be tensors: they are read
@@ -160,7 +178,7 @@ class TrainContext:
         if url is not None:
             self._beat("checkpoint", checkpoint=url)
         self.step_count += 1
-        self.samples += int(samples)
+        self.samples += batch_samples(samples) if isinstance(samples, Mapping) else int(samples)
         if metrics is not None:
             self.metrics = metrics
         step = self.step_count

@@ -61,6 +61,10 @@ def test_defaults_outside_a_job() -> None:
     assert ctx.checkpoint.restore(reader=Counter()) == 0
     assert ctx.checkpoint.url is None
     assert [ctx.step({"loss": 1.0}) for _ in range(3)] == [1, 2, 3]
+    ctx.step(samples=4)
+    ctx.step(samples={"x": np.zeros(5), "__valid__": np.array([True, True, False, True, False])})  # masked
+    ctx.step(samples={"x": np.zeros(6)})  # no mask: every row
+    assert ctx.samples == 4 + 3 + 6
     with pytest.raises(ConfigError, match="no data section"):
         ctx.reader()
     ctx.finish()
