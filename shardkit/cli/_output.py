@@ -13,6 +13,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from shardkit.errors import ReaderError
+from shardkit.job.config.load import weight_text
 
 if TYPE_CHECKING:
     from shardkit.dataset import Dataset
@@ -209,7 +210,7 @@ def format_mixture(info: dict[str, Any]) -> str:
     """`describe_mixture` for people: each source as ``inspect`` shows it, then the mixture."""
     parts = [f"source {d['name']}: {format_description(d)}" for d in info["sources"]]
     mix = info["mixture"]
-    rows = [[m["name"], f"{m['rows']:,}", _weight_text(m["weight"]), f"{m['share']:.2%}",
+    rows = [[m["name"], f"{m['rows']:,}", weight_text(m["weight"]), f"{m['share']:.2%}",
              f"{m['samples_per_epoch']:,.1f}", f"{m['passes_per_epoch']:.3g}"] for m in mix["sources"]]
     head = (f"mixture: {len(rows)} sources, {mix['samples_per_epoch']:,} samples per epoch; in every prefix "
             f"of the stream each source is within {mix['bound']:.3g} of its share (schedule period "
@@ -224,16 +225,6 @@ def format_mixture(info: dict[str, Any]) -> str:
         out.append("shares along the schedule (samples read, all shards together):\n"
                    + _table(shares, ["samples", *names]))
     return "\n\n".join(out)
-
-
-def _weight_text(weight: Any) -> str:
-    """A weight as ``inspect`` shows it: ``3``, ``0:3 -> 1000000:1`` (linear), ``steps 0:1, 1000:0``."""
-    if isinstance(weight, dict):
-        kind, pairs = next(iter(weight.items()))
-        return f"{kind} " + ", ".join(f"{x}:{w:g}" for x, w in pairs)
-    if isinstance(weight, list):
-        return " -> ".join(f"{x}:{w:g}" for x, w in weight)
-    return f"{weight:g}"
 
 
 def column_names(text: str | None) -> list[str] | None:

@@ -186,3 +186,27 @@ def s3_bucket(s3_server: S3Server, no_internet: None) -> str:
     name = f"test-{uuid.uuid4().hex[:12]}"
     s3fs.S3FileSystem(**s3_server.storage_options).call_s3("create_bucket", Bucket=name)
     return name
+
+
+def _children() -> set[int]:
+    """Live descendants of this process (DataLoader workers), from /proc."""
+    parents: dict[int, int] = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            with contextlib.suppress(OSError, IndexError, ValueError):
+                parents[int(entry.name)] = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+    found, frontier = set(), {os.getpid()}
+    while frontier:
+        frontier = {p for p, parent in parents.items() if parent in frontier} - found
+        found |= frontier
+    return found
+
+
+@pytest.fixture
+def reap() -> Iterator[None]:
+    """Kill, by pid, any process the test started that is still alive at its end (a hung worker)."""
+    before = _children()
+    yield
+    for pid in _children() - before:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)

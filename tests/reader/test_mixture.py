@@ -114,7 +114,14 @@ def reference(sources: Mapping[str, str], weights: Sequence[Fraction], length: i
     source with its seed (`source_seed`)."""
     schedule = Mixture.of(list(sources), [1] * len(sources), dict(zip(sources, weights, strict=True)),
                           length).schedule
-    which = schedule.sources(0, length).tolist()
+    return stream_reference(sources, schedule.sources(0, length).tolist(), seed=seed, shuffle=shuffle,
+                            on_error=on_error)
+
+
+def stream_reference(sources: Mapping[str, str], which: Sequence[int], *, seed: int, shuffle: bool,
+                     on_error: str = "raise") -> list[Item]:
+    """The items of the positions whose sources are ``which``, made without a mixture: each source's
+    samples in the order of its passes, each pass the epoch of a one-shard `Reader` of the source."""
     need = Counter(which)
     passes: list[list[int]] = []
     for i, (name, url) in enumerate(sources.items()):

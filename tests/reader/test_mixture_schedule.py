@@ -31,7 +31,6 @@ from shardkit.reader.mixture import (
     Weights,
     WeightSchedule,
     check_weights,
-    source_seed,
 )
 from tests.reader.test_mixture import (  # the autouse fixture closes the readers each test makes
     OFFSET,
@@ -39,6 +38,7 @@ from tests.reader.test_mixture import (  # the autouse fixture closes the reader
     _readers_closed,  # noqa: F401
     items,
     open_shards,
+    stream_reference,
     write_sources,
 )
 
@@ -163,29 +163,6 @@ def test_a_function_of_the_samples_read_is_taken_as_breakpoints() -> None:
 
 
 # ---- reading ---------------------------------------------------------------------------------------------
-
-def stream_reference(sources: Mapping[str, str], which: Sequence[int], *, seed: int, shuffle: bool
-                     ) -> list[Item]:
-    """The items of the positions whose sources are ``which``, made without a mixture: each source's
-    samples in the order of its passes, each pass the epoch of a one-shard `Reader` of the source."""
-    need = Counter(which)
-    passes: list[list[int]] = []
-    for i, (name, url) in enumerate(sources.items()):
-        ids: list[int] = []
-        with shardkit.make_reader(url, seed=source_seed(seed, name), shuffle=shuffle, num_epochs=None,
-                                  batch_size=1024, columns=["id"], workers=1) as r:
-            for batch in r:
-                if len(ids) >= need[i]:
-                    break
-                ids.extend(batch["id"].tolist())
-        passes.append(ids)
-    at = [0] * len(sources)
-    out = []
-    for s in which:
-        out.append((s, passes[s][at[s]]))
-        at[s] += 1
-    return out
-
 
 @st.composite
 def small_schedules(draw: st.DrawFn, names: Sequence[str], top: int) -> dict[str, Any]:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import copy
 import itertools
 import json
@@ -13,7 +12,6 @@ import subprocess
 import sys
 import warnings
 from collections import Counter
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -42,28 +40,6 @@ def ids_ds(tmp_path_factory: pytest.TempPathFactory) -> str:
     return write_ids(tmp_path_factory.mktemp("ids") / "ds", N_IDS, row_group_size=37)
 
 
-def _children() -> set[int]:
-    """Live descendants of this process (DataLoader workers), from /proc."""
-    parents: dict[int, int] = {}
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            with contextlib.suppress(OSError, IndexError, ValueError):
-                parents[int(entry.name)] = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
-    found, frontier = set(), {os.getpid()}
-    while frontier:
-        frontier = {p for p, parent in parents.items() if parent in frontier} - found
-        found |= frontier
-    return found
-
-
-@pytest.fixture
-def reap() -> Iterator[None]:
-    """Kill, by pid, any process the test started that is still alive at its end (a hung worker)."""
-    before = _children()
-    yield
-    for pid in _children() - before:
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, signal.SIGKILL)
 
 
 def assert_same(reader_batch: dict[str, Any], batch: dict[str, Any]) -> None:

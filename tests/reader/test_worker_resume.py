@@ -11,10 +11,7 @@ at most once, all but fewer than the new job's number of shards.
 
 from __future__ import annotations
 
-import contextlib
 import itertools
-import os
-import signal
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
@@ -45,27 +42,6 @@ def ids_url(tmp_path_factory: pytest.TempPathFactory) -> str:
     return write_ids(tmp_path_factory.mktemp("ids") / "ds", N, row_group_size=37)
 
 
-def _children() -> set[int]:
-    parents: dict[int, int] = {}
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            with contextlib.suppress(OSError, IndexError, ValueError):
-                parents[int(entry.name)] = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
-    found, frontier = set(), {os.getpid()}
-    while frontier:
-        frontier = {p for p, parent in parents.items() if parent in frontier} - found
-        found |= frontier
-    return found
-
-
-@pytest.fixture
-def reap() -> Iterator[None]:
-    """Kill, by pid, any process the test started that is still alive at its end (a hung worker)."""
-    before = _children()
-    yield
-    for pid in _children() - before:
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, signal.SIGKILL)
 
 
 def _dataset(url: str, rank: int, world: int, remainder: str = "drop") -> Any:

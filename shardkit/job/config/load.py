@@ -28,7 +28,7 @@ from shardkit.job.config.messages import (
 from shardkit.job.config.sections import _did_you_mean
 from shardkit.job.protocol import ROLES
 
-__all__ = ["check_locations", "describe", "load_config"]
+__all__ = ["check_locations", "describe", "load_config", "weight_text"]
 
 
 # -- loading ---------------------------------------------------------------------------------------
@@ -347,7 +347,7 @@ def describe(config: JobConfig) -> str:
         if d.sources is not None:
             weights = {name: s.weight for name, s in d.sources.items()}
             where = "mixture of " + ", ".join(
-                f"{name} {s.url}" + (f" (weight {_weight_text(s.weight)})" if s.weight is not None else "")
+                f"{name} {s.url}" + (f" (weight {weight_text(s.weight)})" if s.weight is not None else "")
                 for name, s in d.sources.items())
             if all(w is None for w in weights.values()):
                 where += " (weighed by their rows)"
@@ -383,9 +383,9 @@ def describe(config: JobConfig) -> str:
     return "\n".join(out)
 
 
-def _weight_text(weight: Any) -> str:
-    """A source's weight as the summary shows it: ``3``, ``0:3 -> 1000000:1`` (linear), ``steps 0:1,
-    1000:0``."""
+def weight_text(weight: Any) -> str:
+    """A source's weight as job summaries and ``shardkit inspect`` show it: ``3``, ``0:3 -> 1000000:1``
+    (linear), ``steps 0:1, 1000:0``."""
     if isinstance(weight, dict):
         kind, pairs = next(iter(weight.items()))
         return f"{kind} " + ", ".join(f"{x}:{w:g}" for x, w in pairs)
