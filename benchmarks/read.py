@@ -22,6 +22,11 @@ Cases (ratios are to the best raw pyarrow reader of shardkit's files and to Peta
     shardkit-mixture       make_reader({"a": first half, "b": second half}, weights 1:1, samples_per_epoch=
                            rows): a 2-source mixture of the same rows, one epoch (each half once); run
                            round-robin with shardkit (--checksum-repeat runs each): >= 0.95x its rows/s
+    shardkit-shard3 / shardkit-shard3-mask  make_reader(num_shards=3, shard=2) with remainder="drop" (default)
+                           and "mask" (every batch full, a bool __valid__ column): round-robin, --checksum-
+                           repeat runs each; mask costs <= 2 % of rows/s (issue 38)
+    shardkit-mixture-schedule  shardkit-mixture with weights on linear schedules (a: 1 -> 3 -> 1 over the
+                           epoch, b: 3 -> 1 -> 3), round-robin with shardkit-mixture: <= 2 % (issue 38)
     shardkit-noverify      shardkit on the same files with page-checksum verification off
                            (shardkit.dataset._dataset.VERIFY_PAGE_CHECKSUMS = False in its process): the
                            cost of verifying the CRC-32 that shardkit's writer puts on every page
@@ -145,6 +150,11 @@ LATENCY_EPOCH_RATIO = {50: 0.9, 100: 0.8}  # the uncached epoch at 50 / 100 ms v
 LATENCY_RAW_RATIO = 0.85  # ... and vs raw parallel GETs of the same bytes through the same relay
 FETCH_BUDGET = 512 * 2**20  # make_reader's max_inflight_bytes default: what fetching ahead may add to RSS
 MIXTURE_RATIO = 0.95  # a 2-source mixture reads >= 0.95x the rows/s of one source of the same rows (issue 30)
+# what remainder="mask" and a weight schedule may cost (issue 38): (case, its reference, label)
+COST_PAIRS = [("shardkit-shard3-mask", "shardkit-shard3", 'remainder="mask" vs "drop", shard 3 of 3'),
+              ("shardkit-mixture-schedule", "shardkit-mixture",
+               "a scheduled 2-source mixture vs constant weights")]
+COST_RATIO = 0.98
 PETASTORM = ["petastorm-batch", "petastorm-batch-dflt", "petastorm-rows", "shardkit-petastorm",
              "shardkit-petastorm-ns"]
 HF = ["hf-mmap", "hf-mmap-u8"]
@@ -153,7 +163,8 @@ LATENCY = ["latency", "latency-petastorm"]
 DELAYS = (0.0, 0.02, 0.05, 0.1)  # seconds the relay holds each response back
 EXTRA = ["rss-small", "rss-large", "plan", "quality"]
 MIXTURE = ["shardkit-mixture"]
-ALL_CASES = [*LOCAL, *MIXTURE, *PETASTORM, *HF, *S3, *LATENCY, *EXTRA]
+COSTS = ["shardkit-shard3-mask", "shardkit-mixture-schedule"]
+ALL_CASES = [*LOCAL, *MIXTURE, *COSTS, *PETASTORM, *HF, *S3, *LATENCY, *EXTRA]
 QUICK = [*LOCAL, *MIXTURE, *S3, *EXTRA]
 SLOW = ["petastorm-rows", "shardkit-petastorm", "shardkit-petastorm-ns", *S3]
 
@@ -235,7 +246,8 @@ def case_raw_table(path: str) -> dict[str, Any]:
 
 
 def case_shardkit(url: str, shuffle: bool = True, num_shards: int = 1, shard: int = 0,
-                  storage_options: dict[str, Any] | None = None, verify: bool = True) -> dict[str, Any]:
+                  storage_options: dict[str, Any] | None = None, verify: bool = True,
+                  remainder: str = "drop") -> dict[str, Any]:
     """``shardkit.make_reader(url, batch_size=256, ...)``, one epoch, everything else default.
 
     ``verify=False``: pages are read without checking their Parquet page checksums (the switch is
@@ -250,20 +262,26 @@ def case_shardkit(url: str, shuffle: bool = True, num_shards: int = 1, shard: in
     _import_reader()
     started = _clock()
     with shardkit.make_reader(url, batch_size=BATCH, shuffle=shuffle, num_shards=num_shards, shard=shard,
-                              storage_options=storage_options) as reader:
+                              storage_options=storage_options, remainder=remainder) as reader:  # type: ignore[arg-type]
         result = _drain(reader, started)
         settings = {"workers": reader.workers, "prefetch": reader.prefetch,
                     "shuffle_buffer": reader.shuffle_buffer, "row_groups": len(reader.dataset.row_groups)}
     return {**result, "rss": phase_peak_rss(), **settings}
 
 
-def case_mixture(urls: list[str]) -> dict[str, Any]:
+def case_mixture(urls: list[str], schedule: bool = False) -> dict[str, Any]:
     """``shardkit.make_reader({"a": urls[0], "b": urls[1]}, weights 1:1)``, one epoch of both sources' rows
-    together (each source read once), everything else default: what mixing costs over one source."""
+    together (each source read once), everything else default: what mixing costs over one source.
+    ``schedule``: the weights on linear schedules, a's 1 -> 3 -> 1 and b's 3 -> 1 -> 3 over the epoch."""
     _import_reader()
     started = _clock()
     sources = {"a": urls[0], "b": urls[1]}
-    with shardkit.make_reader(sources, weights={"a": 1, "b": 1}, batch_size=BATCH) as reader:
+    weights: dict[str, Any] = {"a": 1, "b": 1}
+    if schedule:
+        rows = sum(shardkit.open_dataset(u).num_rows for u in urls)
+        half = rows // 2  # mirrored ramps: over the epoch each source still gives half the samples
+        weights = {"a": [(0, 1), (half, 3), (rows, 1)], "b": [(0, 3), (half, 1), (rows, 3)]}
+    with shardkit.make_reader(sources, weights=weights, batch_size=BATCH) as reader:
         result = _drain(reader, started)
         settings = {"workers": reader.workers, "prefetch": reader.prefetch, "sources": len(sources),
                     "samples_per_epoch": reader.num_samples}
@@ -699,6 +717,15 @@ def run(rows: int, cases: list[str], repeat: int, slow_repeat: int,
         halves = [str(p) for p in materialize_halves(rows)]
         r.interleaved({"shardkit-mixture": ("case_mixture", {"urls": halves}),
                        "shardkit-mixture-ref": ("case_shardkit", {"url": tensor})}, r.checksum_repeat)
+    if "shardkit-shard3-mask" in want:  # the shard with the fewest rows: the one mask fills
+        r.interleaved({"shardkit-shard3-mask": ("case_shardkit", {"url": tensor, "num_shards": 3, "shard": 2,
+                                                                  "remainder": "mask"}),
+                       "shardkit-shard3": ("case_shardkit", {"url": tensor, "num_shards": 3, "shard": 2})},
+                      r.checksum_repeat)
+    if "shardkit-mixture-schedule" in want:
+        halves = [str(p) for p in materialize_halves(rows)]
+        r.interleaved({"shardkit-mixture-schedule": ("case_mixture", {"urls": halves, "schedule": True}),
+                       "shardkit-mixture": ("case_mixture", {"urls": halves})}, r.checksum_repeat)
     if want & {"raw-iter-auto", "shardkit-auto"}:  # the same rows written with write_dataset's default
         auto = str(data.materialize_shardkit(rows, "tensor", compression="auto"))
         if "raw-iter-auto" in want:
@@ -798,6 +825,10 @@ def _rate(res: dict[str, Any] | None, prefix: str = "") -> float | None:
     return float(res[prefix + "rows"] / res[prefix + "seconds"])
 
 
+def _ceil(a: int, b: int) -> int:
+    return -(-a // b)
+
+
 def _complete(res: dict[str, Any], prefix: str, rows: int, full: bool = True) -> str:
     """"yes" when the epoch delivered every row (by count; for a ``full`` epoch also by the sum of ids)."""
     got = res.get(prefix + "rows")
@@ -845,7 +876,12 @@ def report(run_: Run) -> tuple[str, list[dict[str, Any]]]:
          rows),
         ("shardkit, default shuffle, no page-checksum verification", "shardkit-noverify", "", pb_best, rows),
         ("shardkit make_reader, num_shards=2 (one shard)", "shardkit-shard", "", pb_best, rows // 2),
+        ("shardkit make_reader, num_shards=3, shard 2", "shardkit-shard3", "", pb_best, rows // 3),
+        ("shardkit, num_shards=3, shard 2, remainder='mask'", "shardkit-shard3-mask", "", pb_best,
+         _ceil(_ceil(rows, 3), BATCH) * BATCH),  # the longest piece's batches, every one full
         ("shardkit 2-source mixture (halves, weights 1:1)", "shardkit-mixture", "", pb_best, rows),
+        ("shardkit 2-source mixture, weights 1:3 -> 3:1 -> 1:3", "shardkit-mixture-schedule", "", pb_best,
+         rows),
         ("shardkit make_reader, default (mixture's reference)", "shardkit-mixture-ref", "", pb_best, rows),
         ("raw pyarrow iter_batches(256), compression='auto' files", "raw-iter-auto", "", None, rows),
         ("shardkit make_reader, default, compression='auto' files", "shardkit-auto", "", pb_best, rows),
@@ -915,7 +951,9 @@ def report(run_: Run) -> tuple[str, list[dict[str, Any]]]:
             f"{r[prefix + 'rows'] / cpu:,.0f}" if (cpu := r.get(prefix + "cpu_seconds")) else "-",
             f"{r.get(prefix + 'first_batch_seconds', 0):.2f} s",
             fmt_bytes(rss) if rss else "-",
-            _complete(r, prefix, expected, full=key != "shardkit-shard"),
+            # (a schedule's epoch reads each source's share, which the ramps' steps round: not every id once)
+            _complete(r, prefix, expected,
+                      full=not key.startswith("shardkit-shard") and key != "shardkit-mixture-schedule"),
             f"{r.get('load_1m', 0):.1f}",
             f"{r.get('repeat', len(r.get('runs', [])) or 1)}",
             " ".join(targets) or "",
@@ -1002,6 +1040,31 @@ def report_mixture(run_: Run) -> tuple[str, list[dict[str, Any]]]:
             f"{verdict['result']}"), [verdict]
 
 
+def report_costs(run_: Run) -> tuple[str, list[dict[str, Any]]]:
+    """What remainder="mask" and a weight schedule cost (`COST_PAIRS`): each against its reference, same
+    run, round-robin, rows/s and rows per CPU-second."""
+    lines, verdicts = [], []
+    for case, ref, label in COST_PAIRS:
+        a, b = run_.results.get(case), run_.results.get(ref)
+        rate_a, rate_b = _rate(a), _rate(b)
+        if not (a and b and rate_a and rate_b):
+            continue
+        # per sample of the reference (the masked rows a "mask" epoch adds are not samples): the time and
+        # CPU for the same samples
+        ratio = b["seconds"] / a["seconds"]
+        cpu_ratio = b["cpu_seconds"] / a["cpu_seconds"] if a.get("cpu_seconds") and b.get("cpu_seconds") \
+            else None
+        ok = ratio >= COST_RATIO and (cpu_ratio is None or cpu_ratio >= COST_RATIO)
+        verdicts.append({"target": f"{label}: >= {COST_RATIO}x rows/s and rows/CPU-s",
+                         "result": "PASS" if ok else "MISS",
+                         "detail": f"{ratio:.3f}x, {cpu_ratio:.3f}x" if cpu_ratio else f"{ratio:.3f}x"})
+        cpu = f"{cpu_ratio:.3f}x rows/CPU-s" if cpu_ratio else "-"
+        verdict = "PASS" if ok else "MISS"
+        lines.append(f"{label}: {ratio:.3f}x rows/s, {cpu} ({a['seconds']:.2f} vs {b['seconds']:.2f} s; "
+                     f"k={len(a.get('runs', [])) or 1}) target >= {COST_RATIO:.2f}x: {verdict}")
+    return "\n".join(lines), verdicts
+
+
 def report_latency(run_: Run) -> tuple[str, list[dict[str, Any]]]:
     """The object store at 0-100 ms: the uncached epoch against the 0 ms one and against raw parallel GETs
     of the same bytes through the same relay, the first batch, peak RSS (see the `latency` case)."""
@@ -1079,9 +1142,10 @@ def render(r: Run, total: float, load_before: Any, load_after: Any, cpus: int) -
     checksum_text, checksum_verdicts = report_checksums(r)
     mixture_text, mixture_verdicts = report_mixture(r)
     latency_text, latency_verdicts = report_latency(r)
-    verdicts += checksum_verdicts + mixture_verdicts + latency_verdicts
-    parts = [main_table, checksum_text, mixture_text, latency_text, report_plan(r.results.get("plan")),
-             report_quality(r.results.get("quality"))]
+    cost_text, cost_verdicts = report_costs(r)
+    verdicts += checksum_verdicts + mixture_verdicts + cost_verdicts + latency_verdicts
+    parts = [main_table, checksum_text, mixture_text, cost_text, latency_text,
+             report_plan(r.results.get("plan")), report_quality(r.results.get("quality"))]
     before, after = ("/".join(f"{v:.1f}" for v in la) for la in (load_before, load_after))
     mb = r.rows * data.ROW_BYTES / 1e6
     parts.append(f"{r.rows:,} rows ({mb:,.0f} MB decoded); ran {total / 60:.1f} min; "
