@@ -54,7 +54,7 @@ from shardkit.reader._pipeline.assemble import POSITION, VALID, masked, needed_r
 from shardkit.reader._pipeline.assemble import chunks as assemble_chunks
 from shardkit.reader._pipeline.decode import DecodeStage, LateDecode
 from shardkit.reader._pipeline.source import DEFAULT_INFLIGHT, Columns, Late, Part, RowGroupSource
-from shardkit.reader._pipeline.spill import Spill, oldest_segment
+from shardkit.reader._pipeline.spill import Spill
 from shardkit.reader._plan import (
     EpochOrder,
     Remainder,
@@ -333,7 +333,8 @@ class Reader:
             for batch in batches:
                 positions = batch.pop(POSITION)
                 keys = batch.pop(KEYS, positions)
-                oldest = min((oldest_segment(batch[n]) for n in names), default=1 << 62)
+                oldest = min((self._spill.oldest_window(batch[n]) for n in names if self._spill is not None),
+                             default=1 << 62)
                 pending.append((stage.submit(batch, self.epoch, keys), positions, oldest, batch, keys))
                 if len(pending) > self._stage_ahead():
                     yield self._deliver(pending)
@@ -350,8 +351,8 @@ class Reader:
                 future.cancel()
 
     def _deliver(self, pending: deque[_Pending]) -> Columns:
-        """The next batch out of the stage; the spill segments before its oldest go (windows come in
-        order, so no later batch refers to them)."""
+        """The next batch out of the stage; the spill segments of the windows before its oldest go
+        (windows come in order, so no later batch refers to them)."""
         future, positions, oldest, given, keys = pending.popleft()
         try:
             batch = future.result()

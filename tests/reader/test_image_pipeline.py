@@ -307,3 +307,32 @@ def test_the_spill_lets_go_of_windows_as_their_batches_go_out() -> None:
         # 12 windows of 20 rows, 2 tasks read ahead: the files of a few windows at a time
         assert max(held) <= 4
         assert len(os.listdir(reader._spill.folder)) == 0  # the pass is over
+
+
+def test_a_window_whose_file_segment_was_numbered_late_keeps_the_next_windows_segments(
+        tmp_path: Path) -> None:
+    """A local file read in place becomes a segment when a reading thread first gets to it, which may be
+    after the next window took its number: letting go of the first window's segments must not take
+    the next window's, whose number is lower (a race seen in CI: a later batch's file was gone)."""
+    from shardkit.reader._pipeline.spill import SEGMENT_BITS, Spill, handles_to_bytes
+
+    source = tmp_path / "values.bin"
+    source.write_bytes(b"first window's bytes")
+    spill = Spill(str(tmp_path))
+    try:
+        first = spill.next_segment()
+        second = spill.next_segment()  # read ahead: the next window numbered before the first's file
+        later = spill.put(pa.array([b"second window's bytes"], pa.binary()), second)
+        k = spill.external(os.fspath(source), first)
+        assert k > second
+        earlier = np.array([[(k << SEGMENT_BITS) + 0, 5]], np.int64)  # "first" in the file
+        assert spill.oldest_window(earlier) == first
+        assert spill.oldest_window(later) == second
+        spill.release_before(spill.oldest_window(earlier))  # the first window's batch goes out
+        assert handles_to_bytes(spill.reader, later).tolist() == [b"second window's bytes"]
+        assert handles_to_bytes(spill.reader, earlier).tolist() == [b"first"]
+        spill.release_before(spill.oldest_window(later))  # the second's: the first window's go
+        assert sorted(os.listdir(spill.folder)) == [f"{second}.bin"]
+        assert handles_to_bytes(spill.reader, later).tolist() == [b"second window's bytes"]
+    finally:
+        spill.close()

@@ -9,9 +9,12 @@ dataset; the bytes stay in the page cache (the kernel's, not the process's: it w
 under memory pressure) and on disk, at most about a window of them per reader.
 
 Offsets are global over the spill's segments: segment ``k`` holds offsets ``[k << SEGMENT_BITS, ...)``.
-A reader starts a new segment with each window (`Spill.next_segment`) and lets go of the segments
-before the oldest one a batch still refers to (`Spill.release_before`), so the disk holds about the
-windows in flight, not the epoch. Files live in a private folder under the temporary directory
+A reader starts a new segment with each window (`Spill.next_segment`) and lets go of the segments of
+the windows before the oldest one a batch still refers to (`Spill.release_before`), so the disk holds
+about the windows in flight, not the epoch. A window may have more segments than its own: a local file
+read in place is a segment of its own (`Spill.external`), numbered when a reading thread first gets
+to it, which may be after later windows took their numbers; so segments are let go of by their
+window's number, never by their own. Files live in a private folder under the temporary directory
 (``TMPDIR``), removed on `Spill.close`, at interpreter exit, and, for a process that was killed, by the
 next spill that finds its folder (named with the pid of a process that no longer runs).
 
@@ -33,7 +36,7 @@ import pyarrow as pa
 
 from shardkit.errors import ReaderError
 
-__all__ = ["Spill", "SpillReader", "handles_to_bytes", "oldest_segment"]
+__all__ = ["Spill", "SpillReader", "handles_to_bytes"]
 
 SEGMENT_BITS = 40
 _IOV = 1024  # pieces per pwritev (the usual IOV_MAX)  # a segment holds up to 1 TiB; 2**23 segments per spill
@@ -82,14 +85,16 @@ class SpillReader:
                 fd = self._fds[segment] = os.open(os.path.join(self.folder, f"{segment}.bin"), os.O_RDONLY)
             return fd
 
-    def forget_before(self, segment: int) -> None:
-        """Close the files of segments before ``segment`` (they are gone, or soon will be)."""
+    def forget(self, segments: list[int] | None = None) -> None:
+        """Close the files of ``segments`` (they are gone, or soon will be); None: every one."""
         with self._lock:
-            for k in [k for k in self._fds if k < segment]:
-                os.close(self._fds.pop(k))
+            for k in list(self._fds) if segments is None else segments:
+                fd = self._fds.pop(k, None)
+                if fd is not None:
+                    os.close(fd)
 
     def close(self) -> None:
-        self.forget_before(1 << 62)
+        self.forget()
 
     def read(self, handles: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """The values of ``handles`` ((n, 2) int64): ``(data, starts, ends)``, value ``i`` being
@@ -138,6 +143,7 @@ class Spill:
         self._fds: dict[int, int] = {}
         self._sizes: dict[int, int] = {}
         self._external: dict[tuple[int, str], int] = {}
+        self._window: dict[int, int] = {}  # segment -> the window (its first segment) it belongs to
         self.bytes_written = 0
         self.reader = SpillReader(self.folder)
         self._open(0)
@@ -147,6 +153,7 @@ class Spill:
         path = os.path.join(self.folder, f"{segment}.bin")
         self._fds[segment] = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o600)
         self._sizes[segment] = 0
+        self._window[segment] = segment
 
     @property
     def segment(self) -> int:
@@ -171,6 +178,7 @@ class Spill:
                 os.symlink(path, os.path.join(self.folder, f"{k}.bin"))
                 self._fds[k] = -1  # not written to
                 self._sizes[k] = 0
+                self._window[k] = window
             return k
 
     def put(self, column: pa.Array | pa.ChunkedArray, segment: int | None = None,
@@ -251,16 +259,25 @@ class Spill:
                 written += os.pwrite(fd, rest, at + written)
             at += size
 
-    def release_before(self, segment: int) -> None:
-        """Delete the segments before ``segment``: no batch refers to them any more."""
+    def oldest_window(self, handles: np.ndarray) -> int:
+        """The oldest window whose segments ``handles`` refer to; a large value when none."""
+        if not len(handles):
+            return 1 << 62
+        segments = np.unique(handles[:, 0] >> SEGMENT_BITS).tolist()
         with self._lock:
-            gone = [k for k in self._fds if k < segment]
+            return min(self._window.get(int(k), int(k)) for k in segments)
+
+    def release_before(self, window: int) -> None:
+        """Delete the segments of the windows before ``window``: no batch refers to them any more."""
+        with self._lock:
+            gone = [k for k in self._fds if self._window[k] < window]
             fds = [self._fds.pop(k) for k in gone]
             for k in gone:
                 self._sizes.pop(k)
-            for key in [key for key, k in self._external.items() if k < segment]:
+                self._window.pop(k)
+            for key in [key for key in self._external if key[0] < window]:
                 del self._external[key]
-        self.reader.forget_before(segment)
+        self.reader.forget(gone)
         for k, fd in zip(gone, fds, strict=True):
             if fd >= 0:
                 os.close(fd)
@@ -272,13 +289,6 @@ class Spill:
         self.release_before(1 << 62)
         self.reader.close()
         self._finalizer()
-
-
-def oldest_segment(handles: np.ndarray) -> int:
-    """The oldest segment that ``handles`` refer to (their smallest offset's); a large value when none."""
-    if not len(handles):
-        return 1 << 62
-    return int(handles[:, 0].min()) >> SEGMENT_BITS
 
 
 def handles_to_bytes(reader: SpillReader, handles: np.ndarray) -> np.ndarray:
