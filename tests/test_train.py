@@ -230,7 +230,8 @@ def test_every_seconds_saves_at_the_same_steps_on_every_rank(ids_dataset: str, t
              for rank, lines in records(tmp_path / "job").items()}
     assert saved[0] == saved[1]
     assert len(saved[0]) >= 2
-    assert [c.step for c in result.checkpoints] == [*saved[0], EPOCHS * STEPS_PER_EPOCH]  # and the last step
+    # and the last step, which a time-based save may have made already
+    assert [c.step for c in result.checkpoints] == list(dict.fromkeys([*saved[0], EPOCHS * STEPS_PER_EPOCH]))
 
 
 @pytest.mark.timeout(180)
