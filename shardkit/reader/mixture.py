@@ -602,9 +602,12 @@ class Piecewise:
             return self.schedules[0].counts_at(rel)
         pieces = np.maximum(np.searchsorted(self.offsets, rel, side="right") - 1, 0)
         out = self.bases[pieces].copy()
-        for j in np.unique(pieces).tolist():
-            mask = pieces == j
-            out[mask] += self.schedules[j].counts_at(rel[mask] - self.offsets[j])
+        # grouped by piece with one sort (a mask per piece is pieces x positions: a ramp has hundreds)
+        order = np.argsort(pieces, kind="stable")
+        js, starts = np.unique(pieces[order], return_index=True)
+        for j, a, b in zip(js.tolist(), starts.tolist(), [*starts[1:].tolist(), len(order)], strict=True):
+            at = order[a:b]
+            out[at] += self.schedules[j].counts_at(rel[at] - self.offsets[j])
         return out
 
     def sources(self, a: int, b: int) -> np.ndarray:
