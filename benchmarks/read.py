@@ -25,8 +25,11 @@ Cases (ratios are to the best raw pyarrow reader of shardkit's files and to Peta
     shardkit-shard3 / shardkit-shard3-mask  make_reader(num_shards=3, shard=2) with remainder="drop" (default)
                            and "mask" (every batch full, a bool __valid__ column): round-robin, --checksum-
                            repeat runs each; mask costs <= 2 % of rows/s (issue 38)
-    shardkit-mixture-schedule  shardkit-mixture with weights on linear schedules (a: 1 -> 3 -> 1 over the
-                           epoch, b: 3 -> 1 -> 3), round-robin with shardkit-mixture: <= 2 % (issue 38)
+    shardkit-mixture-skew  shardkit-mixture at constant weights 3:1 (a skewed mixture reads slower than an
+                           even one: its sources' reads are uneven; the figure to compare a schedule with)
+    shardkit-mixture-schedule  shardkit-mixture with weights on a schedule of 20 steps, 3:1 and 1:3 by turns
+                           (every step as skewed as shardkit-mixture-skew, which it runs round-robin
+                           with): what a schedule costs, <= 2 % (issue 38)
     shardkit-noverify      shardkit on the same files with page-checksum verification off
                            (shardkit.dataset._dataset.VERIFY_PAGE_CHECKSUMS = False in its process): the
                            cost of verifying the CRC-32 that shardkit's writer puts on every page
@@ -152,8 +155,8 @@ FETCH_BUDGET = 512 * 2**20  # make_reader's max_inflight_bytes default: what fet
 MIXTURE_RATIO = 0.95  # a 2-source mixture reads >= 0.95x the rows/s of one source of the same rows (issue 30)
 # what remainder="mask" and a weight schedule may cost (issue 38): (case, its reference, label)
 COST_PAIRS = [("shardkit-shard3-mask", "shardkit-shard3", 'remainder="mask" vs "drop", shard 3 of 3'),
-              ("shardkit-mixture-schedule", "shardkit-mixture",
-               "a scheduled 2-source mixture vs constant weights")]
+              ("shardkit-mixture-schedule", "shardkit-mixture-skew",
+               "a 2-source mixture on a schedule (3:1 and 1:3 by turns) vs constant 3:1")]
 COST_RATIO = 0.98
 PETASTORM = ["petastorm-batch", "petastorm-batch-dflt", "petastorm-rows", "shardkit-petastorm",
              "shardkit-petastorm-ns"]
@@ -163,7 +166,7 @@ LATENCY = ["latency", "latency-petastorm"]
 DELAYS = (0.0, 0.02, 0.05, 0.1)  # seconds the relay holds each response back
 EXTRA = ["rss-small", "rss-large", "plan", "quality"]
 MIXTURE = ["shardkit-mixture"]
-COSTS = ["shardkit-shard3-mask", "shardkit-mixture-schedule"]
+COSTS = ["shardkit-shard3-mask", "shardkit-mixture-schedule", "shardkit-mixture-skew"]
 ALL_CASES = [*LOCAL, *MIXTURE, *COSTS, *PETASTORM, *HF, *S3, *LATENCY, *EXTRA]
 QUICK = [*LOCAL, *MIXTURE, *S3, *EXTRA]
 SLOW = ["petastorm-rows", "shardkit-petastorm", "shardkit-petastorm-ns", *S3]
@@ -269,19 +272,21 @@ def case_shardkit(url: str, shuffle: bool = True, num_shards: int = 1, shard: in
     return {**result, "rss": phase_peak_rss(), **settings}
 
 
-def case_mixture(urls: list[str], schedule: bool = False) -> dict[str, Any]:
-    """``shardkit.make_reader({"a": urls[0], "b": urls[1]}, weights 1:1)``, one epoch of both sources' rows
-    together (each source read once), everything else default: what mixing costs over one source.
-    ``schedule``: the weights on linear schedules, a's 1 -> 3 -> 1 and b's 3 -> 1 -> 3 over the epoch."""
+def case_mixture(urls: list[str], weights: str = "even") -> dict[str, Any]:
+    """``shardkit.make_reader({"a": urls[0], "b": urls[1]}, weights=...)``, one epoch of as many samples as
+    both sources' rows, everything else default. ``weights``: ``"even"`` 1:1 (each source read once: what
+    mixing costs over one source), ``"skew"`` 3:1, ``"schedule"`` 20 equal steps at 3:1 and 1:3 by turns
+    (each source gives half the samples, every step as skewed as ``"skew"``)."""
     _import_reader()
     started = _clock()
     sources = {"a": urls[0], "b": urls[1]}
-    weights: dict[str, Any] = {"a": 1, "b": 1}
-    if schedule:
+    given: dict[str, Any] = {"a": 1, "b": 1} if weights == "even" else {"a": 3, "b": 1}
+    if weights == "schedule":
         rows = sum(shardkit.open_dataset(u).num_rows for u in urls)
-        half = rows // 2  # mirrored ramps: over the epoch each source still gives half the samples
-        weights = {"a": [(0, 1), (half, 3), (rows, 1)], "b": [(0, 3), (half, 1), (rows, 3)]}
-    with shardkit.make_reader(sources, weights=weights, batch_size=BATCH) as reader:
+        step = rows // 20
+        given = {"a": {"steps": [(i * step, 3 if i % 2 == 0 else 1) for i in range(20)]},
+                 "b": {"steps": [(i * step, 1 if i % 2 == 0 else 3) for i in range(20)]}}
+    with shardkit.make_reader(sources, weights=given, batch_size=BATCH) as reader:
         result = _drain(reader, started)
         settings = {"workers": reader.workers, "prefetch": reader.prefetch, "sources": len(sources),
                     "samples_per_epoch": reader.num_samples}
@@ -722,10 +727,11 @@ def run(rows: int, cases: list[str], repeat: int, slow_repeat: int,
                                                                   "remainder": "mask"}),
                        "shardkit-shard3": ("case_shardkit", {"url": tensor, "num_shards": 3, "shard": 2})},
                       r.checksum_repeat)
-    if "shardkit-mixture-schedule" in want:
+    if want & {"shardkit-mixture-schedule", "shardkit-mixture-skew"}:
         halves = [str(p) for p in materialize_halves(rows)]
-        r.interleaved({"shardkit-mixture-schedule": ("case_mixture", {"urls": halves, "schedule": True}),
-                       "shardkit-mixture": ("case_mixture", {"urls": halves})}, r.checksum_repeat)
+        r.interleaved({"shardkit-mixture-schedule": ("case_mixture", {"urls": halves, "weights": "schedule"}),
+                       "shardkit-mixture-skew": ("case_mixture", {"urls": halves, "weights": "skew"})},
+                      r.checksum_repeat)
     if want & {"raw-iter-auto", "shardkit-auto"}:  # the same rows written with write_dataset's default
         auto = str(data.materialize_shardkit(rows, "tensor", compression="auto"))
         if "raw-iter-auto" in want:
@@ -880,8 +886,8 @@ def report(run_: Run) -> tuple[str, list[dict[str, Any]]]:
         ("shardkit, num_shards=3, shard 2, remainder='mask'", "shardkit-shard3-mask", "", pb_best,
          _ceil(_ceil(rows, 3), BATCH) * BATCH),  # the longest piece's batches, every one full
         ("shardkit 2-source mixture (halves, weights 1:1)", "shardkit-mixture", "", pb_best, rows),
-        ("shardkit 2-source mixture, weights 1:3 -> 3:1 -> 1:3", "shardkit-mixture-schedule", "", pb_best,
-         rows),
+        ("shardkit 2-source mixture, weights 3:1", "shardkit-mixture-skew", "", pb_best, rows),
+        ("shardkit 2-source mixture, 20 steps at 3:1, 1:3", "shardkit-mixture-schedule", "", pb_best, rows),
         ("shardkit make_reader, default (mixture's reference)", "shardkit-mixture-ref", "", pb_best, rows),
         ("raw pyarrow iter_batches(256), compression='auto' files", "raw-iter-auto", "", None, rows),
         ("shardkit make_reader, default, compression='auto' files", "shardkit-auto", "", pb_best, rows),
@@ -951,9 +957,9 @@ def report(run_: Run) -> tuple[str, list[dict[str, Any]]]:
             f"{r[prefix + 'rows'] / cpu:,.0f}" if (cpu := r.get(prefix + "cpu_seconds")) else "-",
             f"{r.get(prefix + 'first_batch_seconds', 0):.2f} s",
             fmt_bytes(rss) if rss else "-",
-            # (a schedule's epoch reads each source's share, which the ramps' steps round: not every id once)
-            _complete(r, prefix, expected,
-                      full=not key.startswith("shardkit-shard") and key != "shardkit-mixture-schedule"),
+            # (3:1 reads one source 1.5 times and the other half; a schedule's steps round the shares)
+            _complete(r, prefix, expected, full=not key.startswith("shardkit-shard")
+                      and key not in ("shardkit-mixture-schedule", "shardkit-mixture-skew")),
             f"{r.get('load_1m', 0):.1f}",
             f"{r.get('repeat', len(r.get('runs', [])) or 1)}",
             " ".join(targets) or "",
