@@ -338,6 +338,43 @@ def test_a_reweight_to_zero_and_back_reads_the_rows_it_left_first(tmp_path: Path
     assert len(resumed[0].stream.eras) == 3
 
 
+@pytest.mark.filterwarnings("ignore:'set_vital' is deprecated:UserWarning")  # torchdata's call, not ours
+@pytest.mark.filterwarnings("ignore:This DataLoader will create:UserWarning")  # 3 workers on 2 CPUs: fine
+def test_a_reweight_reaches_dataloader_workers_on_another_layout(tmp_path: Path) -> None:
+    """``ShardkitIterableDataset(..., reweight=True)``: a ``StatefulDataLoader`` state saved at 1:1 by 2
+    workers, continued at 3:1 by 3 workers through ``job_state``, reads one epoch's samples, at the new
+    weights after the cut, and each source's rows once per pass."""
+    pytest.importorskip("torchdata")
+    from torchdata.stateful_dataloader import StatefulDataLoader
+
+    import shardkit.torch as skt
+
+    sources = write_sources(tmp_path, [[20, 20, 10], [30, 20]])
+    kw: dict[str, Any] = {"batch_size": 4, "seed": 2, "num_epochs": 1, "rank": 0, "world_size": 1}
+    loader = StatefulDataLoader(skt.ShardkitIterableDataset(sources, weights={"s0": 1, "s1": 1}, **kw),
+                                batch_size=None, num_workers=2)
+    it = iter(loader)
+    before = [i for _ in range(6) for i in items(next(it))]
+    saved = loader.state_dict()
+    del it
+    dataset = skt.ShardkitIterableDataset(sources, weights={"s0": 3, "s1": 1}, **kw)
+    dataset.load_state_dict(skt.job_state(saved))
+    with pytest.raises(ReaderError, match="reweight=True"):  # the reader that loads it refuses other weights
+        next(iter(StatefulDataLoader(dataset, batch_size=None, num_workers=0)))
+    dataset = skt.ShardkitIterableDataset(sources, weights={"s0": 3, "s1": 1}, reweight=True, **kw)
+    dataset.load_state_dict(skt.job_state(saved))
+    after = [i for b in StatefulDataLoader(dataset, batch_size=None, num_workers=3) for i in items(b)]
+    # samples_per_epoch (the sources' rows) but what does not divide among the 3 new shards ("drop"; a
+    # mixture reads those positions first in the next epoch)
+    assert 100 - 2 <= len(before) + len(after) <= 100
+    assert sum(read_counts(after, 0).values()) / len(after) >= 0.7  # read at 3:1 (the cut's holes first)
+    for source, rows in ((0, 50), (1, 50)):
+        counts = read_counts(before + after, source)
+        full = sum(counts.values()) // rows
+        ids = range(source * OFFSET, source * OFFSET + rows)
+        assert all(full <= counts.get(i, 0) <= full + 1 for i in ids)
+
+
 def test_a_ramp_resumed_on_fewer_shards_reads_the_uninterrupted_stream(tmp_path: Path) -> None:
     """A linear ramp over several steps (`RAMP_STEP`): 3 shards stopped inside it and 2 resumed read what
     one shard reads without a stop."""
