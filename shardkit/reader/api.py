@@ -113,7 +113,7 @@ def make_reader(
             same number of steps: each batch has ``batch_size`` rows and a bool column ``__valid__``,
             False on the masked rows that fill a shard's last batch, copies of a real row; weigh the
             loss with it: ``(loss * valid).sum() / valid.sum().clamp(min=1)``, since a batch may be all
-            masked). Not for mixtures yet.
+            masked). A mixture too: every position of its epoch once (see `MixedReader`).
         drop_last: also drop each shard's last partial batch. Not with ``remainder="mask"``, whose
             batches are all full (masked rows fill the last one), so it could only drop samples.
         cache: ``"auto"`` (row groups of remote datasets are cached on local disk; where its folder
@@ -213,11 +213,6 @@ def make_reader(
                                           or isinstance(transform_timeout, bool) or transform_timeout <= 0):
         raise ReaderError(f"transform_timeout={transform_timeout!r} must be a number of seconds > 0, or None")
     if isinstance(url, Mapping):
-        if remainder == "mask":
-            raise ReaderError(
-                "remainder='mask' is not supported for a mixture of datasets yet (a mixture's sources are "
-                "split by their own plans); read a mixture with remainder='drop' (default) or 'pad', or "
-                "read each source with make_reader(url, remainder='mask')")
         given: dict[str, Any] = {"transform": transform if transform is not None else None,
                                  "decode": None if decode is True else decode}
         for name, value in given.items():

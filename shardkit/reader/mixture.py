@@ -57,6 +57,16 @@ windows by the source's own `Reader`. A mixture never skips a position: those an
 where the last one stopped (`_Boundary`). ``remainder="pad"`` repeats a few positions of the epoch
 (their rows come twice in their pass).
 
+Masked remainder (``remainder="mask"``). The epoch splits as with ``"uneven"`` (pieces one position apart
+at most, none left out, so nothing is carried to the next epoch), and every shard steps the batches of
+the stage's longest piece, as a `Reader` does: each batch has ``batch_size`` rows and the bool column
+``__valid__``. A piece's last partial batch is filled with copies of its first row (its ``__source__``
+too), masked; a shard one batch short (its piece a whole number of batches, or empty) steps a batch of
+masked rows, ``batch_size`` copies of one row: the first row of the first source with rows, read once
+per reader (`MixedReader._masked_row`; its ``__source__`` that source's index), never a position of the
+stream. Masked rows are never counted as consumed, so a resume on any number of shards, or DataLoader
+workers resumed on another layout, read every position of the epoch once.
+
 Resume. `MixedReader.state_dict` holds the epoch, its stages (as a `Reader`'s, so every adapter reads
 it the same way), where the epoch starts in the stream, the weights' eras, and each source's own reader
 state (its table snapshot, its fingerprint); a reader with the same or another number of shards
@@ -93,8 +103,19 @@ import numpy as np
 from shardkit.dataset import Field, Schema
 from shardkit.errors import ReaderError, SchemaMismatchError, ShardkitError
 from shardkit.reader._pipeline import batching
+from shardkit.reader._pipeline.assemble import VALID, masked
 from shardkit.reader._pipeline.placing import Blocks, WindowPlacement, destinations
-from shardkit.reader._plan import Ranges, Remainder, Stage, merge, shard_ranges, stage_counts, take, total
+from shardkit.reader._plan import (
+    Ranges,
+    Remainder,
+    Stage,
+    Task,
+    merge,
+    shard_ranges,
+    stage_counts,
+    take,
+    total,
+)
 from shardkit.reader.reader import Reader, closed_error
 
 Columns = dict[str, np.ndarray]
@@ -1030,7 +1051,8 @@ class MixedReader(Reader):
     (``readers[name]``, with the source's share of ``workers``, ``prefetch`` and ``shuffle_buffer``), and
     their workers place each row where the schedule puts it in the batches, one copy per row. Every
     batch has the column `SOURCE` (``"__source__"``): the index in ``sources`` of the source each row
-    came from.
+    came from; with ``remainder="mask"``, also ``"__valid__"`` (see "Masked remainder" in the module
+    docstring: a masked row's ``__source__`` is that of the row it copies).
 
     Attributes: ``sources`` (names, in the order given), ``readers`` (name -> its `Reader`), ``datasets``
     (name -> `Dataset`), ``mixture`` (`Mixture`: rows, weights, shares, ``samples_per_epoch``),
@@ -1098,6 +1120,17 @@ class MixedReader(Reader):
         most = max(self.batch_size, BLOCK_BYTES // row_bytes)
         self._block_rows = -(-min(math.ceil(span), most) // self.batch_size) * self.batch_size
         self._recycler = batching.Recycler(4 * self._block_rows * row_bytes)
+        self._filler: Columns | None = None  # remainder="mask": the row of a batch of masked rows
+        if self.remainder == "mask":
+            if VALID in self.schema.names:
+                name = next(n for n, r in self.readers.items() if VALID in r.schema.names)
+                keep = [f for f in self.readers[name].schema.names if f != VALID]
+                raise ReaderError(
+                    f"remainder='mask': source {name!r} of the mixture ({self.readers[name].dataset.url!r}) "
+                    f"has a field named {VALID!r}, the column mask adds to every batch (True for a sample, "
+                    f"False for a masked row); leave it out of the columns read (columns={keep!r}), rename "
+                    "it in the data, or read with remainder='drop' or 'pad'")
+            self.schema = Schema([*self.schema, Field(VALID, "bool")])
         if self.num_shards > self.num_samples:
             raise ReaderError(f"num_shards={self.num_shards} is more than samples_per_epoch="
                               f"{self.num_samples} of the mixture, and every shard needs one; use fewer "
@@ -1118,8 +1151,10 @@ class MixedReader(Reader):
                             drop_last=self.drop_last)
 
     def __len__(self) -> int:
-        """Batches this shard yields in a whole epoch (not counting resumes)."""
-        return (total(self._ranges(())) + self.batch_size - 1) // self.batch_size
+        """Batches this shard yields in a whole epoch (not counting resumes; with ``remainder="mask"``,
+        those of the longest piece: every shard steps them)."""
+        piece = self._ranges((), 0) if self.remainder == "mask" else self._ranges(())
+        return (total(piece) + self.batch_size - 1) // self.batch_size
 
     def _stage_steps(self) -> int:
         return -(-total(self._ranges(self._history, 0)) // self.batch_size)
@@ -1174,7 +1209,9 @@ class MixedReader(Reader):
         """The rest of the epoch (the stream positions ``segments``; per source, the ``runs`` of its
         samples they hold), the sources' rows placed in the batches' memory by their own workers."""
         blocks = Blocks(self._block_rows, self._recycler)
-        names = self.schema.names[:-1]
+        mask = self.remainder == "mask"
+        names = self.schema.names[:-2] if mask else self.schema.names[:-1]  # (SOURCE, and VALID)
+        steps = self._stage_steps() if mask else 0  # mask: every shard steps the stage's batches
         feeds = [_Placing(reader, run, _Claims(i, segments, self.stream, blocks))
                  for i, (reader, run) in enumerate(zip(self.readers.values(), runs, strict=True))]
         at = 0  # the piece position of the next batch, from where this iteration started
@@ -1195,10 +1232,17 @@ class MixedReader(Reader):
                     blocks.release(at)
                 batch = blocks.batch(at, at + len(which), names)
                 batch[SOURCE] = which
+                if mask:  # a piece's last partial batch: filled with copies of its first row, masked
+                    batch = masked(batch, len(which), self.batch_size)
                 at += len(which)
                 self._consumed = consumed  # from now on `state_dict` counts the batch as consumed
                 self._steps += 1
                 yield batch
+                if generation != self._generation:
+                    return
+            while self._steps < steps:  # mask: a shard one batch short steps one of masked rows
+                self._steps += 1  # masked rows are no positions: nothing more is consumed
+                yield masked(self._masked_row(), 0, self.batch_size)
                 if generation != self._generation:
                     return
         finally:
@@ -1206,6 +1250,25 @@ class MixedReader(Reader):
                 feed.close()
         if generation == self._generation:
             self._finish_epoch()
+
+    def _masked_row(self) -> Columns:
+        """``remainder="mask"``: the row a batch of masked rows copies, as a one-row batch (``__source__``
+        included): the first row of the first source with rows, read once (a row of the data, so every
+        value is in its field's domain; never a position of the stream, so nothing is consumed)."""
+        if self._filler is None:
+            names = self.schema.names[:-2]  # (SOURCE, VALID)
+            for i, reader in enumerate(self.readers.values()):
+                groups = np.flatnonzero(reader.rows_per_group)
+                part = reader._source.read(Task(int(groups[0]), 0, 1)) if len(groups) else None
+                if part is not None and part.chunks:  # (None: a corrupt row group, on_error="skip")
+                    row = batching.take(part.chunks[0], slice(0, 1))
+                    self._filler = {**{name: row[name] for name in names},
+                                    SOURCE: np.full(1, i, dtype=np.int32)}
+                    break
+            else:
+                raise ReaderError("remainder='mask': no source of the mixture has a readable first row to "
+                                  "fill a batch of masked rows with; read with remainder='pad' or 'drop'")
+        return {name: values.copy() for name, values in self._filler.items()}
 
     def _read_indices(self, stages: Sequence[Stage]) -> Ranges:
         """The epoch indices the shards of ``stages`` (each as far as its ``consumed``) read, merged."""

@@ -2,7 +2,7 @@
 
 The plan's properties run on the pure plan (`shardkit.reader._plan`: many cases, no data); the reader's
 run on real readers over real Parquet files, stepped together as ranks are, stopped and resumed on other
-shard counts several times within an epoch.
+shard counts several times within an epoch. Mixtures: `tests.reader.test_mixture_mask`.
 """
 
 from __future__ import annotations
@@ -297,12 +297,6 @@ def test_an_unknown_remainder_names_mask(tmp_path: Path) -> None:
     url = write_ids(tmp_path / "ds", 20)
     with pytest.raises(ReaderError, match=r"remainder='masked' must be .*'mask'"):
         shardkit.make_reader(url, remainder="masked")  # type: ignore[arg-type]
-
-
-def test_mask_on_a_mixture_is_refused(tmp_path: Path) -> None:
-    a, b = write_ids(tmp_path / "a", 20), write_ids(tmp_path / "b", 20)
-    with pytest.raises(ReaderError, match=r"remainder='mask' is not supported for a mixture.*'drop'"):
-        shardkit.make_reader({"a": a, "b": b}, remainder="mask")
 
 
 def test_a_field_named_like_the_mask_is_refused(tmp_path: Path) -> None:
