@@ -29,6 +29,23 @@ previous format (``SKC1``, crc32) is a miss: fetched again and replaced, without
   stays part of the entry's identity. After each insert, under an ``fcntl.flock`` on ``.lock``, the
   least recently used entries are deleted until the folder's entries fit ``size_limit`` (one pass,
   never the entry just written). An entry larger than the whole limit is returned but not kept.
+- One fetch per entry across the processes of a machine. A process about to fetch a key first claims
+  it: ``<sha256(key)>.claim``, created with ``O_CREAT | O_EXCL`` and holding its pid, host and time
+  (`RowGroupCache.claim`). The claimer fetches, writes the entry and removes the claim; a process that
+  finds a claim waits for the entry (`RowGroupCache.wait`: polling, from 5 ms up to every 50 ms) and
+  fetches only when the claim goes away without an entry (a failed fetch, an entry too large to keep,
+  one evicted at once) or turns stale: its pid is gone on this host (a killed process, a zombie; a
+  claim with this process's own pid that it does not hold: a pid reused by a new container), or it
+  was not refreshed for `CLAIM_STALE_S` seconds (a thread of the claimer refreshes the mtime of its
+  claims every `CLAIM_REFRESH_S`; this is what tells a dead claimer on another host sharing the
+  folder, or a recycled pid). A stale claim is removed under the ``.lock`` flock, re-checked there, so
+  two waiters never remove a fresh claim between them. A claimer alive but stuck never blocks the
+  others for long: a process that has waited `CLAIM_WAIT_S` for one claim fetches itself, unclaimed.
+  A folder where no claim can be created (read only, full, deleted) only logs a warning, once per
+  `RowGroupCache`: the process fetches without claiming, as before. `RowGroupCache.claimed` tells a
+  fetch-ahead which keys another process is fetching, to leave them to it and read them from the
+  cache when it needs them. Claims left by killed processes are removed when found stale, or by the
+  eviction pass after `_STALE_TMP_S`.
 """
 
 from __future__ import annotations
@@ -37,13 +54,15 @@ import contextlib
 import dataclasses
 import fcntl
 import hashlib
+import json
 import logging
 import os
+import socket
 import struct
 import threading
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 import pyarrow as pa
 import xxhash
@@ -51,7 +70,7 @@ import xxhash
 from shardkit.dataset.write import parse_size
 from shardkit.errors import ReaderError, SchemaError
 
-__all__ = ["CacheConfig", "RowGroupCache"]
+__all__ = ["CLAIM_REFRESH_S", "CLAIM_STALE_S", "CLAIM_WAIT_S", "CacheConfig", "Claim", "RowGroupCache"]
 
 DEFAULT_SIZE = "10GiB"
 _TRAILER = struct.Struct("<4sQQ")
@@ -60,7 +79,13 @@ _OLD_TRAILER = struct.Struct("<4sIQ")  # the earlier format: b"SKC1" | crc32 | l
 _OLD_MAGIC = b"SKC1"  # a miss, refetched quietly
 _SUFFIX = ".arrow"
 _TMP = ".tmp-"
-_STALE_TMP_S = 3600  # a temporary file this old belongs to a killed process
+_STALE_TMP_S = 3600  # a temporary file (or a claim) this old belongs to a killed process
+_CLAIM = ".claim"
+CLAIM_STALE_S = 30.0  # a claim not refreshed for this long is stale: its claimer is gone
+CLAIM_REFRESH_S = 5.0  # how often a claimer refreshes (the mtime of) the claims it holds
+CLAIM_WAIT_S = 300.0  # the longest a process waits for one claim before it fetches itself
+_WAIT_FIRST_S, _WAIT_MAX_S = 0.005, 0.05  # the polling of a process waiting for another's entry
+_HOST = socket.gethostname()
 _log = logging.getLogger(__name__)
 
 # path -> (inode, size, mtime_ns, ctime_ns) of the entry version this process has checked (see the module
@@ -139,6 +164,82 @@ def _default_size() -> int:
                           "number of bytes or e.g. '10GiB', or unset it for the default 10GiB") from e
 
 
+@dataclasses.dataclass(frozen=True)
+class Claim:
+    """This process's claim on a key: it fetches the key and writes its entry, others wait for it.
+
+    ``path`` is the claim file, None where the folder took no claim (the fetch goes on unclaimed);
+    ``inode`` tells the file this process created from one another process made after it.
+    """
+
+    key: str
+    path: str | None
+    inode: int = -1
+
+
+class _Claims:
+    """The claims this process holds, refreshed by a daemon thread (started with the first claim, anew
+    in a forked child, which holds none of its parent's claims)."""
+
+    def __init__(self) -> None:
+        self.reset()
+
+    def reset(self) -> None:
+        self.lock = threading.Lock()
+        self.held: dict[str, int] = {}  # claim file -> its inode
+        self.thread: threading.Thread | None = None
+
+    def add(self, path: str, inode: int) -> None:
+        with self.lock:
+            self.held[path] = inode
+            if self.thread is None:
+                self.thread = threading.Thread(target=self._refresh, name="shardkit-cache-claims",
+                                               daemon=True)
+                self.thread.start()
+
+    def remove(self, path: str) -> None:
+        with self.lock:
+            self.held.pop(path, None)
+
+    def holds(self, path: str) -> bool:
+        with self.lock:
+            return path in self.held
+
+    def _refresh(self) -> None:
+        while True:
+            time.sleep(CLAIM_REFRESH_S)
+            with self.lock:
+                held = list(self.held.items())
+            for path, inode in held:
+                with contextlib.suppress(OSError):
+                    fd = os.open(path, os.O_RDONLY)
+                    try:
+                        if os.fstat(fd).st_ino == inode:  # still ours, not a claim made after ours
+                            os.utime(fd)
+                    finally:
+                        os.close(fd)
+
+
+_claims = _Claims()
+os.register_at_fork(after_in_child=_claims.reset)
+
+
+def _alive(pid: int) -> bool:
+    """Whether process ``pid`` of this host runs (a zombie does not: a killed child not yet reaped)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process
+        pass
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            state = f.read().rpartition(b")")[2].split()[:1]
+    except OSError:
+        return True  # no /proc here: the signal said it exists
+    return state not in ([b"Z"], [b"X"])
+
+
 class _Corrupt(Exception):
     """An entry that fails its trailer, checksum or IPC decoding."""
 
@@ -174,6 +275,7 @@ class RowGroupCache:
             ) from e
         self.stats: dict[str, int] = {"hits": 0, "misses": 0, "evictions": 0, "corrupt": 0}
         self._lock = threading.Lock()
+        self._claims_warned = False
 
     def path_of(self, key: str) -> str:
         """The entry file of ``key``."""
@@ -185,14 +287,30 @@ class RowGroupCache:
         Example:
             >>> cache.get_or_fetch(key, lambda: parquet_file.read_row_group(3))
 
-        Exceptions from ``fetch`` propagate and cache nothing; a cache folder that cannot be written
-        (full disk, permissions) only logs a warning.
+        Where another process (or thread) is fetching ``key`` already, this waits for its entry instead
+        of fetching too (see the module docstring). Exceptions from ``fetch`` propagate and cache
+        nothing; a cache folder that cannot be written (full disk, permissions) only logs a warning.
         """
-        table = self.get(key)
-        if table is None:
-            table = fetch()
-            self.put(key, table)
-        return table
+        path = self.path_of(key)
+        while True:
+            table = self._load(path)
+            if table is not None:
+                self._count("hits")
+                return table
+            claim = self.claim(key)
+            if claim is None:  # another is fetching it: its entry, unless it gave up or died
+                table = self.wait(key, count=False)
+                if table is not None:
+                    self._count("hits")
+                    return table
+                if not self.claimed(key):
+                    continue
+                claim = Claim(key, None)  # waited CLAIM_WAIT_S for a live claim: fetch unclaimed
+            with self.claimed_by_me(claim):
+                table = fetch()
+                self.put(key, table)
+            self._count("misses")
+            return table
 
     def get(self, key: str) -> pa.Table | None:
         """The cached table of ``key`` (memory-mapped, checksum verified), or None (counted as a miss)."""
@@ -204,9 +322,140 @@ class RowGroupCache:
         """Whether an entry of ``key`` is there (not verified, not counted: what to fetch ahead)."""
         return os.path.exists(self.path_of(key))
 
+    def claim(self, key: str) -> Claim | None:
+        """This process's claim to fetch ``key`` (release it with `release`, after `put`), or None
+        while another process holds a live claim on it (`wait` for its entry then).
+
+        Example:
+            >>> claim = cache.claim(key)
+            >>> if claim is not None:
+            ...     with cache.claimed_by_me(claim):
+            ...         cache.put(key, fetch())
+
+        A stale claim (see the module docstring) is removed and claimed anew. In a folder where no
+        claim can be made, a claim without a file (``path=None``): the caller fetches unclaimed.
+        """
+        path = self._claim_path(key)
+        for _ in range(3):  # a stale claim removed, then ours; a claim gone meanwhile: ours
+            try:
+                fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+            except FileExistsError:
+                state = self._claim_state(path)
+                if state == "live":
+                    return None
+                if state == "stale":
+                    self._remove_stale(path)
+                continue
+            except OSError as e:
+                return self._unclaimed(key, e)
+            try:
+                inode = os.fstat(fd).st_ino
+                _claims.add(path, inode)  # before its pid is in it: held, not stale, for our threads
+                os.write(fd, json.dumps({"pid": os.getpid(), "host": _HOST, "time": time.time(),
+                                         "key": key[:200]}).encode())
+            except OSError as e:
+                _claims.remove(path)
+                with contextlib.suppress(OSError):
+                    os.remove(path)
+                return self._unclaimed(key, e)
+            finally:
+                os.close(fd)
+            return Claim(key, path, inode)
+        return None  # claimed again and again by others: wait for theirs
+
+    def claimed(self, key: str) -> bool:
+        """Whether a live claim on ``key`` is held (another process is fetching it: leave it to it)."""
+        return self._claim_state(self._claim_path(key)) == "live"
+
+    def release(self, claim: Claim) -> None:
+        """Let go of ``claim`` (after `put`, or after a failed fetch: others then fetch themselves)."""
+        if claim.path is None:
+            return
+        with contextlib.suppress(OSError):
+            if os.stat(claim.path).st_ino == claim.inode:  # ours, not one made after ours was removed
+                os.remove(claim.path)
+        _claims.remove(claim.path)
+
+    @contextlib.contextmanager
+    def claimed_by_me(self, claim: Claim) -> Iterator[Claim]:
+        """``claim``, released when the block ends (however it ends)."""
+        try:
+            yield claim
+        finally:
+            self.release(claim)
+
+    def wait(self, key: str, *, count: bool = True) -> pa.Table | None:
+        """The entry of ``key`` once the process holding its claim has written it; None (counted as a
+        miss) when the claim goes away without an entry or turns stale, or after `CLAIM_WAIT_S` (then
+        fetch it yourself: unclaimed where `claimed` still says so)."""
+        path, claim_path = self.path_of(key), self._claim_path(key)
+        pause, deadline = _WAIT_FIRST_S, time.monotonic() + CLAIM_WAIT_S
+        while True:
+            table = self._load(path)
+            if table is not None:
+                break
+            state = self._claim_state(claim_path)
+            if state != "live":
+                if state == "stale":
+                    self._remove_stale(claim_path)
+                table = self._load(path)  # written just before its claim went
+                break
+            if time.monotonic() > deadline:
+                _log.warning("waited %.0f s for the cache entry %s, claimed by another process; fetching it "
+                             "too", CLAIM_WAIT_S, path)
+                break
+            time.sleep(pause)
+            pause = min(_WAIT_MAX_S, pause * 1.5)
+        if count:
+            self._count("hits" if table is not None else "misses")
+        return table
+
     def put(self, key: str, table: pa.Table) -> None:
         """Cache ``table`` as ``key`` (a folder that cannot be written only logs a warning)."""
         self._store(self.path_of(key), table)
+
+    def _claim_path(self, key: str) -> str:
+        return os.path.join(self.directory, hashlib.sha256(key.encode()).hexdigest() + _CLAIM)
+
+    def _unclaimed(self, key: str, error: OSError) -> Claim:
+        if not self._claims_warned:
+            self._claims_warned = True
+            _log.warning("cannot claim cache entries in %s (%s); fetching without telling other processes, "
+                         "which may fetch the same row groups", self.directory, error)
+        return Claim(key, None)
+
+    def _claim_state(self, path: str) -> str:
+        """``"none"``, ``"live"`` or ``"stale"`` (see the module docstring)."""
+        try:
+            st = os.stat(path)
+            with open(path, "rb") as f:
+                text = f.read(4096)
+        except FileNotFoundError:
+            return "none"
+        except OSError:
+            return "live"  # cannot be read: trust it until it is old
+        if time.time() - st.st_mtime > CLAIM_STALE_S:
+            return "stale"
+        try:
+            info = json.loads(text)
+            pid, host = int(info["pid"]), info["host"]
+        except (ValueError, KeyError, TypeError):
+            return "live"  # being written now (or not ours to read): only its age tells
+        if host == _HOST and (not _claims.holds(path) if pid == os.getpid() else not _alive(pid)):
+            return "stale"
+        return "live"
+
+    def _remove_stale(self, path: str) -> None:
+        """Remove the claim at ``path`` if it is still stale, checked under the folder's lock: another
+        waiter may have removed it and claimed anew meanwhile."""
+        try:
+            with open(os.path.join(self.directory, ".lock"), "ab") as lock:
+                fcntl.flock(lock.fileno(), fcntl.LOCK_EX)
+                if self._claim_state(path) == "stale":
+                    with contextlib.suppress(FileNotFoundError):
+                        os.remove(path)
+        except OSError as e:
+            _log.warning("cannot remove the stale cache claim %s (%s)", path, e)
 
     def _count(self, name: str, n: int = 1) -> None:
         with self._lock:
@@ -285,7 +534,8 @@ class RowGroupCache:
                     if entry.name.endswith(_SUFFIX) and len(entry.name) == 64 + len(_SUFFIX):
                         entries.append((st.st_atime_ns, entry.path, st.st_size))
                         total += st.st_size
-                    elif entry.name.startswith(_TMP) and now - st.st_mtime > _STALE_TMP_S:
+                    elif (entry.name.startswith(_TMP) or entry.name.endswith(_CLAIM)) and \
+                            now - st.st_mtime > _STALE_TMP_S:
                         with contextlib.suppress(OSError):
                             os.remove(entry.path)
             evicted = 0

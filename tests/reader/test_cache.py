@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gc
+import logging
 import multiprocessing
 import os
 import struct
@@ -11,7 +12,7 @@ import zlib
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pyarrow as pa
@@ -21,6 +22,9 @@ import xxhash
 import shardkit.reader._cache as cache_mod
 from shardkit.errors import ReaderError
 from shardkit.reader._cache import CacheConfig, RowGroupCache
+
+if TYPE_CHECKING:
+    from tests.reader.conftest import S3Server
 
 GiB = 1 << 30
 
@@ -471,3 +475,225 @@ def test_a_file_rewritten_in_place_is_fetched_again_not_served_stale(tmp_path: P
     entries = set(_entries(directory))
     np.testing.assert_array_equal(read(), np.arange(400) + 0.5)  # unchanged file: served by the cache
     assert set(_entries(directory)) == entries
+
+
+# --- one fetch per entry across the processes of a machine (claims) ---------------------------------
+
+
+def _fetch_logged(log: str, key: str, table: pa.Table) -> pa.Table:
+    with open(log, "a") as f:
+        f.write(f"{os.getpid()} {key}\n")
+    time.sleep(0.3)  # a slow store: the other process asks for the key while this one fetches it
+    return table
+
+
+def _get_keys(directory: str, log: str, barrier: Any, results: Any, keys: list[str],
+              asking: str = "") -> None:
+    try:
+        cache = RowGroupCache(CacheConfig(directory, GiB))
+        barrier.wait(60)
+        if asking:
+            Path(asking).touch()
+        for i, key in enumerate(keys):
+            table = cache.get_or_fetch(key, lambda i=i, key=key: _fetch_logged(log, key, _table(i)))
+            if not table.equals(_table(i)):
+                raise AssertionError(f"wrong values for {key}")
+        results.put(("ok", cache.stats))
+    except BaseException as e:
+        results.put((f"{type(e).__name__}: {e}", {}))
+
+
+def _fetch_forever(directory: str, key: str, started: str) -> None:
+    def fetch() -> pa.Table:
+        Path(started).touch()
+        time.sleep(3600)  # killed mid-fetch
+        return _table(0)
+
+    RowGroupCache(CacheConfig(directory, GiB)).get_or_fetch(key, fetch)
+
+
+def _log_lines(log: Path) -> list[str]:
+    return log.read_text().splitlines() if log.exists() else []
+
+
+def _wait_for(path: Path, proc: Any) -> None:
+    deadline = time.monotonic() + 60
+    while not path.exists():
+        assert proc.is_alive(), f"{path} never appeared"
+        assert time.monotonic() < deadline, f"{path} never appeared"
+        time.sleep(0.01)
+
+
+@pytest.mark.distributed
+@pytest.mark.timeout(120)
+def test_two_processes_getting_the_same_keys_fetch_each_once(tmp_path: Path) -> None:
+    directory, log = str(tmp_path / "cache"), tmp_path / "fetches.log"
+    keys = [f"s3://bucket/ds|part-0.parquet|{i}" for i in range(6)]
+    ctx = multiprocessing.get_context("spawn")
+    barrier, results = ctx.Barrier(2), ctx.Queue()
+    procs = [ctx.Process(target=_get_keys, args=(directory, str(log), barrier, results, keys))
+             for _ in range(2)]
+    try:
+        for p in procs:
+            p.start()
+        outcomes = [results.get(timeout=90) for _ in procs]
+        for p in procs:
+            p.join(30)
+    finally:
+        for p in procs:
+            if p.is_alive():
+                p.kill()
+                p.join(5)
+    assert [o[0] for o in outcomes] == ["ok", "ok"]
+    fetched = [line.split()[1] for line in _log_lines(log)]
+    assert sorted(fetched) == sorted(keys)  # each key fetched once, by one of the two
+    assert sum(o[1]["misses"] for o in outcomes) == len(keys)
+    assert sum(o[1]["hits"] for o in outcomes) == len(keys)
+    assert not list(Path(directory).glob("*.claim"))
+
+
+@pytest.mark.distributed
+@pytest.mark.timeout(120)
+def test_a_claimer_killed_mid_fetch_does_not_block_the_others(tmp_path: Path) -> None:
+    directory, log = str(tmp_path / "cache"), tmp_path / "fetches.log"
+    started, asking = tmp_path / "started", tmp_path / "asking"
+    key = "s3://bucket/ds|part-0.parquet|0"
+    ctx = multiprocessing.get_context("spawn")
+    claimer = ctx.Process(target=_fetch_forever, args=(directory, key, str(started)))
+    barrier, results = ctx.Barrier(1), ctx.Queue()
+    waiter = ctx.Process(target=_get_keys, args=(directory, str(log), barrier, results, [key], str(asking)))
+    try:
+        claimer.start()
+        _wait_for(started, claimer)
+        assert RowGroupCache(CacheConfig(directory, GiB)).claimed(key)
+        waiter.start()
+        _wait_for(asking, waiter)
+        time.sleep(0.5)
+        assert _log_lines(log) == []  # waiting for the live claimer's entry, not fetching
+        os.kill(claimer.pid, 9)  # SIGKILL, not reaped yet: a zombie, whose claim is stale all the same
+        outcome = results.get(timeout=60)
+        waiter.join(30)
+    finally:
+        for p in (claimer, waiter):
+            if p.is_alive():
+                p.kill()
+            p.join(5)
+    assert outcome[0] == "ok"
+    assert [line.split()[1] for line in _log_lines(log)] == [key]  # the waiter fetched it, once
+    cache = RowGroupCache(CacheConfig(directory, GiB))
+    assert cache.get(key) is not None
+    assert not cache.claimed(key)
+    assert not list(Path(directory).glob("*.claim"))
+
+
+@pytest.mark.parametrize("how", ["removed", "read_only"])
+def test_a_folder_that_takes_no_claim_degrades_to_fetching(tmp_path: Path, how: str,
+                                                           caplog: pytest.LogCaptureFixture) -> None:
+    directory = tmp_path / "cache"
+    cache = RowGroupCache(CacheConfig(str(directory), GiB))
+    if how == "removed":  # deleted under a running job
+        directory.rmdir()
+    elif os.geteuid() == 0:
+        pytest.skip("root writes into a read-only folder")
+    else:
+        directory.chmod(0o555)
+    fetch = Fetcher(_table(1))
+    try:
+        with caplog.at_level(logging.WARNING, logger="shardkit.reader._cache"):
+            for _ in range(2):
+                assert cache.get_or_fetch("k", fetch).equals(_table(1))
+    finally:
+        if directory.exists():
+            directory.chmod(0o755)
+    assert fetch.calls == 2  # nothing could be cached: fetched each time, never waiting
+    assert "cannot claim cache entries" in caplog.text
+    assert "cannot write the cache entry" in caplog.text
+    assert not cache.claimed("k")
+
+
+def _read_ids(url: str, options: dict[str, Any], directory: str, seed: int, barrier: Any,
+              results: Any) -> None:
+    try:
+        import shardkit
+
+        barrier.wait(60)
+        with shardkit.make_reader(url, storage_options=options, cache=directory, seed=seed,
+                                  batch_size=100) as reader:
+            ids = np.concatenate([b["id"] for b in reader])
+        results.put(("ok", sorted(ids.tolist())))
+    except BaseException as e:
+        results.put((f"{type(e).__name__}: {e}", []))
+
+
+@pytest.mark.distributed
+@pytest.mark.timeout(180)
+def test_two_readers_sharing_a_cache_folder_fetch_each_row_group_once(
+        s3_server: S3Server, s3_bucket: str, tmp_path: Path) -> None:
+    """Two processes reading one remote dataset through one cache folder, as the workers of a
+    DataLoader do: each row group is one request between them, not one each."""
+    import pandas as pd
+
+    import shardkit
+
+    url, options = f"s3://{s3_bucket}/ds", s3_server.storage_options
+    frame = pd.DataFrame({"id": np.arange(4000, dtype=np.int64),
+                          "x": list(np.random.default_rng(0).standard_normal((4000, 32)).astype(np.float32))})
+    ds = shardkit.write_dataset(frame, url, storage_options=options, row_group_size=250)
+    mark = s3_server.mark()
+    directory = str(tmp_path / "cache")
+    ctx = multiprocessing.get_context("spawn")
+    barrier, results = ctx.Barrier(2), ctx.Queue()
+    procs = [ctx.Process(target=_read_ids, args=(url, options, directory, seed, barrier, results))
+             for seed in (1, 2)]
+    try:
+        for p in procs:
+            p.start()
+        outcomes = [results.get(timeout=150) for _ in procs]
+        for p in procs:
+            p.join(30)
+    finally:
+        for p in procs:
+            if p.is_alive():
+                p.kill()
+                p.join(5)
+    assert [o[0] for o in outcomes] == ["ok", "ok"]
+    assert all(o[1] == list(range(4000)) for o in outcomes)
+    assert s3_server.count_gets(r"/ds/part-[^/?]*\.parquet", since=mark) == len(ds.row_groups) == 16
+    assert len(list(Path(directory).glob("*.arrow"))) == 16
+    assert not list(Path(directory).glob("*.claim"))
+
+
+def test_a_claim_left_with_this_process_s_pid_is_stale(tmp_path: Path) -> None:
+    """A claim file naming this process that it does not hold: left by an earlier process that had the
+    same pid (the first process of a container, run again). It does not make this process wait."""
+    import json
+    import socket
+
+    cache = RowGroupCache(CacheConfig(str(tmp_path), GiB))
+    claim = Path(cache.path_of("k")).with_suffix(".claim")
+    claim.write_text(json.dumps({"pid": os.getpid(), "host": socket.gethostname(), "time": time.time()}))
+    assert not cache.claimed("k")
+    fetch = Fetcher(_table(1))
+    assert cache.get_or_fetch("k", fetch).equals(_table(1))
+    assert fetch.calls == 1
+    assert not claim.exists()
+
+
+def test_a_live_claim_that_never_ends_is_waited_for_a_bounded_time(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    """A claimer alive but stuck (its claims refreshed, its fetch never ending) blocks the others only
+    for CLAIM_WAIT_S: then they fetch, unclaimed."""
+    monkeypatch.setattr(cache_mod, "CLAIM_WAIT_S", 0.2)
+    cache = RowGroupCache(CacheConfig(str(tmp_path), GiB))
+    stuck = cache.claim("k")  # held by this process, never released in the test: live
+    assert stuck is not None
+    assert stuck.path is not None
+    assert cache.claimed("k")
+    fetch = Fetcher(_table(1))
+    with caplog.at_level(logging.WARNING, logger="shardkit.reader._cache"):
+        assert cache.get_or_fetch("k", fetch).equals(_table(1))
+    assert fetch.calls == 1
+    assert "fetching it too" in caplog.text
+    assert cache.claimed("k")  # the stuck claim is left to its holder
+    cache.release(stuck)
+    assert not cache.claimed("k")

@@ -17,6 +17,19 @@ budget of bytes, so that a store's round trips overlap instead of adding up. A r
 its turn is fetched at once; one whose fetch failed is read directly, which retries and names the
 failure as a direct read does. Row groups the cache holds are not fetched.
 
+With a cache, the processes of a machine that share its folder fetch each row group once between them
+(the cache's claims, `shardkit.reader._cache`): the fetch-ahead claims the row groups of the plan in
+order, as far ahead as the fetcher's budget (`Fetcher.target`) of row groups claimed and not read yet,
+and skips those the cache holds or another process has claimed. A thread of the source's own (the
+filler) fetches the claimed row groups whole, writes them to the cache and lets go of their claims,
+whatever the reads are doing: a process that waits for another's entry never waits on that process's
+reads, so two processes waiting for each other's row groups always get them. A read takes a row group
+from the cache (memory-mapped); one it reaches before the filler does it fills itself; one claimed
+elsewhere it waits for (`RowGroupCache.wait`), and fetches itself when the claim goes away without an
+entry or turns stale (a killed process). A remote row group read through the cache is read whole, not
+slice by slice: its claim must not wait on later tasks. Where the cache folder takes no claims, each
+process fetches ahead on its own, as without claims.
+
 With a cache, a row group's key names its file's version (`Location.versions`: the ETag on object
 stores, ``size:mtime_ns`` locally), so a file rewritten in place under the same name, with the same
 rows and bytes, is fetched again instead of served from the old entry. The versions come from one
@@ -36,9 +49,10 @@ the reader to find readable rows in the place of lost ones without reading them 
 from __future__ import annotations
 
 import dataclasses
+import os
 import threading
 import weakref
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Literal
 
@@ -53,7 +67,7 @@ from shardkit.reader._pipeline.spill import SEGMENT_BITS
 from shardkit.reader._plan import Task
 
 if TYPE_CHECKING:
-    from shardkit.reader._cache import RowGroupCache
+    from shardkit.reader._cache import Claim, RowGroupCache
     from shardkit.reader._pipeline.spill import Spill
 
 Columns = dict[str, np.ndarray]
@@ -73,6 +87,24 @@ class Part:
     def whole(self) -> bool:
         """Whether every row of the task is here."""
         return not len(self.lost)
+
+
+@dataclasses.dataclass(eq=False)
+class _Ahead:
+    """A row group this source claimed ahead: fetched whole and written to the cache by whoever gets to
+    it first, the filler or a read (``state``: claimed -> filling -> done)."""
+
+    key: str
+    claim: Claim
+    where: tuple[str, list[tuple[int, int]]]  # its file and byte ranges (`Dataset.chunk_ranges`)
+    state: str = "claimed"
+    done: threading.Event = dataclasses.field(default_factory=threading.Event)
+    table: pa.Table | None = None  # when it could not be cached: handed to its read
+
+    @property
+    def nbytes(self) -> int:
+        return sum(b - a for a, b in self.where[1])
+
 
 IN_PLACE_KEPT = 64  # row groups whose value ranges (`Dataset.value_ranges`) are kept for their next tasks
 RECENT_READS = 2  # row-group tables kept for the next task (bounded memory: two row groups)
@@ -113,15 +145,37 @@ class RowGroupSource:
         self._fetcher: Fetcher | None = None
         if not dataset.location.is_local:
             self._fetcher = Fetcher(fetch_getter(dataset.location.fs), max_inflight_bytes)
+        self._reset_ahead()
+
+    def _reset_ahead(self) -> None:
+        """No row group claimed ahead: at the start, and in a process forked from one that had claimed
+        (its claims and its filler thread stay the parent's)."""
+        self._pid = os.getpid()
+        self._claims = self._fetcher is not None and self.cache is not None  # until the folder says no
+        self._order: deque[int] = deque()  # the plan's row groups not yet looked at for claiming
+        self._ahead: OrderedDict[int, _Ahead] = OrderedDict()  # claimed here, not read yet
+        self._ahead_lock = threading.Condition()
+        self._filler: threading.Thread | None = None
+        self._closed = False
 
     def close(self) -> None:
         """Let go of the row groups being read (their open files), as `Reader.close` does: a reader kept
-        alive after it is closed (tf.data keeps every generator it ran) no longer holds files open."""
+        alive after it is closed (tf.data keeps every generator it ran) no longer holds files open.
+        Claims not filled yet are let go of (other processes then fetch those row groups)."""
         with self._lock:
             reads = list(self._recent.values())
             self._recent.clear()
         for read in reads:
             read.close()
+        if self._pid == os.getpid():
+            with self._ahead_lock:
+                self._closed = True
+                unfilled = [a for a in self._ahead.values() if a.state == "claimed"]
+                self._ahead.clear()
+                self._order.clear()
+                self._ahead_lock.notify_all()
+            for a in unfilled:
+                self.cache.release(a.claim)  # type: ignore[union-attr]
         if self._fetcher is not None:
             self._fetcher.close()
 
@@ -144,7 +198,23 @@ class RowGroupSource:
         ahead (see the module docstring), but for those the cache holds."""
         if self._fetcher is None:
             return
-        items = []
+        if self._pid != os.getpid():
+            self._reset_ahead()
+        if self._claims:
+            with self._ahead_lock:
+                self._order = deque(dict.fromkeys(row_groups))
+                for g, a in list(self._ahead.items()):  # filled, and cached: a read finds them there
+                    if a.state == "done" and a.table is None:
+                        del self._ahead[g]
+            self._claim_more()
+            return
+        self._plan_unclaimed(row_groups)
+
+    def _plan_unclaimed(self, row_groups: Sequence[int],
+                        first: Sequence[tuple[int, str, list[tuple[int, int]]]] = ()) -> None:
+        """Fetch ahead ``first``, then the row groups the cache does not hold, claiming none."""
+        assert self._fetcher is not None
+        items = list(first)
         for g in dict.fromkeys(row_groups):
             if self.cache is not None and self._cached(g):
                 continue
@@ -152,6 +222,85 @@ class RowGroupSource:
             if where is not None:
                 items.append((g, *where))
         self._fetcher.plan(items)
+
+    def _claim_more(self) -> None:
+        """Claim the plan's next row groups (skipping those the cache holds or another process claimed)
+        while the row groups claimed here and not read yet stay within the fetcher's budget; fetch
+        them ahead, in order, and wake the filler."""
+        assert self._fetcher is not None
+        assert self.cache is not None
+        with self._ahead_lock:
+            if self._closed or not self._claims:
+                return
+            budget = self._fetcher.target()
+            pending = sum(a.nbytes for a in self._ahead.values())  # filled or not: not read yet
+            while self._order and (pending < budget or not self._ahead):
+                g = self._order.popleft()
+                if g in self._ahead:
+                    continue
+                key = self._key(g)
+                where = None if key is None else self.dataset.chunk_ranges(g, self.columns)
+                if key is None or where is None or self.cache.has(key):
+                    continue  # never cached, or not fetched ahead (its read goes on its own), or held
+                claim = self.cache.claim(key)
+                if claim is None:  # another process is fetching it: read from the cache when needed
+                    continue
+                if claim.path is None:  # the folder takes no claims: each process fetches ahead alone
+                    self._claims = False
+                    first = [(h, *a.where) for h, a in self._ahead.items() if a.state == "claimed"]
+                    self._plan_unclaimed([g, *self._order], first)
+                    self._order.clear()
+                    break
+                self._ahead[g] = _Ahead(key, claim, where)
+                pending += self._ahead[g].nbytes
+            else:
+                self._fetcher.plan([(g, *a.where) for g, a in self._ahead.items() if a.state == "claimed"])
+            if self._filler is None and any(a.state == "claimed" for a in self._ahead.values()):
+                self._filler = threading.Thread(target=self._fill_claimed, name="shardkit-cache-fill",
+                                                daemon=True)
+                self._filler.start()
+            self._ahead_lock.notify_all()
+
+    def _fill_claimed(self) -> None:
+        """The filler thread: the row groups claimed here, in order, fetched and cached."""
+        while True:
+            with self._ahead_lock:
+                while not self._closed and not any(a.state == "claimed" for a in self._ahead.values()):
+                    self._ahead_lock.wait()
+                if self._closed:
+                    return
+                g, a = next((g, a) for g, a in self._ahead.items() if a.state == "claimed")
+                a.state = "filling"
+            self._fill(g, a)
+
+    def _fill(self, row_group: int, ahead: _Ahead, *, reraise: bool = False) -> None:
+        """Fetch a row group claimed here whole, write it to the cache and let go of its claim. A fetch
+        that fails lets go, and raises with ``reraise`` (a read's), else not (the filler's: the read of
+        the row group then reads it directly, which retries and names the failure)."""
+        cache = self.cache
+        assert cache is not None
+        table = None
+        try:
+            if not self._closed:
+                stream = self._stream(row_group)
+                try:
+                    table = stream.upto(None)
+                finally:
+                    stream.close()
+                    if self._fetcher is not None:
+                        self._fetcher.release(row_group)
+                cache.put(ahead.key, table)
+        except Exception:
+            table = None
+            if reraise:
+                raise
+        finally:
+            cache.release(ahead.claim)
+            with self._ahead_lock:
+                ahead.table = table if table is not None and not cache.has(ahead.key) else None
+                ahead.state = "done"
+                ahead.done.set()
+                self._ahead_lock.notify_all()
 
     def _cached(self, row_group: int) -> bool:
         key = self._key(row_group)
@@ -201,8 +350,55 @@ class RowGroupSource:
         if key is None:
             return self._stream(row_group)
         cache = self.cache
+        if self._fetcher is not None and self._claims and self._pid == os.getpid():
+            return self._open_claimed(row_group, key)
         table = cache.get(key)
         return table if table is not None else self._stream(row_group, lambda t: cache.put(key, t))
+
+    def _open_claimed(self, row_group: int, key: str) -> _Stream | pa.Table:
+        """A remote row group through the cache's claims (see the module docstring): the whole table."""
+        cache = self.cache
+        assert cache is not None
+        assert self._fetcher is not None
+        with self._ahead_lock:
+            ahead = self._ahead.pop(row_group, None)  # read now: room for more ahead
+            fill = ahead is not None and ahead.state == "claimed"
+            if fill:
+                ahead.state = "filling"  # type: ignore[union-attr]
+        if ahead is not None:
+            self._claim_more()
+            if fill:
+                self._fill(row_group, ahead, reraise=True)
+            ahead.done.wait()
+            if ahead.table is not None:
+                return ahead.table
+        while True:
+            table = cache.get(key)
+            if table is not None:
+                return table
+            claim = cache.claim(key)
+            if claim is None:  # another process is fetching it
+                table = cache.wait(key, count=False)
+                if table is not None:
+                    return table
+                if cache.claimed(key):  # waited CLAIM_WAIT_S for it: read it unclaimed
+                    return self._stream(row_group, lambda t: cache.put(key, t))
+                continue
+            if claim.path is None:  # the folder takes no claims: as without them
+                return self._stream(row_group, lambda t: cache.put(key, t))
+            where = self.dataset.chunk_ranges(row_group, self.columns)
+            mine = _Ahead(key, claim, where if where is not None else ("", []), state="filling")
+            if where is not None:  # fetched at once, ahead of the rest
+                with self._ahead_lock:
+                    self._fetcher.plan([(row_group, *where)] + [
+                        (g, *a.where) for g, a in self._ahead.items() if a.state == "claimed"])
+            self._fill(row_group, mine, reraise=True)
+            if mine.table is not None:
+                return mine.table
+            table = cache.get(key)
+            if table is not None:
+                return table
+            return self._stream(row_group)  # its fetch failed: read directly, which names the failure
 
     def _arrow(self, row_group: int, stop: int | None) -> pa.Table:
         """The row group's Arrow table, at least its first ``stop`` rows (None: all). Tasks of one row group
