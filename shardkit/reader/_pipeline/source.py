@@ -203,8 +203,9 @@ class RowGroupSource:
         if self._claims:
             with self._ahead_lock:
                 self._order = deque(dict.fromkeys(row_groups))
-                for g, a in list(self._ahead.items()):  # filled, and cached: a read finds them there
-                    if a.state == "done" and a.table is None:
+                planned = set(self._order)
+                for g, a in list(self._ahead.items()):  # filled and cached (a read finds them there),
+                    if a.state == "done" and (a.table is None or g not in planned):  # or not read now
                         del self._ahead[g]
             self._claim_more()
             return
@@ -256,6 +257,8 @@ class RowGroupSource:
             else:
                 self._fetcher.plan([(g, *a.where) for g, a in self._ahead.items() if a.state == "claimed"])
             if self._filler is None and any(a.state == "claimed" for a in self._ahead.values()):
+                # one at a time, in claim order; it ends when nothing claimed is left (a reader never
+                # closed keeps no idle thread), and starts again with the next claim
                 self._filler = threading.Thread(target=self._fill_claimed, name="shardkit-cache-fill",
                                                 daemon=True)
                 self._filler.start()
@@ -265,11 +268,12 @@ class RowGroupSource:
         """The filler thread: the row groups claimed here, in order, fetched and cached."""
         while True:
             with self._ahead_lock:
-                while not self._closed and not any(a.state == "claimed" for a in self._ahead.values()):
-                    self._ahead_lock.wait()
-                if self._closed:
+                found = None if self._closed else next(
+                    ((g, a) for g, a in self._ahead.items() if a.state == "claimed"), None)
+                if found is None:
+                    self._filler = None
                     return
-                g, a = next((g, a) for g, a in self._ahead.items() if a.state == "claimed")
+                g, a = found
                 a.state = "filling"
             self._fill(g, a)
 
