@@ -1048,7 +1048,13 @@ def report_mixture(run_: Run) -> tuple[str, list[dict[str, Any]]]:
 
 def report_costs(run_: Run) -> tuple[str, list[dict[str, Any]]]:
     """What remainder="mask" and a weight schedule cost (`COST_PAIRS`): each against its reference, same
-    run, round-robin, rows/s and rows per CPU-second."""
+    run, round-robin, rows/s and rows per CPU-second.
+
+    Judged on each case's fastest run (as ``timeit`` does), the medians printed beside: on the 2-CPU
+    machines some fresh processes, of any case, spend 4-6x the system CPU time on the same page faults
+    (seen as 0.65-0.9 s of sys time instead of 0.15 s for the shard-3 epoch; the kernel's, not the
+    reader's), so the median of an epoch of ~0.3 s falls on either side of that gap and a few percent
+    cannot be seen in it. The fastest run is what the code costs when the kernel does not add to it."""
     lines, verdicts = [], []
     for case, ref, label in COST_PAIRS:
         a, b = run_.results.get(case), run_.results.get(ref)
@@ -1057,17 +1063,27 @@ def report_costs(run_: Run) -> tuple[str, list[dict[str, Any]]]:
             continue
         # per sample of the reference (the masked rows a "mask" epoch adds are not samples): the time and
         # CPU for the same samples
-        ratio = b["seconds"] / a["seconds"]
-        cpu_ratio = b["cpu_seconds"] / a["cpu_seconds"] if a.get("cpu_seconds") and b.get("cpu_seconds") \
-            else None
+        runs_a, runs_b = a.get("runs") or [a], b.get("runs") or [b]
+
+        def best(runs: list[dict[str, Any]], key: str) -> float | None:
+            values = [r[key] for r in runs if r.get(key)]
+            return min(values) if values else None
+
+        ratio = best(runs_b, "seconds") / best(runs_a, "seconds")  # type: ignore[operator]
+        cpu_a, cpu_b = best(runs_a, "cpu_seconds"), best(runs_b, "cpu_seconds")
+        cpu_ratio = cpu_b / cpu_a if cpu_a and cpu_b else None
+        median = b["seconds"] / a["seconds"]
         ok = ratio >= COST_RATIO and (cpu_ratio is None or cpu_ratio >= COST_RATIO)
-        verdicts.append({"target": f"{label}: >= {COST_RATIO}x rows/s and rows/CPU-s",
+        verdicts.append({"target": f"{label}: >= {COST_RATIO}x rows/s and rows/CPU-s (fastest runs)",
                          "result": "PASS" if ok else "MISS",
-                         "detail": f"{ratio:.3f}x, {cpu_ratio:.3f}x" if cpu_ratio else f"{ratio:.3f}x"})
+                         "detail": (f"{ratio:.3f}x, {cpu_ratio:.3f}x" if cpu_ratio else f"{ratio:.3f}x")
+                         + f"; medians {median:.3f}x"})
         cpu = f"{cpu_ratio:.3f}x rows/CPU-s" if cpu_ratio else "-"
         verdict = "PASS" if ok else "MISS"
-        lines.append(f"{label}: {ratio:.3f}x rows/s, {cpu} ({a['seconds']:.2f} vs {b['seconds']:.2f} s; "
-                     f"k={len(a.get('runs', [])) or 1}) target >= {COST_RATIO:.2f}x: {verdict}")
+        lines.append(f"{label}: {ratio:.3f}x rows/s, {cpu}, fastest of k={len(runs_a)} each "
+                     f"({best(runs_a, 'seconds'):.2f} vs {best(runs_b, 'seconds'):.2f} s; medians "
+                     f"{a['seconds']:.2f} vs {b['seconds']:.2f} s: {median:.3f}x) "
+                     f"target >= {COST_RATIO:.2f}x: {verdict}")
     return "\n".join(lines), verdicts
 
 
