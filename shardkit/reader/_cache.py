@@ -312,11 +312,18 @@ class RowGroupCache:
             self._count("misses")
             return table
 
-    def get(self, key: str) -> pa.Table | None:
-        """The cached table of ``key`` (memory-mapped, checksum verified), or None (counted as a miss)."""
+    def get(self, key: str, *, count: bool = True) -> pa.Table | None:
+        """The cached table of ``key`` (memory-mapped, checksum verified), or None (counted as a miss;
+        ``count=False``: not counted)."""
         table = self._load(self.path_of(key))
-        self._count("hits" if table is not None else "misses")
+        if count:
+            self._count("hits" if table is not None else "misses")
         return table
+
+    def count(self, name: str) -> None:
+        """Count one ``name`` (``"hits"``, ``"misses"``) in `stats`: for a row group fetched here outside
+        `get_or_fetch` (the reader's fetch-ahead), a miss."""
+        self._count(name)
 
     def has(self, key: str) -> bool:
         """Whether an entry of ``key`` is there (not verified, not counted: what to fetch ahead)."""

@@ -100,6 +100,7 @@ class _Ahead:
     state: str = "claimed"
     done: threading.Event = dataclasses.field(default_factory=threading.Event)
     table: pa.Table | None = None  # when it could not be cached: handed to its read
+    fetched: bool = False  # fetched here (a cache miss of this process, counted when it is read)
 
     @property
     def nbytes(self) -> int:
@@ -294,6 +295,7 @@ class RowGroupSource:
                     if self._fetcher is not None:
                         self._fetcher.release(row_group)
                 cache.put(ahead.key, table)
+                ahead.fetched = True
         except Exception:
             table = None
             if reraise:
@@ -374,7 +376,12 @@ class RowGroupSource:
             if fill:
                 self._fill(row_group, ahead, reraise=True)
             ahead.done.wait()
-            if ahead.table is not None:
+            if ahead.fetched:  # fetched here: this process's miss, read back from the cache uncounted
+                cache.count("misses")
+                table = ahead.table if ahead.table is not None else cache.get(key, count=False)
+                if table is not None:
+                    return table
+            elif ahead.table is not None:
                 return ahead.table
         while True:
             table = cache.get(key)
@@ -399,7 +406,7 @@ class RowGroupSource:
             self._fill(row_group, mine, reraise=True)
             if mine.table is not None:
                 return mine.table
-            table = cache.get(key)
+            table = cache.get(key, count=False)  # (its miss counted above)
             if table is not None:
                 return table
             return self._stream(row_group)  # its fetch failed: read directly, which names the failure
