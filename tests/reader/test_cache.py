@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import logging
 import multiprocessing
@@ -9,7 +10,7 @@ import os
 import struct
 import time
 import zlib
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -402,6 +403,25 @@ def _hammer(directory: str, limit: int, worker: int, barrier: Any, results: Any)
         results.put((worker, f"{type(e).__name__}: {e}", {}))
 
 
+@contextlib.contextmanager
+def _running(procs: list[Any]) -> Iterator[None]:
+    """``procs`` started; when the block ends, joined (30 s each) and any still alive killed (at once
+    when the block raised)."""
+    done = False
+    try:
+        for p in procs:
+            p.start()
+        yield
+        done = True
+    finally:
+        for p in procs:
+            if done:
+                p.join(30)
+            if p.is_alive():
+                p.kill()
+                p.join(5)
+
+
 @pytest.mark.distributed
 @pytest.mark.timeout(120)
 def test_processes_share_one_folder(tmp_path: Path, new_process: Callable[[], None]) -> None:
@@ -412,17 +432,8 @@ def test_processes_share_one_folder(tmp_path: Path, new_process: Callable[[], No
     n = 4
     barrier, results = ctx.Barrier(n), ctx.Queue()
     procs = [ctx.Process(target=_hammer, args=(directory, limit, w, barrier, results)) for w in range(n)]
-    try:
-        for p in procs:
-            p.start()
+    with _running(procs):
         outcomes = [results.get(timeout=90) for _ in procs]
-        for p in procs:
-            p.join(30)
-    finally:
-        for p in procs:
-            if p.is_alive():
-                p.kill()
-                p.join(5)
     assert [o for o in outcomes if o[1] != "ok"] == []
     assert [p.exitcode for p in procs] == [0] * n
     stats = [o[2] for o in outcomes]
@@ -533,17 +544,8 @@ def test_two_processes_getting_the_same_keys_fetch_each_once(tmp_path: Path) -> 
     barrier, results = ctx.Barrier(2), ctx.Queue()
     procs = [ctx.Process(target=_get_keys, args=(directory, str(log), barrier, results, keys))
              for _ in range(2)]
-    try:
-        for p in procs:
-            p.start()
+    with _running(procs):
         outcomes = [results.get(timeout=90) for _ in procs]
-        for p in procs:
-            p.join(30)
-    finally:
-        for p in procs:
-            if p.is_alive():
-                p.kill()
-                p.join(5)
     assert [o[0] for o in outcomes] == ["ok", "ok"]
     fetched = [line.split()[1] for line in _log_lines(log)]
     assert sorted(fetched) == sorted(keys)  # each key fetched once, by one of the two
@@ -641,17 +643,8 @@ def test_two_readers_sharing_a_cache_folder_fetch_each_row_group_once(
         slow = {**options, "client_kwargs": {**options["client_kwargs"], "endpoint_url": relay.url}}
         procs = [ctx.Process(target=_read_ids, args=(url, slow, directory, seed, barrier, results))
                  for seed in (1, 2)]
-        try:
-            for p in procs:
-                p.start()
+        with _running(procs):
             outcomes = [results.get(timeout=150) for _ in procs]
-            for p in procs:
-                p.join(30)
-        finally:
-            for p in procs:
-                if p.is_alive():
-                    p.kill()
-                    p.join(5)
     assert [o[0] for o in outcomes] == ["ok", "ok"]
     assert all(o[1] == list(range(4000)) for o in outcomes)
     assert s3_server.count_gets(r"/ds/part-[^/?]*\.parquet", since=mark) == len(ds.row_groups) == 16

@@ -13,7 +13,7 @@ import itertools
 import json
 import tempfile
 from collections import Counter
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -26,27 +26,19 @@ import shardkit
 from shardkit.errors import ReaderError
 from shardkit.reader import SOURCE
 from shardkit.reader._plan import stage_steps
-from tests.reader.test_mixture import OFFSET, Item, items, open_shards, stream_reference, write_sources
+from tests.reader.test_mixture import (  # the autouse fixture closes the readers each test makes
+    OFFSET,
+    Item,
+    _readers_closed,  # noqa: F401
+    items,
+    open_shards,
+    stream_reference,
+    write_sources,
+)
 from tests.reader.test_mixture_schedule import stream_of
 
 VALID = "__valid__"
 _SETTINGS: dict[str, Any] = {"deadline": None, "suppress_health_check": [HealthCheck.too_slow]}
-
-
-@pytest.fixture(autouse=True)
-def _readers_closed(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    """Every reader a test makes is closed after it (later tests of the session fork DataLoader workers)."""
-    made: list[Any] = []
-    make = shardkit.make_reader
-
-    def tracked(*args: Any, **kwargs: Any) -> Any:
-        made.append(make(*args, **kwargs))
-        return made[-1]
-
-    monkeypatch.setattr(shardkit, "make_reader", tracked)
-    yield
-    for reader in made:
-        reader.close()
 
 
 def valid_items(batch: Mapping[str, Any], batch_size: int) -> list[Item]:
