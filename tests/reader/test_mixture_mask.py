@@ -36,6 +36,7 @@ from tests.reader.test_mixture import (  # the autouse fixture closes the reader
     write_sources,
 )
 from tests.reader.test_mixture_schedule import stream_of
+from tests.reader.test_remainder_mask import step_together
 
 VALID = "__valid__"
 _SETTINGS: dict[str, Any] = {"deadline": None, "suppress_health_check": [HealthCheck.too_slow]}
@@ -51,26 +52,6 @@ def valid_items(batch: Mapping[str, Any], batch_size: int) -> list[Item]:
     assert np.array_equal(np.asarray(batch["id"]) // OFFSET, batch[SOURCE])
     assert np.array_equal(batch["x"], (np.asarray(batch["id"]) / 2).astype(np.float32))
     return [i for i, v in zip(items(batch), valid.tolist(), strict=True) if v]
-
-
-def step_together(readers: list[shardkit.Reader], steps: int | None, batch_size: int,
-                  seen: list[Item]) -> int:
-    """Every shard takes ``steps`` batches of the current epoch (None: to its end); the valid items go
-    to ``seen``. Returns the steps taken, the same for every shard."""
-    iters = [r.iter_epoch() for r in readers]
-    taken = 0
-    while steps is None or taken < steps:
-        batches = [next(it, None) for it in iters]
-        if all(b is None for b in batches):
-            break
-        assert all(b is not None for b in batches), "shards ran different numbers of steps"
-        for b in batches:
-            assert b is not None
-            seen += valid_items(b, batch_size)
-        taken += 1
-    for it in iters:
-        it.close()  # type: ignore[attr-defined]
-    return taken
 
 
 @st.composite
@@ -133,7 +114,8 @@ def run_job(sources: Mapping[str, str], job: Mapping[str, Any], weights: Mapping
             history = [tuple(s) for s in readers[0].state_dict()["history"]]
             steps = stage_steps(samples, num_shards=len(readers), history=history, remainder="mask",
                                 batch_size=b)
-            taken = step_together(readers, None if fraction is None else int(fraction * steps), b, seen)
+            taken = step_together(readers, None if fraction is None else int(fraction * steps), b, seen,
+                                  valid_items)
             if fraction is None:
                 assert taken == steps
             states = [r.state_dict() for r in readers]
@@ -177,7 +159,7 @@ def test_every_epoch_is_the_next_run_of_the_stream_in_equal_full_steps(tmp_path:
                           num_epochs=2, seed=3)
     seen: list[Item] = []
     for _ in range(2):
-        assert step_together(readers, None, 4, seen) == len(readers[0]) == 2  # pieces 8, 8, 7, 7
+        assert step_together(readers, None, 4, seen, valid_items) == len(readers[0]) == 2  # pieces 8, 8, 7, 7
     stream, _ = stream_of(weights)
     assert Counter(seen) == Counter(stream_reference(sources, stream.sources(0, 60).tolist(), seed=3,
                                                      shuffle=True))

@@ -11,6 +11,7 @@ import subprocess
 import sys
 import tempfile
 from collections import Counter
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -75,10 +76,20 @@ def open_readers(ds: Dataset, world: int, state: dict[str, Any] | None, **kw: An
     return readers
 
 
-def step_together(readers: list[shardkit.Reader], steps: int | None, batch_size: int,
-                  seen: list[int]) -> int:
-    """Every reader takes ``steps`` batches (None: to the epoch's end), all of ``batch_size`` rows with
-    the mask; the valid ids go to ``seen``. Returns the steps taken (the same for every reader)."""
+def valid_ids(batch: Mapping[str, Any], batch_size: int) -> list[int]:
+    """The ids of a batch's samples, after checking its shape: ``batch_size`` rows with the mask, samples
+    first, then masked rows."""
+    assert batch[VALID].dtype == np.bool_
+    assert len(batch[VALID]) == len(batch["id"]) == batch_size
+    assert (np.diff(batch[VALID].astype(np.int8)) <= 0).all(), "samples first, then masked rows"
+    return [int(i) for i in batch["id"][batch[VALID]]]
+
+
+def step_together(readers: list[shardkit.Reader], steps: int | None, batch_size: int, seen: list[Any],
+                  samples: Callable[[Mapping[str, Any], int], list[Any]] = valid_ids) -> int:
+    """Every reader takes ``steps`` batches of the current epoch (None: to its end); ``samples(batch,
+    batch_size)`` of each batch (default: its valid ids, its shape checked) go to ``seen``. Returns the
+    steps taken (the same for every reader)."""
     iters = [r.iter_epoch() for r in readers]
     taken = 0
     while steps is None or taken < steps:
@@ -88,11 +99,10 @@ def step_together(readers: list[shardkit.Reader], steps: int | None, batch_size:
         assert all(batch is not None for batch in batches), "shards ran different numbers of steps"
         for batch in batches:
             assert batch is not None
-            assert batch[VALID].dtype == np.bool_
-            assert len(batch[VALID]) == len(batch["id"]) == batch_size
-            assert (np.diff(batch[VALID].astype(np.int8)) <= 0).all(), "samples first, then masked rows"
-            seen.extend(int(i) for i in batch["id"][batch[VALID]])
+            seen += samples(batch, batch_size)
         taken += 1
+    for it in iters:
+        it.close()  # type: ignore[attr-defined]
     return taken
 
 
