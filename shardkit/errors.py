@@ -11,6 +11,8 @@
     │   ├── TableVersionError         (also LookupError)        a version or snapshot id a table lacks
     │   ├── UnsupportedTableError     (also ValueError)         a table feature shardkit cannot read
     │   ├── StorageFullError          (also OSError)            the disk or bucket filled during a write
+    │   ├── RowIndexError             (also IndexError)         an index out of range, a mask too long/short
+    │   │   └── RowIndexTypeError     (also TypeError)          an index that is no integer (a float, a bool)
     │   └── UnsafePickleError         (also ValueError)         a Petastorm schema pickle with foreign content
     ├── SchemaError                   (also ValueError)         a schema, field or codec invalid in itself
     │   └── SchemaMismatchError                                 data that does not fit the declared schema
@@ -68,6 +70,8 @@ __all__ = [
     "NotADatasetError",
     "PartitionColumnsWarning",
     "ReaderError",
+    "RowIndexError",
+    "RowIndexTypeError",
     "SchemaError",
     "SchemaMismatchError",
     "SecretInEnvWarning",
@@ -142,6 +146,18 @@ class StorageFullError(DatasetError, OSError):
     """Raised when the disk or bucket a write goes to fills up (``ENOSPC``, ``EDQUOT``): nothing of the
     write is committed, the previous dataset is intact, and the message names the URL, the bytes this
     write had staged, the space left where that can be told, and the fix."""
+
+
+class RowIndexError(DatasetError, IndexError):
+    """Raised by random access (`shardkit.dataset.take`, ``dataset[i]``, ``shardkit.torch.MapDataset``)
+    for a row index out of range, or a boolean mask whose length is not the dataset's number of rows. The
+    message names the index, the dataset and its number of rows. An ``IndexError`` too, so ``for row in
+    dataset`` ends as Python's sequence protocol expects."""
+
+
+class RowIndexTypeError(RowIndexError, TypeError):
+    """Raised by random access for an index that is not an integer: a float, a bool, a string, a nested
+    list. A ``TypeError`` too, as Python's own ``[1, 2][1.0]`` raises."""
 
 
 class SchemaError(ShardkitError, ValueError):

@@ -10,6 +10,7 @@ from shardkit.dataset.codecs import ImageCodec, NdarrayCodec, ScalarCodec, Tenso
 from shardkit.dataset.open import SummaryMissingWarning, UncommittedFilesWarning, open_dataset
 from shardkit.dataset.schema import Schema
 from shardkit.dataset.spark import write_spark
+from shardkit.dataset.take import RowAccess, take
 from shardkit.dataset.verify import verify_dataset
 from shardkit.dataset.write import write_dataset, write_summary
 
@@ -18,6 +19,7 @@ __all__ = [
     "Field",
     "ImageCodec",
     "NdarrayCodec",
+    "RowAccess",
     "RowGroup",
     "SLICE_ROWS",
     "ScalarCodec",
@@ -26,6 +28,7 @@ __all__ = [
     "TensorCodec",
     "UncommittedFilesWarning",
     "open_dataset",
+    "take",
     "verify_dataset",
     "write_dataset",
     "write_spark",

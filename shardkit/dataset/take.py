@@ -1,0 +1,269 @@
+"""Random access: an opened dataset's rows by their global index (`take`, `RowAccess`).
+
+A row's global index is its place in the dataset's order: row groups in the order of
+``Dataset.row_groups`` (the summary's, or the files' in order), rows in order within each, counting only
+the rows the dataset holds (a table's rows deleted by its log, Delta's deletion vectors or Iceberg's
+position deletes, are not counted, exactly as ``Dataset.iter_row_group`` leaves them out). Index ``i``
+of a dataset is row ``i`` of an unshuffled read of it on one shard (``make_reader(url, shuffle=False)``).
+Indices follow Python's rules: ``-1`` is the last row, ``-len`` the first, anything else out of range
+raises `RowIndexError`; a boolean mask of one value per row and a slice select rows too.
+
+What a lookup reads. The indices are grouped by row group and each row group that holds any of them is
+read once, with only the columns asked for (``Dataset.read_row_group``: its page checksums checked, a
+table's deletions and casts applied), then Parquet's values of the rows asked for are taken from it and
+only those rows are decoded (an image is decoded for its own row, not its row group's). `RowAccess`
+keeps the row groups it read (Arrow, not decoded, up to ``cache_bytes``), so a map-style loader that asks
+for the rows of one row group one by one reads it once.
+
+Not yet (issue 40's later slices): reading only the pages that hold the rows (Parquet's offset index),
+coalesced range requests of those pages from an object store, and reading through the reader's disk
+cache. A lookup of one row reads its row group's column chunks whole.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import pyarrow as pa
+
+from shardkit.errors import ReaderError, RowIndexError, RowIndexTypeError
+
+if TYPE_CHECKING:
+    from shardkit.dataset._dataset import Dataset
+
+__all__ = ["CACHE_BYTES", "RowAccess", "check_columns", "row_positions", "sample_of", "take"]
+
+#: Arrow bytes of row groups a `RowAccess` keeps (least recently used dropped first): enough for a few
+#: row groups of images, so that consecutive lookups in one row group read it once.
+CACHE_BYTES = 256 << 20
+
+Columns = dict[str, Any]
+
+
+def take(dataset: Dataset, indices: Any, columns: Sequence[str] | None = None) -> Columns:
+    """The rows ``indices`` of ``dataset``, decoded as a reader's batch holds them.
+
+    Example:
+        >>> ds = shardkit.open_dataset(url)
+        >>> batch = take(ds, [5, 0, -1, 5], columns=["image", "label"])
+        >>> batch["label"].shape
+        (4,)
+
+    Args:
+        dataset: an opened dataset (`shardkit.open_dataset`).
+        indices: global row indices (a sequence, a numpy or torch array of integers, an integer; in any
+            order, repeats allowed; negative ones count from the end), a boolean mask with one value per
+            row, or a slice.
+        columns: the fields to read (None: all of them).
+
+    Returns:
+        field name -> the rows' values in the order of ``indices``: what a reader's batch of those rows
+        holds (numpy arrays, masked arrays for nullable numbers, object arrays for text, bytes and
+        variable shapes). An integer gives a batch of one row (`RowAccess.row` gives the row itself).
+
+    Raises:
+        RowIndexError: an index out of range, a mask of another length than the dataset's rows.
+        RowIndexTypeError: an index that is no integer (a float, a bool, a string).
+        ReaderError: a column that is not a field of the dataset.
+        CorruptDatasetError: a row group that cannot be read (its checksums fail, its file is truncated).
+    """
+    return RowAccess(dataset, columns, cache_bytes=0).take(indices)
+
+
+class RowAccess:
+    """Lookups of rows by global index in one dataset, keeping the row groups read (Arrow) for the next.
+
+    Example:
+        >>> rows = RowAccess(shardkit.open_dataset(url), columns=["image", "label"])
+        >>> batch = rows.take([10, 11, 12])   # one read of the row group that holds them
+        >>> sample = rows.row(13)             # from the row group kept: no read
+        >>> len(rows)                         # the dataset's rows
+
+    Thread-safe: lookups from several threads share the kept row groups (two threads that miss the same
+    row group at once may both read it). Not picklable (the dataset holds a lock and open files): a
+    process makes its own, as ``shardkit.torch.MapDataset`` does in each DataLoader worker.
+
+    Args:
+        dataset: an opened dataset.
+        columns: the fields every lookup reads (None: all of them).
+        cache_bytes: Arrow bytes of row groups kept for the next lookups (0: none kept).
+    """
+
+    def __init__(self, dataset: Dataset, columns: Sequence[str] | None = None, *,
+                 cache_bytes: int = CACHE_BYTES) -> None:
+        self.dataset = dataset
+        self.columns = check_columns(dataset, columns)
+        self.cache_bytes = int(cache_bytes)
+        self._ends = np.cumsum(dataset.rows_per_group)  # row group g holds [ends[g-1], ends[g])
+        self._kept: OrderedDict[int, pa.Table] = OrderedDict()
+        self._kept_bytes = 0
+        self._lock = threading.Lock()
+        #: row groups read, and lookups of a row group answered from the kept ones
+        self.stats = {"row_groups_read": 0, "row_groups_kept_hits": 0}
+
+    def __len__(self) -> int:
+        return int(self._ends[-1]) if len(self._ends) else 0
+
+    def take(self, indices: Any) -> Columns:
+        """The rows ``indices`` (see `take`), decoded, in the order given."""
+        positions = row_positions(indices, len(self), self.dataset.url)
+        return self.dataset.decode(self._arrow_rows(positions))
+
+    def row(self, index: Any) -> dict[str, Any]:
+        """Row ``index`` (an integer; negative: from the end) as one sample: field -> its value (a numpy
+        scalar or array, a str or bytes, None for a null), as a reader's transform gets a sample."""
+        if isinstance(index, bool | np.bool_) or not isinstance(index, int | np.integer):
+            raise RowIndexTypeError(
+                f"row index {index!r} ({type(index).__name__}) of dataset {self.dataset.url!r} is not an "
+                "integer; pass an int (negative: from the end), or take(indices) for several rows")
+        return sample_of(self.take([index]), 0)
+
+    def _arrow_rows(self, positions: np.ndarray) -> pa.Table:
+        """The Arrow rows at ``positions`` (non-negative, in range), in that order."""
+        if not len(positions):
+            return self.dataset.table_of([], self.columns)
+        groups = np.searchsorted(self._ends, positions, side="right")
+        order = np.argsort(groups, kind="stable")
+        bounds = np.flatnonzero(np.diff(groups[order])) + 1
+        pieces: list[pa.Table] = []
+        where = np.empty(len(positions), dtype=np.int64)  # each asked row's place among the pieces' rows
+        placed = 0
+        for chosen in np.split(order, bounds):
+            g = int(groups[chosen[0]])
+            start = int(self._ends[g - 1]) if g else 0
+            wanted, back = np.unique(positions[chosen] - start, return_inverse=True)
+            pieces.append(self._row_group(g).take(pa.array(wanted)))
+            where[chosen] = placed + back
+            placed += len(wanted)
+        rows = pieces[0] if len(pieces) == 1 else pa.concat_tables(pieces)
+        if len(where) == rows.num_rows and np.array_equal(where, np.arange(len(where))):
+            return rows  # asked in the dataset's order, each once: no second take
+        return rows.take(pa.array(where))
+
+    def _row_group(self, g: int) -> pa.Table:
+        with self._lock:
+            table = self._kept.get(g)
+            if table is not None:
+                self._kept.move_to_end(g)
+                self.stats["row_groups_kept_hits"] += 1
+                return table
+        table = self.dataset.read_row_group(g, self.columns)
+        with self._lock:
+            self.stats["row_groups_read"] += 1
+            if self.cache_bytes > 0 and g not in self._kept and table.nbytes <= self.cache_bytes:
+                self._kept[g] = table
+                self._kept_bytes += table.nbytes
+                while self._kept_bytes > self.cache_bytes:
+                    _, dropped = self._kept.popitem(last=False)
+                    self._kept_bytes -= dropped.nbytes
+        return table
+
+
+def check_columns(dataset: Dataset, columns: Sequence[str] | None) -> list[str]:
+    """``columns`` (None: every field) checked against the dataset's fields, as a reader checks them."""
+    names = list(dataset.schema.names)
+    if columns is None:
+        return names
+    if isinstance(columns, str):
+        raise ReaderError(f"columns={columns!r} is one string; pass a list of field names: "
+                          f"columns=[{columns!r}] (the fields of {dataset.url!r} are {names})")
+    asked = list(columns)
+    unknown = [c for c in asked if c not in names]
+    if unknown:
+        why = {c: dataset.left_out[c] for c in unknown if c in dataset.left_out}
+        extra = f" ({'; '.join(f'{c!r}: {w}' for c, w in why.items())})" if why else ""
+        raise ReaderError(f"unknown column(s) {unknown!r} for {dataset.url!r}{extra}; its fields are {names}")
+    twice = sorted({c for c in asked if asked.count(c) > 1})
+    if twice:
+        raise ReaderError(f"columns={asked!r} names {twice} more than once; name each field once")
+    if not asked:
+        raise ReaderError(f"columns=[] reads nothing of {dataset.url!r}; name at least one of its fields "
+                          f"{names}, or pass None for all of them")
+    return asked
+
+
+def row_positions(indices: Any, num_rows: int, url: str) -> np.ndarray:
+    """``indices`` (integers, negative from the end; a boolean mask of ``num_rows`` values; a slice) as
+    non-negative int64 positions, in order; `RowIndexError` / `RowIndexTypeError` naming the bad one."""
+    if isinstance(indices, slice):
+        try:
+            return np.arange(*indices.indices(num_rows), dtype=np.int64)
+        except TypeError as e:
+            raise RowIndexTypeError(f"slice {indices!r} of dataset {url!r} has a bound or step that is not "
+                                    "an integer; use integers (or None) in a slice of rows") from e
+    if isinstance(indices, bool | np.bool_):
+        raise RowIndexTypeError(
+            f"row index {indices!r} of dataset {url!r} is a bool, not a row number; pass an int, or a "
+            f"boolean mask with one value per row (a sequence of {num_rows} bools)")
+    if isinstance(indices, str | bytes | float | np.floating | dict | set) or indices is None:
+        raise RowIndexTypeError(
+            f"row index {indices!r} ({type(indices).__name__}) of dataset {url!r} is not an integer; pass "
+            "an int, a sequence or array of ints (negative: from the end), a boolean mask or a slice")
+    if hasattr(indices, "detach"):  # a torch tensor (on any device), without importing torch
+        indices = indices.detach().cpu().numpy()
+    try:
+        arr = np.asarray(indices)
+    except (ValueError, TypeError) as e:
+        raise RowIndexTypeError(f"indices {_short(indices)} of dataset {url!r} are not a flat sequence of "
+                                "integers (ragged or nested); pass a list or 1-d array of ints") from e
+    if arr.ndim == 0:
+        if arr.dtype.kind not in "iu":
+            raise RowIndexTypeError(f"row index {indices!r} ({type(indices).__name__}) of dataset {url!r} is "
+                                    "not an integer; pass an int (negative: from the end)")
+        arr = arr.reshape(1)
+    if arr.ndim != 1:
+        raise RowIndexTypeError(f"indices of shape {arr.shape} for dataset {url!r}: row indices are one "
+                                "flat sequence; flatten them (np.ravel) and reshape the result")
+    if arr.size == 0:
+        return np.zeros(0, dtype=np.int64)
+    if arr.dtype.kind == "b":
+        if len(arr) != num_rows:
+            raise RowIndexError(
+                f"a boolean mask of {len(arr)} values for dataset {url!r}, which has {num_rows} rows: a mask "
+                f"holds one value per row; make it {num_rows} long, or pass the row numbers it selects "
+                "(np.flatnonzero(mask))")
+        return np.flatnonzero(arr).astype(np.int64)
+    if arr.dtype.kind == "O" or (arr.dtype.kind in "iu" and isinstance(indices, list | tuple)
+                                 and any(isinstance(v, bool | np.bool_) for v in indices)):
+        for k, value in enumerate(indices if arr.dtype.kind != "O" else arr):
+            if isinstance(value, bool | np.bool_) or not isinstance(value, int | np.integer):
+                raise RowIndexTypeError(
+                    f"indices[{k}] = {value!r} ({type(value).__name__}) for dataset {url!r} is not an "
+                    "integer; row indices are ints (negative: from the end)")
+        arr = np.array([int(v) for v in arr], dtype=object)
+    elif arr.dtype.kind not in "iu":
+        k = int(np.flatnonzero(arr != np.trunc(arr))[0]) if arr.dtype.kind == "f" and \
+            (arr != np.trunc(arr)).any() else 0
+        raise RowIndexTypeError(
+            f"indices[{k}] = {arr[k].item()!r} for dataset {url!r}: indices of dtype {arr.dtype} are not row "
+            "numbers; pass ints (np.asarray(indices).astype(np.int64) if they hold whole numbers)")
+    bad = (arr < -num_rows) | (arr >= num_rows)
+    if bad.any():
+        k = int(np.flatnonzero(bad)[0])
+        raise RowIndexError(
+            f"row index {int(arr[k])} (indices[{k}]) is out of range for dataset {url!r} of {num_rows} rows; "
+            f"indices run from 0 to {num_rows - 1} (or -{num_rows} to -1 from the end)"
+            if num_rows else f"row index {int(arr[k])} (indices[{k}]): dataset {url!r} has no rows")
+    out = arr.astype(np.int64)
+    return np.where(out < 0, out + num_rows, out)
+
+
+def sample_of(batch: Columns, j: int) -> dict[str, Any]:
+    """Row ``j`` of a decoded batch as one sample: field -> value (None for a null)."""
+    out: dict[str, Any] = {}
+    for name, column in batch.items():
+        if isinstance(column, np.ma.MaskedArray):
+            mask = np.ma.getmaskarray(column)[j]
+            out[name] = None if np.all(mask) else column.data[j]
+        else:
+            out[name] = column[j]
+    return out
+
+
+def _short(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."
