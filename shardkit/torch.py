@@ -7,6 +7,7 @@ Example:
 
 from shardkit.reader.adapters.collate import Collate
 from shardkit.reader.adapters.torch import Loader, make_loader
+from shardkit.reader.adapters.torch_map import MapDataset
 from shardkit.reader.adapters.torch_workers import ShardkitIterableDataset, job_state
 
-__all__ = ["Collate", "Loader", "ShardkitIterableDataset", "job_state", "make_loader"]
+__all__ = ["Collate", "Loader", "MapDataset", "ShardkitIterableDataset", "job_state", "make_loader"]

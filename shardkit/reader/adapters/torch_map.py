@@ -1,0 +1,155 @@
+"""`MapDataset`: a map-style torch dataset (``len`` and ``dataset[i]``) over a shardkit dataset's rows, for
+any sampler (weighted, class-balanced, hard-example mining) and any number of DataLoader workers.
+
+Index ``i`` is the dataset's row ``i`` in its own order (`shardkit.dataset.take`: row groups in order, a
+table's deleted rows not counted); negative indices count from the end. A sample is what the stream's
+batch holds for that row (`Collate`: a tensor per number field, ``str``/``bytes`` for text, a tensor
+or None per variable-shape row, ``<name>__valid`` for a nullable field), so torch's default collate
+stacks samples into the batch ``shardkit.torch.make_loader`` would give.
+
+Batched lookups. torch's DataLoader (2.1 and later) calls ``__getitems__`` with a whole batch of indices
+when the dataset has one: the batch's rows are then grouped by row group and each row group read once
+(`shardkit.dataset.RowAccess`), instead of one lookup per sample. Each process keeps the row groups it
+read last (``cache_bytes``), so a sampler that visits neighbouring rows reads their row group once.
+
+Workers. Nothing open is held across processes: the dataset's index (its row groups, schema, snapshot)
+travels to each DataLoader worker, which opens its files on its first lookup, with the ``fork``,
+``spawn`` and ``forkserver`` start methods alike. The number of rows is fixed when the MapDataset is
+made, so every worker and the sampler agree on ``len``.
+
+Not yet (issue 40's later slices): reading only the pages that hold a row (a lookup reads its row
+group's column chunks of the asked columns), coalesced range requests from object stores, the reader's
+disk cache, and a reader's ``filter=``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+from shardkit.dataset import Dataset, RowAccess, Schema
+from shardkit.dataset.open import open_dataset
+from shardkit.dataset.take import CACHE_BYTES, check_columns, row_positions, sample_of
+from shardkit.errors import ReaderError, RowIndexTypeError, require
+from shardkit.reader.adapters.collate import Collate, plan_fields, prepare
+from shardkit.reader.adapters.torch import to_torch
+
+require("torch", extra="torch", purpose="shardkit.torch (PyTorch tensors and DataLoader workers)")
+
+import torch  # noqa: E402
+import torch.utils.data  # noqa: E402
+
+__all__ = ["MapDataset"]
+
+
+class MapDataset(torch.utils.data.Dataset[Any]):
+    """A map-style torch dataset over a shardkit dataset: ``len(ds)`` rows, ``ds[i]`` one sample.
+
+    Example:
+        >>> ds = shardkit.torch.MapDataset(url, columns=["image", "label"])
+        >>> sampler = torch.utils.data.WeightedRandomSampler(weights, num_samples=10_000)
+        >>> loader = torch.utils.data.DataLoader(ds, batch_size=256, sampler=sampler, num_workers=4)
+
+    Args:
+        url_or_dataset: a dataset URL (any fsspec URL, a Delta or Iceberg table), or an opened
+            `shardkit.Dataset` (its snapshot, schema hints and deleted rows are kept).
+        columns: the fields of each sample (None: all).
+        transform: ``fn(sample) -> anything``, run on each sample in the process that looks it up (a
+            DataLoader worker). It gets the sample as a reader's ``transform=`` does (field -> numpy
+            value, an image as its HxWxC uint8 array, None for a null), and what it returns is the
+            sample (torch's default collate turns numpy arrays into tensors). Seeding is torch's:
+            each DataLoader worker seeds ``torch`` and ``random`` itself (``worker_init_fn`` for numpy).
+        collate: how fields become torch values without a ``transform`` (`Collate`; its ``variable``
+            must be "rows": padding is a batch's, done by the DataLoader's ``collate_fn``).
+        storage_options, version: as for `shardkit.open_dataset` (a URL only).
+        cache_bytes: Arrow bytes of row groups each process keeps for the next lookups.
+    """
+
+    def __init__(self, url_or_dataset: str | os.PathLike[str] | Dataset, columns: Sequence[str] | None = None,
+                 transform: Callable[[dict[str, Any]], Any] | None = None, *, collate: Collate | None = None,
+                 storage_options: dict[str, Any] | None = None, version: int | None = None,
+                 cache_bytes: int = CACHE_BYTES) -> None:
+        if isinstance(url_or_dataset, Dataset):
+            if storage_options is not None or version is not None:
+                raise ReaderError("MapDataset(dataset, storage_options=/version=): those open a URL; the "
+                                  f"dataset {url_or_dataset.url!r} is open already (open_dataset(url, "
+                                  "version=...) chooses them)")
+            dataset = url_or_dataset
+        else:
+            dataset = open_dataset(url_or_dataset, storage_options=storage_options, version=version)
+        if transform is not None and not callable(transform):
+            raise ReaderError(f"transform={transform!r} is not callable; pass a function "
+                              "fn(sample) -> sample")
+        self.collate = Collate() if collate is None else collate
+        if not isinstance(self.collate, Collate) or self.collate.variable != "rows":
+            raise ReaderError(f"MapDataset(collate={collate!r}): a sample is one row, so pass a "
+                              "Collate(variable='rows') (the default); pad a batch's rows in the "
+                              "DataLoader's collate_fn")
+        self.columns = check_columns(dataset, columns)
+        self.transform = transform
+        self.cache_bytes = cache_bytes
+        self._plans = plan_fields(Schema([dataset.schema[c] for c in self.columns]), self.collate, "torch")
+        self._num_rows = dataset.num_rows
+        self._url = dataset.url
+        # what the dataset is made of (picklable: no lock, no open file), for each process to rebuild it
+        self._parts = {f.name: getattr(dataset, f.name) for f in dataclasses.fields(dataset) if f.init}
+        self._rows: RowAccess | None = RowAccess(dataset, self.columns, cache_bytes=cache_bytes)
+        self._pid = os.getpid()
+
+    def __len__(self) -> int:
+        return self._num_rows
+
+    def __getitem__(self, index: int) -> Any:
+        if isinstance(index, bool) or (not isinstance(index, int) and not _integer(index)):
+            raise RowIndexTypeError(
+                f"MapDataset[{index!r}] ({type(index).__name__}) of dataset {self._url!r} is not an integer "
+                "row index; pass an int (negative: from the end), or a list of them to __getitems__")
+        return self.__getitems__([int(index)])[0]
+
+    def __getitems__(self, indices: Sequence[int]) -> list[Any]:
+        """The samples at ``indices`` (what torch's DataLoader asks for a batch), each row group read once."""
+        rows = self.rows()
+        batch = rows.take(row_positions(indices, self._num_rows, self._url))
+        n = len(next(iter(batch.values())))
+        if self.transform is not None:
+            return [self.transform(sample_of(batch, j)) for j in range(n)]
+        values = to_torch(prepare(self._plans, batch, self.collate), self.collate.writable)
+        return [{key: _row(value, j) for key, value in values.items()} for j in range(n)]
+
+    def rows(self) -> RowAccess:
+        """This process's `RowAccess` of the dataset (made on first use in a process: a DataLoader worker
+        opens its own files)."""
+        if self._rows is None or self._pid != os.getpid():
+            self._rows = RowAccess(Dataset(**self._parts), self.columns, cache_bytes=self.cache_bytes)
+            self._pid = os.getpid()
+        return self._rows
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = dict(self.__dict__)
+        state["_rows"] = None  # a lock and the row groups kept: each process makes its own
+        return state
+
+    def __repr__(self) -> str:
+        return f"MapDataset({self._url!r}, columns={self.columns!r}, rows={self._num_rows})"
+
+
+def _integer(value: Any) -> bool:
+    """Whether ``value`` is an integer index other than a Python int: a numpy integer, a 0-d integer
+    tensor (what samplers built on torch.randint yield)."""
+    import numpy as np
+
+    if isinstance(value, np.integer):
+        return True
+    return isinstance(value, torch.Tensor) and value.ndim == 0 and not value.is_floating_point() \
+        and value.dtype != torch.bool
+
+
+def _row(value: Any, j: int) -> Any:
+    """Row ``j`` of a batch value from `to_torch`: a tensor's row (a view), a list's item."""
+    if isinstance(value, torch.Tensor):
+        return value[j]
+    if isinstance(value, Mapping):
+        return {k: _row(v, j) for k, v in value.items()}
+    return value[j]

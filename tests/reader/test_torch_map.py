@@ -1,0 +1,153 @@
+"""`shardkit.torch.MapDataset`: a map-style torch dataset whose samples are the stream's rows, for any
+sampler and DataLoader workers (fork and spawn), with batched ``__getitems__``."""
+
+from __future__ import annotations
+
+import pickle
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+from torch.utils.data import DataLoader, WeightedRandomSampler
+
+import shardkit
+import shardkit.torch
+from shardkit.errors import ReaderError, RowIndexError, RowIndexTypeError
+from shardkit.reader.adapters.collate import Collate
+from tests.reader.datasets import write_all_codecs
+
+Written = tuple[str, dict[str, Any]]
+
+
+@pytest.fixture(scope="module")
+def written(tmp_path_factory: pytest.TempPathFactory) -> Written:
+    return write_all_codecs(tmp_path_factory.mktemp("map") / "all", 90, row_group_size=7)
+
+
+def _weighted(seed: int) -> WeightedRandomSampler:
+    weights = torch.linspace(0.1, 3.0, 90)  # later rows drawn more often, many drawn twice
+    return WeightedRandomSampler(weights, num_samples=70, generator=torch.Generator().manual_seed(seed))
+
+
+def test_a_weighted_sampler_over_two_workers_gets_exactly_its_rows(written: Written) -> None:
+    url, columns = written
+    asked = list(_weighted(3))
+    ds = shardkit.torch.MapDataset(url, columns=["id", "img", "var", "maybe", "name"])
+    loader = DataLoader(ds, batch_size=16, sampler=_weighted(3), num_workers=2, collate_fn=list)
+    samples = [s for batch in loader for s in batch]
+    assert [int(s["id"]) for s in samples] == asked
+    for i, s in zip(asked, samples, strict=True):
+        np.testing.assert_array_equal(s["img"].numpy(), columns["img"][i])
+        np.testing.assert_array_equal(s["var"].numpy(), columns["var"][i])
+        assert bool(s["maybe__valid"]) == (columns["maybe"][i] is not None)
+        assert s["name"] == columns["name"][i]
+
+
+def test_samples_collate_to_the_streams_batch(written: Written) -> None:
+    url, _ = written
+    fixed = ["id", "score", "flag", "vec", "mat", "img", "gray", "maybe", "maybe_vec"]
+    stream = next(iter(shardkit.torch.make_loader(url, columns=fixed, batch_size=90, shuffle=False,
+                                                  remainder="uneven")))
+    loader = DataLoader(shardkit.torch.MapDataset(url, columns=fixed), batch_size=90)  # default collate
+    batch = next(iter(loader))
+    assert list(batch) == list(stream)
+    for key, value in stream.items():
+        assert batch[key].dtype == value.dtype, key
+        assert torch.equal(batch[key], value), key
+
+
+def test_text_and_variable_rows_are_the_streams(written: Written) -> None:
+    url, _ = written
+    names = ["name", "blob", "note", "var", "var2"]
+    stream = next(iter(shardkit.torch.make_loader(url, columns=names, batch_size=90, shuffle=False,
+                                                  remainder="uneven")))
+    ds = shardkit.torch.MapDataset(url, columns=names)
+    samples = ds.__getitems__(list(range(90)))
+    for key, rows in stream.items():
+        got = [s[key] for s in samples]
+        for g, w in zip(got, rows, strict=True):
+            if isinstance(w, torch.Tensor):
+                assert isinstance(g, torch.Tensor)
+                assert torch.equal(g, w), key
+            else:
+                assert g == w, key
+
+
+def test_one_sample_and_batched_lookups_read_each_row_group_once(written: Written) -> None:
+    url, _ = written
+    ds = shardkit.torch.MapDataset(url, columns=["id", "img"])
+    assert len(ds) == 90
+    assert int(ds[-1]["id"]) == 89
+    assert int(ds[np.int32(4)]["id"]) == 4
+    assert int(ds[torch.tensor(5)]["id"]) == 5
+    got = ds.__getitems__([70, 8, 71, 9, 70])
+    assert [int(s["id"]) for s in got] == [70, 8, 71, 9, 70]
+    assert ds.rows().stats["row_groups_read"] == 4  # rows 84-89 (-1), 0-6 (4, 5), 7-13 (8, 9), 70-76 (70, 71)
+    assert [int(s["id"]) for s in ds] == list(range(90))  # Python's sequence protocol ends at IndexError
+
+
+def test_transform_gets_the_numpy_sample(written: Written) -> None:
+    url, columns = written
+
+    def fn(sample: dict[str, Any]) -> dict[str, Any]:
+        assert isinstance(sample["img"], np.ndarray)
+        return {"id": int(sample["id"]), "null": sample["maybe"] is None, "mean": float(sample["img"].mean())}
+
+    ds = shardkit.torch.MapDataset(url, columns=["id", "img", "maybe"], transform=fn)
+    assert ds[7] == {"id": 7, "null": True, "mean": float(columns["img"][7].mean())}
+    assert ds[8]["null"] is False
+
+
+def test_pickled_and_spawned_workers_open_their_own(tmp_path: Path, written: Written) -> None:
+    url, _ = written
+    ds = shardkit.torch.MapDataset(shardkit.open_dataset(url), columns=["id"])
+    ds[0]  # opened and a row group kept here: none of it travels
+    copy = pickle.loads(pickle.dumps(ds))
+    assert int(copy[20]["id"]) == 20
+    loader = DataLoader(ds, batch_size=10, sampler=[3, 2, 1, 60], num_workers=1,
+                        multiprocessing_context="spawn")
+    assert next(iter(loader))["id"].tolist() == [3, 2, 1, 60]
+
+
+def test_a_table_keeps_its_deleted_rows_out_in_workers(tmp_path: Path) -> None:
+    import deltalake  # noqa: F401  (installed by [dev]: a missing one is a broken install, not a skip)
+
+    from tests.dataset.tables import DeltaHistory, add_deletion_vector, read_ids
+
+    history = DeltaHistory(tmp_path / "t", deletion_vectors=True)
+    history.apply(("append", 60))
+    add_deletion_vector(history)
+    stream = read_ids(history.url)
+    ds = shardkit.torch.MapDataset(shardkit.open_dataset(history.url), columns=["id"])
+    assert len(ds) == len(stream)
+    loader = DataLoader(ds, batch_size=8, num_workers=2)
+    assert [int(i) for b in loader for i in b["id"]] == stream
+
+
+@pytest.mark.parametrize(("index", "error", "words"), [
+    (90, RowIndexError, "row index 90"),
+    (-91, RowIndexError, "out of range"),
+    (1.0, RowIndexTypeError, "MapDataset[1.0] (float)"),
+    (True, RowIndexTypeError, "not an integer"),
+    (torch.tensor(1.0), RowIndexTypeError, "not an integer"),
+])
+def test_bad_indices(written: Written, index: Any, error: type[Exception], words: str) -> None:
+    ds = shardkit.torch.MapDataset(written[0], columns=["id"])
+    with pytest.raises(error) as raised:
+        ds[index]
+    assert words in str(raised.value)
+    assert repr(written[0]) in str(raised.value)
+
+
+def test_bad_arguments(written: Written) -> None:
+    url = written[0]
+    with pytest.raises(ReaderError, match="unknown column"):
+        shardkit.torch.MapDataset(url, columns=["nope"])
+    with pytest.raises(ReaderError, match="variable='rows'"):
+        shardkit.torch.MapDataset(url, collate=Collate(variable="pad"))
+    with pytest.raises(ReaderError, match="not callable"):
+        shardkit.torch.MapDataset(url, transform="resize")  # type: ignore[arg-type]
+    with pytest.raises(ReaderError, match="open already"):
+        shardkit.torch.MapDataset(shardkit.open_dataset(url), version=1)
