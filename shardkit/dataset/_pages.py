@@ -5,7 +5,9 @@ included) in its Thrift header. shardkit writes one on every page (`shardkit.dat
 reader has pyarrow verify them (`shardkit.dataset._dataset.VERIFY_PAGE_CHECKSUMS`). This module reads the
 headers itself (Thrift's compact protocol, the few fields needed) so that a scrub can say more than
 pyarrow does: which column and page of which row group is damaged, and which pages carry no checksum
-to check (files written by other tools, or by shardkit before it wrote them).
+to check (files written by other tools, or by shardkit before it wrote them). Writing, `ChecksumSink` puts
+the checksums into the pages pyarrow writes without them (ISA-L's CRC-32, several times faster than
+pyarrow's), and moves the footer's offsets by the bytes that adds: pyarrow's own bytes, sooner.
 
 Example:
     >>> report = check_chunk(chunk_bytes, offset=4)      # the bytes of one column chunk
@@ -14,6 +16,7 @@ Example:
 
 from __future__ import annotations
 
+import bisect
 import dataclasses
 import zlib
 from collections.abc import Callable, Iterator
@@ -25,9 +28,10 @@ import pyarrow.parquet as pq
 __all__ = ["MISMATCH", "ChunkReport", "Page", "PageError", "check_chunk", "check_row_group", "chunk_range",
            "crc32", "first_page", "plain_values", "ranges_of", "walk_pages"]
 
-def _fastest_crc32() -> Callable[[Any], int]:
+def _fastest_crc32() -> Callable[..., int]:
     """ISA-L's CRC-32 (``isal``, a dependency: much faster, with PCLMUL), else zlib's (as fast as
-    pyarrow's own): the same checksum, Parquet's (IEEE 802.3)."""
+    pyarrow's own): the same checksum, Parquet's (IEEE 802.3); ``crc32(data, start)`` goes on from the
+    checksum of the bytes before ``data``."""
     try:
         from isal import isal_zlib
     except ImportError:  # a platform without isal's wheels
@@ -294,3 +298,322 @@ class _Compact:
             raise ValueError(f"unknown Thrift type {kind}")
         if self.at > len(self.view):
             raise ValueError("past the end")
+
+
+# ---- writing: page checksums added to what pyarrow writes -------------------------------------------
+
+#: Thrift compact types
+_I32, _I64, _STRUCT = 5, 6, 12
+
+
+class ChecksumSink:
+    """A writable binary file for ``pq.ParquetWriter(write_page_checksum=False)`` that gives every page
+    the CRC-32 pyarrow would have written (`crc32`, much faster than pyarrow's own), into ``raw``.
+
+    pyarrow writes a page as two writes, its Thrift header and its bytes; the sink holds the header until
+    the page's bytes have come, and writes the header with its ``crc`` field (5 bytes or fewer) then the
+    bytes, untouched. The footer, which pyarrow wrote with the offsets and sizes it counted, gets them
+    moved by the bytes added before each (`_moved_footer`): the file is byte for byte the one pyarrow
+    writes with ``write_page_checksum=True``. `metadata` is its footer, once closed.
+
+    Anything written that is not laid out so (a page header with no size, a page running into the next
+    write, bytes after the footer: a page index, a bloom filter) raises `PageError` at once, naming it:
+    the file is never finished with sizes that do not add up.
+    """
+
+    def __init__(self, raw: Any) -> None:
+        self.raw = raw
+        self.logical = 0  # the bytes pyarrow has written (where it thinks it is)
+        self.added: list[int] = [0]  # bytes added before each header in ``starts`` (cumulative)
+        self.starts: list[int] = []  # logical offset of each page header
+        self._header: bytes | None = None
+        self._end = 0
+        self._pieces: list[Any] = []
+        self._left = 0
+        self._crc = 0
+        self._footer: list[bytes] | None = None
+        self.metadata: pq.FileMetaData | None = None
+        self.closed = False
+
+    def writable(self) -> bool:
+        return True
+
+    def write(self, data: Any) -> int:
+        n = len(data)
+        at, self.logical = self.logical, self.logical + n
+        if self._footer is not None:
+            self._footer.append(bytes(data))
+        elif self._left:
+            if n > self._left:
+                raise PageError(f"a write of {n} bytes at byte {at} runs past its page ({self._left} bytes "
+                                "left): not the layout of pyarrow's page writes")
+            self._pieces.append(data)
+            self._crc = crc32(data, self._crc)
+            self._left -= n
+            if not self._left:
+                self._flush_page()
+        elif at == 0:
+            if bytes(data) != b"PAR1":
+                raise PageError("a Parquet file starts with its magic bytes PAR1")
+            self.raw.write(data)
+        else:
+            header = bytes(data)
+            found = _header_fields(header)
+            if found is None:  # not a page header: the footer (FileMetaData, its length, PAR1)
+                self._footer = [header]
+                return n
+            size, self._end = found
+            self.starts.append(at)
+            self._header, self._pieces, self._left, self._crc = header, [], size, 0
+            if not size:
+                self._flush_page()
+        return n
+
+    def _flush_page(self) -> None:
+        plain = self._header or b""
+        header = _with_crc(plain, self._end, self._crc)
+        self.added.append(self.added[-1] + len(header) - len(plain))
+        self.raw.write(header)
+        for piece in self._pieces:
+            self.raw.write(piece)
+        self._header, self._pieces = None, []
+
+    def flush(self) -> None:
+        self.raw.flush()
+
+    def close(self) -> None:
+        if self.closed:
+            return
+        self.closed = True
+        try:
+            if self._left or self._header is not None:
+                raise PageError(f"the file ends inside a page ({self._left} of its bytes not written)")
+            if self._footer is not None:
+                tail = b"".join(self._footer)
+                size = int.from_bytes(tail[-8:-4], "little")
+                if tail[-4:] != b"PAR1" or size != len(tail) - 8:
+                    raise PageError(f"the {len(tail) - 8} bytes after the last page are not a Parquet footer "
+                                    "alone (a page index or a bloom filter?): their offsets cannot be moved")
+                footer = self._moved_footer(tail[:-8])
+                ending = footer + len(footer).to_bytes(4, "little") + b"PAR1"
+                self.raw.write(ending)
+                import pyarrow as pa
+
+                self.metadata = pq.read_metadata(pa.BufferReader(b"PAR1" + ending))
+        finally:
+            self.raw.close()
+
+    def _moved(self, offset: int) -> int:
+        """Where a logical offset (a page's start, or the end of the last page) is in the file written."""
+        return offset + self.added[bisect.bisect_left(self.starts, offset)]
+
+    def _moved_footer(self, footer: bytes) -> bytes:
+        """FileMetaData with every offset moved (`_moved`) and every column chunk's and row group's size
+        grown by the bytes added to its page headers."""
+        meta = _Thrift(memoryview(footer), 0).struct()
+        for group in _field(meta, 4, default=(0, []))[1]:
+            grown = 0
+            for chunk in _field(group, 1)[1]:
+                column = _field(chunk, 3)
+                start = _field(column, 9)
+                if 0 < _field(column, 11, default=0) < start:
+                    start = _field(column, 11)
+                end = start + _field(column, 7)
+                more = self._moved(end) - end - (self._moved(start) - start)
+                grown += more
+                for k in (9, 10, 11):
+                    if _field(column, k, default=0) > 0:
+                        _set(column, k, self._moved(_field(column, k)))
+                _set(column, 6, _field(column, 6) + more)
+                _set(column, 7, _field(column, 7) + more)
+                if _field(chunk, 2, default=0) > 0:
+                    _set(chunk, 2, self._moved(_field(chunk, 2)))
+                for k in (4, 6, 14):
+                    if _field(chunk, k, default=None) is not None:
+                        raise PageError("a column chunk with a page index or a bloom filter: its offsets "
+                                        "cannot be moved")
+            _set(group, 2, _field(group, 2) + grown)
+            if _field(group, 5, default=None) is not None:
+                _set(group, 5, self._moved(_field(group, 5)))
+            if _field(group, 6, default=None) is not None:
+                _set(group, 6, _field(group, 6) + grown)
+        out = bytearray()
+        _write_struct(out, meta)
+        return bytes(out)
+
+
+def _header_fields(header: bytes) -> tuple[int, int] | None:
+    """A page header's compressed page size, and where its field 3 ends (where the crc goes); None when
+    ``header`` is not exactly one page header without a crc, its first fields the page type (1), its
+    uncompressed (2) and compressed size (3) as i32 (a footer's first fields are not)."""
+    reader = _Compact(memoryview(header), 0)
+    last = size = end = 0
+    try:
+        while True:
+            head = reader.byte()
+            kind = head & 0x0F
+            if kind == 0:
+                break
+            fid = last + (head >> 4) if head >> 4 else reader.zigzag()
+            if fid <= 3:
+                if kind != _I32 or fid != last + 1:
+                    return None
+                value = reader.zigzag()
+                if fid == 3:
+                    size, end = value, reader.at
+            elif fid == 4 or fid <= last or last < 3:
+                return None
+            else:
+                reader.skip(kind)
+            last = fid
+    except (IndexError, ValueError):
+        return None
+    if last < 3 or reader.at != len(header) or size < 0:
+        return None
+    return size, end
+
+
+def _with_crc(header: bytes, end: int, crc: int) -> bytes:
+    """``header`` with field 4 (crc, i32) at ``end`` (after field 3), the next field's head re-encoded
+    (its id is now counted from 4)."""
+    signed = crc - (1 << 32) if crc >= 1 << 31 else crc
+    out = bytearray(header[:end])
+    out.append(0x10 | _I32)
+    _varint(out, ((signed << 1) ^ (signed >> 31)) & 0xFFFFFFFF)
+    rest = memoryview(header)[end:]
+    head = rest[0]
+    if head & 0x0F:  # the next field (not the stop)
+        reader = _Compact(rest, 1)
+        fid = 3 + (head >> 4) if head >> 4 else reader.zigzag()
+        _field_head(out, fid, 4, head & 0x0F)
+        out += rest[reader.at:]
+    else:
+        out += rest
+    return bytes(out)
+
+
+def _varint(out: bytearray, n: int) -> None:
+    while n > 0x7F:
+        out.append((n & 0x7F) | 0x80)
+        n >>= 7
+    out.append(n)
+
+
+def _field_head(out: bytearray, fid: int, last: int, kind: int) -> None:
+    if 0 < fid - last <= 15:
+        out.append((fid - last) << 4 | kind)
+    else:
+        out.append(kind)
+        _varint(out, ((fid << 1) ^ (fid >> 15)) & 0xFFFF)
+
+
+def _field(struct: list[list[Any]], fid: int, **default: Any) -> Any:
+    for f in struct:
+        if f[0] == fid:
+            return f[2]
+    if default:
+        return default["default"]
+    raise PageError(f"a Parquet footer without its field {fid}")
+
+
+def _set(struct: list[list[Any]], fid: int, value: int) -> None:
+    for f in struct:
+        if f[0] == fid:
+            f[2] = value
+            return
+
+
+class _Thrift(_Compact):
+    """Thrift's compact protocol read into values to write back (`_write_struct`): a struct is a list of
+    ``[field id, type, value]``; a list ``(element type, [values])``; a map ``(key type, value type,
+    [(key, value)])``; binary, doubles and bytes as their bytes; integers as ints; booleans in their type."""
+
+    def value(self, kind: int, depth: int) -> Any:
+        if depth > 64:
+            raise PageError("a Parquet footer nested too deep")
+        if kind in (1, 2):
+            return None
+        if kind == 3:
+            return self.byte()
+        if kind in (4, 5, 6):
+            return self.zigzag()
+        if kind == 7:
+            self.at += 8
+            return bytes(self.view[self.at - 8:self.at])
+        if kind == 8:
+            size = self.varint()
+            self.at += size
+            if self.at > len(self.view):
+                raise PageError("a Parquet footer cut short")
+            return bytes(self.view[self.at - size:self.at])
+        if kind in (9, 10):
+            head = self.byte()
+            size = head >> 4 if head >> 4 != 15 else self.varint()
+            element = head & 0x0F
+            if element in (1, 2):
+                return element, [self.byte() for _ in range(size)]
+            return element, [self.value(element, depth + 1) for _ in range(size)]
+        if kind == 11:
+            size = self.varint()
+            if not size:
+                return 0, 0, []
+            types = self.byte()
+            key, val = types >> 4, types & 0x0F
+            return key, val, [(self.value(key, depth + 1), self.value(val, depth + 1)) for _ in range(size)]
+        if kind == 12:
+            return self.struct(depth + 1)
+        raise PageError(f"a Parquet footer with an unknown Thrift type {kind}")
+
+    def struct(self, depth: int = 0) -> list[list[Any]]:
+        fields: list[list[Any]] = []
+        last = 0
+        while True:
+            head = self.byte()
+            kind = head & 0x0F
+            if kind == 0:
+                return fields
+            last = last + (head >> 4) if head >> 4 else self.zigzag()
+            fields.append([last, kind, self.value(kind, depth)])
+
+
+def _write_value(out: bytearray, kind: int, value: Any) -> None:
+    if kind == 3:
+        out.append(value)
+    elif kind in (4, 5, 6):
+        bits = 63 if kind == 6 else 31  # zigzag
+        _varint(out, ((value << 1) ^ (value >> bits)) & ((1 << (bits + 1)) - 1))
+    elif kind == 7:
+        out += value
+    elif kind == 8:
+        _varint(out, len(value))
+        out += value
+    elif kind in (9, 10):
+        element, items = value
+        out.append(len(items) << 4 | element if len(items) < 15 else 0xF0 | element)
+        if len(items) >= 15:
+            _varint(out, len(items))
+        for item in items:
+            if element in (1, 2):
+                out.append(item)
+            else:
+                _write_value(out, element, item)
+    elif kind == 11:
+        key, val, pairs = value
+        _varint(out, len(pairs))
+        if pairs:
+            out.append(key << 4 | val)
+            for k, v in pairs:
+                _write_value(out, key, k)
+                _write_value(out, val, v)
+    elif kind == 12:
+        _write_struct(out, value)
+
+
+def _write_struct(out: bytearray, fields: list[list[Any]]) -> None:
+    last = 0
+    for fid, kind, value in fields:
+        _field_head(out, fid, last, kind)
+        last = fid
+        if kind not in (1, 2):
+            _write_value(out, kind, value)
+    out.append(0)

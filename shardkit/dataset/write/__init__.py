@@ -28,6 +28,7 @@ from shardkit._storage.location import STAGING, Location
 from shardkit.dataset._dataset import Dataset
 from shardkit.dataset._field import Field
 from shardkit.dataset._footers import data_files
+from shardkit.dataset._pages import ChecksumSink
 from shardkit.dataset.codecs import TensorCodec
 from shardkit.dataset.open import open_location
 from shardkit.dataset.schema import Schema, infer_field
@@ -123,7 +124,9 @@ class EncodedTables:
 
 #: Every page written carries Parquet's page checksum (CRC-32 of its bytes), which every read verifies
 #: (`shardkit.dataset._dataset.VERIFY_PAGE_CHECKSUMS`). Off only to measure what it costs
-#: (``benchmarks.write``).
+#: (``benchmarks.write``). pyarrow writes the pages without one, and `ChecksumSink` adds them on their
+#: way to the file: the same bytes as pyarrow's ``write_page_checksum=True``, its CRC-32 several times
+#: slower than ISA-L's (`shardkit.dataset._pages.crc32`).
 PAGE_CHECKSUMS = True
 
 
@@ -139,7 +142,8 @@ class PartWriter:
         self._codecs: str | dict[str, str] | None = None if compression.lower() == "auto" else compression
         scalars = [f.name for f in schema if f.codec.name == "scalar"]
         self.options = {"use_dictionary": scalars + _small_int_leaves(schema), "write_statistics": scalars,
-                        "write_page_checksum": PAGE_CHECKSUMS}
+                        "write_page_checksum": False}
+        self.checksums = PAGE_CHECKSUMS
         self.pending: list[pa.Table] = []
         self.pending_rows = self.pending_bytes = 0
         self.writer: pq.ParquetWriter | None = None
@@ -179,6 +183,8 @@ class PartWriter:
                 self._codecs = column_codecs(first, self.arrow_schema) if first is not None else AUTO_CODEC
             self.path = f"{self.staging}/part-{uuid.uuid4().hex[:12]}-{len(self.done):05d}.parquet"
             self.sink = self.loc.fs.open(self.path, "wb")
+            if self.checksums:
+                self.sink = ChecksumSink(self.sink)
             self.writer = pq.ParquetWriter(self.sink, self.arrow_schema, compression=self._codecs,
                                            **self.options)
         return self.writer
@@ -187,7 +193,9 @@ class PartWriter:
         if self.writer is not None:
             self.writer.close()
             self.sink.close()
-            self.done.append((self.path, self.writer.writer.metadata))
+            # the footer written (offsets moved by the checksums added), not the one pyarrow counted
+            footer = self.sink.metadata if isinstance(self.sink, ChecksumSink) else None
+            self.done.append((self.path, footer or self.writer.writer.metadata))
             self.writer, self.file_written = None, 0
 
     def finish(self) -> list[tuple[str, pq.FileMetaData]]:
