@@ -74,9 +74,13 @@ def _inspect(args: argparse.Namespace) -> int:
     mixed = len(args.url) > 1 or args.weights is not None or args.samples_per_epoch is not None \
         or args.at is not None
     options = args.storage_options
+    if args.row is not None and mixed:
+        args.parser.error("--row prints a row of one dataset; give one URL (shardkit inspect URL --row N)")
     if not mixed:
         with warnings_after(SummaryMissingWarning), _in_flags(args, version=args.version):
             ds = open_dataset(args.url[0], version=args.version, storage_options=options)
+        if args.row is not None:
+            return _print_row(ds, args.row, args.json)
         info = describe(ds)
         print(json.dumps(info, indent=2) if args.json else format_description(info))
         return 0
@@ -89,6 +93,18 @@ def _inspect(args: argparse.Namespace) -> int:
         datasets = {name: open_dataset(url, storage_options=options) for name, url in sources.items()}
     info = describe_mixture(datasets, weights, args.samples_per_epoch, args.at)
     print(json.dumps(info, indent=2) if args.json else format_mixture(info))
+    return 0
+
+
+def _print_row(ds: Any, row: int, as_json: bool) -> int:
+    """``shardkit inspect URL --row N``: row ``N`` of the dataset (negative: from the end), decoded."""
+    from shardkit.cli._sample import format_sample, sample_json
+    from shardkit.dataset import RowAccess
+
+    sample = RowAccess(ds, cache_bytes=0).row(row)
+    at = row + ds.num_rows if row < 0 else row
+    print(json.dumps(sample_json(ds.url, at, ds.num_rows, sample), indent=2) if as_json
+          else format_sample(ds.schema, ds.url, at, ds.num_rows, sample))
     return 0
 
 
@@ -280,6 +296,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--at", metavar="N,N", type=_samples_list,
                    help="a mixture's shares at these samples read (default, for weights that change: at "
                         "their breakpoints)")
+    p.add_argument("--row", type=int, metavar="N",
+                   help="print row N of the dataset (negative: from the end), each field decoded, instead of "
+                        "its description")
     _add_table_version(p)
     add_storage_options(p, "each URL")
     p.set_defaults(func=_inspect, parser=p)

@@ -120,7 +120,7 @@ class RowAccess:
             raise RowIndexTypeError(
                 f"row index {index!r} ({type(index).__name__}) of dataset {self.dataset.url!r} is not an "
                 "integer; pass an int (negative: from the end), or take(indices) for several rows")
-        return sample_of(self.take([index]), 0)
+        return sample_of(self.take(index), 0)
 
     def _arrow_rows(self, positions: np.ndarray) -> pa.Table:
         """The Arrow rows at ``positions`` (non-negative, in range), in that order."""
@@ -210,7 +210,8 @@ def row_positions(indices: Any, num_rows: int, url: str) -> np.ndarray:
     except (ValueError, TypeError) as e:
         raise RowIndexTypeError(f"indices {_short(indices)} of dataset {url!r} are not a flat sequence of "
                                 "integers (ragged or nested); pass a list or 1-d array of ints") from e
-    if arr.ndim == 0:
+    scalar = arr.ndim == 0
+    if scalar:
         if arr.dtype.kind not in "iu":
             raise RowIndexTypeError(f"row index {indices!r} ({type(indices).__name__}) of dataset {url!r} is "
                                     "not an integer; pass an int (negative: from the end)")
@@ -244,10 +245,11 @@ def row_positions(indices: Any, num_rows: int, url: str) -> np.ndarray:
     bad = (arr < -num_rows) | (arr >= num_rows)
     if bad.any():
         k = int(np.flatnonzero(bad)[0])
+        which = f"row index {int(arr[k])}" + ("" if scalar else f" (indices[{k}])")
         raise RowIndexError(
-            f"row index {int(arr[k])} (indices[{k}]) is out of range for dataset {url!r} of {num_rows} rows; "
-            f"indices run from 0 to {num_rows - 1} (or -{num_rows} to -1 from the end)"
-            if num_rows else f"row index {int(arr[k])} (indices[{k}]): dataset {url!r} has no rows")
+            f"{which} is out of range for dataset {url!r} of {num_rows} rows; indices run from 0 to "
+            f"{num_rows - 1} (or -{num_rows} to -1 from the end)"
+            if num_rows else f"{which}: dataset {url!r} has no rows")
     out = arr.astype(np.int64)
     return np.where(out < 0, out + num_rows, out)
 
