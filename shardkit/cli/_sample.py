@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import base64
+import math
 from typing import Any
 
 import numpy as np
@@ -65,7 +66,13 @@ def _json_value(value: Any) -> Any:
     arr = np.asarray(value)
     if arr.dtype.kind in "mM":
         return arr.astype(str).tolist()
-    if arr.dtype.kind == "f":  # NaN and infinities are not JSON numbers
-        return np.where(np.isfinite(arr), arr, None).tolist() if arr.ndim else (
-            float(arr) if np.isfinite(arr) else str(arr.item()))
-    return arr.tolist()
+    return _finite(arr.tolist())
+
+
+def _finite(value: Any) -> Any:
+    """NaN and infinities as the strings ``"nan"``, ``"inf"``, ``"-inf"``: they are not JSON numbers."""
+    if isinstance(value, list):
+        return [_finite(v) for v in value]
+    if isinstance(value, float) and not math.isfinite(value):
+        return str(value)
+    return value
