@@ -125,6 +125,7 @@ class Reader:
         self.transform = transform
         self._processes, self._timeout, self._variable = transform_workers, transform_timeout, variable
         self._stage: Any = None  # the decode/transform stage, made at the first batch that needs it
+        self._output_memory: Callable[[int], np.ndarray | None] | None = None  # see _set_output_memory
         # the first window of a pass is cut into tasks of about TASK_BYTES, of whole Parquet slices (a late
         # field's task holds its handles, not its images)
         if self._late:
@@ -404,6 +405,8 @@ class Reader:
                                       on_error=self._source.on_error, describe=self._describe,
                                       processes=self._processes, timeout=self._timeout,
                                       variable=self._variable)
+            if self._output_memory is not None:
+                self._stage.set_output_memory(self._output_memory)
         return self._stage
 
     def _describe(self, key: int) -> str:
@@ -626,6 +629,14 @@ class Reader:
         """
         self._recycler.clear()
         self._recycler.allocate = allocate
+
+    def _set_output_memory(self, allocate: Callable[[int], np.ndarray | None] | None) -> None:
+        """Where a transform's batches are made in this process (`SampleStage.set_output_memory`): a
+        DataLoader worker of `shardkit.torch` gives its shared-memory segments, so that the batches cross
+        to the main process without a copy. A hook for the adapters, not for users."""
+        self._output_memory = allocate
+        if self._stage is not None and hasattr(self._stage, "set_output_memory"):
+            self._stage.set_output_memory(allocate)
 
     def state_dict(self) -> dict[str, Any]:
         """Position in the epoch (JSON-able). Any rank's state describes a data-parallel job.

@@ -7,6 +7,7 @@ from __future__ import annotations
 import atexit
 import io
 import os
+import pickle
 import shutil
 import tempfile
 from pathlib import Path
@@ -228,6 +229,53 @@ def test_dataloader_workers_transform_each_sample_as_one_reader_does() -> None:
     for sample_id, values in got.items():
         for a, b in zip(values, whole[sample_id], strict=True):
             assert np.array_equal(a, b), sample_id
+
+
+@pytest.mark.timeout(180)
+def test_worker_batches_kept_past_the_shared_segments_keep_their_own_pixels() -> None:
+    """Every batch held (more than a worker's segments): those made in a segment stay as they were, the
+    rest are made and sent another way, and every sample is the one a reader gives."""
+    torch = pytest.importorskip("torch")
+    from shardkit.reader.adapters.torch_workers import _Segments
+    from shardkit.torch import ShardkitIterableDataset
+
+    url, _ = jpeg_dataset("jpeg", 40)
+    kw: dict[str, Any] = {"batch_size": 2, "seed": 5, "transform": crop_and_flip}
+    whole = by_id(read_all(url, **kw))
+    loader = torch.utils.data.DataLoader(ShardkitIterableDataset(url, **kw), batch_size=None, num_workers=2)
+    held = list(loader)
+    assert len(held) > 2 * _Segments.MAX_SEGMENTS
+    got = by_id([{k: v.numpy() for k, v in b.items()} for b in held])
+    assert got.keys() == whole.keys()
+    for sample_id, values in got.items():
+        for a, b in zip(values, whole[sample_id], strict=True):
+            assert np.array_equal(a, b), sample_id
+
+
+def test_a_transformed_batch_made_in_a_worker_segment_crosses_without_a_copy() -> None:
+    """In a DataLoader worker the transform writes each batch into one of the worker's shared-memory
+    segments, and the batch goes to the main process from there: no second segment, no copy."""
+    torch = pytest.importorskip("torch")
+    from multiprocessing.reduction import ForkingPickler
+
+    from shardkit.reader.adapters.torch_workers import _own_segments, _WorkerBatch
+
+    url, _ = jpeg_dataset("jpeg", 17)
+    own = _own_segments()
+    with shardkit.make_reader(url, batch_size=8, seed=3, transform=crop_and_flip) as reader:
+        reader._set_output_memory(own.batch_memory)
+        for batch in reader:
+            tensors = {k: torch.from_numpy(v) for k, v in batch.items()}
+            at = tensors["image"].data_ptr()
+            (serial,) = [n for n, (start, size, free) in own.made.items()
+                         if free.alive and start <= at < start + size]
+            out = pickle.loads(ForkingPickler.dumps(_WorkerBatch(tensors)))
+            assert serial not in own.made  # sent from where it was made: the main process frees it
+            for key, value in tensors.items():
+                assert torch.equal(out[key], value)
+            assert out["image"].data_ptr() != tensors["image"].data_ptr()  # the main process's mapping
+            del out, tensors, batch
+    assert len(own.segments) <= 3  # the batch out, the one the reader made ahead, and one more
 
 
 def test_images_stored_as_they_are_are_read_in_place(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

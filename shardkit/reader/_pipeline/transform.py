@@ -453,6 +453,18 @@ def _views(base: np.ndarray, places: dict[str, tuple[int, tuple[int, ...], str]]
     return out
 
 
+def _batch_arrays(allocate: Callable[[int], np.ndarray | None],
+                  fallback: Callable[[tuple[int, ...], np.dtype], np.ndarray], spec: Spec,
+                  rows: int) -> Columns:
+    """The array fields of a batch of ``rows`` rows, views of one array from ``allocate`` (laid out by
+    `layout`), or each from ``fallback`` when ``allocate`` has none to give."""
+    places, nbytes = layout(spec, rows)
+    flat = allocate(nbytes)
+    if flat is None:
+        return {name: fallback((rows, *shape), np.dtype(dtype)) for name, (_, shape, dtype) in places.items()}
+    return _views(flat, places, rows)
+
+
 # -- the worker process -------------------------------------------------------------------------------
 
 
@@ -734,6 +746,18 @@ class SampleStage:
         self._finalizer = weakref.finalize(self, _stop, self._workers, self._segments, self._executor)
 
     # -- public -----------------------------------------------------------------------------------
+    def set_output_memory(self, allocate: Callable[[int], np.ndarray | None] | None) -> None:
+        """Where the arrays of each transformed batch are made, in this process (``processes=0``; worker
+        processes write to the stage's segments): ``allocate(nbytes)`` returns a new flat uint8 array for
+        one batch's array fields (laid out by `layout`), or None for the stage's own memory. The stage
+        never uses such an array for another batch: the allocator knows when it is free again. A
+        DataLoader worker of `shardkit.torch` gives its shared-memory segments, so that a batch crosses
+        to the main process without a copy. None: the stage's own memory again."""
+        if self.processes:
+            return
+        self._runner.allocate = None if allocate is None else (
+            lambda spec, rows: _batch_arrays(allocate, self._runner.empty, spec, rows))
+
 
     def submit(self, batch: Columns, epoch: int, keys: np.ndarray,
                where: Sequence[str] | None = None) -> Future[Columns]:

@@ -27,6 +27,7 @@ batch, keeps the states of the batches it yielded, and hands each worker its sta
 
 from __future__ import annotations
 
+import contextlib
 import mmap
 import os
 import secrets
@@ -80,24 +81,34 @@ class _Segments:
         self.token = f"{os.getpid()}-{secrets.token_hex(8)}"  # tells this process's segments from others'
         self.segments: list[tuple[int, int, mmap.mmap]] = []  # (serial, size, mapping)
         self.dropped: list[int] = []  # serials closed here, for the main process to unmap
+        self.unsent: dict[int, int] = {}  # serial -> file descriptor, of segments the main process lacks
+        # batch_memory's arrays not sent yet: serial -> (address, bytes, what frees the segment)
+        self.made: dict[int, tuple[int, int, weakref.finalize[Any, Any]]] = {}
         self._serial = 0
         self._lock = threading.Lock()
 
-    def take(self, nbytes: int) -> tuple[int, int, mmap.mmap, int | None] | None:
-        """A free segment of ``nbytes`` or more, marked in use: (serial, size, mapping, fd to send/None)."""
+    def take(self, nbytes: int) -> tuple[int, int, mmap.mmap] | None:
+        """A free segment of ``nbytes`` or more, marked in use: (serial, size, mapping); None when every
+        segment is in use. Its file descriptor goes to the main process with the first batch sent in it
+        (`handover`)."""
         with self._lock:
             free = [i for i, (_, size, mm) in enumerate(self.segments) if mm[0] == 0]
             for i in free:
                 serial, size, mm = self.segments[i]
                 if size >= self.HEADER + nbytes:
                     mm[0] = 1
-                    return serial, size, mm, None
+                    return serial, size, mm
             if len(self.segments) >= self.MAX_SEGMENTS:
                 if not free:
                     return None
                 serial, _, mm = self.segments.pop(free[0])  # too small: make room for a larger one
-                mm.close()
-                self.dropped.append(serial)
+                with contextlib.suppress(BufferError):  # a stale view of it in this process: unmapped later
+                    mm.close()
+                unsent = self.unsent.pop(serial, None)
+                if unsent is None:
+                    self.dropped.append(serial)
+                else:  # the main process never had it
+                    os.close(unsent)
             size = self.HEADER + -(-nbytes // _SEGMENT_ROUND) * _SEGMENT_ROUND
             fd = os.memfd_create("shardkit-batch", os.MFD_CLOEXEC)
             try:
@@ -108,8 +119,60 @@ class _Segments:
                 raise
             self._serial += 1
             self.segments.append((self._serial, size, mm))
+            self.unsent[self._serial] = fd
             mm[0] = 1
-            return self._serial, size, mm, fd
+            return self._serial, size, mm
+
+    def handover(self, serial: int) -> Any:
+        """What the main process needs to map segment ``serial``: a ``DupFd`` the first time, then None."""
+        with self._lock:
+            fd = self.unsent.pop(serial, None)
+        if fd is None:
+            return None
+        handle = DupFd(fd)
+        os.close(fd)  # DupFd keeps its own duplicate until the main process takes it
+        return handle
+
+    def batch_memory(self, nbytes: int) -> np.ndarray | None:
+        """A flat array of ``nbytes`` in a free segment, for a transformed batch to be made in
+        (`Reader._set_output_memory`), or None when every segment is in use. Sent as it is
+        (`_WorkerBatch`), the main process frees the segment when it drops the batch; a batch that never
+        leaves this process (or that is sent by copy) frees it when its arrays are gone."""
+        got = self.take(nbytes)
+        if got is None:
+            return None
+        serial, _, mm = got
+        flat = np.frombuffer(mm, np.uint8, nbytes, self.HEADER)
+        start = flat.ctypes.data
+        release = weakref.finalize(flat, _free_here, mm)
+        with self._lock:
+            self.made[serial] = (start, nbytes, release)
+        return flat
+
+    def made_in(self, tensors: Mapping[str, torch.Tensor]) -> tuple[int, int, dict[str, _Slot]] | None:
+        """(serial, bytes, layout) when every one of ``tensors`` is a contiguous view of the one segment a
+        batch was made in (`batch_memory`): the batch is sent as it lies there; else None."""
+        if not tensors:
+            return None
+        with self._lock:
+            spans = list(self.made.items())
+        first = next(iter(tensors.values())).data_ptr()
+        for serial, (start, nbytes, release) in spans:
+            if not start <= first < start + nbytes or not release.alive:
+                continue
+            layout: dict[str, _Slot] = {}
+            end = 0
+            for key, t in tensors.items():
+                at, size = t.data_ptr() - start, t.numel() * t.element_size()
+                if not t.is_contiguous() or at < 0 or at + size > nbytes:
+                    return None
+                layout[key] = (at, size, t.dtype, tuple(t.shape))
+                end = max(end, at + size)
+            with self._lock:
+                self.made.pop(serial, None)
+            release.detach()  # the main process frees it now
+            return serial, end, layout
+        return None
 
     def drained_drops(self) -> list[int]:
         with self._lock:
@@ -184,7 +247,9 @@ class _WorkerBatch(dict[str, Any]):
     string). A list of bytes (an encoded image field read with ``decode=False``: MiBs per batch) goes
     through the block too, and is copied out into bytes objects in the main process: through the
     DataLoader's pipe, pickled, it took 2-3x longer than the reading. Strings and row lists are
-    pickled as usual.
+    pickled as usual. A transformed batch is made in a segment to begin with (the transform writes each
+    sample's output there: `Reader._set_output_memory`, `_Segments.batch_memory`) and goes as it lies,
+    without the copy: a worker then holds no batch of images of its own beside the segments.
     """
 
     def __init__(self, values: Mapping[str, Any], lists: frozenset[str] = frozenset()) -> None:
@@ -214,16 +279,20 @@ class _WorkerBatch(dict[str, Any]):
             size += -(-nbytes // _ALIGN) * _ALIGN
         if hasattr(os, "memfd_create"):
             own = _own_segments()
+            if not blobs:  # made where it goes (a transformed batch): sent without a copy
+                made = own.made_in(tensors)
+                if made is not None:
+                    serial, size, layout = made
+                    seg_size = next(s for n, s, _ in own.segments if n == serial)
+                    where = (own.token, serial, seg_size, own.handover(serial), own.drained_drops())
+                    return _unpack_segment, (where, size, layout, others, list(self))
             got = own.take(size)
             if got is not None:
-                serial, seg_size, mm, fd = got
+                serial, seg_size, mm = got
                 view = np.frombuffer(mm, np.uint8, size, _Segments.HEADER)
                 _fill(torch.from_numpy(view), tensors, layout, blobs)
                 del view  # the mapping may be closed later only if nothing exports it
-                handle = None if fd is None else DupFd(fd)
-                if fd is not None:
-                    os.close(fd)  # DupFd keeps its own duplicate until the main process takes it
-                where = (own.token, serial, seg_size, handle, own.drained_drops())
+                where = (own.token, serial, seg_size, own.handover(serial), own.drained_drops())
                 return _unpack_segment, (where, size, layout, others, list(self))
         packed = torch.empty(size, dtype=torch.uint8).share_memory_()  # type: ignore[no-untyped-call]
         _fill(packed, tensors, layout, blobs)
@@ -262,6 +331,12 @@ class _Listed:
 
 def _release(segment: np.ndarray) -> None:
     segment[0] = 0  # the worker may fill it again
+
+
+def _free_here(mm: mmap.mmap) -> None:
+    """A segment a batch was made in, free again: the batch never left the worker (or went by copy)."""
+    with contextlib.suppress(ValueError):  # closed already
+        mm[0] = 0
 
 
 def _own_segments() -> _Segments:
@@ -450,9 +525,11 @@ class ShardkitIterableDataset(torch.utils.data.IterableDataset[Batch]):
         return reader, passes
 
     def __iter__(self) -> Iterator[Batch]:
-        _, passes = self._current_reader()
+        reader, passes = self._current_reader()
         collate = self.collate
         in_worker = torch.utils.data.get_worker_info() is not None
+        if in_worker and hasattr(os, "memfd_create") and not isinstance(reader, MixedReader):
+            reader._set_output_memory(_own_segments().batch_memory)  # transformed batches: made in a segment
         text = frozenset(p.name for p in self._plans if p.kind == "text") if isinstance(collate, Collate) \
             else frozenset()
         for batch in passes():
