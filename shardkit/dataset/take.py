@@ -151,7 +151,9 @@ class RowAccess:
                 self._kept.move_to_end(g)
                 self.stats["row_groups_kept_hits"] += 1
                 return table
-        table = self.dataset.read_row_group(g, self.columns)
+        # one chunk per column: a take from a table of `SLICE_ROWS`-row chunks concatenates every chunk of
+        # every column first, on each lookup; once here, a lookup gathers only its rows
+        table = self.dataset.read_row_group(g, self.columns).combine_chunks()
         with self._lock:
             self.stats["row_groups_read"] += 1
             if self.cache_bytes > 0 and g not in self._kept and table.nbytes <= self.cache_bytes:
