@@ -63,7 +63,8 @@ class MapDataset(torch.utils.data.Dataset[Any]):
             each DataLoader worker seeds ``torch`` and ``random`` itself (``worker_init_fn`` for numpy).
         collate: how fields become torch values without a ``transform`` (`Collate`; its ``variable``
             must be "rows": padding is a batch's, done by the DataLoader's ``collate_fn``).
-        storage_options, version: as for `shardkit.open_dataset` (a URL only).
+        storage_options: as for `shardkit.open_dataset` (a URL only).
+        version: a table's version, as for `shardkit.open_dataset` (a URL only).
         cache_bytes: Arrow bytes of row groups each process keeps for the next lookups.
     """
 
