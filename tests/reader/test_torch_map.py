@@ -126,6 +126,29 @@ def test_a_table_keeps_its_deleted_rows_out_in_workers(tmp_path: Path) -> None:
     assert [int(i) for b in loader for i in b["id"]] == stream
 
 
+def test_a_filter_keeps_the_readers_rows(written: Written) -> None:
+    import pyarrow.compute as pc
+
+    url, _ = written
+    for filter in ([("label", "<", 2)], (pc.field("label") == 3) & (pc.field("id") > 40)):
+        with shardkit.make_reader(url, columns=["id"], filter=filter, shuffle=False, batch_size=90,
+                                  remainder="uneven") as reader:
+            want = [int(i) for batch in reader for i in batch["id"]]
+        ds = shardkit.torch.MapDataset(url, columns=["id"], filter=filter)
+        assert len(ds) == len(want)
+        assert [int(s["id"]) for s in ds.__getitems__(list(range(len(ds))))] == want
+        assert int(ds[-1]["id"]) == want[-1]
+        copy = pickle.loads(pickle.dumps(ds))
+        assert int(copy[0]["id"]) == want[0]
+        with pytest.raises(RowIndexError, match=r"match filter .*label.* \(of its 90 rows\)"):
+            ds[len(want)]
+    assert "filter=" in repr(ds)
+    nothing = shardkit.torch.MapDataset(url, columns=["id"], filter=[("label", ">", 100)])
+    assert len(nothing) == 0
+    with pytest.raises(ReaderError, match="does not apply"):
+        shardkit.torch.MapDataset(url, filter=[("nope", "=", 1)])
+
+
 @pytest.mark.parametrize(("index", "error", "words"), [
     (90, RowIndexError, "row index 90"),
     (-91, RowIndexError, "out of range"),

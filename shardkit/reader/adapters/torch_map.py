@@ -19,7 +19,7 @@ made, so every worker and the sampler agree on ``len``.
 
 Not yet (issue 40's later slices): reading only the pages that hold a row (a lookup reads its row
 group's column chunks of the asked columns), coalesced range requests from object stores, the reader's
-disk cache, and a reader's ``filter=``.
+disk cache.
 """
 
 from __future__ import annotations
@@ -29,10 +29,13 @@ import os
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+import numpy as np
+
 from shardkit.dataset import Dataset, RowAccess, Schema
 from shardkit.dataset.open import open_dataset
 from shardkit.dataset.take import CACHE_BYTES, check_columns, row_positions, sample_of
-from shardkit.errors import ReaderError, RowIndexTypeError, require
+from shardkit.errors import ReaderError, RowIndexError, RowIndexTypeError, require
+from shardkit.reader._filter import Filter, Partitions, select_rows, to_expression
 from shardkit.reader.adapters.collate import Collate, plan_fields, prepare
 from shardkit.reader.adapters.torch import to_torch
 
@@ -61,6 +64,10 @@ class MapDataset(torch.utils.data.Dataset[Any]):
             value, an image as its HxWxC uint8 array, None for a null), and what it returns is the
             sample (torch's default collate turns numpy arrays into tensors). Seeding is torch's:
             each DataLoader worker seeds ``torch`` and ``random`` itself (``worker_init_fn`` for numpy).
+        filter: only the rows that match it, as a reader's ``filter=`` keeps them (an Arrow expression or
+            DNF tuples, e.g. ``[("label", "<", 5)]``): index ``i`` is then the ``i``-th matching row, and
+            ``len`` their number. The matching rows are counted when the MapDataset is made (the filter's
+            columns of the row groups that its statistics do not rule out are read once).
         collate: how fields become torch values without a ``transform`` (`Collate`; its ``variable``
             must be "rows": padding is a batch's, done by the DataLoader's ``collate_fn``).
         storage_options: as for `shardkit.open_dataset` (a URL only).
@@ -69,7 +76,8 @@ class MapDataset(torch.utils.data.Dataset[Any]):
     """
 
     def __init__(self, url_or_dataset: str | os.PathLike[str] | Dataset, columns: Sequence[str] | None = None,
-                 transform: Callable[[dict[str, Any]], Any] | None = None, *, collate: Collate | None = None,
+                 transform: Callable[[dict[str, Any]], Any] | None = None, *, filter: Filter | None = None,
+                 collate: Collate | None = None,
                  storage_options: dict[str, Any] | None = None, version: int | None = None,
                  cache_bytes: int = CACHE_BYTES) -> None:
         if isinstance(url_or_dataset, Dataset):
@@ -92,8 +100,13 @@ class MapDataset(torch.utils.data.Dataset[Any]):
         self.transform = transform
         self.cache_bytes = cache_bytes
         self._plans = plan_fields(Schema([dataset.schema[c] for c in self.columns]), self.collate, "torch")
-        self._num_rows = dataset.num_rows
         self._url = dataset.url
+        self.filter_text = ""
+        #: the dataset's rows that match the filter, in order (None: every row)
+        self._positions: np.ndarray | None = None
+        if filter is not None:
+            self._positions, self.filter_text = _matching_rows(dataset, filter)
+        self._num_rows = dataset.num_rows if self._positions is None else len(self._positions)
         # what the dataset is made of (picklable: no lock, no open file), for each process to rebuild it
         self._parts = {f.name: getattr(dataset, f.name) for f in dataclasses.fields(dataset) if f.init}
         self._rows: RowAccess | None = RowAccess(dataset, self.columns, cache_bytes=cache_bytes)
@@ -112,7 +125,14 @@ class MapDataset(torch.utils.data.Dataset[Any]):
     def __getitems__(self, indices: Sequence[int]) -> list[Any]:
         """The samples at ``indices`` (what torch's DataLoader asks for a batch), each row group read once."""
         rows = self.rows()
-        batch = rows.take(row_positions(indices, self._num_rows, self._url))
+        try:
+            positions = row_positions(indices, self._num_rows, self._url)
+        except RowIndexError as e:
+            if self._positions is None or isinstance(e, RowIndexTypeError):
+                raise
+            raise RowIndexError(f"{e}: the rows of the dataset that match filter {self.filter_text} "
+                                f"(of its {rows.dataset.num_rows} rows)") from e
+        batch = rows.take(positions if self._positions is None else self._positions[positions])
         n = len(next(iter(batch.values())))
         if self.transform is not None:
             return [self.transform(sample_of(batch, j)) for j in range(n)]
@@ -133,14 +153,24 @@ class MapDataset(torch.utils.data.Dataset[Any]):
         return state
 
     def __repr__(self) -> str:
-        return f"MapDataset({self._url!r}, columns={self.columns!r}, rows={self._num_rows})"
+        matching = f", filter={self.filter_text}" if self.filter_text else ""
+        return f"MapDataset({self._url!r}, columns={self.columns!r}{matching}, rows={self._num_rows})"
+
+
+def _matching_rows(dataset: Dataset, filter: Filter) -> tuple[np.ndarray, str]:
+    """The global indices of ``dataset``'s rows that match ``filter`` (in order), and the filter as text."""
+    partitions = Partitions.of(dataset)
+    expr = to_expression(filter, dataset.arrow_schema, partitions)
+    counts, selection, _, _ = select_rows(dataset, expr, "raise", partitions)
+    ends = np.cumsum(dataset.rows_per_group)
+    parts = [selection[g] + (ends[g] - rows) if g in selection else np.arange(ends[g] - rows, ends[g])
+             for g, rows in enumerate(dataset.rows_per_group) if counts[g]]
+    return (np.concatenate(parts).astype(np.int64) if parts else np.zeros(0, np.int64)), str(expr)
 
 
 def _integer(value: Any) -> bool:
     """Whether ``value`` is an integer index other than a Python int: a numpy integer, a 0-d integer
     tensor (what samplers built on torch.randint yield)."""
-    import numpy as np
-
     if isinstance(value, np.integer):
         return True
     return isinstance(value, torch.Tensor) and value.ndim == 0 and not value.is_floating_point() \
