@@ -221,11 +221,14 @@ class _Compact:
         return int(value)
 
     def varint(self) -> int:
+        view, at = self.view, self.at
         shift = value = 0
         while True:
-            b = self.byte()
+            b = view[at]
+            at += 1
             value |= (b & 0x7F) << shift
             if not b & 0x80:
+                self.at = at
                 return value
             shift += 7
             if shift > 63:
@@ -261,9 +264,11 @@ class _Compact:
             raise ValueError("structures nested too deep")
         if kind in (1, 2):  # a boolean field: its value is the type
             return
-        if kind == 3:
+        if kind in (5, 6):  # (the most frequent)
+            self.varint()
+        elif kind == 3:
             self.at += 1
-        elif kind in (4, 5, 6):
+        elif kind == 4:
             self.varint()
         elif kind == 7:
             self.at += 8
@@ -409,8 +414,10 @@ class ChecksumSink:
 
     def _moved_footer(self, footer: bytes) -> bytes:
         """FileMetaData with every offset moved (`_moved`) and every column chunk's and row group's size
-        grown by the bytes added to its page headers."""
-        meta = _Thrift(memoryview(footer), 0).struct()
+        grown by the bytes added to its page headers: the integers rewritten in place, every other
+        byte kept."""
+        meta = _Thrift(footer, 0).struct(_FILE_META)  # type: ignore[arg-type]  # (bytes: indexed faster)
+        new: list[tuple[tuple[int, int], int]] = []  # (where, value) of each integer changed
         for group in _field(meta, 4, default=(0, []))[1]:
             grown = 0
             for chunk in _field(group, 1)[1]:
@@ -423,22 +430,26 @@ class ChecksumSink:
                 grown += more
                 for k in (9, 10, 11):
                     if _field(column, k, default=0) > 0:
-                        _set(column, k, self._moved(_field(column, k)))
-                _set(column, 6, _field(column, 6) + more)
-                _set(column, 7, _field(column, 7) + more)
+                        new.append((_at(column, k), self._moved(_field(column, k))))
+                new += [(_at(column, k), _field(column, k) + more) for k in (6, 7)]
                 if _field(chunk, 2, default=0) > 0:
-                    _set(chunk, 2, self._moved(_field(chunk, 2)))
-                for k in (4, 6, 14):
-                    if _field(chunk, k, default=None) is not None:
-                        raise PageError("a column chunk with a page index or a bloom filter: its offsets "
-                                        "cannot be moved")
-            _set(group, 2, _field(group, 2) + grown)
+                    new.append((_at(chunk, 2), self._moved(_field(chunk, 2))))
+                if any(_field(chunk, k, default=None) is not None for k in (4, 6)) \
+                        or _field(column, 14, default=None) is not None:
+                    raise PageError("a column chunk with a page index or a bloom filter: its offsets "
+                                    "cannot be moved")
+            new.append((_at(group, 2), _field(group, 2) + grown))
             if _field(group, 5, default=None) is not None:
-                _set(group, 5, self._moved(_field(group, 5)))
+                new.append((_at(group, 5), self._moved(_field(group, 5))))
             if _field(group, 6, default=None) is not None:
-                _set(group, 6, _field(group, 6) + grown)
+                new.append((_at(group, 6), _field(group, 6) + grown))
         out = bytearray()
-        _write_struct(out, meta)
+        done = 0
+        for (start, end), value in sorted(new):
+            out += footer[done:start]
+            _varint(out, (value << 1) ^ (value >> 63))  # (every field moved is an i64: zigzag)
+            done = end
+        out += footer[done:]
         return bytes(out)
 
 
@@ -507,113 +518,136 @@ def _field_head(out: bytearray, fid: int, last: int, kind: int) -> None:
         _varint(out, ((fid << 1) ^ (fid >> 15)) & 0xFFFF)
 
 
-def _field(struct: list[list[Any]], fid: int, **default: Any) -> Any:
-    for f in struct:
-        if f[0] == fid:
-            return f[2]
+def _field(struct: dict[int, Any], fid: int, **default: Any) -> Any:
+    """The value of field ``fid`` of a struct `_Thrift.struct` read."""
+    if fid in struct:
+        return struct[fid][0]
     if default:
         return default["default"]
     raise PageError(f"a Parquet footer without its field {fid}")
 
 
-def _set(struct: list[list[Any]], fid: int, value: int) -> None:
-    for f in struct:
-        if f[0] == fid:
-            f[2] = value
-            return
+def _at(struct: dict[int, Any], fid: int) -> tuple[int, int]:
+    """Where the value of integer field ``fid`` of a struct `_Thrift.struct` read lies in the footer."""
+    start, end = struct[fid][1]
+    return int(start), int(end)
+
+
+#: The fields of a footer (``FileMetaData``) that `ChecksumSink` moves, by struct: field id -> the spec of
+#: the struct it holds (of a list's elements), or None for an integer. Every other field is skipped.
+_COLUMN_META: dict[int, Any] = {6: None, 7: None, 9: None, 10: None, 11: None, 14: None}
+_COLUMN_CHUNK: dict[int, Any] = {2: None, 3: _COLUMN_META, 4: None, 6: None}
+_ROW_GROUP: dict[int, Any] = {1: _COLUMN_CHUNK, 2: None, 5: None, 6: None}
+_FILE_META: dict[int, Any] = {4: _ROW_GROUP}
 
 
 class _Thrift(_Compact):
-    """Thrift's compact protocol read into values to write back (`_write_struct`): a struct is a list of
-    ``[field id, type, value]``; a list ``(element type, [values])``; a map ``(key type, value type,
-    [(key, value)])``; binary, doubles and bytes as their bytes; integers as ints; booleans in their type."""
+    """The fields of a Thrift struct (compact protocol) named in a spec: field id -> (value, where its
+    bytes lie), an integer as an int, a struct as such a dict, a list of structs as ``(type, [dicts])``;
+    every other field skipped (`_skip`)."""
 
-    def value(self, kind: int, depth: int) -> Any:
-        if depth > 64:
+    def struct(self, spec: dict[int, Any], depth: int = 0) -> dict[int, Any]:
+        if depth > 16:
             raise PageError("a Parquet footer nested too deep")
-        if kind in (1, 2):
-            return None
-        if kind == 3:
-            return self.byte()
-        if kind in (4, 5, 6):
-            return self.zigzag()
-        if kind == 7:
-            self.at += 8
-            return bytes(self.view[self.at - 8:self.at])
-        if kind == 8:
-            size = self.varint()
-            self.at += size
-            if self.at > len(self.view):
-                raise PageError("a Parquet footer cut short")
-            return bytes(self.view[self.at - size:self.at])
-        if kind in (9, 10):
-            head = self.byte()
-            size = head >> 4 if head >> 4 != 15 else self.varint()
-            element = head & 0x0F
-            if element in (1, 2):
-                return element, [self.byte() for _ in range(size)]
-            return element, [self.value(element, depth + 1) for _ in range(size)]
-        if kind == 11:
-            size = self.varint()
-            if not size:
-                return 0, 0, []
-            types = self.byte()
-            key, val = types >> 4, types & 0x0F
-            return key, val, [(self.value(key, depth + 1), self.value(val, depth + 1)) for _ in range(size)]
-        if kind == 12:
-            return self.struct(depth + 1)
-        raise PageError(f"a Parquet footer with an unknown Thrift type {kind}")
-
-    def struct(self, depth: int = 0) -> list[list[Any]]:
-        fields: list[list[Any]] = []
+        fields: dict[int, Any] = {}
         last = 0
+        view = self.view
         while True:
-            head = self.byte()
+            head = view[self.at]
+            self.at += 1
             kind = head & 0x0F
             if kind == 0:
                 return fields
             last = last + (head >> 4) if head >> 4 else self.zigzag()
-            fields.append([last, kind, self.value(kind, depth)])
-
-
-def _write_value(out: bytearray, kind: int, value: Any) -> None:
-    if kind == 3:
-        out.append(value)
-    elif kind in (4, 5, 6):
-        bits = 63 if kind == 6 else 31  # zigzag
-        _varint(out, ((value << 1) ^ (value >> bits)) & ((1 << (bits + 1)) - 1))
-    elif kind == 7:
-        out += value
-    elif kind == 8:
-        _varint(out, len(value))
-        out += value
-    elif kind in (9, 10):
-        element, items = value
-        out.append(len(items) << 4 | element if len(items) < 15 else 0xF0 | element)
-        if len(items) >= 15:
-            _varint(out, len(items))
-        for item in items:
-            if element in (1, 2):
-                out.append(item)
+            if last not in spec or kind in (1, 2):
+                self.at = _skip(view, self.at, kind)
+            elif kind in (4, 5, 6):
+                at = self.at
+                fields[last] = (self.zigzag(), (at, self.at))
+            elif kind == _STRUCT:
+                fields[last] = (self.struct(spec[last], depth + 1), None)
+            elif kind == 9 and spec[last] is not None:
+                head = self.byte()
+                size = head >> 4 if head >> 4 != 15 else self.varint()
+                if head & 0x0F != _STRUCT:
+                    raise PageError(f"a Parquet footer whose field {last} is not a list of structs")
+                fields[last] = ((_STRUCT, [self.struct(spec[last], depth + 1) for _ in range(size)]), None)
             else:
-                _write_value(out, element, item)
-    elif kind == 11:
-        key, val, pairs = value
-        _varint(out, len(pairs))
-        if pairs:
-            out.append(key << 4 | val)
-            for k, v in pairs:
-                _write_value(out, key, k)
-                _write_value(out, val, v)
-    elif kind == 12:
-        _write_struct(out, value)
+                raise PageError(f"a Parquet footer whose field {last} is of Thrift type {kind}")
 
 
-def _write_struct(out: bytearray, fields: list[list[Any]]) -> None:
-    last = 0
-    for fid, kind, value in fields:
-        _field_head(out, fid, last, kind)
-        last = fid
-        if kind not in (1, 2):
-            _write_value(out, kind, value)
-    out.append(0)
+def _skip(view: memoryview | bytes, at: int, kind: int) -> int:
+    """Where the Thrift value of type ``kind`` at ``at`` ends: `_Compact.skip` in one loop over the bytes,
+    with a stack of the structures open (a footer's statistics and encoding stats are most of its
+    fields, and are skipped: this is most of the footer's rewrite)."""
+    stack: list[int] = []  # per open structure: -1 (a struct) or the values left in its list
+    size = len(view)
+    while True:
+        if kind in (5, 6, 4):
+            while view[at] & 0x80:
+                at += 1
+            at += 1
+        elif kind == 8:
+            n = shift = 0
+            while True:
+                b = view[at]
+                at += 1
+                n |= (b & 0x7F) << shift
+                if not b & 0x80:
+                    break
+                shift += 7
+            at += n
+        elif kind == 12:
+            stack.append(-1)
+        elif kind in (9, 10):
+            head = view[at]
+            at += 1
+            n = head >> 4
+            if n == 15:
+                n = shift = 0
+                while True:
+                    b = view[at]
+                    at += 1
+                    n |= (b & 0x7F) << shift
+                    if not b & 0x80:
+                        break
+                    shift += 7
+            element = head & 0x0F
+            if element in (1, 2, 3):  # booleans and bytes in a list: a byte each
+                at += n
+            elif n:
+                stack.append(n << 4 | element)
+        elif kind == 3:
+            at += 1
+        elif kind == 7:
+            at += 8
+        elif kind == 11:
+            reader = _Compact(memoryview(view), at)
+            reader.skip(11)
+            at = reader.at
+        elif kind not in (1, 2):
+            raise PageError(f"a Parquet footer with an unknown Thrift type {kind}")
+        if at > size or len(stack) > 64:
+            raise PageError("a Parquet footer cut short, or nested too deep")
+        # the next value: a struct's next field, a list's next element, or the end of what is open
+        while stack:
+            top = stack[-1]
+            if top == -1:
+                head = view[at]
+                at += 1
+                if not head & 0x0F:  # the struct's stop
+                    stack.pop()
+                    continue
+                if not head >> 4:  # a field id in full (zigzag i16)
+                    while view[at] & 0x80:
+                        at += 1
+                    at += 1
+                kind = head & 0x0F
+                break
+            if top >> 4:
+                stack[-1] = top - 16
+                kind = top & 0x0F
+                break
+            stack.pop()
+        else:
+            return at
