@@ -321,9 +321,10 @@ class ChecksumSink:
     moved by the bytes added before each (`_moved_footer`): the file is byte for byte the one pyarrow
     writes with ``write_page_checksum=True``. `metadata` is its footer, once closed.
 
-    Anything written that is not laid out so (a page header with no size, a page running into the next
-    write, bytes after the footer: a page index, a bloom filter) raises `PageError` at once, naming it:
-    the file is never finished with sizes that do not add up.
+    Anything written that is not laid out so (a file not starting with its magic, a page running into the
+    next write; at `close`, a file ending inside a page, or more than a footer after the last page: a page
+    index, a bloom filter) raises `PageError`, naming it: a file is never finished with sizes that do not
+    add up. The caller (`shardkit.dataset.write.PartWriter`) asks pyarrow for neither.
     """
 
     def __init__(self, raw: Any) -> None:
@@ -344,6 +345,8 @@ class ChecksumSink:
         return True
 
     def write(self, data: Any) -> int:
+        if not isinstance(data, bytes):  # (pyarrow's PythonFile gives bytes: a buffer it reused would change)
+            data = bytes(data)
         n = len(data)
         at, self.logical = self.logical, self.logical + n
         if self._footer is not None:
