@@ -36,6 +36,7 @@ from shardkit.errors import CorruptDatasetError, SchemaMismatchError, one_line
 
 if TYPE_CHECKING:
     from shardkit.dataset.tables.snapshot import Snapshot
+    from shardkit.dataset.take import RowAccess
 
 #: Rows Parquet decodes at a time. A whole row group at once needs several times its decoded size in
 #: scratch buffers (uint8 tensors go through int32 values plus repetition and definition levels), and
@@ -43,6 +44,7 @@ if TYPE_CHECKING:
 SLICE_ROWS = 256
 FETCHED_PIECE = 1 << 20  # a fetched column chunk is decoded as its parts come, in pieces of this size
 FOOTERS_KEPT = 256  # data-file footers an opened dataset keeps (LRU), so a file's footer is read once
+ROWS_KEPT = 64 << 20  # Arrow bytes of row groups ``ds[i]`` keeps for the next lookups (`Dataset._rows`)
 _PARTITION = re.compile(r"([^=/]+)=[^/]*")  # a Hive partition folder: key=value
 #: Every page read is checked against its Parquet page checksum where it has one (shardkit writes one
 #: on every page: `shardkit.dataset.write.PAGE_CHECKSUMS`): a damaged page raises, never decodes. Off
@@ -97,6 +99,37 @@ class Dataset:
     @property
     def num_rows(self) -> int:
         return sum(rg.num_rows for rg in self.row_groups)
+
+    def __len__(self) -> int:
+        """``len(ds)``: the number of rows (`num_rows`)."""
+        return self.num_rows
+
+    def __getitem__(self, index: Any) -> Any:
+        """``ds[i]``: row ``i`` in the dataset's order (negative: from the end) as one sample, field ->
+        value (None for a null); ``ds[indices]``, ``ds[mask]``, ``ds[a:b]``: those rows as a batch (`take`).
+
+        Raises `RowIndexError` (an ``IndexError``, so ``for row in ds`` ends as a sequence's loop does)
+        or `RowIndexTypeError` (a ``TypeError``). Consecutive ``ds[i]`` reuse the row groups read last
+        (`shardkit.dataset.RowAccess`, up to `ROWS_KEPT` bytes).
+        """
+        if isinstance(index, int | np.integer) and not isinstance(index, bool | np.bool_):
+            return self._rows.row(index)
+        return self._rows.take(index)
+
+    def take(self, indices: Any, columns: Sequence[str] | None = None) -> dict[str, np.ndarray]:
+        """The rows ``indices`` (global indices in the dataset's order; negative from the end, a boolean
+        mask or a slice) of ``columns`` (None: all), decoded as a reader's batch holds them, in the order
+        given: `shardkit.dataset.take`."""
+        from shardkit.dataset.take import take
+
+        return take(self, indices, columns)
+
+    @cached_property
+    def _rows(self) -> RowAccess:
+        """This dataset's lookups by ``ds[i]``, keeping the row groups read last (`__getitem__`)."""
+        from shardkit.dataset.take import RowAccess
+
+        return RowAccess(self, cache_bytes=ROWS_KEPT)
 
     @property
     def num_bytes(self) -> int:

@@ -214,3 +214,28 @@ def test_a_delta_table_with_deleted_rows(tmp_path: Path) -> None:
     assert take(ds, picks, ["id"])["id"].tolist() == [stream[i] for i in picks]
     assert not deleted & set(take(ds, np.ones(ds.num_rows, bool), ["id"])["id"].tolist())
 
+
+
+def test_a_dataset_is_a_sequence_of_its_rows(codecs: tuple[shardkit.Dataset, dict[str, Any]]) -> None:
+    """``len(ds)``, ``ds[i]`` (one sample), ``ds[indices]`` / ``ds[a:b]`` and ``ds.take`` (batches): the
+    same rows as `take`; ``for row in ds`` ends at the last row, as a sequence's loop does."""
+    ds, _ = codecs
+    assert len(ds) == ds.num_rows == 90
+    whole = take(ds, [7, -1])
+    for i, index in enumerate((7, -1)):
+        sample = ds[index]
+        assert sample.keys() == whole.keys()
+        for name, values in whole.items():
+            if sample[name] is None:  # a null: masked in a batch
+                assert np.ma.is_masked(values[i]), name
+            else:
+                assert np.array_equal(np.asarray(sample[name]), np.asarray(values[i])), name
+    assert ds[[3, 3, 0]]["id"].tolist() == [3, 3, 0]
+    assert ds[80:83]["id"].tolist() == [80, 81, 82]
+    assert list(ds.take([5], ["id"])) == ["id"]
+    assert ds.take([5], ["id"])["id"].tolist() == [5]
+    assert [int(row["id"]) for row in ds] == list(range(90))
+    with pytest.raises(RowIndexError, match="out of range"):
+        ds[90]
+    with pytest.raises(RowIndexTypeError):
+        ds[1.5]
