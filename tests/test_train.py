@@ -235,6 +235,28 @@ def test_every_seconds_saves_at_the_same_steps_on_every_rank(ids_dataset: str, t
 
 
 @pytest.mark.timeout(180)
+def test_a_job_reports_the_share_of_its_steps_spent_waiting_for_data(ids_dataset: str,
+                                                                      tmp_path: Path) -> None:
+    """A planted slow data stage (a transform that sleeps) shows a high ``data_wait``; a planted slow
+    training step (a sleep after each step) a low one: in the summary, summary.json and TensorBoard."""
+    for name in ("data", "step"):
+        (tmp_path / name).mkdir()
+    slow_data, console = run(tmp_path / "data", ids_dataset, slow_data=0.02)  # 0.08 s per 4-sample batch
+    slow_step, _ = run(tmp_path / "step", ids_dataset, sleep=0.1)
+    assert slow_data.ok
+    assert slow_step.ok
+    assert slow_data.metrics["data_wait"] > 0.5
+    assert slow_step.metrics["data_wait"] < 0.5
+    assert "data wait" in console
+    summary = json.loads((tmp_path / "data" / "job" / "summary.json").read_text())
+    assert summary["metrics"]["data_wait"] == slow_data.metrics["data_wait"]
+    event_accumulator = pytest.importorskip("tensorboard.backend.event_processing.event_accumulator")
+    acc = event_accumulator.EventAccumulator(str(tmp_path / "data" / "job" / "tensorboard"))
+    acc.Reload()
+    assert max(e.value for e in acc.Scalars("data_wait")) > 0.5
+
+
+@pytest.mark.timeout(180)
 @pytest.mark.slow
 def test_digits_example_reaches_95_percent(tmp_path: Path) -> None:
     """The README's main job, as `shardkit train` runs it from the command line."""

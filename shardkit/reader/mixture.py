@@ -102,6 +102,7 @@ import numpy as np
 
 from shardkit.dataset import Field, Schema
 from shardkit.errors import ReaderError, SchemaMismatchError, ShardkitError
+from shardkit.reader._clock import WaitClock, timed
 from shardkit.reader._pipeline import batching
 from shardkit.reader._pipeline.assemble import VALID, masked
 from shardkit.reader._pipeline.placing import Blocks, WindowPlacement, destinations
@@ -1082,6 +1083,7 @@ class MixedReader(Reader):
         self._consumed = 0  # piece positions of the current stage covered by yielded batches
         self._steps = 0  # batches yielded in the current stage
         self._generation = 0  # bumped to end the live iteration (new iteration, load_state_dict, close)
+        self.waited = WaitClock()  # the seconds the consumer spent waiting for batches (_clock)
         self._closed = False
         #: Whether `load_state_dict` continues a state saved at other weights at this reader's (its
         #: ``reweight=`` when not given): set it where the state is loaded for you (``ctx.checkpoint.
@@ -1181,13 +1183,20 @@ class MixedReader(Reader):
 
     # ---- iteration ---------------------------------------------------------------------------
     def __iter__(self) -> Iterator[Columns]:
-        """Batches of every remaining epoch (``num_epochs=None``: forever)."""
+        """Batches of every remaining epoch (``num_epochs=None``: forever); the seconds each took to come
+        are added to ``waited`` (`shardkit.reader._clock`)."""
+        yield from timed(self._epochs(), self.waited)
+
+    def _epochs(self) -> Iterator[Columns]:
         generation = self._claim()
         while (self.num_epochs is None or self.epoch < self.num_epochs) and generation == self._generation:
             yield from self._epoch(generation)
 
     def iter_epoch(self) -> Iterator[Columns]:
         """Batches of the rest of the current epoch; the reader then moves to the next epoch."""
+        yield from timed(self._one_epoch(), self.waited)
+
+    def _one_epoch(self) -> Iterator[Columns]:
         yield from self._epoch(self._claim())
 
     def _claim(self) -> int:

@@ -47,6 +47,7 @@ import numpy as np
 
 from shardkit.dataset import SLICE_ROWS, Dataset, Field, Schema
 from shardkit.errors import CorruptDatasetError, ImageShapeError, ReaderError
+from shardkit.reader._clock import WaitClock, timed
 from shardkit.reader._filter import Filter, Partitions, select_rows, to_expression
 from shardkit.reader._lost import substitutes
 from shardkit.reader._pipeline import batching
@@ -181,6 +182,7 @@ class Reader:
         self._consumed = 0  # piece positions of the current stage covered by yielded batches
         self._steps = 0  # batches yielded in the current stage
         self._generation = 0  # bumped to end the live iteration (new iteration, load_state_dict, close)
+        self.waited = WaitClock()  # the seconds the consumer spent waiting for batches (_clock)
         self._closed = False
         self._repeated_before = 0  # stats["repeated_rows"] when the epoch (or its resume) began
         self._piece_rows = 0  # remainder="mask": samples of the current stage's piece (rows past: masked)
@@ -282,13 +284,20 @@ class Reader:
 
     # ---- iteration ---------------------------------------------------------------------------
     def __iter__(self) -> Iterator[Columns]:
-        """Batches of every remaining epoch (``num_epochs=None``: forever)."""
+        """Batches of every remaining epoch (``num_epochs=None``: forever); the seconds each took to come
+        are added to ``waited`` (`shardkit.reader._clock`)."""
+        yield from timed(self._epochs(), self.waited)
+
+    def _epochs(self) -> Iterator[Columns]:
         generation = self._claim()
         while (self.num_epochs is None or self.epoch < self.num_epochs) and generation == self._generation:
             yield from self._epoch(generation)
 
     def iter_epoch(self) -> Iterator[Columns]:
         """Batches of the rest of the current epoch; the reader then moves to the next epoch."""
+        yield from timed(self._one_epoch(), self.waited)
+
+    def _one_epoch(self) -> Iterator[Columns]:
         yield from self._epoch(self._claim())
 
     def _placing(self, placer: batching.Placer) -> Iterator[int]:

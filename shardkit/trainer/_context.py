@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 import os
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -83,6 +83,9 @@ class TrainContext:
         self._owns_process_group = False
         self._finished = False
         self._last_beat = -math.inf
+        self._clocks: list[Any] = []  # the WaitClocks of the readers made here and of `timed` (data wait)
+        self._waited = (time.monotonic(), 0.0)  # when data_wait was last measured, and the seconds by then
+        self._last_wait: float | None = None
         self.checkpoint = Checkpoints(self)
 
     def __repr__(self) -> str:
@@ -128,6 +131,7 @@ class TrainContext:
         kwargs = self.reader_kwargs(**overrides)
         reader = make_reader(kwargs.pop("url"), **kwargs)
         self._readers.append(reader)
+        self._clocks.append(reader.waited)
         return reader
 
     def torch_loader(self, **overrides: Any) -> Any:
@@ -147,6 +151,8 @@ class TrainContext:
 
         dataset_kwargs = {k: v for k, v in overrides.items() if k in _DATASET_KEYS}
         reader = self.reader(**{k: v for k, v in overrides.items() if k not in _DATASET_KEYS})
+        # tf.data reads it ahead in its own threads: the reader's time is not the loop's wait (`timed`)
+        self._clocks.remove(reader.waited)
         return make_dataset(reader, **dataset_kwargs)
 
     # -- progress --------------------------------------------------------------------------------------
@@ -193,12 +199,50 @@ class TrainContext:
         """Tell the supervisor this process is alive (call it during long work between steps)."""
         self._beat(kind if kind in p.HEARTBEAT_KINDS else "alive")  # type: ignore[arg-type]
 
+    def timed(self, batches: Iterable[Any]) -> Iterator[Any]:
+        """``batches`` (any iterable: a DataLoader of your own, a tf.data iterator), timed for the job's
+        ``data_wait``: the seconds each batch took to come count as waiting for data.
+
+        Example:
+            >>> loader = DataLoader(ShardkitIterableDataset(url), batch_size=None, num_workers=2)
+            >>> for batch in ctx.timed(loader):
+            ...     ctx.step({"loss": train_step(batch)}, samples=batch)
+
+        The readers `reader` and `torch_loader` make are timed already.
+        """
+        from shardkit.reader._clock import WaitClock, timed
+
+        clock = WaitClock()
+        self._clocks.append(clock)
+        return timed(iter(batches), clock)
+
+    def data_wait(self) -> float | None:
+        """The fraction of the time since the last call that this process spent waiting for batches of
+        the readers it made (or of `timed`), 0..1; None when it reads through none of them. Sent with each
+        step heartbeat as the metric ``data_wait`` (the progress line, TensorBoard, ``summary.json``)."""
+        if not self._clocks:
+            return None
+        now, seconds = time.monotonic(), float(sum(c.seconds for c in self._clocks))
+        then, before = self._waited
+        if now <= then:
+            return None
+        self._waited = (now, seconds)
+        return min(1.0, max(0.0, (seconds - before) / (now - then)))
+
     def _beat(self, kind: p.HeartbeatKind, checkpoint: str | None = None, *, paced: bool = True) -> None:
         """Send a heartbeat; ``paced=False``: one that does not count for the rate limit of step beats
-        (the restore's: the first step beat must still go out, it times the first step)."""
+        (the restore's: the first step beat must still go out, it times the first step). A step's carries
+        ``data_wait`` since the last step heartbeat beside the script's metrics."""
         if kind != "start" and paced:  # "start" does not end the startup window either
             self._last_beat = time.monotonic()
-        self._beacon.send(kind, step=self.step_count, samples=self.samples, metrics=self.metrics,
+        metrics = self.metrics
+        if kind == "step":
+            wait = self.data_wait()
+            if wait is not None:
+                self._last_wait = wait
+        if self._last_wait is not None:  # the last step's, also on the beats between steps and at the end
+            metrics = {**metrics, "data_wait": self._last_wait}
+        self._beacon.send(kind, step=self.step_count, samples=self.samples, metrics=metrics,
                           checkpoint=checkpoint)
 
     def on_finish(self, callback: Callable[[], bool]) -> None:

@@ -84,7 +84,10 @@ _FILE_IDS = itertools.count()  # two writers of one process in one second: two f
 
 
 def _metrics(metrics: Mapping[str, float]) -> str:
-    return "".join(f" | {k} {v:.4g}" for k, v in sorted(metrics.items()))
+    """`` | name value`` per metric; ``data_wait`` (the fraction of step time a rank waited for batches,
+    `shardkit.trainer.TrainContext.data_wait`) as ``data wait 41%``."""
+    return "".join(f" | data wait {v:.0%}" if k == "data_wait" else f" | {k} {v:.4g}"
+                   for k, v in sorted(metrics.items()))
 
 
 class Progress:

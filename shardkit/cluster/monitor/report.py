@@ -239,7 +239,8 @@ class JobResult:
                     + "\n".join([f"  note: {n}" for n in self.notes] + [self._paths()]))
         why = "; ".join(f"attempt {f.attempt}: {f.name} {f.reason}" for f in self.failures)
         last_ckpt = max((c.step for c in self.checkpoints), default=None)
-        metrics = ", ".join(f"{k} {v:.4g}" for k, v in sorted(self.metrics.items()))
+        metrics = ", ".join(f"data wait {v:.0%}" if k == "data_wait" else f"{k} {v:.4g}"
+                            for k, v in sorted(self.metrics.items()))
         at_least = "at least " if self.samples_exact is False else ""
         if self.ok:
             reached = f"{self.steps} steps"

@@ -2,7 +2,9 @@
 
 Each rank appends, per trained step, ``{"attempt", "step", "ids", "loss", "saved"}`` to
 ``<job dir>/ids-rank<r>.jsonl`` (after ``ctx.step``, which may checkpoint: ``saved``), and one
-``{"attempt", "start"}`` line when it starts. Rank 0 saves the final weights to ``<job dir>/final.pt``.
+``{"attempt", "start"}`` line when it starts. ``params.sleep``: seconds after each step (a slow training
+step); ``params.slow_data``: seconds per sample in the reader's transform (a slow data stage). Rank 0
+saves the final weights to ``<job dir>/final.pt``.
 
 Faults (``params.fault``, or several in ``params.faults``; each on its listed ``attempts`` only, attempt
 0 by default): ``{"rank": r, "step": s, "how": h}`` with ``h`` = ``kill`` (SIGKILL itself before step s),
@@ -15,6 +17,7 @@ SIGKILLs itself as soon as the COMMIT of step s is written).
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import signal
@@ -52,6 +55,12 @@ def _inject_save_crash(step: int, how: str) -> None:
     _store.Store.write = crashing_write  # type: ignore[method-assign]
 
 
+def _slow(seconds: float, sample: dict[str, Any]) -> dict[str, Any]:
+    """A transform that takes ``seconds`` per sample: a planted slow data stage (``params.slow_data``)."""
+    time.sleep(seconds)
+    return sample
+
+
 def main() -> None:
     ctx = shardkit.trainer.init()
     params = ctx.params
@@ -64,7 +73,8 @@ def main() -> None:
     torch.manual_seed(0)
     model = DDP(torch.nn.Linear(4, 1))
     optimizer = torch.optim.SGD(model.parameters(), lr=params.get("lr", 0.05), momentum=0.9)
-    loader = ctx.torch_loader()
+    slow = params.get("slow_data", 0.0)  # seconds per sample in the reader's transform
+    loader = ctx.torch_loader(transform=functools.partial(_slow, slow)) if slow else ctx.torch_loader()
     start = ctx.checkpoint.restore(model=model, optimizer=optimizer, reader=loader)
     job_dir = os.environ["SHARDKIT_JOB_DIR"]
     log = open(os.path.join(job_dir, f"ids-rank{ctx.rank}.jsonl"), "a")  # noqa: SIM115

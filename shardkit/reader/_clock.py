@@ -1,0 +1,44 @@
+"""How long the consumer of a reader waited for its batches: the time spent inside ``next()``.
+
+A training loop alternates between waiting for the next batch and working on the last one. The reader
+runs the waiting side in the consumer's own thread (the reading threads and the transform's worker
+processes run ahead of it), so the seconds from asking for a batch to getting it are the seconds the
+loop was held up by its data. `timed` wraps a stream of batches and adds those seconds to a `WaitClock`;
+`shardkit.trainer`'s context reads the clocks of the readers it made at each heartbeat and reports the
+fraction of the step time spent waiting (``data_wait``). Two ``perf_counter`` calls per batch.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from typing import TypeVar
+
+__all__ = ["WaitClock", "timed"]
+
+_T = TypeVar("_T")
+
+
+class WaitClock:
+    """Seconds spent waiting for batches (``seconds``) and the batches waited for (``batches``); monotonic
+    clock only, so a wall clock that jumps does not move it."""
+
+    __slots__ = ("batches", "seconds")
+
+    def __init__(self) -> None:
+        self.seconds = 0.0
+        self.batches = 0
+
+    def __repr__(self) -> str:
+        return f"WaitClock(seconds={self.seconds:.3f}, batches={self.batches})"
+
+
+def timed(batches: Iterator[_T], clock: WaitClock) -> Iterator[_T]:
+    """``batches``, with the time each one took to come added to ``clock`` (the time the consumer spends
+    between batches, on its own work, is not counted)."""
+    start = time.perf_counter()
+    for batch in batches:
+        clock.seconds += time.perf_counter() - start
+        clock.batches += 1
+        yield batch
+        start = time.perf_counter()
