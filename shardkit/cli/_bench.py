@@ -49,16 +49,40 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     p.add_argument("--batches", type=int, metavar="N", help="stop after N measured batches")
     p.add_argument("--seconds", type=float, metavar="S", help="stop after S seconds")
     p.add_argument("--epochs", type=int, metavar="N",
-                   help="stop after N whole epochs (measured from the epoch after the warm-up)")
+                   help="stop after N whole epochs (measured from the epoch after the warm-up); with --plan: "
+                        "the epochs to plan for (default 1)")
     cache = p.add_mutually_exclusive_group()
     cache.add_argument("--cache", type=_folder, metavar="DIR",
                        help="cache row groups in DIR, local data too (default, auto: remote data only, "
                             "in $SHARDKIT_CACHE_DIR or ~/.cache/shardkit)")
     cache.add_argument("--no-cache", dest="cache", action="store_const", const=None,
                        help="no row-group cache, remote data included")
+    plan = p.add_argument_group("a plan before the run (--plan: nothing read but a probe's few row groups)")
+    plan.add_argument("--plan", action="store_true",
+                      help="estimate the GET requests, bytes fetched and cached, the fetch time at the "
+                           "store's measured rate and the egress cost of --epochs epochs on --world-size "
+                           "ranks, instead of measuring a read")
+    plan.add_argument("--world-size", type=int, metavar="N", help="ranks reading the dataset (default 1)")
+    plan.add_argument("--ranks-per-host", type=int, metavar="N",
+                      help="ranks sharing a host's row-group cache (default 1)")
+    plan.add_argument("--price-per-gb", type=float, metavar="P", help="the store's egress price per GB")
+    plan.add_argument("--price-per-1k-requests", type=float, metavar="P",
+                      help="the store's price per 1,000 GET requests")
+    plan.add_argument("--probe-reads", type=int, metavar="N",
+                      help="row groups the probe fetches to measure the store's rate and latency "
+                           "(default 3; 0: no probe, no time)")
+    plan.add_argument("--timeout", type=float, metavar="S",
+                      help="seconds the store has to answer the open and the probe (default 60)")
     add_storage_options(p)
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.set_defaults(func=run, parser=p, cache="auto")
+
+
+#: flags of the measured read that a plan has no use for, and those of the plan alone
+_READ_ONLY = ("adapter", "batches", "seconds", "shard", "num_shards", "workers", "prefetch", "warmup_batches",
+              "weights", "samples_per_epoch")
+_PLAN_ONLY = ("world_size", "ranks_per_host", "price_per_gb", "price_per_1k_requests", "probe_reads",
+              "timeout")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -72,6 +96,11 @@ def run(args: argparse.Namespace) -> int:
     if columns == []:  # the flag's own text: a usage error, as `--batch-size x` is
         args.parser.error(f"argument --columns: {args.columns!r} names no field; name some, comma-separated "
                           "(--columns a,b), or leave --columns out to read them all")
+    if args.plan:
+        return _plan(args, columns)
+    for name in _PLAN_ONLY:
+        if getattr(args, name) is not None:
+            args.parser.error(f"argument --{name.replace('_', '-')}: only a plan takes it; add --plan")
     kwargs: dict[str, Any] = {
         "adapter": args.adapter, "batches": args.batches, "seconds": args.seconds, "epochs": args.epochs,
         "shard": args.shard, "num_shards": args.num_shards, "columns": columns, "shuffle": args.shuffle,
@@ -97,6 +126,39 @@ def run(args: argparse.Namespace) -> int:
             raise
         raise type(e)(message) from e
     print(json.dumps(result.to_json(), indent=2) if args.json else result.summary())
+    return 0
+
+
+def _plan(args: argparse.Namespace, columns: list[str] | None) -> int:
+    """``--plan``: `shardkit.bench.plan.plan_egress` with the flags given, printed (or its JSON)."""
+    from shardkit.bench.plan import DEFAULT_TIMEOUT, PROBE_READS, plan_egress
+
+    given = [n for n in _READ_ONLY if getattr(args, n) not in (None, "numpy")]
+    if given:
+        args.parser.error(f"argument --plan: --{given[0].replace('_', '-')} is a flag of a measured read; a "
+                          "plan reads every shard (--world-size N), leave it out")
+    if len(args.url) > 1:
+        args.parser.error("argument --plan: plans one dataset; give one URL")
+    for name in ("world_size", "ranks_per_host", "epochs"):
+        value = getattr(args, name)
+        if value is not None and value < 1:
+            args.parser.error(f"argument --{name.replace('_', '-')}: {value} is not a count; give 1 or more")
+    for name in ("probe_reads", "price_per_gb", "price_per_1k_requests"):
+        value = getattr(args, name)
+        if value is not None and not value >= 0:
+            args.parser.error(f"argument --{name.replace('_', '-')}: {value} is negative; give 0 or more")
+    if args.timeout is not None and not args.timeout > 0:
+        args.parser.error(f"argument --timeout: {args.timeout} is no time; give seconds > 0")
+    plan = plan_egress(
+        args.url[0], world_size=args.world_size or 1, epochs=args.epochs or 1,
+        ranks_per_host=args.ranks_per_host or 1, columns=columns, cache=args.cache, shuffle=args.shuffle,
+        seed=0 if args.seed is None else args.seed,
+        batch_size=256 if args.batch_size is None else args.batch_size,
+        probe_reads=PROBE_READS if args.probe_reads is None else args.probe_reads,
+        timeout=DEFAULT_TIMEOUT if args.timeout is None else args.timeout,
+        price_per_gb=args.price_per_gb, price_per_1k_requests=args.price_per_1k_requests,
+        storage_options=args.storage_options)
+    print(json.dumps(plan.to_json(), indent=2) if args.json else plan.summary())
     return 0
 
 
