@@ -41,8 +41,10 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
+import socket
 import threading
 import time
+import urllib.parse
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, TypeVar
 
@@ -252,6 +254,7 @@ def plan_egress(
     deadline = time.monotonic() + timeout
     where = url.url if isinstance(url, Dataset) else os.fspath(url)
     options = None if storage_options is None else dict(storage_options)
+    _check_endpoint(where, options, timeout)
     ds = url if isinstance(url, Dataset) else _within(
         deadline, timeout, where, "opening the dataset",
         lambda: open_dataset(url, storage_options=options))  # type: ignore[arg-type]
@@ -388,6 +391,31 @@ def _get(ds: Dataset, fs: Any, path: str, start: int, end: int) -> bytes:
                            "check the store's endpoint and credentials (storage options), or plan "
                            "without the probe (--probe-reads 0)") from e
     return data
+
+
+def _check_endpoint(url: str, options: Mapping[str, Any] | None, timeout: float) -> None:
+    """An endpoint named in the storage options (``client_kwargs.endpoint_url``) where nothing listens is
+    named at once: a store's client retries a refused connection with backoff, which would only end at
+    the deadline, as "did not answer". Anything else (no endpoint given, a name that does not resolve
+    here) is left to the open."""
+    endpoint = ((options or {}).get("client_kwargs") or {}).get("endpoint_url")
+    if not isinstance(endpoint, str):
+        return
+    parts = urllib.parse.urlsplit(endpoint)
+    try:
+        port = parts.port or (443 if parts.scheme == "https" else 80)
+    except ValueError:
+        return
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        return
+    try:
+        socket.create_connection((parts.hostname, port), timeout=min(timeout, 10.0)).close()
+    except ConnectionRefusedError as e:
+        raise DatasetError(
+            f"{url!r}: nothing listens at the store's endpoint {endpoint!r} (connection refused); check the "
+            "endpoint (storage options: client_kwargs.endpoint_url) and that the store is running") from e
+    except OSError:  # a timeout, an unknown name: the open says more, under the deadline
+        return
 
 
 def _within(deadline: float, timeout: float, url: str, what: str, work: Callable[[], T]) -> T:
