@@ -23,11 +23,18 @@ class WaitClock:
     """Seconds spent waiting for batches (``seconds``) and the batches waited for (``batches``); monotonic
     clock only, so a wall clock that jumps does not move it."""
 
-    __slots__ = ("batches", "seconds")
+    __slots__ = ("batches", "first", "last", "seconds")
 
     def __init__(self) -> None:
         self.seconds = 0.0
         self.batches = 0
+        self.first: float | None = None  # perf_counter when the first batch was asked for
+        self.last = 0.0  # perf_counter when the last batch came
+
+    @property
+    def elapsed(self) -> float:
+        """Seconds from the first batch asked for to the last one handed out (0 before any)."""
+        return 0.0 if self.first is None or not self.batches else max(0.0, self.last - self.first)
 
     def __repr__(self) -> str:
         return f"WaitClock(seconds={self.seconds:.3f}, batches={self.batches})"
@@ -37,8 +44,11 @@ def timed(batches: Iterator[_T], clock: WaitClock) -> Iterator[_T]:
     """``batches``, with the time each one took to come added to ``clock`` (the time the consumer spends
     between batches, on its own work, is not counted)."""
     start = time.perf_counter()
+    if clock.first is None:
+        clock.first = start
     for batch in batches:
-        clock.seconds += time.perf_counter() - start
+        clock.last = now = time.perf_counter()
+        clock.seconds += now - start
         clock.batches += 1
         yield batch
         start = time.perf_counter()

@@ -258,10 +258,21 @@ def test_a_transformed_batch_made_in_a_worker_segment_crosses_without_a_copy() -
     torch = pytest.importorskip("torch")
     from multiprocessing.reduction import ForkingPickler
 
+    from shardkit.reader.adapters import torch_workers
     from shardkit.reader.adapters.torch_workers import _own_segments, _WorkerBatch
 
     url, _ = jpeg_dataset("jpeg", 17)
     own = _own_segments()
+    try:
+        _sent_where_made(url, own, ForkingPickler, _WorkerBatch, torch)
+    finally:  # this process played the worker and the main process: let go of both sides' segments
+        with torch_workers._MAPPED_LOCK:
+            for key in [k for k in torch_workers._MAPPED if k[0] == own.token]:
+                del torch_workers._MAPPED[key]
+        torch_workers._OWN.pop(os.getpid(), None)
+
+
+def _sent_where_made(url: str, own: Any, pickler: Any, worker_batch: Any, torch: Any) -> None:
     with shardkit.make_reader(url, batch_size=8, seed=3, transform=crop_and_flip) as reader:
         reader._set_output_memory(own.batch_memory)
         for batch in reader:
@@ -269,7 +280,7 @@ def test_a_transformed_batch_made_in_a_worker_segment_crosses_without_a_copy() -
             at = tensors["image"].data_ptr()
             (serial,) = [n for n, (start, size, free) in own.made.items()
                          if free.alive and start <= at < start + size]
-            out = pickle.loads(ForkingPickler.dumps(_WorkerBatch(tensors)))
+            out = pickle.loads(pickler.dumps(worker_batch(tensors)))
             assert serial not in own.made  # sent from where it was made: the main process frees it
             for key, value in tensors.items():
                 assert torch.equal(out[key], value)

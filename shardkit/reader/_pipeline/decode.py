@@ -11,6 +11,8 @@ then happens in parallel with the reading process.
 from __future__ import annotations
 
 import dataclasses
+import threading
+import time
 from collections.abc import Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 
@@ -111,9 +113,22 @@ class DecodeStage:
     def __init__(self, prepare: LateDecode, threads: int) -> None:
         self.prepare = prepare
         self._pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="shardkit-decode")
+        #: seconds decoding (summed over the threads), as `SampleStage.stats` names them
+        self.stats: dict[str, float] = {"batches": 0, "seconds_busy": 0.0, "seconds_prepare": 0.0}
+        self._lock = threading.Lock()
 
     def submit(self, batch: Columns, epoch: int, keys: np.ndarray) -> Future[Columns]:
-        return self._pool.submit(self.prepare, batch)
+        return self._pool.submit(self._timed, batch)
+
+    def _timed(self, batch: Columns) -> Columns:
+        start = time.perf_counter()
+        out = self.prepare(batch)
+        seconds = time.perf_counter() - start
+        with self._lock:
+            self.stats["batches"] += 1
+            self.stats["seconds_busy"] += seconds
+            self.stats["seconds_prepare"] += seconds
+        return out
 
     def close(self) -> None:
         self._pool.shutdown(wait=True, cancel_futures=True)

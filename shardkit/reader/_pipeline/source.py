@@ -51,10 +51,11 @@ from __future__ import annotations
 import dataclasses
 import os
 import threading
+import time
 import weakref
 from collections import OrderedDict, deque
 from collections.abc import Callable, Iterator, Sequence
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 import pyarrow as pa
@@ -432,7 +433,7 @@ class RowGroupSource:
             raise
 
     def read(self, task: Task, rows: np.ndarray | None = None, *, whole: bool = False,
-             to_end: bool = True, late: Late | None = None) -> Part | None:
+             to_end: bool = True, late: Late | None = None, times: Any = None) -> Part | None:
         """Decoded chunks of ``task``'s rows (only ``rows`` of them, relative to ``task.start``, when
         given), in order; None when the row group is corrupt and skipped.
 
@@ -443,6 +444,7 @@ class RowGroupSource:
         ``on_error="skip"`` every task reads its row group to its end (see the module docstring).
         ``late``: fields left encoded, their values appended to a spill segment, and handles to them in
         their columns (`shardkit.reader._pipeline.spill`): the decode stage decodes them per batch.
+        ``times``: the reader's `StageTimes`, which gets the seconds of the Arrow read and of the decoding.
         """
         try:
             selected = self.selection.get(task.row_group)
@@ -461,7 +463,10 @@ class RowGroupSource:
                            for n in names if n in self.direct}
                 if not self.columns:  # nothing else to read: the handles are the rows
                     return Part([handles])
+            started = time.perf_counter()
             table = self._arrow(task.row_group, end if partial else None)
+            if times is not None:  # the reader's StageTimes: fetch + Parquet, then to numpy
+                times.add("read_arrow", time.perf_counter() - started)
             if late is not None and handles is not None:  # spilled from Arrow's buffers, not taken first
                 spilled = [n for n in late[2] if n not in self.direct]
                 handles.update({n: late[0].put(table.column(n), late[1], rows=picked) for n in spilled})
@@ -472,7 +477,10 @@ class RowGroupSource:
                 batches = table.slice(task.start, task.stop - task.start).to_batches()
             else:
                 batches = _take(table, index)
+            started = time.perf_counter()
             chunks, lost = self._decode([b for b in batches if b.num_rows], task, rows, handles)
+            if times is not None:
+                times.add("read_numpy", time.perf_counter() - started)
             return Part([batching.concat(chunks)] if whole and len(chunks) > 1 else chunks, lost)
         except CorruptDatasetError as e:
             error = self._located(task, e)
