@@ -23,6 +23,7 @@ import shardkit
 from benchmarks.relay import Relay
 from shardkit.bench.plan import plan_egress
 from shardkit.cli import main
+from shardkit.dataset import SummaryMissingWarning
 from shardkit.errors import DatasetError, ReaderError
 from shardkit.reader import CacheConfig
 from tests.reader import conftest as s3_fixtures
@@ -103,6 +104,8 @@ def test_the_plan_counts_the_requests_and_bytes_a_real_read_makes(
     requests, fetched = _counted(relay)
     assert (plan.requests, plan.bytes_fetched) == (requests, fetched)
     assert plan.cache is cached
+    opening = [p for m, p, _ in relay.stats.requests if m == "GET" and "/part-" not in p]
+    assert plan.open_requests == len(opening)  # each rank: its _metadata, and a listing with a cache
     if cached:
         held = max(sum(f.stat().st_size for f in (tmp_path / f"host{r}").glob("*.arrow"))
                    for r in range(world_size))
@@ -122,6 +125,60 @@ def test_ranks_of_one_host_share_its_cache_and_in_order_reads_plan_too(
     assert (plan.requests, plan.bytes_fetched) == _counted(relay)
     assert plan.requests == N // ROW_GROUP  # one GET a row group, once for the host
     assert plan.hosts == 1
+
+
+def test_plain_parquet_without_summary_plans_by_its_footers(
+        s3_server: S3Server, s3_bucket: str, relay: Relay) -> None:
+    """Plain Parquet files (no shardkit summary): the footers read at opening place the ranges."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    import s3fs
+
+    fs = s3fs.S3FileSystem(**s3_server.storage_options)
+    for k in range(3):
+        table = pa.table({"id": np.arange(k * 1000, (k + 1) * 1000), "x": np.ones(1000)})
+        with fs.open(f"{s3_bucket}/plain/part-{k}.parquet", "wb") as f:
+            pq.write_table(table, f, row_group_size=300)
+    url = f"s3://{s3_bucket}/plain"
+    with pytest.warns(SummaryMissingWarning):
+        plan = plan_egress(url, world_size=2, epochs=2, cache=None, probe_reads=0, seed=5, batch_size=64,
+                           storage_options=s3_server.storage_options)
+    relay.reset()
+    with pytest.warns(SummaryMissingWarning):
+        _read(url, _through(s3_server, relay), world_size=2, epochs=2, cache=None, columns=None)
+    requests, fetched = _counted(relay)
+    footers = 2 * 3  # each rank's open reads each file's footer: one ranged GET of these small files
+    assert (plan.requests + footers, plan.row_groups) == (requests, 12)
+    assert plan.open_requests == footers + 2  # and lists the folder
+    assert plan.bytes_fetched < fetched  # the footers' bytes are not counted
+
+
+def test_a_row_group_larger_than_a_request_is_fetched_in_parts(
+        s3_server: S3Server, s3_bucket: str, relay: Relay) -> None:
+    """A row group of more than `PART` (32 MiB): the plan counts the parts the reader asks for."""
+    from shardkit.dataset.fetch import PART
+
+    rows = (PART + (4 << 20)) // 8
+    values = np.random.default_rng(0).standard_normal(rows)  # incompressible: its chunk stays > PART
+    url = f"s3://{s3_bucket}/big"
+    shardkit.write_dataset({"x": values}, url, storage_options=s3_server.storage_options, row_group_size=rows)
+    plan = plan_egress(url, cache=None, probe_reads=0, shuffle=False,
+                       storage_options=s3_server.storage_options)
+    assert plan.requests == 2
+    assert plan.bytes_fetched > PART
+    relay.reset()
+    _read(url, _through(s3_server, relay), world_size=1, epochs=1, cache=None, columns=None, shuffle=False)
+    assert (plan.requests, plan.bytes_fetched) == _counted(relay)
+
+
+def test_a_cache_smaller_than_a_host_reads_is_said(s3_server: S3Server, url: str, tmp_path: Path) -> None:
+    plan = plan_egress(url, cache=CacheConfig(str(tmp_path / "small"), 10_000), probe_reads=0,
+                       storage_options=s3_server.storage_options)
+    assert plan.cache_too_small
+    assert "evicted row groups are fetched again" in plan.summary()
+    roomy = plan_egress(url, cache=CacheConfig(str(tmp_path / "big"), 1 << 30), probe_reads=0,
+                        storage_options=s3_server.storage_options)
+    assert not roomy.cache_too_small
 
 
 def test_without_cache_every_epoch_fetches_again(s3_server: S3Server, url: str) -> None:
@@ -149,7 +206,10 @@ def test_the_probe_measures_real_row_group_reads_and_prices_the_run(
     assert plan.probe.latency_s > 0
     low, high = plan.seconds or (0.0, 0.0)
     assert 0 < low <= high
-    assert plan.cost == pytest.approx(0.09 * plan.bytes_fetched / 1e9 + 0.0004 * plan.requests / 1000)
+    assert plan.open_requests == 2  # each rank's GET of _metadata (no cache: no listing)
+    assert plan.open_bytes > 0
+    gb, thousands = (plan.bytes_fetched + plan.open_bytes) / 1e9, (plan.requests + plan.open_requests) / 1000
+    assert plan.cost == pytest.approx(0.09 * gb + 0.0004 * thousands)
 
 
 def test_cli_text_fits_one_screen_and_json_has_the_numbers(

@@ -21,8 +21,11 @@ How the reader fetches, and so how the plan counts (`shardkit.reader._pipeline.s
   (``cached_bytes_per_host``: an estimate, not a count; within 25% on the tests' data, less where a
   column is dictionary-encoded in Parquet and decoded in Arrow).
   A cache smaller than what a host reads evicts, and later epochs then fetch again: the plan warns.
-- **Not counted:** the requests that open the dataset (its summary files, a listing) and, with a cache,
-  the one listing per 1,000 files for the files' versions: a few requests per rank, whatever the data.
+- **Opening** (``open_requests``, ``open_bytes``), by every rank: a dataset with a summary is one GET
+  of its ``_metadata`` (its size counted); one without is a GET of each data file's footer (at least
+  one; their bytes not counted) and a few small listings. With a cache, the files' versions are one
+  listing per 1,000 files. The few HEAD and listing requests of finding a summary-less dataset's kind
+  are not counted.
 
 The probe reads a few real row groups, as the reader would (their coalesced ranges), one request at a
 time, and a few small ranges for the latency; the time is then given as a range: from the bytes at the
@@ -87,7 +90,9 @@ class StoreProbe:
 class EgressPlan:
     """What `plan_egress` estimated (see the module docstring for what is counted and how).
 
-    ``requests`` and ``bytes_fetched`` are the GETs and bytes of all ranks over all ``epochs``;
+    ``requests`` and ``bytes_fetched`` are the data GETs and bytes of all ranks over all ``epochs``;
+    ``open_requests`` and ``open_bytes`` what the ranks' opening of the dataset adds (see the module
+    docstring; ``open_bytes`` counts the summary file, not footers);
     ``busiest_requests`` / ``busiest_bytes`` those of the rank (without cache) or host (with one) that
     fetches the most, which sets the time. ``cached_bytes_per_host`` is the most any host's cache holds
     (0 without cache). ``cost`` is None unless a price was given.
@@ -110,6 +115,8 @@ class EgressPlan:
     busiest_bytes: int
     cached_bytes_per_host: int
     probe: StoreProbe | None
+    open_requests: int = 0
+    open_bytes: int = 0
     price_per_gb: float | None = None
     price_per_1k_requests: float | None = None
 
@@ -130,11 +137,12 @@ class EgressPlan:
     @property
     def cost(self) -> float | None:
         """The egress price of the whole run: GB (10**9 bytes) x ``price_per_gb`` + requests / 1,000 x
-        ``price_per_1k_requests`` (either alone where one is given); None when neither is."""
+        ``price_per_1k_requests`` (either alone where one is given), opening included; None when
+        neither is."""
         if self.price_per_gb is None and self.price_per_1k_requests is None:
             return None
-        return ((self.price_per_gb or 0.0) * self.bytes_fetched / 1e9
-                + (self.price_per_1k_requests or 0.0) * self.requests / 1000)
+        return ((self.price_per_gb or 0.0) * (self.bytes_fetched + self.open_bytes) / 1e9
+                + (self.price_per_1k_requests or 0.0) * (self.requests + self.open_requests) / 1000)
 
     @property
     def cache_too_small(self) -> bool:
@@ -174,7 +182,8 @@ class EgressPlan:
             f"row groups   {self.row_groups:,}, {self.requests_per_row_group:.3g} request(s) each "
             f"(column chunks less than {_size(GAP)} apart merged, requests of at most {_size(PART)})",
             f"requests     {self.requests:,} GETs in all; the busiest {'host' if self.cache else 'rank'} "
-            f"{self.busiest_requests:,}",
+            f"{self.busiest_requests:,}; opening the dataset {self.open_requests:,} more "
+            f"({_size(self.open_bytes)}), {self.open_requests // self.world_size:,} a rank",
             f"fetched      {_size(self.bytes_fetched)} from the store in all; the busiest "
             f"{'host' if self.cache else 'rank'} {_size(self.busiest_bytes)}",
             "cached       " + (f"about {_size(self.cached_bytes_per_host)} on local disk per host "
@@ -199,12 +208,12 @@ class EgressPlan:
         if cost is not None:
             parts = []
             if self.price_per_gb is not None:
-                parts.append(f"{self.bytes_fetched / 1e9:,.3f} GB x {self.price_per_gb:g}")
+                gb = (self.bytes_fetched + self.open_bytes) / 1e9
+                parts.append(f"{gb:,.3f} GB x {self.price_per_gb:g}")
             if self.price_per_1k_requests is not None:
-                parts.append(f"{self.requests / 1000:,.3f}k requests x {self.price_per_1k_requests:g}")
-            lines.append(f"cost         {cost:,.4f} ({' + '.join(parts)})")
-        lines.append("not counted  the few requests per rank that open the dataset (summary files, a "
-                     "listing)")
+                thousands = (self.requests + self.open_requests) / 1000
+                parts.append(f"{thousands:,.3f}k requests x {self.price_per_1k_requests:g}")
+            lines.append(f"cost         {cost:,.4f} ({' + '.join(parts)}; opening included)")
         return "\n".join(lines)
 
 
@@ -303,6 +312,17 @@ def plan_egress(
         overhead = _entry_overhead(ds, names)
         cached_per_host = max(total(g, 2) + overhead * len(g) for g in groups_of_hosts)
 
+    open_requests = open_bytes = 0
+    if not local:
+        files = len({rg.file for rg in ds.row_groups})
+        if ds.metadata is not None:  # one GET of the summary a rank
+            size = _within(deadline, timeout, where, "the summary's size", lambda: _summary_size(ds))
+            open_requests, open_bytes = world_size, world_size * size
+        else:  # each file's footer, and a listing of the files a rank
+            open_requests = world_size * (files + -(-files // 1000))
+        if cached:  # the files' versions: a listing a rank
+            open_requests += world_size * -(-(files + 2) // 1000)
+
     probe = None
     if not local and probe_reads:
         probe = _within(deadline, timeout, where, "the probe's range reads",
@@ -314,7 +334,8 @@ def plan_egress(
         shuffle=shuffle, row_groups=len(sizes), requests_per_row_group=sum(s[0] for s in sizes) / n,
         requests=sum(f[0] for f in fetchers), bytes_fetched=sum(f[1] for f in fetchers),
         busiest_requests=max(f[0] for f in fetchers), busiest_bytes=max(f[1] for f in fetchers),
-        cached_bytes_per_host=cached_per_host, probe=probe, price_per_gb=price_per_gb,
+        cached_bytes_per_host=cached_per_host, probe=probe, open_requests=open_requests,
+        open_bytes=open_bytes, price_per_gb=price_per_gb,
         price_per_1k_requests=price_per_1k_requests)
 
 
@@ -358,6 +379,15 @@ def _entry_overhead(ds: Dataset, names: Sequence[str]) -> int:
     with pa.ipc.new_file(sink, empty) as writer:
         writer.write_table(empty.empty_table())
     return int(sink.getvalue().size) + _CACHE_TRAILER
+
+
+def _summary_size(ds: Dataset) -> int:
+    """Bytes of the dataset's ``_metadata`` summary file (each rank's open fetches it whole)."""
+    try:
+        return int(ds.location.fs.size(ds.location.join("_metadata")))
+    except Exception as e:
+        raise DatasetError(f"{ds.url!r}: the size of its _metadata summary could not be read ({e}); check "
+                           "the store's endpoint and credentials (storage options)") from e
 
 
 def _probe(ds: Dataset, names: Sequence[str], reads: int) -> StoreProbe:
