@@ -284,14 +284,14 @@ def plan_egress(
     touched: list[list[set[int]]] = []  # [rank][epoch]
     pieces = [shard_ranges(num_samples, shard=k, num_shards=world_size, remainder=remainder,
                            batch_size=batch_size, drop_last=drop_last) for k in range(world_size)]
+    walked = epochs if shuffle else 1  # in order, every epoch reads the same row groups
+    orders = [EpochOrder(rows_per_group, seed, epoch, shuffle, window) for epoch in range(walked)]
     for k in range(world_size):
-        per_epoch = []
-        for epoch in range(epochs):
-            order = EpochOrder(rows_per_group, seed, epoch, shuffle, window)
-            per_epoch.append({t.row_group for w in shard_windows(order, pieces[k]) for t in w.tasks})
-        touched.append(per_epoch)
-        if not shuffle:  # the same row groups every epoch: no need to walk the others
-            touched[-1] = [per_epoch[0]] * epochs if epochs > 1 else per_epoch
+        per_epoch = [{t.row_group for w in shard_windows(order, pieces[k]) for t in w.tasks}
+                     for order in orders]
+        touched.append(per_epoch if shuffle else per_epoch * epochs)
+    groups_of_hosts = [set().union(*(e for k in range(h, min(h + ranks_per_host, world_size))
+                                     for e in touched[k])) for h in range(0, world_size, ranks_per_host)]
 
     def total(groups: Any, what: int) -> int:
         return sum(sizes[g][what] for g in groups)
@@ -299,16 +299,12 @@ def plan_egress(
     if local:
         fetchers: list[tuple[int, int]] = [(0, 0)]
     elif cached:  # one fetch per row group per host, whatever the epochs
-        hosts = [set().union(*(e for k in range(h, min(h + ranks_per_host, world_size)) for e in touched[k]))
-                 for h in range(0, world_size, ranks_per_host)]
-        fetchers = [(total(g, 0), total(g, 1)) for g in hosts]
+        fetchers = [(total(g, 0), total(g, 1)) for g in groups_of_hosts]
     else:  # every rank, every epoch
-        fetchers = [(sum(total(e, 0) for e in epochs_), sum(total(e, 1) for e in epochs_))
-                    for epochs_ in touched]
+        fetchers = [(sum(total(e, 0) for e in per_epoch), sum(total(e, 1) for e in per_epoch))
+                    for per_epoch in touched]
     cached_per_host = 0
     if cached:
-        groups_of_hosts = [set().union(*(e for k in range(h, min(h + ranks_per_host, world_size))
-                                         for e in touched[k])) for h in range(0, world_size, ranks_per_host)]
         overhead = _entry_overhead(ds, names)
         cached_per_host = max(total(g, 2) + overhead * len(g) for g in groups_of_hosts)
 
