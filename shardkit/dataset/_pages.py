@@ -338,6 +338,7 @@ class ChecksumSink:
         self._left = 0
         self._crc = 0
         self._footer: list[bytes] | None = None
+        self._footer_at = 0  # where the footer starts (logical)
         self.metadata: pq.FileMetaData | None = None
         self.closed = False
 
@@ -368,7 +369,7 @@ class ChecksumSink:
             header = bytes(data)
             found = _header_fields(header)
             if found is None:  # not a page header: the footer (FileMetaData, its length, PAR1)
-                self._footer = [header]
+                self._footer, self._footer_at = [header], at
                 return n
             size, self._end = found
             self.starts.append(at)
@@ -421,6 +422,7 @@ class ChecksumSink:
         byte kept."""
         meta = _Thrift(footer, 0).struct(_FILE_META)  # type: ignore[arg-type]  # (bytes: indexed faster)
         new: list[tuple[tuple[int, int], int]] = []  # (where, value) of each integer changed
+        pages = 0
         for group in _field(meta, 4, default=(0, []))[1]:
             grown = 0
             for chunk in _field(group, 1)[1]:
@@ -429,6 +431,13 @@ class ChecksumSink:
                 if 0 < _field(column, 11, default=0) < start:
                     start = _field(column, 11)
                 end = start + _field(column, 7)
+                first, last = bisect.bisect_left(self.starts, start), bisect.bisect_left(self.starts, end)
+                ends_at_page = last < len(self.starts) and self.starts[last] == end
+                if first == len(self.starts) or self.starts[first] != start or not (
+                        ends_at_page or end == self._footer_at):
+                    raise PageError(f"the column chunk at byte {start} ({end - start} bytes) of the footer "
+                                    "is not the pages written: their checksums cannot be put in")
+                pages += last - first
                 more = self._moved(end) - end - (self._moved(start) - start)
                 grown += more
                 for k in (9, 10, 11):
@@ -446,6 +455,8 @@ class ChecksumSink:
                 new.append((_at(group, 5), self._moved(_field(group, 5))))
             if _field(group, 6, default=None) is not None:
                 new.append((_at(group, 6), _field(group, 6) + grown))
+        if pages != len(self.starts):
+            raise PageError(f"{len(self.starts) - pages} pages written are in no column chunk of the footer")
         out = bytearray()
         done = 0
         for (start, end), value in sorted(new):
@@ -458,33 +469,33 @@ class ChecksumSink:
 
 def _header_fields(header: bytes) -> tuple[int, int] | None:
     """A page header's compressed page size, and where its field 3 ends (where the crc goes); None when
-    ``header`` is not exactly one page header without a crc, its first fields the page type (1), its
-    uncompressed (2) and compressed size (3) as i32 (a footer's first fields are not)."""
-    reader = _Compact(memoryview(header), 0)
-    last = size = end = 0
+    ``header`` does not start as a page header without a crc does: the page type (field 1), its
+    uncompressed (2) and compressed size (3) as i32, then no crc (4). A footer's field 2 is a list: the
+    bytes pyarrow writes after its last page are never taken for a page. (That the pages found tile the
+    column chunks the footer names is checked at the end: `ChecksumSink._moved_footer`.)"""
+    at, size = 0, -1
     try:
-        while True:
-            head = reader.byte()
-            kind = head & 0x0F
-            if kind == 0:
-                break
-            fid = last + (head >> 4) if head >> 4 else reader.zigzag()
-            if fid <= 3:
-                if kind != _I32 or fid != last + 1:
-                    return None
-                value = reader.zigzag()
-                if fid == 3:
-                    size, end = value, reader.at
-            elif fid == 4 or fid <= last or last < 3:
+        for head in (0x15, 0x15, 0x15):  # fields 1, 2, 3 in turn, each an i32 (delta 1, type 5)
+            if header[at] != head:
                 return None
-            else:
-                reader.skip(kind)
-            last = fid
-    except (IndexError, ValueError):
+            at += 1
+            shift = size = 0
+            while True:
+                b = header[at]
+                at += 1
+                size |= (b & 0x7F) << shift
+                if not b & 0x80:
+                    break
+                shift += 7
+                if shift > 35:
+                    return None
+        nxt = header[at]
+    except IndexError:
         return None
-    if last < 3 or reader.at != len(header) or size < 0:
+    size = (size >> 1) ^ -(size & 1)
+    if size < 0 or (nxt >> 4 == 1 and nxt & 0x0F):  # field 4 there already: a crc
         return None
-    return size, end
+    return size, at
 
 
 def _with_crc(header: bytes, end: int, crc: int) -> bytes:
@@ -494,15 +505,16 @@ def _with_crc(header: bytes, end: int, crc: int) -> bytes:
     out = bytearray(header[:end])
     out.append(0x10 | _I32)
     _varint(out, ((signed << 1) ^ (signed >> 31)) & 0xFFFFFFFF)
-    rest = memoryview(header)[end:]
-    head = rest[0]
-    if head & 0x0F:  # the next field (not the stop)
-        reader = _Compact(rest, 1)
-        fid = 3 + (head >> 4) if head >> 4 else reader.zigzag()
-        _field_head(out, fid, 4, head & 0x0F)
-        out += rest[reader.at:]
-    else:
-        out += rest
+    head = header[end]
+    if head >> 4 and head & 0x0F:  # the next field, its id as a delta from 3 (it is 5 or more)
+        out.append(head - 0x10)
+        out += header[end + 1:]
+    elif head & 0x0F:  # its id in full
+        reader = _Compact(memoryview(header), end + 1)
+        _field_head(out, reader.zigzag(), 4, head & 0x0F)
+        out += header[reader.at:]
+    else:  # the stop
+        out += header[end:]
     return bytes(out)
 
 
