@@ -257,6 +257,27 @@ def test_a_job_reports_the_share_of_its_steps_spent_waiting_for_data(ids_dataset
 
 
 @pytest.mark.timeout(180)
+def test_a_stalled_data_stage_is_reported_before_the_heartbeat_timeout(ids_dataset: str,
+                                                                         tmp_path: Path) -> None:
+    """Rank 1's transform sleeps 30 s: the rank says on its console which stage it waits for before the
+    supervisor, 6 s without a heartbeat later, restarts the job (which then trains every sample once)."""
+    result, console = run(tmp_path, ids_dataset, stall_data={"rank": 1, "step": 6, "seconds": 30})
+    assert result.ok
+    assert result.restarts == 1
+    assert result.failures[0].reason.startswith("silent for")
+    lines = console.splitlines()
+    stalled = [i for i, line in enumerate(lines) if "no batch for" in line]
+    restarted = [i for i, line in enumerate(lines) if "silent for" in line]
+    assert stalled, console
+    assert restarted, console
+    assert stalled[0] < restarted[0]
+    assert "[worker-1]" in lines[stalled[0]]
+    assert "the decode/transform stage" in lines[stalled[0]]
+    effective, _ = effective_steps(tmp_path / "job")
+    check_every_sample_once(effective)
+
+
+@pytest.mark.timeout(180)
 @pytest.mark.slow
 def test_digits_example_reaches_95_percent(tmp_path: Path) -> None:
     """The README's main job, as `shardkit train` runs it from the command line."""

@@ -11,7 +11,7 @@ fraction of the step time spent waiting (``data_wait``). Two ``perf_counter`` ca
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import TypeVar
 
 __all__ = ["WaitClock", "timed"]
@@ -23,11 +23,15 @@ class WaitClock:
     """Seconds spent waiting for batches (``seconds``) and the batches waited for (``batches``); monotonic
     clock only, so a wall clock that jumps does not move it."""
 
-    __slots__ = ("batches", "first", "last", "seconds")
+    __slots__ = ("batches", "first", "last", "seconds", "since", "waiting_on")
 
     def __init__(self) -> None:
         self.seconds = 0.0
         self.batches = 0
+        self.since: float | None = None  # perf_counter when the consumer began waiting; None between
+        #: what the reader waits on right now, set by the reader (`StageTimes.blocked`'s callers), for
+        #: a stall report: "rows being read", "decode/transform", or None
+        self.waiting_on: Callable[[], str | None] | None = None
         self.first: float | None = None  # perf_counter when the first batch was asked for
         self.last = 0.0  # perf_counter when the last batch came
 
@@ -43,12 +47,16 @@ class WaitClock:
 def timed(batches: Iterator[_T], clock: WaitClock) -> Iterator[_T]:
     """``batches``, with the time each one took to come added to ``clock`` (the time the consumer spends
     between batches, on its own work, is not counted)."""
-    start = time.perf_counter()
+    start = clock.since = time.perf_counter()
     if clock.first is None:
         clock.first = start
-    for batch in batches:
-        clock.last = now = time.perf_counter()
-        clock.seconds += now - start
-        clock.batches += 1
-        yield batch
-        start = time.perf_counter()
+    try:
+        for batch in batches:
+            clock.last = now = time.perf_counter()
+            clock.seconds += now - start
+            clock.batches += 1
+            clock.since = None
+            yield batch
+            start = clock.since = time.perf_counter()
+    finally:
+        clock.since = None

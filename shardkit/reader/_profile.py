@@ -45,6 +45,15 @@ class StageTimes:
     def blocked(self, name: str, since: float) -> None:
         """Consumer-thread time blocked since ``since`` (one thread: no lock needed, but cheap anyway)."""
         self.seconds[name] += time.perf_counter() - since
+        self.waiting_on = None
+
+    #: what the consumer's thread is blocked on now: ``"read_blocked"``, ``"stage_blocked"`` or None
+    waiting_on: str | None = None
+
+    def stage_now(self) -> str | None:
+        """The stage the consumer waits for at this moment, in words (None: not blocked on one)."""
+        return {"read_blocked": "rows being read (fetch and Parquet)",
+                "stage_blocked": "the decode/transform stage"}.get(self.waiting_on or "")
 
 
 def breakdown(*, elapsed: float, waited: float, batches: int, times: StageTimes,

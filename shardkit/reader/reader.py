@@ -186,6 +186,7 @@ class Reader:
         self._generation = 0  # bumped to end the live iteration (new iteration, load_state_dict, close)
         self.waited = WaitClock()  # the seconds the consumer spent waiting for batches (_clock)
         self.times = StageTimes()  # the stages' busy time and what the consumer waited on (_profile)
+        self.waited.waiting_on = self.times.stage_now
         self._closed = False
         self._repeated_before = 0  # stats["repeated_rows"] when the epoch (or its resume) began
         self._piece_rows = 0  # remainder="mask": samples of the current stage's piece (rows past: masked)
@@ -389,7 +390,7 @@ class Reader:
         """The next batch out of the stage; the spill segments of the windows before its oldest go
         (windows come in order, so no later batch refers to them)."""
         future, positions, oldest, given, keys = pending.popleft()
-        since = time.perf_counter()
+        since, self.times.waiting_on = time.perf_counter(), "stage_blocked"
         try:
             batch = future.result()
             self.times.blocked("stage_blocked", since)
@@ -636,12 +637,12 @@ class Reader:
             for task, rows, to_end, slot, late in tasks:
                 inflight.append(pool.submit(self._read, task, rows, to_end, slot, late))
                 if len(inflight) > self.prefetch:
-                    since = time.perf_counter()
+                    since, self.times.waiting_on = time.perf_counter(), "read_blocked"
                     got = inflight.popleft().result()
                     self.times.blocked("read_blocked", since)
                     yield got
             while inflight:
-                since = time.perf_counter()
+                since, self.times.waiting_on = time.perf_counter(), "read_blocked"
                 got = inflight.popleft().result()
                 self.times.blocked("read_blocked", since)
                 yield got

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import math
 import os
+import sys
+import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from types import TracebackType
@@ -73,6 +75,7 @@ class TrainContext:
             self.is_chief = role == "worker" and role_index == 0
         ft = config.fault_tolerance if config is not None else None
         self.heartbeat_interval = ft.heartbeat_interval if ft is not None else 1.0
+        self.heartbeat_timeout: float | None = ft.heartbeat_timeout if ft is not None else None
         self.step_count = 0
         self.samples = 0
         self.metrics: Mapping[str, Any] = {}
@@ -86,6 +89,9 @@ class TrainContext:
         self._clocks: list[Any] = []  # the WaitClocks of the readers made here and of `timed` (data wait)
         self._waited = (time.monotonic(), 0.0)  # when data_wait was last measured, and the seconds by then
         self._last_wait: float | None = None
+        self._step_seconds: float | None = None  # a step's usual time (a moving average), for stall reports
+        self._last_step_at: float | None = None
+        self._watcher: _StallWatcher | None = None
         self.checkpoint = Checkpoints(self)
 
     def __repr__(self) -> str:
@@ -131,7 +137,7 @@ class TrainContext:
         kwargs = self.reader_kwargs(**overrides)
         reader = make_reader(kwargs.pop("url"), **kwargs)
         self._readers.append(reader)
-        self._clocks.append(reader.waited)
+        self._watch(reader.waited)
         return reader
 
     def torch_loader(self, **overrides: Any) -> Any:
@@ -152,7 +158,7 @@ class TrainContext:
         dataset_kwargs = {k: v for k, v in overrides.items() if k in _DATASET_KEYS}
         reader = self.reader(**{k: v for k, v in overrides.items() if k not in _DATASET_KEYS})
         # tf.data reads it ahead in its own threads: the reader's time is not the loop's wait (`timed`)
-        self._clocks.remove(reader.waited)
+        self._clocks.remove(reader.waited)  # (and no stall report: the loop does not wait in it)
         return make_dataset(reader, **dataset_kwargs)
 
     # -- progress --------------------------------------------------------------------------------------
@@ -184,6 +190,11 @@ class TrainContext:
         if url is not None:
             self._beat("checkpoint", checkpoint=url)
         self.step_count += 1
+        now = time.monotonic()
+        if self._last_step_at is not None:  # the usual step, for a stall report (`_StallWatcher`)
+            took = now - self._last_step_at
+            self._step_seconds = took if self._step_seconds is None else 0.9 * self._step_seconds + 0.1 * took
+        self._last_step_at = now
         self.samples += batch_samples(samples) if isinstance(samples, Mapping) else int(samples)
         if metrics is not None:
             self.metrics = metrics
@@ -213,8 +224,14 @@ class TrainContext:
         from shardkit.reader._clock import WaitClock, timed
 
         clock = WaitClock()
-        self._clocks.append(clock)
+        self._watch(clock)
         return timed(iter(batches), clock)
+
+    def _watch(self, clock: Any) -> None:
+        """Count ``clock`` in ``data_wait``, and report a stall on it (`_StallWatcher`)."""
+        self._clocks.append(clock)
+        if self._watcher is None:
+            self._watcher = _StallWatcher(self)
 
     def data_wait(self) -> float | None:
         """The fraction of the time since the last call that this process spent waiting for batches of
@@ -291,6 +308,9 @@ class TrainContext:
         that left while another still saved its checkpoint aborted at exit in gloo's destructor
         (``terminate called without an active exception``, torch 2.13). A failing process does not
         wait: the others may never get there."""
+        if self._watcher is not None:
+            self._watcher.stop()
+            self._watcher = None
         for reader in self._readers:
             reader.close()
         self._readers.clear()
@@ -339,6 +359,54 @@ class TrainContext:
                 self._beat("step")
             self._close()
         return False
+
+
+class _StallWatcher:
+    """A thread that reports, on this process's stderr (the role's log and the job's console), a batch
+    that is long in coming: no batch for ``max(2 s, 10 x the usual step)``, and at most half the
+    ``heartbeat_timeout``, so the report comes before the supervisor's restart. It names what the
+    reader is waiting for (rows being read, the decode/transform stage). Once per wait. It never
+    sends a heartbeat: a stuck process must still be restarted."""
+
+    EVERY = 0.25  # seconds between looks
+
+    def __init__(self, ctx: TrainContext) -> None:
+        self._ctx = ctx
+        self._done = threading.Event()
+        self._reported: set[tuple[int, float]] = set()  # (clock, the wait's start): reported once
+        self._thread = threading.Thread(target=self._run, name="shardkit-stall-watch", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._done.set()
+
+    def after(self) -> float:
+        """Seconds without a batch that make a stall."""
+        step = self._ctx._step_seconds
+        limit = max(2.0, 10 * step) if step is not None else 2.0
+        timeout = self._ctx.heartbeat_timeout
+        return min(limit, timeout / 2) if timeout is not None else limit
+
+    def _run(self) -> None:
+        while not self._done.wait(self.EVERY):
+            now = time.perf_counter()
+            for clock in list(self._ctx._clocks):
+                since = clock.since
+                if since is None or (id(clock), since) in self._reported:
+                    continue
+                if now - since >= self.after():
+                    self._reported.add((id(clock), since))
+                    self._report(clock, now - since)
+
+    def _report(self, clock: Any, seconds: float) -> None:
+        ctx = self._ctx
+        stage = clock.waiting_on() if clock.waiting_on is not None else None
+        step = f" (a step takes {ctx._step_seconds:.2g} s)" if ctx._step_seconds is not None else ""
+        timeout = (f"; the supervisor restarts this process after {ctx.heartbeat_timeout:g} s without a "
+                   "heartbeat" if ctx.heartbeat_timeout is not None else "")
+        print(f"[shardkit] {ctx.role}-{ctx.role_index} (rank {ctx.rank}): no batch for {seconds:.1f} s after "
+              f"step {ctx.step_count}{step}: the reader is waiting for {stage or 'its next batch'}"
+              f"{timeout}", file=sys.stderr, flush=True)
 
 
 def init(config: str | os.PathLike[str] | JobConfig | None = None, *, backend: str | None = None

@@ -3,8 +3,9 @@
 Each rank appends, per trained step, ``{"attempt", "step", "ids", "loss", "saved"}`` to
 ``<job dir>/ids-rank<r>.jsonl`` (after ``ctx.step``, which may checkpoint: ``saved``), and one
 ``{"attempt", "start"}`` line when it starts. ``params.sleep``: seconds after each step (a slow training
-step); ``params.slow_data``: seconds per sample in the reader's transform (a slow data stage). Rank 0
-saves the final weights to ``<job dir>/final.pt``.
+step); ``params.slow_data``: seconds per sample in the reader's transform (a slow data stage);
+``params.stall_data``: ``{"rank", "step", "seconds"}``, from that step on attempt 0 one sample's transform
+sleeps that long (a stalled data stage). Rank 0 saves the final weights to ``<job dir>/final.pt``.
 
 Faults (``params.fault``, or several in ``params.faults``; each on its listed ``attempts`` only, attempt
 0 by default): ``{"rank": r, "step": s, "how": h}`` with ``h`` = ``kill`` (SIGKILL itself before step s),
@@ -55,9 +56,14 @@ def _inject_save_crash(step: int, how: str) -> None:
     _store.Store.write = crashing_write  # type: ignore[method-assign]
 
 
+_STALL = [0.0]  # seconds the next sample's transform sleeps once (params.stall_data)
+
+
 def _slow(seconds: float, sample: dict[str, Any]) -> dict[str, Any]:
-    """A transform that takes ``seconds`` per sample: a planted slow data stage (``params.slow_data``)."""
-    time.sleep(seconds)
+    """A transform that takes ``seconds`` per sample: a planted slow data stage (``params.slow_data``),
+    and once ``_STALL[0]`` seconds more (a stalled data stage: ``params.stall_data``)."""
+    stall, _STALL[0] = _STALL[0], 0.0
+    time.sleep(seconds + stall)
     return sample
 
 
@@ -74,7 +80,10 @@ def main() -> None:
     model = DDP(torch.nn.Linear(4, 1))
     optimizer = torch.optim.SGD(model.parameters(), lr=params.get("lr", 0.05), momentum=0.9)
     slow = params.get("slow_data", 0.0)  # seconds per sample in the reader's transform
-    loader = ctx.torch_loader(transform=functools.partial(_slow, slow)) if slow else ctx.torch_loader()
+    stall = params.get("stall_data") or {}  # {"rank", "step", "seconds"}: the data stage stalls, attempt 0
+    stalls = stall.get("rank") == ctx.rank and ctx.attempt == 0
+    loader = (ctx.torch_loader(transform=functools.partial(_slow, slow)) if slow or stalls
+              else ctx.torch_loader())
     start = ctx.checkpoint.restore(model=model, optimizer=optimizer, reader=loader)
     job_dir = os.environ["SHARDKIT_JOB_DIR"]
     log = open(os.path.join(job_dir, f"ids-rank{ctx.rank}.jsonl"), "a")  # noqa: SIM115
@@ -87,6 +96,8 @@ def main() -> None:
                 os.kill(os.getpid(), signal.SIGKILL)
             if armed and step == fault["step"] and fault["how"] == "hang":
                 time.sleep(3600)
+            if stalls and step == stall["step"]:
+                _STALL[0] = stall["seconds"]
             optimizer.zero_grad()
             loss = torch.nn.functional.mse_loss(model(batch["x"]).squeeze(1), batch["y"])
             loss.backward()
