@@ -246,14 +246,17 @@ def test_a_job_reports_the_share_of_its_steps_spent_waiting_for_data(ids_dataset
     assert slow_data.ok
     assert slow_step.ok
     assert slow_data.metrics["data_wait"] > 0.5
+    assert slow_data.metrics["data_wait/transform"] > 0.5  # what it waited for: the transform stage
     assert slow_step.metrics["data_wait"] < 0.5
     assert "data wait" in console
+    assert "(transform " in console  # "last metrics: data wait 97% (transform 96%), loss ..."
     summary = json.loads((tmp_path / "data" / "job" / "summary.json").read_text())
     assert summary["metrics"]["data_wait"] == slow_data.metrics["data_wait"]
     event_accumulator = pytest.importorskip("tensorboard.backend.event_processing.event_accumulator")
     acc = event_accumulator.EventAccumulator(str(tmp_path / "data" / "job" / "tensorboard"))
     acc.Reload()
     assert max(e.value for e in acc.Scalars("data_wait")) > 0.5
+    assert max(e.value for e in acc.Scalars("data_wait/transform")) > 0.5
 
 
 @pytest.mark.timeout(180)

@@ -88,7 +88,8 @@ class TrainContext:
         self._last_beat = -math.inf
         self._clocks: list[Any] = []  # the WaitClocks of the readers made here and of `timed` (data wait)
         self._waited = (time.monotonic(), 0.0)  # when data_wait was last measured, and the seconds by then
-        self._last_wait: float | None = None
+        self._last_wait: dict[str, float] | None = None  # the last step beat's _data_waits
+        self._blocked = (0.0, 0.0)  # the readers' read_blocked and stage_blocked seconds by then
         self._step_seconds: float | None = None  # a step's usual time (a moving average), for stall reports
         self._last_step_at: float | None = None
         self._watcher: _StallWatcher | None = None
@@ -237,28 +238,47 @@ class TrainContext:
         """The fraction of the time since the last call that this process spent waiting for batches of
         the readers it made (or of `timed`), 0..1; None when it reads through none of them. Sent with each
         step heartbeat as the metric ``data_wait`` (the progress line, TensorBoard, ``summary.json``)."""
+        parts = self._data_waits()
+        return None if parts is None else parts["data_wait"]
+
+    def _data_waits(self) -> dict[str, float] | None:
+        """`data_wait` since the last call, and its parts by what the readers were waiting for:
+        ``data_wait/read`` (rows being read: fetch and Parquet) and ``data_wait/transform`` (the
+        decode/transform stage), fractions of the same time (their rest: assembling batches, and loops
+        of `timed`)."""
         if not self._clocks:
             return None
         now, seconds = time.monotonic(), float(sum(c.seconds for c in self._clocks))
-        then, before = self._waited
+        times = [r.times.seconds for r in self._readers if getattr(r, "times", None) is not None
+                 and r.waited in self._clocks]
+        read = float(sum(t["read_blocked"] for t in times))
+        stage = float(sum(t["stage_blocked"] for t in times))
+        (then, before), (read_before, stage_before) = self._waited, self._blocked
         if now <= then:
             return None
-        self._waited = (now, seconds)
-        return min(1.0, max(0.0, (seconds - before) / (now - then)))
+        self._waited, self._blocked = (now, seconds), (read, stage)
+        span = now - then
+
+        def share(x: float) -> float:
+            return min(1.0, max(0.0, x / span))
+
+        return {"data_wait": share(seconds - before), "data_wait/read": share(read - read_before),
+                "data_wait/transform": share(stage - stage_before)}
 
     def _beat(self, kind: p.HeartbeatKind, checkpoint: str | None = None, *, paced: bool = True) -> None:
         """Send a heartbeat; ``paced=False``: one that does not count for the rate limit of step beats
         (the restore's: the first step beat must still go out, it times the first step). A step's carries
-        ``data_wait`` since the last step heartbeat beside the script's metrics."""
+        ``data_wait`` since the last step heartbeat (and its parts, `_data_waits`) beside the script's
+        metrics."""
         if kind != "start" and paced:  # "start" does not end the startup window either
             self._last_beat = time.monotonic()
         metrics = self.metrics
         if kind == "step":
-            wait = self.data_wait()
-            if wait is not None:
-                self._last_wait = wait
+            waits = self._data_waits()
+            if waits is not None:
+                self._last_wait = waits
         if self._last_wait is not None:  # the last step's, also on the beats between steps and at the end
-            metrics = {**metrics, "data_wait": self._last_wait}
+            metrics = {**metrics, **self._last_wait}
         self._beacon.send(kind, step=self.step_count, samples=self.samples, metrics=metrics,
                           checkpoint=checkpoint)
 

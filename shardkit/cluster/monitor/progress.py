@@ -83,11 +83,23 @@ class ScalarWriter:
 _FILE_IDS = itertools.count()  # two writers of one process in one second: two files
 
 
+def data_wait_text(metrics: Mapping[str, float]) -> str | None:
+    """``data wait 41% (transform 38%, read 2%)`` from the ``data_wait`` metrics (the share of step time
+    a rank waited for batches, and what for: `shardkit.trainer.TrainContext.data_wait`); None without."""
+    total = metrics.get("data_wait")
+    if total is None:
+        return None
+    parts = sorted(((v, k.split("/", 1)[1]) for k, v in metrics.items()
+                    if k.startswith("data_wait/") and v >= 0.005), reverse=True)
+    detail = f" ({', '.join(f'{name} {v:.0%}' for v, name in parts)})" if parts and total >= 0.1 else ""
+    return f"data wait {total:.0%}{detail}"
+
+
 def _metrics(metrics: Mapping[str, float]) -> str:
-    """`` | name value`` per metric; ``data_wait`` (the fraction of step time a rank waited for batches,
-    `shardkit.trainer.TrainContext.data_wait`) as ``data wait 41%``."""
-    return "".join(f" | data wait {v:.0%}" if k == "data_wait" else f" | {k} {v:.4g}"
-                   for k, v in sorted(metrics.items()))
+    """`` | name value`` per metric; the ``data_wait`` ones as one ``data wait 41% (transform 38%)``."""
+    wait = data_wait_text(metrics)
+    return (f" | {wait}" if wait else "") + "".join(
+        f" | {k} {v:.4g}" for k, v in sorted(metrics.items()) if not k.startswith("data_wait"))
 
 
 class Progress:

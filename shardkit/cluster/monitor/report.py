@@ -10,6 +10,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any, Literal
 
+from shardkit.cluster.monitor.progress import data_wait_text
 from shardkit.job.masking import Masker
 
 __all__ = ["NO_STEP", "AttemptRecord", "CheckpointRecord", "Failure", "JobResult", "Status",
@@ -239,8 +240,9 @@ class JobResult:
                     + "\n".join([f"  note: {n}" for n in self.notes] + [self._paths()]))
         why = "; ".join(f"attempt {f.attempt}: {f.name} {f.reason}" for f in self.failures)
         last_ckpt = max((c.step for c in self.checkpoints), default=None)
-        metrics = ", ".join(f"data wait {v:.0%}" if k == "data_wait" else f"{k} {v:.4g}"
-                            for k, v in sorted(self.metrics.items()))
+        wait = data_wait_text(self.metrics)
+        others = [f"{k} {v:.4g}" for k, v in sorted(self.metrics.items()) if not k.startswith("data_wait")]
+        metrics = ", ".join(([wait] if wait else []) + others)
         at_least = "at least " if self.samples_exact is False else ""
         if self.ok:
             reached = f"{self.steps} steps"
