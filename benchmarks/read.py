@@ -30,6 +30,9 @@ Cases (ratios are to the best raw pyarrow reader of shardkit's files and to Peta
     shardkit-mixture-schedule  shardkit-mixture with weights on a schedule of 20 steps, 3:1 and 1:3 by turns
                            (every step as skewed as shardkit-mixture-skew, which it runs round-robin
                            with): what a schedule costs, <= 2 % (issue 38)
+    shardkit-telemetry / shardkit-notelemetry  make_reader with its stage clocks and wait clock on (the
+                           default) and off (shardkit.reader._profile.TIMING): round-robin, --checksum-
+                           repeat runs each; always-on telemetry costs <= 2 % (issue 39)
     shardkit-noverify      shardkit on the same files with page-checksum verification off
                            (shardkit.dataset._dataset.VERIFY_PAGE_CHECKSUMS = False in its process): the
                            cost of verifying the CRC-32 that shardkit's writer puts on every page
@@ -156,7 +159,10 @@ MIXTURE_RATIO = 0.95  # a 2-source mixture reads >= 0.95x the rows/s of one sour
 # what remainder="mask" and a weight schedule may cost (issue 38): (case, its reference, label)
 COST_PAIRS = [("shardkit-shard3-mask", "shardkit-shard3", 'remainder="mask" vs "drop", shard 3 of 3'),
               ("shardkit-mixture-schedule", "shardkit-mixture-skew",
-               "a 2-source mixture on a schedule (3:1 and 1:3 by turns) vs constant 3:1")]
+               "a 2-source mixture on a schedule (3:1 and 1:3 by turns) vs constant 3:1"),
+              # what the always-on stage clocks and wait clock cost (issue 39: <= 2 %)
+              ("shardkit-telemetry", "shardkit-notelemetry",
+               "always-on telemetry (reader.profile, data_wait) vs none, default shuffle")]
 COST_RATIO = 0.98
 PETASTORM = ["petastorm-batch", "petastorm-batch-dflt", "petastorm-rows", "shardkit-petastorm",
              "shardkit-petastorm-ns"]
@@ -166,7 +172,7 @@ LATENCY = ["latency", "latency-petastorm"]
 DELAYS = (0.0, 0.02, 0.05, 0.1)  # seconds the relay holds each response back
 EXTRA = ["rss-small", "rss-large", "plan", "quality"]
 MIXTURE = ["shardkit-mixture"]
-COSTS = ["shardkit-shard3-mask", "shardkit-mixture-schedule", "shardkit-mixture-skew"]
+COSTS = ["shardkit-shard3-mask", "shardkit-mixture-schedule", "shardkit-mixture-skew", "shardkit-telemetry"]
 ALL_CASES = [*LOCAL, *MIXTURE, *COSTS, *PETASTORM, *HF, *S3, *LATENCY, *EXTRA]
 QUICK = [*LOCAL, *MIXTURE, *S3, *EXTRA]
 SLOW = ["petastorm-rows", "shardkit-petastorm", "shardkit-petastorm-ns", *S3]
@@ -250,18 +256,21 @@ def case_raw_table(path: str) -> dict[str, Any]:
 
 def case_shardkit(url: str, shuffle: bool = True, num_shards: int = 1, shard: int = 0,
                   storage_options: dict[str, Any] | None = None, verify: bool = True,
-                  remainder: str = "drop") -> dict[str, Any]:
+                  remainder: str = "drop", timing: bool = True) -> dict[str, Any]:
     """``shardkit.make_reader(url, batch_size=256, ...)``, one epoch, everything else default.
 
     ``verify=False``: pages are read without checking their Parquet page checksums (the switch is
     module-level, set in this process before the reader is made; the reader's threads see it).
+    ``timing=False``: the reader's stage clocks and wait clock off (``shardkit.reader._profile.TIMING``).
     """
     import warnings
 
     import shardkit.dataset._dataset as opened
+    import shardkit.reader._profile as profile
 
     warnings.simplefilter("ignore")  # a Petastorm folder has no _metadata: the reader says so, once
     opened.VERIFY_PAGE_CHECKSUMS = verify
+    profile.TIMING = timing
     _import_reader()
     started = _clock()
     with shardkit.make_reader(url, batch_size=BATCH, shuffle=shuffle, num_shards=num_shards, shard=shard,
@@ -727,6 +736,10 @@ def run(rows: int, cases: list[str], repeat: int, slow_repeat: int,
                                                                   "remainder": "mask"}),
                        "shardkit-shard3": ("case_shardkit", {"url": tensor, "num_shards": 3, "shard": 2})},
                       r.checksum_repeat)
+    if "shardkit-telemetry" in want:  # the same reader with its clocks off (_profile.TIMING)
+        r.interleaved({"shardkit-telemetry": ("case_shardkit", {"url": tensor}),
+                       "shardkit-notelemetry": ("case_shardkit", {"url": tensor, "timing": False})},
+                      r.checksum_repeat)
     if want & {"shardkit-mixture-schedule", "shardkit-mixture-skew"}:
         halves = [str(p) for p in materialize_halves(rows)]
         r.interleaved({"shardkit-mixture-schedule": ("case_mixture", {"urls": halves, "weights": "schedule"}),
@@ -888,6 +901,8 @@ def report(run_: Run) -> tuple[str, list[dict[str, Any]]]:
         ("shardkit 2-source mixture (halves, weights 1:1)", "shardkit-mixture", "", pb_best, rows),
         ("shardkit 2-source mixture, weights 3:1", "shardkit-mixture-skew", "", pb_best, rows),
         ("shardkit 2-source mixture, 20 steps at 3:1, 1:3", "shardkit-mixture-schedule", "", pb_best, rows),
+        ("shardkit make_reader, default (telemetry on)", "shardkit-telemetry", "", pb_best, rows),
+        ("shardkit make_reader, default, telemetry off", "shardkit-notelemetry", "", pb_best, rows),
         ("shardkit make_reader, default (mixture's reference)", "shardkit-mixture-ref", "", pb_best, rows),
         ("raw pyarrow iter_batches(256), compression='auto' files", "raw-iter-auto", "", None, rows),
         ("shardkit make_reader, default, compression='auto' files", "shardkit-auto", "", pb_best, rows),

@@ -17,7 +17,11 @@ import threading
 import time
 from typing import Any
 
-__all__ = ["StageTimes", "bottleneck", "breakdown", "render"]
+__all__ = ["TIMING", "StageTimes", "bottleneck", "breakdown", "render"]
+
+#: The stage clocks (and the wait clock of `shardkit.reader._clock`) are on. Off only to measure what
+#: they cost (`benchmarks.read`'s ``shardkit-notelemetry``): set before a reader is made.
+TIMING = True
 
 
 class StageTimes:

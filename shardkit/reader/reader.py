@@ -48,6 +48,7 @@ import numpy as np
 
 from shardkit.dataset import SLICE_ROWS, Dataset, Field, Schema
 from shardkit.errors import CorruptDatasetError, ImageShapeError, ReaderError
+from shardkit.reader import _profile
 from shardkit.reader._clock import WaitClock, timed
 from shardkit.reader._filter import Filter, Partitions, select_rows, to_expression
 from shardkit.reader._lost import substitutes
@@ -390,10 +391,8 @@ class Reader:
         """The next batch out of the stage; the spill segments of the windows before its oldest go
         (windows come in order, so no later batch refers to them)."""
         future, positions, oldest, given, keys = pending.popleft()
-        since, self.times.waiting_on = time.perf_counter(), "stage_blocked"
         try:
-            batch = future.result()
-            self.times.blocked("stage_blocked", since)
+            batch = self._waited_for(future, "stage_blocked")
         except CorruptDatasetError as e:  # an image that does not decode: named by its row
             raise self._located_error(e, given, keys) from e
         self.stats["skipped_samples"] += len(keys) - batching.num_rows(batch)  # left out: on_error="skip"
@@ -637,26 +636,32 @@ class Reader:
             for task, rows, to_end, slot, late in tasks:
                 inflight.append(pool.submit(self._read, task, rows, to_end, slot, late))
                 if len(inflight) > self.prefetch:
-                    since, self.times.waiting_on = time.perf_counter(), "read_blocked"
-                    got = inflight.popleft().result()
-                    self.times.blocked("read_blocked", since)
-                    yield got
+                    yield self._waited_for(inflight.popleft(), "read_blocked")
             while inflight:
-                since, self.times.waiting_on = time.perf_counter(), "read_blocked"
-                got = inflight.popleft().result()
-                self.times.blocked("read_blocked", since)
-                yield got
+                yield self._waited_for(inflight.popleft(), "read_blocked")
         finally:
             for f in inflight:
                 f.cancel()
 
+    def _waited_for(self, future: Future[Any], what: str) -> Any:
+        """``future``'s result, the consumer's time blocked on it counted as ``what`` (`StageTimes`)."""
+        if not _profile.TIMING:
+            return future.result()
+        since, self.times.waiting_on = time.perf_counter(), what
+        try:
+            return future.result()
+        finally:
+            self.times.blocked(what, since)
+
     def _read(self, task: Task, rows: np.ndarray | None, to_end: bool, slot: _Slot, late: Late | None
               ) -> Part | None:
         """One task, in a worker thread: decoded, and placed in its window when the window scatters."""
-        start = time.perf_counter()
+        timing = _profile.TIMING
+        start = time.perf_counter() if timing else 0.0
         part = self._source.read(task, rows, whole=self.shuffle and slot is None, to_end=to_end, late=late,
-                                 times=self.times)
-        self.times.task(time.perf_counter() - start)
+                                 times=self.times if timing else None)
+        if timing:
+            self.times.task(time.perf_counter() - start)
         if slot is not None:
             if part is not None and part.whole:
                 slot[0].place(part.chunks, slot[1])
