@@ -14,6 +14,8 @@ import time
 from collections.abc import Callable, Iterator
 from typing import TypeVar
 
+from shardkit.reader import _profile
+
 __all__ = ["WaitClock", "timed"]
 
 _T = TypeVar("_T")
@@ -29,8 +31,7 @@ class WaitClock:
         self.seconds = 0.0
         self.batches = 0
         self.since: float | None = None  # perf_counter when the consumer began waiting; None between
-        #: what the reader waits on right now, set by the reader (`StageTimes.blocked`'s callers), for
-        #: a stall report: "rows being read", "decode/transform", or None
+        #: what the reader waits on right now, in words (`StageTimes.stage_now`), for a stall report
         self.waiting_on: Callable[[], str | None] | None = None
         self.first: float | None = None  # perf_counter when the first batch was asked for
         self.last = 0.0  # perf_counter when the last batch came
@@ -47,8 +48,6 @@ class WaitClock:
 def timed(batches: Iterator[_T], clock: WaitClock) -> Iterator[_T]:
     """``batches``, with the time each one took to come added to ``clock`` (the time the consumer spends
     between batches, on its own work, is not counted)."""
-    from shardkit.reader import _profile
-
     if not _profile.TIMING:  # off: to measure what the clocks cost
         yield from batches
         return

@@ -36,6 +36,8 @@ class StageTimes:
         self._lock = threading.Lock()
         self.seconds: dict[str, float] = dict.fromkeys(self.NAMES, 0.0)
         self.read_tasks = 0
+        #: what the consumer's thread is blocked on now: ``"read_blocked"``, ``"stage_blocked"`` or None
+        self.waiting_on: str | None = None
 
     def add(self, name: str, seconds: float) -> None:
         with self._lock:
@@ -47,12 +49,10 @@ class StageTimes:
             self.read_tasks += 1
 
     def blocked(self, name: str, since: float) -> None:
-        """Consumer-thread time blocked since ``since`` (one thread: no lock needed, but cheap anyway)."""
+        """Consumer-thread time blocked since ``since``, and no longer blocked (only the consumer's thread
+        adds to these two names: no lock)."""
         self.seconds[name] += time.perf_counter() - since
         self.waiting_on = None
-
-    #: what the consumer's thread is blocked on now: ``"read_blocked"``, ``"stage_blocked"`` or None
-    waiting_on: str | None = None
 
     def stage_now(self) -> str | None:
         """The stage the consumer waits for at this moment, in words (None: not blocked on one)."""

@@ -117,6 +117,7 @@ from shardkit.reader._plan import (
     take,
     total,
 )
+from shardkit.reader._profile import StageTimes, breakdown, render
 from shardkit.reader.reader import Reader, closed_error
 
 Columns = dict[str, np.ndarray]
@@ -1337,6 +1338,21 @@ class MixedReader(Reader):
         """Where the memory of the mixed batches comes from (see `Reader.set_batch_memory`)."""
         self._recycler.clear()
         self._recycler.allocate = allocate
+
+    def profile(self, *, as_dict: bool = False) -> Any:
+        """`Reader.profile` of the mixture: the consumer's time from its own clock, the reading stages'
+        busy time and waits summed over its sources (a mixture has no transform stage)."""
+        times = StageTimes()
+        for reader in self.readers.values():
+            for name, seconds in reader.times.seconds.items():
+                times.seconds[name] += seconds
+            times.read_tasks += reader.times.read_tasks
+        b = breakdown(elapsed=self.waited.elapsed, waited=self.waited.seconds, batches=self.waited.batches,
+                      times=times, stage=None, workers=self.workers, processes=0, has_transform=False)
+        if as_dict:
+            return b
+        sources = ", ".join(self.readers)
+        return render(b, f"shardkit mixture of {sources}, shard {self.shard} of {self.num_shards}")
 
     def state_dict(self) -> dict[str, Any]:
         """Position in the epoch (JSON-able), as a `Reader`'s (``epoch``, ``history``), with where the epoch

@@ -96,3 +96,15 @@ def test_a_slow_store_is_named(s3_server: S3Server, s3_bucket: str, tmp_path: Pa
     assert b["limited_by"] == "reading (fetch and Parquet)"
     assert b["wait_read_seconds"] >= 0.05  # the first row group's response, at least
     assert "prefetch=" in b["advice"]
+
+
+def test_a_mixture_profiles_its_sources_reading(tmp_path: Path) -> None:
+    a, b = _ids(tmp_path / "a"), _ids(tmp_path / "b")
+    with shardkit.make_reader({"a": a, "b": b}, batch_size=8, seed=0) as reader:
+        batches = len(list(reader))
+        profile = reader.profile(as_dict=True)
+        text = reader.profile()
+    _adds_up(profile)
+    assert profile["batches"] == batches > 0
+    assert profile["read_tasks"] > 0  # the sources' reading, summed
+    assert "shardkit mixture of a, b" in text
