@@ -14,6 +14,7 @@ from torch.utils.data import DataLoader, WeightedRandomSampler
 
 import shardkit
 import shardkit.torch
+from shardkit.dataset import take
 from shardkit.errors import ReaderError, RowIndexError, RowIndexTypeError
 from shardkit.reader.adapters.collate import Collate
 from tests.reader.datasets import write_all_codecs
@@ -138,11 +139,14 @@ def test_a_filter_keeps_the_readers_rows(written: Written) -> None:
         assert len(ds) == len(want)
         assert [int(s["id"]) for s in ds.__getitems__(list(range(len(ds))))] == want
         assert int(ds[-1]["id"]) == want[-1]
+        # positions: the dataset's rows behind the MapDataset's indices (for a sampler's weights)
+        assert take(ds.rows().dataset, ds.positions, columns=["id"])["id"].tolist() == want
         copy = pickle.loads(pickle.dumps(ds))
         assert int(copy[0]["id"]) == want[0]
         with pytest.raises(RowIndexError, match=r"match filter .*label.* \(of its 90 rows\)"):
             ds[len(want)]
     assert "filter=" in repr(ds)
+    assert shardkit.torch.MapDataset(url, columns=["id"]).positions.tolist() == list(range(90))
     nothing = shardkit.torch.MapDataset(url, columns=["id"], filter=[("label", ">", 100)])
     assert len(nothing) == 0
     with pytest.raises(ReaderError, match="does not apply"):

@@ -115,6 +115,15 @@ class MapDataset(torch.utils.data.Dataset[Any]):
     def __len__(self) -> int:
         return self._num_rows
 
+    @property
+    def positions(self) -> np.ndarray:
+        """The dataset's global row indices of this MapDataset's rows, in order: ``ds[i]`` is the dataset's
+        row ``positions[i]`` (with ``filter=``, the matching rows; else ``0 .. len - 1``). For a sampler's
+        weights from a column: ``take(ds.rows().dataset, ds.positions, columns=["label"])``."""
+        if self._positions is None:
+            return np.arange(self._num_rows, dtype=np.int64)
+        return self._positions.copy()
+
     def __getitem__(self, index: int) -> Any:
         if isinstance(index, bool) or (not isinstance(index, int) and not _integer(index)):
             raise RowIndexTypeError(
