@@ -9,6 +9,7 @@ every reader holds once the dataset is open, and it imports nothing of the openi
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import hashlib
@@ -365,28 +366,61 @@ class Dataset:
         its length, for a column stored as it is (`stored_as_is`); the pages' checksums are checked on the
         way (a mismatch: `CorruptDatasetError`, as a read's). None when they cannot be read in place: they
         are read through Parquet then."""
+        found = self.value_pages(i, name)
+        if found is None:
+            return None
+        path, layout = found
+        self.check_value_pages(i, name, path, layout, range(len(layout.crcs)))
+        return path, layout.starts, layout.lengths
+
+    def value_pages(self, i: int, name: str) -> tuple[str, _pages.PlainLayout] | None:
+        """`value_ranges` with where each value's page lies and its checksum, nothing checked yet
+        (`check_value_pages` checks the pages a lookup reads); None when the values cannot be read in
+        place."""
         if not self.location.is_local or self.kept.get(i) is not None or self.casts:
             return None
         rg = self.row_groups[i]
-        where = f"row group {rg.index} of {self.location.join(rg.file)!r}"
         column = self._column_meta(i, name)
         if column is None:
             return None
         path = os.path.abspath(self.location.join(rg.file))
         start, length = _pages.chunk_range(column)
+        with self.mapped(i, path) as f:
+            layout = _pages.plain_layout(_pages.ranges_of(f)(length, start), start)
+        if layout is None or len(layout.starts) != rg.num_rows:
+            return None
+        return path, layout
+
+    def check_value_pages(self, i: int, name: str, path: str, layout: _pages.PlainLayout,
+                          pages: Iterable[int]) -> None:
+        """Check the checksums of ``pages`` of `value_pages`' layout of column ``name`` in row group ``i``
+        (a mismatch: `CorruptDatasetError` naming the row group, the column and the page)."""
+        pages = list(pages)
+        if not pages:
+            return
+        start, end = int(layout.bodies[min(pages), 0]), int(layout.bodies[max(pages), 1])
+        with self.mapped(i, path) as f:
+            try:
+                layout.check(_pages.ranges_of(f)(end - start, start), start, pages)
+            except _pages.PageError as e:
+                rg = self.row_groups[i]
+                raise _checksum_error(f"row group {rg.index} of {self.location.join(rg.file)!r}",
+                                      f"column {name!r}: {e}") from e
+
+    @contextlib.contextmanager
+    def mapped(self, i: int, path: str) -> Iterator[pa.MemoryMappedFile]:
+        """A memory map of row group ``i``'s local file ``path`` (`value_pages`' path); errors as a read's
+        (`CorruptDatasetError`, `PermissionError`)."""
+        rg = self.row_groups[i]
+        where = f"row group {rg.index} of {self.location.join(rg.file)!r}"
         try:
             with pa.memory_map(path) as f:
-                found = _pages.plain_values(_pages.ranges_of(f)(length, start), start)
-        except _pages.PageError as e:
-            raise _checksum_error(where, f"column {name!r}: {e}") from e
+                yield f
         except OSError as e:
             if is_denied(e):
                 raise permission_error(self.location, path, e) from e
             raise CorruptDatasetError(f"{where} cannot be read ({one_line(e)}); the file is truncated or "
                                       "corrupt: rewrite the dataset, or read with on_error='skip'") from e
-        if found is None or len(found[0]) != rg.num_rows:
-            return None
-        return path, *found
 
     def deletions_tag(self, i: int) -> str:
         """A digest of the rows of row group ``i`` deleted by the table's log ('' when none are): what a

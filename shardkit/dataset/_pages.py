@@ -25,8 +25,8 @@ from typing import Any
 import numpy as np
 import pyarrow.parquet as pq
 
-__all__ = ["MISMATCH", "ChunkReport", "Page", "PageError", "check_chunk", "check_row_group", "chunk_range",
-           "crc32", "first_page", "plain_values", "ranges_of", "walk_pages"]
+__all__ = ["MISMATCH", "ChunkReport", "Page", "PageError", "PlainLayout", "check_chunk", "check_row_group",
+           "chunk_range", "crc32", "first_page", "plain_layout", "plain_values", "ranges_of", "walk_pages"]
 
 def _fastest_crc32() -> Callable[..., int]:
     """ISA-L's CRC-32 (``isal``, a dependency: much faster, with PCLMUL), else zlib's (as fast as
@@ -106,17 +106,41 @@ def walk_pages(data: bytes | memoryview, offset: int = 0) -> Iterator[Page]:
         at = body + size
 
 
-def plain_values(data: bytes | memoryview, offset: int) -> tuple[np.ndarray, np.ndarray] | None:
-    """Where each value of a column chunk's bytes ``data`` (which start at ``offset`` in the file) starts
-    in the file, and its length: a flat BYTE_ARRAY column stored as it is (required, PLAIN,
-    uncompressed, no dictionary), whose data pages hold nothing but ``u32 length | bytes`` per value.
-    Every page's checksum is checked on the way (`crc32`); a mismatch raises `PageError` with
-    `MISMATCH` in its message. None when the pages are not laid out so (a dictionary page, levels,
-    another encoding): the values must then be read through Parquet.
+@dataclasses.dataclass(frozen=True)
+class PlainLayout:
+    """Where the values of a column chunk stored as they are lie in its file (`plain_layout`): value ``k``
+    is ``lengths[k]`` bytes at ``starts[k]``, in page ``page_of[k]``, whose stored bytes are
+    ``[bodies[p, 0], bodies[p, 1])`` with checksum ``crcs[p]`` (-1: the page carries none)."""
+
+    starts: np.ndarray
+    lengths: np.ndarray
+    page_of: np.ndarray
+    bodies: np.ndarray
+    crcs: np.ndarray
+
+    def check(self, view: memoryview, offset: int, pages: Any) -> None:
+        """Check the checksums of ``pages`` (indices) against ``view``, the chunk's bytes starting at
+        ``offset`` in the file; a mismatch raises `PageError` with `MISMATCH` in its message."""
+        for p in pages:
+            crc = int(self.crcs[p])
+            body, end = int(self.bodies[p, 0]) - offset, int(self.bodies[p, 1]) - offset
+            if crc >= 0 and crc32(view[body:end]) != crc:
+                raise PageError(f"the page at byte {int(self.bodies[p, 0])} {MISMATCH}")
+
+
+def plain_layout(data: bytes | memoryview, offset: int) -> PlainLayout | None:
+    """Where each value of a column chunk's bytes ``data`` (which start at ``offset`` in the file) lies:
+    a flat BYTE_ARRAY column stored as it is (required, PLAIN, uncompressed, no dictionary), whose data
+    pages hold nothing but ``u32 length | bytes`` per value. The pages' checksums are read, not checked
+    (`PlainLayout.check` checks the pages a lookup reads). None when the pages are not laid out so (a
+    dictionary page, levels, another encoding): the values must then be read through Parquet.
     """
     view = memoryview(data)
     starts: list[int] = []
     lengths: list[int] = []
+    page_of: list[int] = []
+    bodies: list[tuple[int, int]] = []
+    crcs: list[int] = []
     at = 0
     while at < len(view):
         reader = _Compact(view, at)
@@ -127,8 +151,9 @@ def plain_values(data: bytes | memoryview, offset: int) -> tuple[np.ndarray, np.
         body, end = reader.at, reader.at + size
         if kind not in (0, 3) or end > len(view):  # data pages (v1, v2) only
             return None
-        if crc is not None and crc32(view[body:end]) != crc & 0xFFFFFFFF:
-            raise PageError(f"the page at byte {offset + at} {MISMATCH}")
+        page = len(bodies)
+        bodies.append((offset + body, offset + end))
+        crcs.append(-1 if crc is None else crc & 0xFFFFFFFF)
         p = body
         while p < end:
             if p + 4 > end:
@@ -136,11 +161,24 @@ def plain_values(data: bytes | memoryview, offset: int) -> tuple[np.ndarray, np.
             n = int.from_bytes(view[p : p + 4], "little")
             starts.append(offset + p + 4)
             lengths.append(n)
+            page_of.append(page)
             p += 4 + n
         if p != end:  # a value runs past its page: not plain values
             return None
         at = end
-    return np.asarray(starts, np.int64), np.asarray(lengths, np.int64)
+    return PlainLayout(np.asarray(starts, np.int64), np.asarray(lengths, np.int64),
+                       np.asarray(page_of, np.int64), np.asarray(bodies, np.int64).reshape(-1, 2),
+                       np.asarray(crcs, np.int64))
+
+
+def plain_values(data: bytes | memoryview, offset: int) -> tuple[np.ndarray, np.ndarray] | None:
+    """`plain_layout`'s value starts and lengths, every page's checksum checked (a mismatch raises
+    `PageError` with `MISMATCH` in its message); None when the values are not stored as they are."""
+    layout = plain_layout(data, offset)
+    if layout is None:
+        return None
+    layout.check(memoryview(data), offset, range(len(layout.crcs)))
+    return layout.starts, layout.lengths
 
 
 def first_page(read: Callable[[int, int], bytes], column: pq.ColumnChunkMetaData) -> Page:

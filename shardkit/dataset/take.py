@@ -8,16 +8,20 @@ of a dataset is row ``i`` of an unshuffled read of it on one shard (``make_reade
 Indices follow Python's rules: ``-1`` is the last row, ``-len`` the first, anything else out of range
 raises `RowIndexError`; a boolean mask of one value per row and a slice select rows too.
 
-What a lookup reads. The indices are grouped by row group and each row group that holds any of them is
-read once, with only the columns asked for (``Dataset.read_row_group``: its page checksums checked, a
-table's deletions and casts applied), then Parquet's values of the rows asked for are taken from it and
-only those rows are decoded (an image is decoded for its own row, not its row group's). `RowAccess`
-keeps the row groups it read (Arrow, not decoded, up to ``cache_bytes``), so a map-style loader that asks
-for the rows of one row group one by one reads it once.
+What a lookup reads. The indices are grouped by row group. A column stored as it is (uncompressed PLAIN
+values, no levels: images and other binary that compression would not shrink, as shardkit writes them)
+is read in place: only the asked rows' bytes are copied from the file's memory map, after the checksums
+of the pages that hold them are checked (each page once per `RowAccess`; where its values lie is found
+from the page headers and kept, a few int64 per row). The other columns of each row group that holds an
+asked row are read once (``Dataset.read_row_group``: its page checksums checked, a table's deletions
+and casts applied), then the asked rows are taken from them, and only those rows are decoded (an image
+is decoded for its own row, not its row group's). `RowAccess` keeps the row groups it read (Arrow, not
+decoded, up to ``cache_bytes``), so a map-style loader that asks for the rows of one row group one by
+one reads it once.
 
-Not yet (issue 40's later slices): reading only the pages that hold the rows (Parquet's offset index),
-coalesced range requests of those pages from an object store, and reading through the reader's disk
-cache. A lookup of one row reads its row group's column chunks whole.
+Not yet (issue 40's later slices): reading only the pages of compressed or encoded columns that hold the
+rows (Parquet's offset index), range requests from an object store (a remote lookup reads its row
+group's column chunks whole), and reading through the reader's disk cache.
 """
 
 from __future__ import annotations
@@ -40,6 +44,10 @@ __all__ = ["CACHE_BYTES", "RowAccess", "check_columns", "row_positions", "sample
 #: Arrow bytes of row groups a `RowAccess` keeps (least recently used dropped first): enough for a few
 #: row groups of images, so that consecutive lookups in one row group read it once.
 CACHE_BYTES = 256 << 20
+
+#: row groups' layouts of the values read in place (`Dataset.value_pages`) a `RowAccess` keeps: a few
+#: arrays of one int64 per row each
+LAYOUTS_KEPT = 4096
 
 Columns = dict[str, Any]
 
@@ -99,11 +107,16 @@ class RowAccess:
         self.columns = check_columns(dataset, columns)
         self.cache_bytes = int(cache_bytes)
         self._ends = np.cumsum(dataset.rows_per_group)  # row group g holds [ends[g-1], ends[g])
-        self._kept: OrderedDict[int, pa.Table] = OrderedDict()
+        self._kept: OrderedDict[tuple[int, tuple[str, ...]], pa.Table] = OrderedDict()
         self._kept_bytes = 0
         self._lock = threading.Lock()
-        #: row groups read, and lookups of a row group answered from the kept ones
-        self.stats = {"row_groups_read": 0, "row_groups_kept_hits": 0}
+        #: the columns whose values are read in place, only the rows asked (images stored as they are)
+        self.in_place = [c for c in self.columns if dataset.stored_as_is(c)]
+        self._layouts: OrderedDict[tuple[int, str], Any] = OrderedDict()  # (g, column) -> layout or None
+        #: row groups read (of the columns not read in place), lookups of a row group answered from the
+        #: kept ones, values read in place and the pages whose checksums those reads checked
+        self.stats = {"row_groups_read": 0, "row_groups_kept_hits": 0, "values_read_in_place": 0,
+                      "pages_checked": 0}
 
     def __len__(self) -> int:
         return int(self._ends[-1]) if len(self._ends) else 0
@@ -136,7 +149,7 @@ class RowAccess:
             g = int(groups[chosen[0]])
             start = int(self._ends[g - 1]) if g else 0
             wanted, back = np.unique(positions[chosen] - start, return_inverse=True)
-            pieces.append(self._row_group(g).take(pa.array(wanted)))
+            pieces.append(self._rows_of(g, wanted))
             where[chosen] = placed + back
             placed += len(wanted)
         rows = pieces[0] if len(pieces) == 1 else pa.concat_tables(pieces)
@@ -144,20 +157,84 @@ class RowAccess:
             return rows  # asked in the dataset's order, each once: no second take
         return rows.take(pa.array(where))
 
-    def _row_group(self, g: int) -> pa.Table:
+    def _rows_of(self, g: int, wanted: np.ndarray) -> pa.Table:
+        """Rows ``wanted`` (sorted, distinct) of row group ``g``, Arrow, in ``self.columns``' order: the
+        columns stored as they are read in place (only those rows' bytes, and the checksums of their
+        pages), the others from the row group read whole (and kept)."""
+        layouts = {name: self._layout(g, name) for name in self.in_place}
+        in_place = {name: found for name, found in layouts.items() if found is not None}
+        if not in_place:
+            return self._row_group(g, self.columns).take(pa.array(wanted))
+        rest = [c for c in self.columns if c not in in_place]
+        others = self._row_group(g, rest).take(pa.array(wanted)) if rest else None
+        arrays, fields = [], []
+        for name in self.columns:
+            field = self.dataset.arrow_schema.field(name)
+            if name in in_place:
+                arrays.append(self._values(g, name, in_place[name], wanted, field.type))
+            else:
+                arrays.append(others.column(name))  # type: ignore[union-attr]
+            fields.append(field)
+        schema = pa.schema(fields, metadata=self.dataset.arrow_schema.metadata)
+        return pa.Table.from_arrays(arrays, schema=schema)
+
+    def _layout(self, g: int, name: str) -> Any:
+        """`Dataset.value_pages` of row group ``g``'s column ``name`` (kept for the next lookups)."""
+        key = (g, name)
         with self._lock:
-            table = self._kept.get(g)
+            if key in self._layouts:
+                self._layouts.move_to_end(key)
+                return self._layouts[key]
+        pages = self.dataset.value_pages(g, name)
+        found = None if pages is None else (*pages, np.zeros(len(pages[1].crcs), dtype=bool))  # checked
+        with self._lock:
+            self._layouts[key] = found
+            while len(self._layouts) > LAYOUTS_KEPT:
+                self._layouts.popitem(last=False)
+        return found
+
+    def _values(self, g: int, name: str, found: tuple[str, Any, np.ndarray], wanted: np.ndarray,
+                kind: pa.DataType) -> pa.Array:
+        """Values ``wanted`` of a column stored as it is (``found``: `_layout`'s), copied from its file's
+        memory map into one Arrow binary array, after the checksums of their pages not checked before are
+        checked (a page is checked once per `RowAccess`, as a reader checks a row group's once)."""
+        path, layout, checked = found
+        pages = np.unique(layout.page_of[wanted])
+        todo = pages[~checked[pages]]
+        if len(todo):
+            self.dataset.check_value_pages(g, name, path, layout, todo.tolist())
+            self.stats["pages_checked"] += len(todo)
+            checked[todo] = True
+        starts, lengths = layout.starts[wanted], layout.lengths[wanted]
+        offsets = np.zeros(len(wanted) + 1, dtype=np.int64)
+        np.cumsum(lengths, out=offsets[1:])
+        data = np.empty(int(offsets[-1]), dtype=np.uint8)
+        with self.dataset.mapped(g, path) as f:
+            for k, (at, n) in enumerate(zip(starts.tolist(), lengths.tolist(), strict=True)):
+                data[offsets[k]:offsets[k] + n] = np.frombuffer(f.read_at(n, at), dtype=np.uint8)
+        self.stats["values_read_in_place"] += len(wanted)
+        large = pa.types.is_large_binary(kind) or pa.types.is_large_string(kind)
+        if not large and offsets[-1] >= 1 << 31:
+            kind = pa.large_binary()
+            large = True
+        offset_buffer = pa.py_buffer(offsets if large else offsets.astype(np.int32))
+        return pa.Array.from_buffers(kind, len(wanted), [None, offset_buffer, pa.py_buffer(data)])
+
+    def _row_group(self, g: int, columns: Sequence[str]) -> pa.Table:
+        key = (g, tuple(columns))
+        with self._lock:
+            table = self._kept.get(key)
             if table is not None:
-                self._kept.move_to_end(g)
+                self._kept.move_to_end(key)
                 self.stats["row_groups_kept_hits"] += 1
                 return table
         # one chunk per column: a take from a table of `SLICE_ROWS`-row chunks concatenates every chunk of
         # every column first, on each lookup; once here, a lookup gathers only its rows
-        table = self.dataset.read_row_group(g, self.columns).combine_chunks()
+        table = self.dataset.read_row_group(g, columns).combine_chunks()
         with self._lock:
             self.stats["row_groups_read"] += 1
-            if self.cache_bytes > 0 and g not in self._kept and table.nbytes <= self.cache_bytes:
-                self._kept[g] = table
+            if self.cache_bytes > 0 and key not in self._kept and table.nbytes <= self.cache_bytes:
+                self._kept[key] = table
                 self._kept_bytes += table.nbytes
                 while self._kept_bytes > self.cache_bytes:
                     _, dropped = self._kept.popitem(last=False)

@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 import shardkit
 from shardkit import Field, ImageCodec, Schema
 from shardkit.dataset import RowAccess, take
-from shardkit.errors import ReaderError, RowIndexError, RowIndexTypeError
+from shardkit.errors import CorruptDatasetError, ReaderError, RowIndexError, RowIndexTypeError
 from tests.dataset.conftest import column_rows
 from tests.reader.datasets import write_all_codecs
 
@@ -109,7 +109,9 @@ def test_row_access_reads_each_row_group_once(codecs: tuple[shardkit.Dataset, di
         assert sample["id"] == i
         np.testing.assert_array_equal(sample["img"], columns["img"][i])
         assert sample["maybe"] is None if i % 7 == 0 else sample["maybe"] == i
-    assert rows.stats == {"row_groups_read": 1, "row_groups_kept_hits": 6}
+    assert rows.in_place == []  # the codecs' images are small and alike: snappy shrinks them
+    assert rows.stats == {"row_groups_read": 1, "row_groups_kept_hits": 6, "values_read_in_place": 0,
+                          "pages_checked": 0}
     assert rows.row(-1)["id"] == 89
     unkept = RowAccess(ds, ["id"], cache_bytes=0)
     assert [int(unkept.row(i)["id"]) for i in (1, 2)] == [1, 2]
@@ -239,3 +241,64 @@ def test_a_dataset_is_a_sequence_of_its_rows(codecs: tuple[shardkit.Dataset, dic
         ds[90]
     with pytest.raises(RowIndexTypeError):
         ds[1.5]
+
+
+@pytest.fixture(scope="module")
+def noise(tmp_path_factory: pytest.TempPathFactory) -> tuple[shardkit.Dataset, dict[str, Any]]:
+    """JPEGs of noise (stored as they are: snappy would not shrink them), 7 rows a row group."""
+    rng = np.random.default_rng(5)
+    n = 40
+    images = [rng.integers(0, 256, (64, 64, 3), dtype=np.uint8) for _ in range(n)]
+    columns = {"id": np.arange(n), "im": images, "label": rng.integers(0, 10, n)}
+    schema = Schema([Field("id", "int64", ()), Field("im", "uint8", (64, 64, 3), codec=ImageCodec("jpeg")),
+                     Field("label", "int64", ())])
+    url = str(tmp_path_factory.mktemp("take-noise") / "noise")
+    shardkit.write_dataset(columns, url, schema=schema, row_group_size=7, progress=False)
+    ds = shardkit.open_dataset(url)
+    with shardkit.make_reader(url, shuffle=False, batch_size=n, remainder="uneven") as reader:
+        return ds, next(iter(reader))
+
+
+@given(indices=st.lists(st.integers(-40, 39), max_size=30), names=st.sampled_from(
+    [["im"], ["id", "im"], ["im", "label", "id"], None]))
+@settings(max_examples=40, deadline=None)
+def test_images_stored_as_they_are_are_read_in_place(noise: tuple[shardkit.Dataset, dict[str, Any]],
+                                                     indices: list[int], names: list[str] | None) -> None:
+    """An image column stored as it is: a lookup copies only its rows' bytes from the file (and checks
+    their pages' checksums), the same values a full read decodes; the other columns' row groups are
+    read whole."""
+    ds, stream = noise
+    rows = RowAccess(ds, names)
+    assert rows.in_place == ["im"]
+    got = rows.take(indices)
+    assert list(got) == (names or ds.schema.names)
+    for name, column in got.items():
+        np.testing.assert_array_equal(column, stream[name][[i % 40 for i in indices]], err_msg=name)
+    groups = {(i % 40) // 7 for i in indices}
+    assert rows.stats["values_read_in_place"] == sum(len({i % 40 for i in indices if (i % 40) // 7 == g})
+                                                      for g in groups)
+    assert rows.stats["row_groups_read"] == (len(groups) if len(names or ds.schema.names) > 1 else 0)
+    assert 0 < rows.stats["pages_checked"] <= len(groups) if indices else rows.stats["pages_checked"] == 0
+
+
+def test_a_damaged_image_page_fails_only_the_lookups_of_its_rows(tmp_path: Path) -> None:
+    """A byte changed in one image's page: a lookup of a row on that page raises, naming the row group,
+    the column and the page; rows of the other row groups are still read (their pages check out)."""
+    rng = np.random.default_rng(2)
+    url = str(tmp_path / "ds")
+    schema = Schema([Field("id", "int64", ()), Field("im", "uint8", (64, 64, 3), codec=ImageCodec("jpeg"))])
+    shardkit.write_dataset({"id": np.arange(21), "im": [rng.integers(0, 256, (64, 64, 3), dtype=np.uint8)
+                                                        for _ in range(21)]},
+                           url, schema=schema, row_group_size=7, progress=False)
+    ds = shardkit.open_dataset(url)
+    path, layout = ds.value_pages(1, "im")  # type: ignore[misc]
+    with open(path, "r+b") as f:  # a byte in the middle of row 9's JPEG (row 2 of row group 1)
+        f.seek(int(layout.starts[2] + layout.lengths[2] // 2))
+        byte = f.read(1)
+        f.seek(-1, 1)
+        f.write(bytes([byte[0] ^ 0xFF]))
+    rows = RowAccess(shardkit.open_dataset(url), ["id", "im"])
+    assert rows.take([0, 20])["id"].tolist() == [0, 20]
+    with pytest.raises(CorruptDatasetError, match=r"row group 1 of .* fails its page checksums: column 'im': "
+                       r"the page at byte \d+ does not match its checksum"):
+        rows.take([9])
