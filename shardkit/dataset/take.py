@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import threading
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -99,11 +99,15 @@ class RowAccess:
         dataset: an opened dataset.
         columns: the fields every lookup reads (None: all of them).
         cache_bytes: Arrow bytes of row groups kept for the next lookups (0: none kept).
+        read: ``read(g, columns) -> pa.Table``, how row group ``g``'s columns are read (None:
+            ``Dataset.read_row_group``); `shardkit.torch.MapDataset` reads through the reader's disk cache.
     """
 
     def __init__(self, dataset: Dataset, columns: Sequence[str] | None = None, *,
-                 cache_bytes: int = CACHE_BYTES) -> None:
+                 cache_bytes: int = CACHE_BYTES,
+                 read: Callable[[int, Sequence[str]], pa.Table] | None = None) -> None:
         self.dataset = dataset
+        self.read = read
         self.columns = check_columns(dataset, columns)
         self.cache_bytes = int(cache_bytes)
         self._ends = np.cumsum(dataset.rows_per_group)  # row group g holds [ends[g-1], ends[g])
@@ -230,7 +234,8 @@ class RowAccess:
                 return table
         # one chunk per column: a take from a table of `SLICE_ROWS`-row chunks concatenates every chunk of
         # every column first, on each lookup; once here, a lookup gathers only its rows
-        table = self.dataset.read_row_group(g, columns).combine_chunks()
+        table = (self.dataset.read_row_group(g, columns) if self.read is None else self.read(g, columns)
+                 ).combine_chunks()
         with self._lock:
             self.stats["row_groups_read"] += 1
             if self.cache_bytes > 0 and key not in self._kept and table.nbytes <= self.cache_bytes:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pickle
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pytest
@@ -18,6 +18,9 @@ from shardkit.dataset import take
 from shardkit.errors import ReaderError, RowIndexError, RowIndexTypeError
 from shardkit.reader.adapters.collate import Collate
 from tests.reader.datasets import write_all_codecs
+
+if TYPE_CHECKING:
+    from tests.reader.conftest import S3Server
 
 Written = tuple[str, dict[str, Any]]
 
@@ -178,3 +181,37 @@ def test_bad_arguments(written: Written) -> None:
         shardkit.torch.MapDataset(url, transform="resize")  # type: ignore[arg-type]
     with pytest.raises(ReaderError, match="open already"):
         shardkit.torch.MapDataset(shardkit.open_dataset(url), version=1)
+
+
+def test_a_remote_dataset_is_looked_up_through_the_disk_cache(s3_server: S3Server, s3_bucket: str,
+                                                              tmp_path: Path) -> None:
+    """From an object store, a row group's asked columns are fetched once into the reader's disk cache:
+    another MapDataset (another DataLoader worker, the next run) and a reader of the same columns find
+    them there, with no request for the data files."""
+    from shardkit.reader._cache import CacheConfig
+
+    url, opts = f"s3://{s3_bucket}/ds", s3_server.storage_options
+    shardkit.write_dataset({"id": np.arange(200), "x": np.arange(200) * 0.5}, url, storage_options=opts,
+                           row_group_size=50, progress=False)
+    data_files = rf"/{s3_bucket}/ds/part-[^/?]*\.parquet"
+    cache = CacheConfig(str(tmp_path / "cache"), 1 << 30)
+    first = shardkit.torch.MapDataset(url, columns=["id"], storage_options=opts, cache=cache)
+    assert [int(s["id"]) for s in first.__getitems__([150, 3, 77, 160])] == [150, 3, 77, 160]
+    assert first.cache_stats["misses"] == 3  # row groups 0, 1 and 3, each fetched once
+    assert len(list((tmp_path / "cache").glob("*.arrow"))) == 3
+
+    start = s3_server.mark()
+    again = shardkit.torch.MapDataset(url, columns=["id"], storage_options=opts, cache=cache)
+    assert [int(s["id"]) for s in again.__getitems__([77, 3, 199 - 49])] == [77, 3, 150]
+    assert again.cache_stats == {"hits": 3, "misses": 0, "evictions": 0, "corrupt": 0}
+    assert s3_server.count_gets(data_files, since=start) == 0, s3_server.requests(since=start)
+
+    with shardkit.make_reader(url, columns=["id"], shuffle=False, storage_options=opts, cache=cache,
+                              batch_size=50) as reader:
+        ids = [int(i) for batch in reader for i in batch["id"]]
+    assert ids == list(range(200))
+    # the reader found the MapDataset's 3 entries (the same keys) and added the fourth row group's only
+    assert len(list((tmp_path / "cache").glob("*.arrow"))) == 4
+    uncached = shardkit.torch.MapDataset(url, columns=["id"], storage_options=opts, cache=None)
+    assert int(uncached[-1]["id"]) == 199
+    assert uncached.cache_stats["misses"] == 0

@@ -76,6 +76,18 @@ Columns = dict[str, np.ndarray]
 Late = tuple["Spill", int, tuple[str, ...]]
 
 
+def row_group_key(dataset: Dataset, row_group: int, columns: Sequence[str], version: str) -> str:
+    """The row-group cache's key of row group ``row_group``'s ``columns`` of ``dataset``, whose file is at
+    ``version`` (an ETag, a local ``size:mtime_ns``): what a reader and a `shardkit.torch.MapDataset`
+    share the entries of."""
+    rg = dataset.row_groups[row_group]
+    key = "|".join([dataset.url, rg.file, version, str(rg.index), str(rg.num_rows), str(rg.num_bytes),
+                    ",".join(columns)])
+    if tag := dataset.deletions_tag(row_group):  # a table's deleted rows: per version, not per file
+        key += "|" + tag
+    return key
+
+
 @dataclasses.dataclass(frozen=True)
 class Part:
     """One task's decoded rows: ``chunks`` of its readable rows in order, and ``lost``, the indices (among
@@ -339,15 +351,10 @@ class RowGroupSource:
 
     def _key(self, row_group: int) -> str | None:
         """The cache key of the row group's rows; None when its file gives no version (never cached)."""
-        rg = self.dataset.row_groups[row_group]
-        version = self._version(rg.file)
+        version = self._version(self.dataset.row_groups[row_group].file)
         if version is None:  # nothing tells a rewritten file from this one: never cache it
             return None
-        key = "|".join([self.dataset.url, rg.file, version, str(rg.index), str(rg.num_rows),
-                        str(rg.num_bytes), ",".join(self.columns)])
-        if tag := self.dataset.deletions_tag(row_group):  # a table's deleted rows: per version, not per file
-            key += "|" + tag
-        return key
+        return row_group_key(self.dataset, row_group, self.columns, version)
 
     def _open(self, row_group: int) -> _Stream | pa.Table:
         """A new read of the row group: the cached table, or a stream (which fills the cache at its end)."""

@@ -17,25 +17,34 @@ travels to each DataLoader worker, which opens its files on its first lookup, wi
 ``spawn`` and ``forkserver`` start methods alike. The number of rows is fixed when the MapDataset is
 made, so every worker and the sampler agree on ``len``.
 
-Not yet (issue 40's later slices): reading only the pages that hold a row (a lookup reads its row
-group's column chunks of the asked columns), coalesced range requests from object stores, the reader's
-disk cache.
+Remote data. Through ``cache=`` (the reader's disk cache, ``"auto"`` by default) a row group's asked
+columns are fetched once from the store and memory-mapped from then on, by every process of the machine;
+a reader of the same columns shares the entries.
+
+Not yet (issue 40's later slices): reading only the pages that hold a row of a compressed column, and
+range requests of only those pages to an object store (a first lookup there fetches the row group's
+asked columns whole).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import os
+import threading
+import warnings
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
+import pyarrow as pa
 
 from shardkit.dataset import Dataset, RowAccess, Schema
 from shardkit.dataset.open import open_dataset
 from shardkit.dataset.take import CACHE_BYTES, check_columns, row_positions, sample_of
-from shardkit.errors import ReaderError, RowIndexError, RowIndexTypeError, require
+from shardkit.errors import CacheWarning, ReaderError, RowIndexError, RowIndexTypeError, require
+from shardkit.reader._cache import CacheConfig, RowGroupCache
 from shardkit.reader._filter import Filter, Partitions, select_rows, to_expression
+from shardkit.reader._pipeline.source import row_group_key
 from shardkit.reader.adapters.collate import Collate, plan_fields, prepare
 from shardkit.reader.adapters.torch import to_torch
 
@@ -73,13 +82,19 @@ class MapDataset(torch.utils.data.Dataset[Any]):
         storage_options: as for `shardkit.open_dataset` (a URL only).
         version: a table's version, as for `shardkit.open_dataset` (a URL only).
         cache_bytes: Arrow bytes of row groups each process keeps for the next lookups.
+        cache: the reader's local-disk row-group cache, as ``make_reader(cache=)`` takes it: ``"auto"``
+            (the default; for a remote dataset ``~/.cache/shardkit``, for a local one none), a folder, a
+            `shardkit.reader.CacheConfig`, or None. A row group's asked columns are fetched once into it
+            and memory-mapped from then on by every process of the machine (the DataLoader's workers
+            share it, and a reader of the same columns finds the entries, and the other way round).
     """
 
     def __init__(self, url_or_dataset: str | os.PathLike[str] | Dataset, columns: Sequence[str] | None = None,
                  transform: Callable[[dict[str, Any]], Any] | None = None, *, filter: Filter | None = None,
                  collate: Collate | None = None,
                  storage_options: dict[str, Any] | None = None, version: int | None = None,
-                 cache_bytes: int = CACHE_BYTES) -> None:
+                 cache_bytes: int = CACHE_BYTES, cache: str | os.PathLike[str] | CacheConfig | None = "auto"
+                 ) -> None:
         if isinstance(url_or_dataset, Dataset):
             if storage_options is not None or version is not None:
                 raise ReaderError("MapDataset(dataset, storage_options=/version=): those open a URL; the "
@@ -109,8 +124,12 @@ class MapDataset(torch.utils.data.Dataset[Any]):
         self._num_rows = dataset.num_rows if self._positions is None else len(self._positions)
         # what the dataset is made of (picklable: no lock, no open file), for each process to rebuild it
         self._parts = {f.name: getattr(dataset, f.name) for f in dataclasses.fields(dataset) if f.init}
-        self._rows: RowAccess | None = RowAccess(dataset, self.columns, cache_bytes=cache_bytes)
-        self._pid = os.getpid()
+        self._cache_config = CacheConfig.resolve(cache, remote=not dataset.location.is_local)
+        self._cache_named = cache != "auto"
+        self._row_cache: RowGroupCache | None = None
+        self._rows: RowAccess | None = None
+        self._pid = -1
+        self.rows()  # the files open in this process; a DataLoader worker opens its own
 
     def __len__(self) -> int:
         return self._num_rows
@@ -152,18 +171,66 @@ class MapDataset(torch.utils.data.Dataset[Any]):
         """This process's `RowAccess` of the dataset (made on first use in a process: a DataLoader worker
         opens its own files)."""
         if self._rows is None or self._pid != os.getpid():
-            self._rows = RowAccess(Dataset(**self._parts), self.columns, cache_bytes=self.cache_bytes)
+            dataset = Dataset(**self._parts)
+            self._row_cache = self._open_cache(dataset)
+            read = None if self._row_cache is None else _CachedRead(dataset, self._row_cache)
+            self._rows = RowAccess(dataset, self.columns, cache_bytes=self.cache_bytes, read=read)
             self._pid = os.getpid()
         return self._rows
 
+    @property
+    def cache_stats(self) -> dict[str, int]:
+        """This process's use of the disk cache: hits, misses (row groups fetched), evictions, corrupt
+        entries found (all zero without a cache)."""
+        cache = self._row_cache if self._pid == os.getpid() else None
+        return dict(cache.stats) if cache is not None else {"hits": 0, "misses": 0, "evictions": 0,
+                                                             "corrupt": 0}
+
+    def _open_cache(self, dataset: Dataset) -> RowGroupCache | None:
+        if self._cache_config is None:
+            return None
+        try:
+            return RowGroupCache(self._cache_config)
+        except ReaderError as e:
+            if self._cache_named:  # a cache asked for by name: its folder must work
+                raise
+            warnings.warn(CacheWarning(f"{e}; looking up rows of {dataset.url!r} without the default "
+                                       "row-group cache"), stacklevel=3)
+            return None
+
     def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)
-        state["_rows"] = None  # a lock and the row groups kept: each process makes its own
+        state["_rows"] = state["_row_cache"] = None  # locks, row groups kept: each process makes its own
         return state
 
     def __repr__(self) -> str:
         matching = f", filter={self.filter_text}" if self.filter_text else ""
         return f"MapDataset({self._url!r}, columns={self.columns!r}{matching}, rows={self._num_rows})"
+
+
+class _CachedRead:
+    """``read(g, columns)`` for `RowAccess`: a row group's columns through the disk cache, keyed as a
+    reader keys them (the file's version of this process's first look at it: one listing)."""
+
+    def __init__(self, dataset: Dataset, cache: RowGroupCache) -> None:
+        self.dataset = dataset
+        self.cache = cache
+        self._versions: dict[str, str | None] | None = None
+        self._lock = threading.Lock()
+
+    def __call__(self, g: int, columns: Sequence[str]) -> pa.Table:
+        file = self.dataset.row_groups[g].file
+        location = self.dataset.location
+        with self._lock:
+            if self._versions is None:
+                self._versions = dict(location.versions())
+            if file not in self._versions:
+                self._versions[file] = location.version(file)
+            version = self._versions[file]
+        if version is None:  # nothing tells a rewritten file from this one: never cached
+            return self.dataset.read_row_group(g, columns)
+        key = row_group_key(self.dataset, g, columns, version)
+        return self.cache.get_or_fetch(key, lambda: self.dataset.read_row_group(g, columns).combine_chunks())
 
 
 def _matching_rows(dataset: Dataset, filter: Filter) -> tuple[np.ndarray, str]:
