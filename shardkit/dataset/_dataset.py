@@ -117,13 +117,14 @@ class Dataset:
             return self._rows.row(index)
         return self._rows.take(index)
 
-    def take(self, indices: Any, columns: Sequence[str] | None = None) -> dict[str, np.ndarray]:
+    def take(self, indices: Any, columns: Sequence[str] | None = None, *,
+             decode: bool | dict[str, bool] = True) -> dict[str, np.ndarray]:
         """The rows ``indices`` (global indices in the dataset's order; negative from the end, a boolean
         mask or a slice) of ``columns`` (None: all), decoded as a reader's batch holds them, in the order
-        given: `shardkit.dataset.take`."""
+        given (``decode=False``: image fields as their JPEG/PNG bytes): `shardkit.dataset.take`."""
         from shardkit.dataset.take import take
 
-        return take(self, indices, columns)
+        return take(self, indices, columns, decode=decode)
 
     @cached_property
     def _rows(self) -> RowAccess:

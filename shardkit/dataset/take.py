@@ -28,18 +28,21 @@ from __future__ import annotations
 
 import threading
 from collections import OrderedDict
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pyarrow as pa
 
+from shardkit.dataset._field import Field
+from shardkit.dataset.schema import Schema
 from shardkit.errors import ReaderError, RowIndexError, RowIndexTypeError
 
 if TYPE_CHECKING:
     from shardkit.dataset._dataset import Dataset
 
-__all__ = ["CACHE_BYTES", "RowAccess", "check_columns", "row_positions", "sample_of", "take"]
+__all__ = ["CACHE_BYTES", "RowAccess", "check_columns", "encoded_schema", "raw_fields", "row_positions",
+           "sample_of", "take"]
 
 #: Arrow bytes of row groups a `RowAccess` keeps (least recently used dropped first): enough for a few
 #: row groups of images, so that consecutive lookups in one row group read it once.
@@ -52,7 +55,8 @@ LAYOUTS_KEPT = 4096
 Columns = dict[str, Any]
 
 
-def take(dataset: Dataset, indices: Any, columns: Sequence[str] | None = None) -> Columns:
+def take(dataset: Dataset, indices: Any, columns: Sequence[str] | None = None, *,
+         decode: bool | Mapping[str, bool] = True) -> Columns:
     """The rows ``indices`` of ``dataset``, decoded as a reader's batch holds them.
 
     Example:
@@ -67,6 +71,8 @@ def take(dataset: Dataset, indices: Any, columns: Sequence[str] | None = None) -
             order, repeats allowed; negative ones count from the end), a boolean mask with one value per
             row, or a slice.
         columns: the fields to read (None: all of them).
+        decode: as a reader's ``decode=``: False leaves every image field encoded (its JPEG/PNG bytes,
+            for a decoder elsewhere), ``{"image": False}`` the fields named.
 
     Returns:
         field name -> the rows' values in the order of ``indices``: what a reader's batch of those rows
@@ -79,7 +85,7 @@ def take(dataset: Dataset, indices: Any, columns: Sequence[str] | None = None) -
         ReaderError: a column that is not a field of the dataset.
         CorruptDatasetError: a row group that cannot be read (its checksums fail, its file is truncated).
     """
-    return RowAccess(dataset, columns, cache_bytes=0).take(indices)
+    return RowAccess(dataset, columns, cache_bytes=0, decode=decode).take(indices)
 
 
 class RowAccess:
@@ -101,14 +107,18 @@ class RowAccess:
         cache_bytes: Arrow bytes of row groups kept for the next lookups (0: none kept).
         read: ``read(g, columns) -> pa.Table``, how row group ``g``'s columns are read (None:
             ``Dataset.read_row_group``); `shardkit.torch.MapDataset` reads through the reader's disk cache.
+        decode: as `take`'s: image fields left encoded.
     """
 
     def __init__(self, dataset: Dataset, columns: Sequence[str] | None = None, *,
                  cache_bytes: int = CACHE_BYTES,
-                 read: Callable[[int, Sequence[str]], pa.Table] | None = None) -> None:
+                 read: Callable[[int, Sequence[str]], pa.Table] | None = None,
+                 decode: bool | Mapping[str, bool] = True) -> None:
         self.dataset = dataset
         self.read = read
         self.columns = check_columns(dataset, columns)
+        #: image fields left encoded (``decode=``): their values are the stored JPEG/PNG bytes
+        self.raw = raw_fields(decode, dataset.schema, self.columns)
         self.cache_bytes = int(cache_bytes)
         self._ends = np.cumsum(dataset.rows_per_group)  # row group g holds [ends[g-1], ends[g])
         self._kept: OrderedDict[tuple[int, tuple[str, ...]], pa.Table] = OrderedDict()
@@ -128,7 +138,12 @@ class RowAccess:
     def take(self, indices: Any) -> Columns:
         """The rows ``indices`` (see `take`), decoded, in the order given."""
         positions = row_positions(indices, len(self), self.dataset.url)
-        return self.dataset.decode(self._arrow_rows(positions))
+        table = self._arrow_rows(positions)
+        if not self.raw:
+            return self.dataset.decode(table)
+        decoded = self.dataset.decode(table.drop_columns(self.raw))
+        return {name: _as_bytes(table.column(name)) if name in self.raw else decoded[name]
+                for name in self.columns}
 
     def row(self, index: Any) -> dict[str, Any]:
         """Row ``index`` (an integer; negative: from the end) as one sample: field -> its value (a numpy
@@ -245,6 +260,43 @@ class RowAccess:
                     _, dropped = self._kept.popitem(last=False)
                     self._kept_bytes -= dropped.nbytes
         return table
+
+
+def raw_fields(decode: Any, schema: Schema, columns: Sequence[str]) -> list[str]:
+    """The fields a ``decode=`` argument leaves encoded (image fields among ``columns``), checked:
+    True (none), False (every image field) or a dict of field -> bool."""
+    if isinstance(decode, bool | np.bool_):
+        return [] if decode else [c for c in columns if schema[c].codec.name == "image"]
+    if not isinstance(decode, Mapping):
+        raise ReaderError(f"decode={decode!r} must be True, False or a dict of field -> bool")
+    out = []
+    for name, flag in decode.items():
+        if name not in columns:
+            raise ReaderError(f"decode= names {name!r}, which is not a column read ({list(columns)})")
+        if not isinstance(flag, bool | np.bool_):
+            raise ReaderError(f"decode[{name!r}]={flag!r} must be True or False")
+        if not flag:
+            codec = schema[name].codec.name
+            if codec != "image":
+                raise ReaderError(
+                    f"decode={{{name!r}: False}}: {name!r} is a {codec} field, and only image fields "
+                    "(JPEG/PNG bytes) can be delivered encoded; leave it out of decode=")
+            out.append(name)
+    return out
+
+
+def encoded_schema(schema: Schema, raw: Sequence[str]) -> Schema:
+    """``schema`` with the fields ``raw`` (left encoded) as the bytes fields they are delivered as."""
+    return Schema([Field(f.name, "bytes", nullable=f.nullable) if f.name in raw else f for f in schema])
+
+
+def _as_bytes(column: pa.ChunkedArray | pa.Array) -> np.ndarray:
+    """A binary column's values as a 1-D object array of `bytes` (None for a null), as a reader's
+    ``decode=False`` gives an image field."""
+    values = column.to_pylist()
+    out = np.empty(len(values), dtype=object)
+    out[:] = values
+    return out
 
 
 def check_columns(dataset: Dataset, columns: Sequence[str] | None) -> list[str]:

@@ -12,6 +12,7 @@ import numpy as np
 
 from shardkit.dataset import Dataset, Field, Schema
 from shardkit.dataset.open import open_dataset
+from shardkit.dataset.take import raw_fields
 from shardkit.dataset.write import parse_size
 from shardkit.errors import CacheWarning, ReaderError, SchemaError
 from shardkit.reader._arguments import explained
@@ -287,7 +288,7 @@ def make_reader(
             f"batch (True for a sample, False for a masked row); leave it out of the columns read "
             f"(columns={[c for c in names if c != VALID]!r}), rename it in the data, or read with "
             "remainder='drop' or 'pad'")
-    raw = _raw_fields(decode, dataset, list(columns))
+    raw = raw_fields(decode, dataset.schema, list(columns))
     fields = {name: dataset.schema[name] for name in columns}
     late = late_fields(fields, dict.fromkeys(raw, False))
     if on_error == "skip" or not (shuffle or processes):
@@ -330,28 +331,6 @@ def make_reader(
                   eager_window=eager_window, transform=transform, transform_workers=processes,
                   transform_timeout=transform_timeout,
                   variable=variable if isinstance(variable, bool) else frozenset(variable))
-
-
-def _raw_fields(decode: Any, dataset: Dataset, columns: list[str]) -> list[str]:
-    """The fields ``decode`` leaves encoded (checked: image fields among ``columns``)."""
-    if isinstance(decode, bool | np.bool_):
-        return [] if decode else [c for c in columns if dataset.schema[c].codec.name == "image"]
-    if not isinstance(decode, Mapping):
-        raise ReaderError(f"decode={decode!r} must be True, False or a dict of field -> bool")
-    out = []
-    for name, flag in decode.items():
-        if name not in columns:
-            raise ReaderError(f"decode= names {name!r}, which is not a column read ({columns})")
-        if not isinstance(flag, bool | np.bool_):
-            raise ReaderError(f"decode[{name!r}]={flag!r} must be True or False")
-        if not flag:
-            codec = dataset.schema[name].codec.name
-            if codec != "image":
-                raise ReaderError(
-                    f"decode={{{name!r}: False}}: {name!r} is a {codec} field, and only image fields "
-                    "(JPEG/PNG bytes) can be delivered encoded; leave it out of decode=")
-            out.append(name)
-    return out
 
 
 def _plain(value: Any) -> Any:

@@ -302,3 +302,34 @@ def test_a_damaged_image_page_fails_only_the_lookups_of_its_rows(tmp_path: Path)
     with pytest.raises(CorruptDatasetError, match=r"row group 1 of .* fails its page checksums: column 'im': "
                        r"the page at byte \d+ does not match its checksum"):
         rows.take([9])
+
+
+@pytest.mark.parametrize("fixture", ["noise", "codecs"])
+def test_decode_false_gives_the_stored_bytes_a_reader_gives(request: pytest.FixtureRequest,
+                                                            fixture: str) -> None:
+    """``decode=False`` (or per field) leaves image fields as their JPEG/PNG bytes: those a reader with
+    ``decode=False`` gives, read in place (noise) or through Parquet (codecs); other fields decoded."""
+    ds, _ = request.getfixturevalue(fixture)
+    images = [f.name for f in ds.schema if f.codec.name == "image"]
+    with shardkit.make_reader(ds.url, shuffle=False, batch_size=ds.num_rows, remainder="uneven",
+                              decode=False) as reader:
+        stream = next(iter(reader))
+    indices = [5, -1, 0, 5, 13]
+    positions = [i % ds.num_rows for i in indices]
+    for decode in (False, dict.fromkeys(images, False)):
+        got = take(ds, indices, decode=decode)
+        assert list(got) == ds.schema.names
+        for name in images:
+            assert got[name].dtype == object
+            assert list(got[name]) == [stream[name][p] for p in positions]
+            assert all(v is None or v[:2] in (b"\xff\xd8", b"\x89P") for v in got[name])
+        for name in set(ds.schema.names) - set(images):
+            for g, w in zip(column_rows(got[name]), column_rows(stream[name][positions]), strict=True):
+                assert (g is None) == (w is None), name
+                if g is not None:
+                    np.testing.assert_array_equal(np.asarray(g), np.asarray(w), err_msg=name)
+    assert ds.take([0], decode=False)[images[0]][0] == stream[images[0]][0]
+    with pytest.raises(ReaderError, match=r"decode=\{'id': False\}: 'id' is a .* field, and only image"):
+        take(ds, [0], decode={"id": False})
+    with pytest.raises(ReaderError, match="decode= names 'nope', which is not a column read"):
+        take(ds, [0], decode={"nope": False})

@@ -215,3 +215,22 @@ def test_a_remote_dataset_is_looked_up_through_the_disk_cache(s3_server: S3Serve
     uncached = shardkit.torch.MapDataset(url, columns=["id"], storage_options=opts, cache=None)
     assert int(uncached[-1]["id"]) == 199
     assert uncached.cache_stats["misses"] == 0
+
+
+def test_decode_false_gives_image_bytes_to_the_sampler_and_the_transform(written: Written) -> None:
+    """``decode=False``: an image field's sample is its stored PNG bytes, what the stream with
+    ``decode=False`` gives for that row; the default collate keeps them as a list."""
+    url, _ = written
+    with shardkit.make_reader(url, columns=["id", "img"], shuffle=False, batch_size=90, remainder="uneven",
+                              decode=False) as reader:
+        stream = next(iter(reader))
+    ds = shardkit.torch.MapDataset(url, columns=["id", "img"], decode=False)
+    batch = next(iter(DataLoader(ds, batch_size=5, sampler=[8, 3, 3, 60, 89], num_workers=2)))
+    assert batch["id"].tolist() == [8, 3, 3, 60, 89]
+    assert batch["img"] == [stream["img"][i] for i in (8, 3, 3, 60, 89)]
+    assert batch["img"][0][:4] == b"\x89PNG"
+    sizes = shardkit.torch.MapDataset(url, columns=["img"], decode={"img": False},
+                                      transform=lambda sample: len(sample["img"]))
+    assert sizes[8] == len(stream["img"][8])
+    with pytest.raises(ReaderError, match=r"decode=\{'id': False\}: 'id' is a"):
+        shardkit.torch.MapDataset(url, columns=["id"], decode={"id": False})

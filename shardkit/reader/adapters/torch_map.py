@@ -40,7 +40,14 @@ import pyarrow as pa
 
 from shardkit.dataset import Dataset, RowAccess, Schema
 from shardkit.dataset.open import open_dataset
-from shardkit.dataset.take import CACHE_BYTES, check_columns, row_positions, sample_of
+from shardkit.dataset.take import (
+    CACHE_BYTES,
+    check_columns,
+    encoded_schema,
+    raw_fields,
+    row_positions,
+    sample_of,
+)
 from shardkit.errors import CacheWarning, ReaderError, RowIndexError, RowIndexTypeError, require
 from shardkit.reader._cache import CacheConfig, RowGroupCache
 from shardkit.reader._filter import Filter, Partitions, select_rows, to_expression
@@ -87,14 +94,17 @@ class MapDataset(torch.utils.data.Dataset[Any]):
             `shardkit.reader.CacheConfig`, or None. A row group's asked columns are fetched once into it
             and memory-mapped from then on by every process of the machine (the DataLoader's workers
             share it, and a reader of the same columns finds the entries, and the other way round).
+        decode: as a reader's ``decode=``: False gives every image field as its JPEG/PNG bytes (for a
+            decoder elsewhere, or a ``transform`` that decodes and augments itself), ``{"image": False}``
+            the fields named.
     """
 
     def __init__(self, url_or_dataset: str | os.PathLike[str] | Dataset, columns: Sequence[str] | None = None,
                  transform: Callable[[dict[str, Any]], Any] | None = None, *, filter: Filter | None = None,
                  collate: Collate | None = None,
                  storage_options: dict[str, Any] | None = None, version: int | None = None,
-                 cache_bytes: int = CACHE_BYTES, cache: str | os.PathLike[str] | CacheConfig | None = "auto"
-                 ) -> None:
+                 cache_bytes: int = CACHE_BYTES, cache: str | os.PathLike[str] | CacheConfig | None = "auto",
+                 decode: bool | Mapping[str, bool] = True) -> None:
         if isinstance(url_or_dataset, Dataset):
             if storage_options is not None or version is not None:
                 raise ReaderError("MapDataset(dataset, storage_options=/version=): those open a URL; the "
@@ -114,7 +124,9 @@ class MapDataset(torch.utils.data.Dataset[Any]):
         self.columns = check_columns(dataset, columns)
         self.transform = transform
         self.cache_bytes = cache_bytes
-        self._plans = plan_fields(Schema([dataset.schema[c] for c in self.columns]), self.collate, "torch")
+        self.raw = raw_fields(decode, dataset.schema, self.columns)
+        self._plans = plan_fields(encoded_schema(Schema([dataset.schema[c] for c in self.columns]), self.raw),
+                                  self.collate, "torch")
         self._url = dataset.url
         self.filter_text = ""
         #: the dataset's rows that match the filter, in order (None: every row)
@@ -174,7 +186,8 @@ class MapDataset(torch.utils.data.Dataset[Any]):
             dataset = Dataset(**self._parts)
             self._row_cache = self._open_cache(dataset)
             read = None if self._row_cache is None else _CachedRead(dataset, self._row_cache)
-            self._rows = RowAccess(dataset, self.columns, cache_bytes=self.cache_bytes, read=read)
+            self._rows = RowAccess(dataset, self.columns, cache_bytes=self.cache_bytes, read=read,
+                                   decode=dict.fromkeys(self.raw, False))
             self._pid = os.getpid()
         return self._rows
 
