@@ -1,69 +1,39 @@
 """`MapDataset`: a map-style torch dataset (``len`` and ``dataset[i]``) over a shardkit dataset's rows, for
 any sampler (weighted, class-balanced, hard-example mining) and any number of DataLoader workers.
 
-Index ``i`` is the dataset's row ``i`` in its own order (`shardkit.dataset.take`: row groups in order, a
-table's deleted rows not counted); negative indices count from the end. A sample is what the stream's
-batch holds for that row (`Collate`: a tensor per number field, ``str``/``bytes`` for text, a tensor
-or None per variable-shape row, ``<name>__valid`` for a nullable field), so torch's default collate
-stacks samples into the batch ``shardkit.torch.make_loader`` would give.
-
-Batched lookups. torch's DataLoader (2.1 and later) calls ``__getitems__`` with a whole batch of indices
-when the dataset has one: the batch's rows are then grouped by row group and each row group read once
-(`shardkit.dataset.RowAccess`), instead of one lookup per sample. Each process keeps the row groups it
-read last (``cache_bytes``), so a sampler that visits neighbouring rows reads their row group once.
-
-Workers. Nothing open is held across processes: the dataset's index (its row groups, schema, snapshot)
-travels to each DataLoader worker, which opens its files on its first lookup, with the ``fork``,
-``spawn`` and ``forkserver`` start methods alike. The number of rows is fixed when the MapDataset is
-made, so every worker and the sampler agree on ``len``.
-
-Remote data. Through ``cache=`` (the reader's disk cache, ``"auto"`` by default) a row group's asked
-columns are fetched once from the store and memory-mapped from then on, by every process of the machine;
-a reader of the same columns shares the entries.
-
-Not yet (issue 40's later slices): reading only the pages that hold a row of a compressed column, and
-range requests of only those pages to an object store (a first lookup there fetches the row group's
-asked columns whole).
+The rows, their indices, filters, workers and the disk cache are `shardkit.reader.adapters.rows.MapSource`'s;
+this adds torch's values. A sample is what the stream's batch holds for that row (`Collate`: a tensor per
+number field, ``str``/``bytes`` for text, a tensor or None per variable-shape row, ``<name>__valid`` for a
+nullable field), so torch's default collate stacks samples into the batch ``shardkit.torch.make_loader``
+would give. torch's DataLoader (2.1 and later) calls ``__getitems__`` with a whole batch of indices: the
+batch's rows are read with one lookup.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import os
-import threading
-import warnings
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-import numpy as np
-import pyarrow as pa
-
-from shardkit.dataset import Dataset, RowAccess, Schema
-from shardkit.dataset.open import open_dataset
-from shardkit.dataset.take import (
-    CACHE_BYTES,
-    check_columns,
-    encoded_schema,
-    raw_fields,
-    row_positions,
-    sample_of,
-)
-from shardkit.errors import CacheWarning, ReaderError, RowIndexError, RowIndexTypeError, require
-from shardkit.reader._cache import CacheConfig, RowGroupCache
-from shardkit.reader._filter import Filter, Partitions, select_rows, to_expression
-from shardkit.reader._pipeline.source import row_group_key
+from shardkit.dataset import Dataset, Schema
+from shardkit.dataset.take import CACHE_BYTES, encoded_schema
+from shardkit.errors import ReaderError, require
+from shardkit.reader._cache import CacheConfig
+from shardkit.reader._filter import Filter
 from shardkit.reader.adapters.collate import Collate, plan_fields, prepare
-from shardkit.reader.adapters.torch import to_torch
+from shardkit.reader.adapters.rows import MapSource
 
 require("torch", extra="torch", purpose="shardkit.torch (PyTorch tensors and DataLoader workers)")
 
 import torch  # noqa: E402
 import torch.utils.data  # noqa: E402
 
+from shardkit.reader.adapters.torch import to_torch  # noqa: E402
+
 __all__ = ["MapDataset"]
 
 
-class MapDataset(torch.utils.data.Dataset[Any]):
+class MapDataset(MapSource, torch.utils.data.Dataset[Any]):
     """A map-style torch dataset over a shardkit dataset: ``len(ds)`` rows, ``ds[i]`` one sample.
 
     Example:
@@ -71,32 +41,13 @@ class MapDataset(torch.utils.data.Dataset[Any]):
         >>> sampler = torch.utils.data.WeightedRandomSampler(weights, num_samples=10_000)
         >>> loader = torch.utils.data.DataLoader(ds, batch_size=256, sampler=sampler, num_workers=4)
 
-    Args:
-        url_or_dataset: a dataset URL (any fsspec URL, a Delta or Iceberg table), or an opened
-            `shardkit.Dataset` (its snapshot, schema hints and deleted rows are kept).
-        columns: the fields of each sample (None: all).
+    Args: `MapSource`'s, and
         transform: ``fn(sample) -> anything``, run on each sample in the process that looks it up (a
-            DataLoader worker). It gets the sample as a reader's ``transform=`` does (field -> numpy
-            value, an image as its HxWxC uint8 array, None for a null), and what it returns is the
-            sample (torch's default collate turns numpy arrays into tensors). Seeding is torch's:
-            each DataLoader worker seeds ``torch`` and ``random`` itself (``worker_init_fn`` for numpy).
-        filter: only the rows that match it, as a reader's ``filter=`` keeps them (an Arrow expression or
-            DNF tuples, e.g. ``[("label", "<", 5)]``): index ``i`` is then the ``i``-th matching row, and
-            ``len`` their number. The matching rows are counted when the MapDataset is made (the filter's
-            columns of the row groups that its statistics do not rule out are read once).
+            DataLoader worker), on the numpy sample (`MapSource`); what it returns is the sample (torch's
+            default collate turns numpy arrays into tensors). Seeding is torch's: each DataLoader worker
+            seeds ``torch`` and ``random`` itself (``worker_init_fn`` for numpy).
         collate: how fields become torch values without a ``transform`` (`Collate`; its ``variable``
             must be "rows": padding is a batch's, done by the DataLoader's ``collate_fn``).
-        storage_options: as for `shardkit.open_dataset` (a URL only).
-        version: a table's version, as for `shardkit.open_dataset` (a URL only).
-        cache_bytes: Arrow bytes of row groups each process keeps for the next lookups.
-        cache: the reader's local-disk row-group cache, as ``make_reader(cache=)`` takes it: ``"auto"``
-            (the default; for a remote dataset ``~/.cache/shardkit``, for a local one none), a folder, a
-            `shardkit.reader.CacheConfig`, or None. A row group's asked columns are fetched once into it
-            and memory-mapped from then on by every process of the machine (the DataLoader's workers
-            share it, and a reader of the same columns finds the entries, and the other way round).
-        decode: as a reader's ``decode=``: False gives every image field as its JPEG/PNG bytes (for a
-            decoder elsewhere, or a ``transform`` that decodes and augments itself), ``{"image": False}``
-            the fields named.
     """
 
     def __init__(self, url_or_dataset: str | os.PathLike[str] | Dataset, columns: Sequence[str] | None = None,
@@ -105,165 +56,33 @@ class MapDataset(torch.utils.data.Dataset[Any]):
                  storage_options: dict[str, Any] | None = None, version: int | None = None,
                  cache_bytes: int = CACHE_BYTES, cache: str | os.PathLike[str] | CacheConfig | None = "auto",
                  decode: bool | Mapping[str, bool] = True) -> None:
-        if isinstance(url_or_dataset, Dataset):
-            if storage_options is not None or version is not None:
-                raise ReaderError("MapDataset(dataset, storage_options=/version=): those open a URL; the "
-                                  f"dataset {url_or_dataset.url!r} is open already (open_dataset(url, "
-                                  "version=...) chooses them)")
-            dataset = url_or_dataset
-        else:
-            dataset = open_dataset(url_or_dataset, storage_options=storage_options, version=version)
-        if transform is not None and not callable(transform):
-            raise ReaderError(f"transform={transform!r} is not callable; pass a function "
-                              "fn(sample) -> sample")
         self.collate = Collate() if collate is None else collate
         if not isinstance(self.collate, Collate) or self.collate.variable != "rows":
             raise ReaderError(f"MapDataset(collate={collate!r}): a sample is one row, so pass a "
                               "Collate(variable='rows') (the default); pad a batch's rows in the "
                               "DataLoader's collate_fn")
-        self.columns = check_columns(dataset, columns)
-        self.transform = transform
-        self.cache_bytes = cache_bytes
-        self.raw = raw_fields(decode, dataset.schema, self.columns)
-        self._plans = plan_fields(encoded_schema(Schema([dataset.schema[c] for c in self.columns]), self.raw),
+        super().__init__(url_or_dataset, columns, transform, filter=filter, storage_options=storage_options,
+                         version=version, cache_bytes=cache_bytes, cache=cache, decode=decode)
+        schema = self.rows().dataset.schema
+        self._plans = plan_fields(encoded_schema(Schema([schema[c] for c in self.columns]), self.raw),
                                   self.collate, "torch")
-        self._url = dataset.url
-        self.filter_text = ""
-        #: the dataset's rows that match the filter, in order (None: every row)
-        self._positions: np.ndarray | None = None
-        if filter is not None:
-            self._positions, self.filter_text = _matching_rows(dataset, filter)
-        self._num_rows = dataset.num_rows if self._positions is None else len(self._positions)
-        # what the dataset is made of (picklable: no lock, no open file), for each process to rebuild it
-        self._parts = {f.name: getattr(dataset, f.name) for f in dataclasses.fields(dataset) if f.init}
-        self._cache_config = CacheConfig.resolve(cache, remote=not dataset.location.is_local)
-        self._cache_named = cache != "auto"
-        self._row_cache: RowGroupCache | None = None
-        self._rows: RowAccess | None = None
-        self._pid = -1
-        self.rows()  # the files open in this process; a DataLoader worker opens its own
-
-    def __len__(self) -> int:
-        return self._num_rows
-
-    @property
-    def positions(self) -> np.ndarray:
-        """The dataset's global row indices of this MapDataset's rows, in order: ``ds[i]`` is the dataset's
-        row ``positions[i]`` (with ``filter=``, the matching rows; else ``0 .. len - 1``). For a sampler's
-        weights from a column: ``take(ds.rows().dataset, ds.positions, columns=["label"])``."""
-        if self._positions is None:
-            return np.arange(self._num_rows, dtype=np.int64)
-        return self._positions.copy()
-
-    def __getitem__(self, index: int) -> Any:
-        if isinstance(index, bool) or (not isinstance(index, int) and not _integer(index)):
-            raise RowIndexTypeError(
-                f"MapDataset[{index!r}] ({type(index).__name__}) of dataset {self._url!r} is not an integer "
-                "row index; pass an int (negative: from the end), or a list of them to __getitems__")
-        return self.__getitems__([int(index)])[0]
 
     def __getitems__(self, indices: Sequence[int]) -> list[Any]:
         """The samples at ``indices`` (what torch's DataLoader asks for a batch), each row group read once."""
-        rows = self.rows()
-        try:
-            positions = row_positions(indices, self._num_rows, self._url)
-        except RowIndexError as e:
-            if self._positions is None or isinstance(e, RowIndexTypeError):
-                raise
-            raise RowIndexError(f"{e}: the rows of the dataset that match filter {self.filter_text} "
-                                f"(of its {rows.dataset.num_rows} rows)") from e
-        batch = rows.take(positions if self._positions is None else self._positions[positions])
-        n = len(next(iter(batch.values())))
         if self.transform is not None:
-            return [self.transform(sample_of(batch, j)) for j in range(n)]
+            return super().__getitems__(indices)
+        batch = self.lookup(indices)
+        n = len(next(iter(batch.values())))
         values = to_torch(prepare(self._plans, batch, self.collate), self.collate.writable)
         return [{key: _row(value, j) for key, value in values.items()} for j in range(n)]
 
-    def rows(self) -> RowAccess:
-        """This process's `RowAccess` of the dataset (made on first use in a process: a DataLoader worker
-        opens its own files)."""
-        if self._rows is None or self._pid != os.getpid():
-            dataset = Dataset(**self._parts)
-            self._row_cache = self._open_cache(dataset)
-            read = None if self._row_cache is None else _CachedRead(dataset, self._row_cache)
-            self._rows = RowAccess(dataset, self.columns, cache_bytes=self.cache_bytes, read=read,
-                                   decode=dict.fromkeys(self.raw, False))
-            self._pid = os.getpid()
-        return self._rows
-
-    @property
-    def cache_stats(self) -> dict[str, int]:
-        """This process's use of the disk cache: hits, misses (row groups fetched), evictions, corrupt
-        entries found (all zero without a cache)."""
-        cache = self._row_cache if self._pid == os.getpid() else None
-        return dict(cache.stats) if cache is not None else {"hits": 0, "misses": 0, "evictions": 0,
-                                                             "corrupt": 0}
-
-    def _open_cache(self, dataset: Dataset) -> RowGroupCache | None:
-        if self._cache_config is None:
-            return None
-        try:
-            return RowGroupCache(self._cache_config)
-        except ReaderError as e:
-            if self._cache_named:  # a cache asked for by name: its folder must work
-                raise
-            warnings.warn(CacheWarning(f"{e}; looking up rows of {dataset.url!r} without the default "
-                                       "row-group cache"), stacklevel=3)
-            return None
-
-    def __getstate__(self) -> dict[str, Any]:
-        state = dict(self.__dict__)
-        state["_rows"] = state["_row_cache"] = None  # locks, row groups kept: each process makes its own
-        return state
-
-    def __repr__(self) -> str:
-        matching = f", filter={self.filter_text}" if self.filter_text else ""
-        return f"MapDataset({self._url!r}, columns={self.columns!r}{matching}, rows={self._num_rows})"
-
-
-class _CachedRead:
-    """``read(g, columns)`` for `RowAccess`: a row group's columns through the disk cache, keyed as a
-    reader keys them (the file's version of this process's first look at it: one listing)."""
-
-    def __init__(self, dataset: Dataset, cache: RowGroupCache) -> None:
-        self.dataset = dataset
-        self.cache = cache
-        self._versions: dict[str, str | None] | None = None
-        self._lock = threading.Lock()
-
-    def __call__(self, g: int, columns: Sequence[str]) -> pa.Table:
-        file = self.dataset.row_groups[g].file
-        location = self.dataset.location
-        with self._lock:
-            if self._versions is None:
-                self._versions = dict(location.versions())
-            if file not in self._versions:
-                self._versions[file] = location.version(file)
-            version = self._versions[file]
-        if version is None:  # nothing tells a rewritten file from this one: never cached
-            return self.dataset.read_row_group(g, columns)
-        key = row_group_key(self.dataset, g, columns, version)
-        return self.cache.get_or_fetch(key, lambda: self.dataset.read_row_group(g, columns).combine_chunks())
-
-
-def _matching_rows(dataset: Dataset, filter: Filter) -> tuple[np.ndarray, str]:
-    """The global indices of ``dataset``'s rows that match ``filter`` (in order), and the filter as text."""
-    partitions = Partitions.of(dataset)
-    expr = to_expression(filter, dataset.arrow_schema, partitions)
-    counts, selection, _, _ = select_rows(dataset, expr, "raise", partitions)
-    ends = np.cumsum(dataset.rows_per_group)
-    parts = [selection[g] + (ends[g] - rows) if g in selection else np.arange(ends[g] - rows, ends[g])
-             for g, rows in enumerate(dataset.rows_per_group) if counts[g]]
-    return (np.concatenate(parts).astype(np.int64) if parts else np.zeros(0, np.int64)), str(expr)
-
-
-def _integer(value: Any) -> bool:
-    """Whether ``value`` is an integer index other than a Python int: a numpy integer, a 0-d integer
-    tensor (what samplers built on torch.randint yield)."""
-    if isinstance(value, np.integer):
-        return True
-    return isinstance(value, torch.Tensor) and value.ndim == 0 and not value.is_floating_point() \
-        and value.dtype != torch.bool
+    @staticmethod
+    def _integer(value: Any) -> bool:
+        """Whether ``value`` is an integer index other than a Python int: a numpy integer, a 0-d integer
+        tensor (what samplers built on torch.randint yield)."""
+        return MapSource._integer(value) or (
+            isinstance(value, torch.Tensor) and value.ndim == 0 and not value.is_floating_point()
+            and value.dtype != torch.bool)
 
 
 def _row(value: Any, j: int) -> Any:
