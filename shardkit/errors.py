@@ -56,6 +56,7 @@ __all__ = [
     "ConfigError",
     "CorruptCheckpointError",
     "CorruptDatasetError",
+    "DatasetChangedError",
     "DatasetError",
     "DatasetExistsError",
     "DatasetNotFoundError",
@@ -113,6 +114,11 @@ class DatasetExistsError(DatasetError, FileExistsError):
 
 class CorruptDatasetError(DatasetError, OSError):
     """Raised when a data or summary file is truncated, corrupt, or not Parquet."""
+
+
+class DatasetChangedError(CorruptDatasetError):
+    """Raised when a data file was replaced (another ETag, size or mtime) after this process first read
+    it: the row groups opened no longer describe it. Open the dataset again."""
 
 
 class DatasetPermissionError(DatasetError, PermissionError):

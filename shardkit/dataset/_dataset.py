@@ -33,7 +33,7 @@ from shardkit.dataset._footers import RowGroup
 from shardkit.dataset._pages import chunk_range
 from shardkit.dataset.fetch import Fetched, FetchedFile
 from shardkit.dataset.schema import Schema
-from shardkit.errors import CorruptDatasetError, SchemaMismatchError, one_line
+from shardkit.errors import CorruptDatasetError, DatasetChangedError, SchemaMismatchError, one_line
 
 if TYPE_CHECKING:
     from shardkit.dataset.tables.snapshot import Snapshot
@@ -79,6 +79,10 @@ class Dataset:
         default_factory=OrderedDict, init=False, repr=False, compare=False)
     _footer_lock: threading.Lock = dataclasses.field(
         default_factory=threading.Lock, init=False, repr=False, compare=False)
+    #: each data file's version (ETag; locally size and mtime) when this process first learned it
+    #: (`saw_version`): a read that fails on a file whose version moved since says so (`changed`)
+    _versions_seen: dict[str, str] = dataclasses.field(default_factory=dict, init=False, repr=False,
+                                                       compare=False)
     #: columns of a plain Parquet dataset left out of the schema: name -> why, and the cast that helps
     left_out: dict[str, str] = dataclasses.field(default_factory=dict, repr=False, compare=False)
 
@@ -282,6 +286,8 @@ class Dataset:
         except (pa.ArrowInvalid, OSError) as e:
             if is_denied(e):
                 raise permission_error(self.location, self.location.join(rg.file), e) from e
+            if (changed := self.changed(rg.file)) is not None:
+                raise changed from e
             if "checksum" in str(e).lower():
                 raise _checksum_error(where, self._damaged_pages(pf, i) or one_line(e)) from e
             raise CorruptDatasetError(
@@ -330,6 +336,32 @@ class Dataset:
         except (OSError, pa.ArrowException):
             return ""
         return "; ".join(found)
+
+    def saw_version(self, file: str, version: str | None) -> None:
+        """Record ``file``'s version as a reader or a lookup first learned it (its cache key's): the version
+        the reads of this process stand for. A later different version is not recorded: `changed`
+        tells it."""
+        if version is not None:
+            with self._footer_lock:
+                self._versions_seen.setdefault(file, version)
+
+    def changed(self, file: str) -> DatasetChangedError | None:
+        """`DatasetChangedError` when ``file``'s version now (one request, or a ``stat``) is not the one
+        first recorded (`saw_version`), else None: asked when a read of the file fails, so that a file
+        replaced under a running job is named as such, not as corrupt."""
+        with self._footer_lock:
+            seen = self._versions_seen.get(file)
+        if seen is None:
+            return None
+        now = self.location.version(file)
+        if now is None or now == seen:
+            return None
+        return DatasetChangedError(
+            f"data file {self.location.join(file)!r} of dataset {self.url!r} was replaced after this process "
+            f"first read it (its version was {seen}, it is now {now}): the row groups this dataset was "
+            "opened with do not describe it any more, and nothing of it is read. Open the dataset again "
+            "(a new reader or MapDataset) to read the new file; write a dataset's files anew under new "
+            "names (write_dataset mode='overwrite' or 'append') instead of replacing them in place")
 
     def stored_as_is(self, name: str) -> bool:
         """Whether column ``name`` of this local dataset keeps its values as they are in its files
@@ -415,13 +447,14 @@ class Dataset:
         rg = self.row_groups[i]
         where = f"row group {rg.index} of {self.location.join(rg.file)!r}"
         try:
-            with pa.memory_map(path) as f:
-                yield f
-        except OSError as e:
+            f = pa.memory_map(path)
+        except OSError as e:  # (only the opening's: an error of the caller's reads is its own)
             if is_denied(e):
                 raise permission_error(self.location, path, e) from e
             raise CorruptDatasetError(f"{where} cannot be read ({one_line(e)}); the file is truncated or "
                                       "corrupt: rewrite the dataset, or read with on_error='skip'") from e
+        with f:
+            yield f
 
     def deletions_tag(self, i: int) -> str:
         """A digest of the rows of row group ``i`` deleted by the table's log ('' when none are): what a

@@ -234,3 +234,29 @@ def test_decode_false_gives_image_bytes_to_the_sampler_and_the_transform(written
     assert sizes[8] == len(stream["img"][8])
     with pytest.raises(ReaderError, match=r"decode=\{'id': False\}: 'id' is a"):
         shardkit.torch.MapDataset(url, columns=["id"], decode={"id": False})
+
+
+def test_a_remote_file_replaced_under_lookups_is_named_not_read(s3_server: S3Server, s3_bucket: str,
+                                                                  tmp_path: Path) -> None:
+    """A data file replaced (another ETag) after this process first read it: a lookup in a row group not
+    cached yet raises `DatasetChangedError` naming the file and both versions; the row groups cached
+    under the old version are still served (they are that version's rows)."""
+    import s3fs
+
+    from shardkit.errors import DatasetChangedError
+
+    url, opts = f"s3://{s3_bucket}/ds", s3_server.storage_options
+    ds = shardkit.write_dataset({"id": np.arange(200)}, url, storage_options=opts, row_group_size=50,
+                                progress=False)
+    other = shardkit.write_dataset({"id": np.arange(1000, 1130)}, f"s3://{s3_bucket}/other",
+                                   storage_options=opts, row_group_size=20, progress=False)
+    src = shardkit.torch.MapDataset(url, columns=["id"], storage_options=opts, cache=tmp_path / "cache")
+    assert int(src[3]["id"]) == 3  # the file's version is learned here
+    fs = s3fs.S3FileSystem(**opts)
+    fs.copy(f"{s3_bucket}/other/{other.row_groups[0].file}", f"{s3_bucket}/ds/{ds.row_groups[0].file}")
+    assert int(src[7]["id"]) == 7  # row group 0: cached, the old version's rows
+    assert ds.row_groups[2].file == ds.row_groups[0].file  # one file of 4 row groups
+    words = (rf"data file .*{ds.row_groups[0].file}.* was replaced after this process first read it \(its "
+             r"version was ETag=.*, it is now ETag=.*\).*Open the dataset again")
+    with pytest.raises(DatasetChangedError, match=words):
+        src[120]

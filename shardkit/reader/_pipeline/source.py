@@ -347,7 +347,9 @@ class RowGroupSource:
                 self._versions = dict(loc.versions())
             if file not in self._versions:
                 self._versions[file] = loc.version(file)
-            return self._versions[file]
+            version = self._versions[file]
+        self.dataset.saw_version(file, version)
+        return version
 
     def _key(self, row_group: int) -> str | None:
         """The cache key of the row group's rows; None when its file gives no version (never cached)."""

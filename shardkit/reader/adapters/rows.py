@@ -227,6 +227,7 @@ class _CachedRead:
             if file not in self._versions:
                 self._versions[file] = location.version(file)
             version = self._versions[file]
+        self.dataset.saw_version(file, version)
         if version is None:  # nothing tells a rewritten file from this one: never cached
             return self.dataset.read_row_group(g, columns)
         key = row_group_key(self.dataset, g, columns, version)
