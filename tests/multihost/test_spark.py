@@ -27,7 +27,14 @@ from tests.cluster.torchrun_tools import BATCH, ROWS, effective_ids, write_ids_d
 from tests.multihost import partition
 from tests.multihost.netns import Host, Network
 from tests.multihost.partition import CUT_HOST_CLEAR_S, when_seen, with_partition_bounds
-from tests.multihost.spark_cluster import PORT, role_processes, start_cluster, start_daemon, wait_for
+from tests.multihost.spark_cluster import (
+    PORT,
+    QUICK_JVM,
+    role_processes,
+    start_cluster,
+    start_daemon,
+    wait_for,
+)
 
 REPO = Path(__file__).resolve().parents[2]
 IDS = REPO / "tests" / "cluster" / "torchrun_scripts" / "ids.py"
@@ -37,7 +44,8 @@ pytestmark = pytest.mark.spark  # -m 'not spark' deselects every test that start
 
 def engine(master: str, **options: Any) -> dict[str, Any]:
     return {"name": "spark", "master": master, "grace": 2, "slots_timeout": 30,
-            "conf": {"spark.executor.memory": "512m"}, **options}
+            "conf": {"spark.executor.memory": "512m", "spark.driver.extraJavaOptions": QUICK_JVM,
+                     "spark.executor.extraJavaOptions": QUICK_JVM}, **options}
 
 
 def digits_job(folder: Path, data_url: str, master: str) -> Path:
@@ -307,7 +315,9 @@ def test_a_master_cut_off_mid_job_leaves_the_application_running_to_its_end(
     url = start_cluster(h0, [h1, h2], tmp_path / "spark")
     config = with_partition_bounds(ids_job(tmp_path, ids_dataset, url))
     settings = yaml.safe_load(config.read_text())
-    settings["params"]["sleep"] = 1.0  # 40 steps: ~35 s of training after the cut
+    # 40 steps: ~20 s of training after the cut, twice the job's own partition bounds (PARTITION: 8 s of
+    # silence stops a group, 10 s without the trainer ends a node's processes)
+    settings["params"]["sleep"] = 0.55
     config.write_text(yaml.safe_dump(settings))
     job = tmp_path / "job"
     driver = train(h1, config)
