@@ -79,7 +79,7 @@ def _report(outcomes: list[Outcome], skipped: list[Block], failed: list[str], se
     compared = sum(1 for o in outcomes if not o.block.kind)
     lines = [f"docs blocks: {ran} ran, {compared} outputs compared, {len(skipped)} marked not run, "
              f"{len(failed)} failed, in {seconds:.0f} s"]
-    for o in sorted(outcomes, key=lambda o: -o.seconds)[:8]:
+    for o in sorted(outcomes, key=lambda o: -o.seconds)[:30]:
         lines.append(f"  {o.seconds:6.1f} s  {o.block.page}:{o.block.line}")
     for b in skipped:
         lines.append(f"  not run  {b.page}:{b.line}: {b.not_run}")
