@@ -51,6 +51,9 @@ def _spark_session() -> Iterator[Any]:
         .config("spark.sql.shuffle.partitions", "2")
         .config("spark.default.parallelism", "2")
         .config("spark.sql.session.timeZone", "UTC")
+        # JIT at C1 only: the session's work is small, and the C2 compiler's threads would take the
+        # CPUs of a 2-core machine from the tests (the JVM starts in about half the time)
+        .config("spark.driver.extraJavaOptions", "-XX:TieredStopAtLevel=1")
         .getOrCreate()
     )
     session.sparkContext.setLogLevel("ERROR")

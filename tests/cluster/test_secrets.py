@@ -418,7 +418,10 @@ def test_torchrun_workers_logs_node_output_and_summary_show_stars(tmp_path: Path
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("engine", [
     pytest.param({"name": "ray", "num_cpus": 2}, id="ray"),
-    pytest.param({"name": "spark"}, id="spark", marks=pytest.mark.spark),
+    # the driver's JVM (local master: the executors' too) JITs at C1 only: it lives a minute, and the C2
+    # compiler's threads would take a 2-core machine's CPU from the job
+    pytest.param({"name": "spark", "conf": {"spark.driver.extraJavaOptions": "-XX:TieredStopAtLevel=1"}},
+                 id="spark", marks=pytest.mark.spark),
 ])
 def test_ray_and_spark_jobs_show_stars_in_logs_console_and_summary(tmp_path: Path,
                                                                    engine: dict[str, Any]) -> None:
