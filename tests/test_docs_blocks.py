@@ -71,6 +71,9 @@ def _env(root: Path) -> dict[str, str]:
     env["PYTHONPATH"] = str(root)           # `import shardkit` is the checkout's, not the venv's source
     env["SHARDKIT_DOCS_PYTHON"] = str(root / ".venv" / "bin" / "python")
     env.pop("VIRTUAL_ENV", None)
+    # the pages' Spark JVMs JIT at C1 only (the `java` launcher reads this; it notes so on stderr): each
+    # lives a minute, and the C2 compiler's threads would take a 2-core machine's CPU from the job
+    env.setdefault("JDK_JAVA_OPTIONS", "-XX:TieredStopAtLevel=1")
     return env
 
 
