@@ -34,6 +34,10 @@ ABOUT = {
     "images": "JPEG pipelines (decode + augment, decode only, raw bytes) in shardkit beside LitData and "
               "Mosaic Streaming on the same JPEG bytes: images/s, first batch, memory, CPU, shuffle reach, "
               "resume, and converting the JPEGs.",
+    "take": "random access by index: single rows and 256-row batches looked up by shardkit (`Dataset.take`, "
+            "`MapDataset`) beside HF datasets, Mosaic Streaming, LitData and Lance, locally and from a "
+            "loopback S3 store 0 and 50 ms away; bytes fetched per row beside the bytes of the pages holding "
+            "the rows.",
     "adapters": "the PyTorch, TensorFlow and JAX adapters beside the reader they wrap and their peers.",
     "train": "a real training job's samples/s with shardkit's reader and supervisor beside a bare loop.",
     "engines": "one job on every engine (local, torchrun, Ray, Spark, across hosts): first step, "
