@@ -66,7 +66,8 @@ def ids_config(folder: Path, data_url: str, engine: dict[str, Any], name: str = 
         "checkpoint": {"every_steps": EVERY, "keep": 3},
         "fault_tolerance": {"max_restarts": 2, "heartbeat_interval": 0.5, "heartbeat_timeout": 20.0,
                             "startup_timeout": 60.0},
-        "params": {"sleep": 0.4}, "env": {"OMP_NUM_THREADS": "1"},
+        # 20 steps of 0.25 s: ~4 s from the first checkpoint (step 4) to the end, for a test to act in
+        "params": {"sleep": 0.25}, "env": {"OMP_NUM_THREADS": "1"},
     }
     return write_config(folder, config, engine, name)
 
