@@ -6,6 +6,7 @@ and Petastorm datasets, plain Parquet folders, and Delta Lake and Iceberg tables
 from shardkit.dataset._dataset import SLICE_ROWS, Dataset
 from shardkit.dataset._field import Field
 from shardkit.dataset._footers import RowGroup
+from shardkit.dataset._pages import PageChecks
 from shardkit.dataset.codecs import ImageCodec, NdarrayCodec, ScalarCodec, TensorCodec
 from shardkit.dataset.open import SummaryMissingWarning, UncommittedFilesWarning, open_dataset
 from shardkit.dataset.schema import Schema
@@ -19,6 +20,7 @@ __all__ = [
     "Field",
     "ImageCodec",
     "NdarrayCodec",
+    "PageChecks",
     "RowAccess",
     "RowGroup",
     "SLICE_ROWS",

@@ -289,7 +289,7 @@ class Dataset:
             if (changed := self.changed(rg.file)) is not None:
                 raise changed from e
             if "checksum" in str(e).lower():
-                raise _checksum_error(where, self._damaged_pages(pf, i) or one_line(e)) from e
+                raise _pages.checksum_error(where, self._damaged_pages(pf, i) or one_line(e)) from e
             raise CorruptDatasetError(
                 f"{where} cannot be read ({one_line(e)}); the file is truncated or corrupt: "
                 "rewrite the dataset, or read with on_error='skip'"
@@ -310,7 +310,7 @@ class Dataset:
             for column, report in check_row_group(read, group, columns=None if names is None else set(names)):
                 problems = report.problems
                 if problems and MISMATCH in problems[0]:
-                    raise _checksum_error(where, f"column {column!r}: {problems[0]}")
+                    raise _pages.checksum_error(where, f"column {column!r}: {problems[0]}")
                 if problems:
                     return False
         except (pa.ArrowInvalid, OSError) as e:
@@ -366,7 +366,7 @@ class Dataset:
     def stored_as_is(self, name: str) -> bool:
         """Whether column ``name`` of this local dataset keeps its values as they are in its files
         (uncompressed, PLAIN, no dictionary, no levels: images written by shardkit), judged by the first
-        row group: its values can then be read in place (`value_ranges`)."""
+        row group: its values can then be read in place (`value_pages`)."""
         if not self.location.is_local or self.casts or self.snapshot is not None or not self.row_groups:
             return False
         try:
@@ -394,22 +394,11 @@ class Dataset:
             return column
         return None
 
-    def value_ranges(self, i: int, name: str) -> tuple[str, np.ndarray, np.ndarray] | None:
-        """A local file's path, and where each value of column ``name`` in row group ``i`` starts in it and
-        its length, for a column stored as it is (`stored_as_is`); the pages' checksums are checked on the
-        way (a mismatch: `CorruptDatasetError`, as a read's). None when they cannot be read in place: they
-        are read through Parquet then."""
-        found = self.value_pages(i, name)
-        if found is None:
-            return None
-        path, layout = found
-        self.check_value_pages(i, name, path, layout, range(len(layout.crcs)))
-        return path, layout.starts, layout.lengths
-
     def value_pages(self, i: int, name: str) -> tuple[str, _pages.PlainLayout] | None:
-        """`value_ranges` with where each value's page lies and its checksum, nothing checked yet
-        (`check_value_pages` checks the pages a lookup reads); None when the values cannot be read in
-        place."""
+        """A local file's path, and where each value of column ``name`` in row group ``i`` lies in it, with
+        its page and the page's checksum (`_pages.PlainLayout`), for a column stored as it is
+        (`stored_as_is`); nothing is checked yet: `check_value_pages` checks the pages read. None when the
+        values cannot be read in place: they are read through Parquet then."""
         if not self.location.is_local or self.kept.get(i) is not None or self.casts:
             return None
         rg = self.row_groups[i]
@@ -437,8 +426,15 @@ class Dataset:
                 layout.check(_pages.ranges_of(f)(end - start, start), start, pages)
             except _pages.PageError as e:
                 rg = self.row_groups[i]
-                raise _checksum_error(f"row group {rg.index} of {self.location.join(rg.file)!r}",
+                raise _pages.checksum_error(f"row group {rg.index} of {self.location.join(rg.file)!r}",
                                       f"column {name!r}: {e}") from e
+
+    def page_checks(self, i: int, name: str, layout: _pages.PlainLayout) -> _pages.PageChecks:
+        """The checks of the pages of `value_pages`' layout of column ``name`` in row group ``i``, made as
+        its values are read (`PageChecks.check`), none made yet."""
+        rg = self.row_groups[i]
+        return _pages.PageChecks(f"row group {rg.index} of {self.location.join(rg.file)!r}", name,
+                                 layout.bodies, layout.crcs)
 
     @contextlib.contextmanager
     def mapped(self, i: int, path: str) -> Iterator[pa.MemoryMappedFile]:
@@ -585,15 +581,6 @@ class Dataset:
     def decode(self, table: pa.Table | pa.RecordBatch) -> dict[str, np.ndarray]:
         """Decode an Arrow table of this dataset's columns to numpy."""
         return self.schema.decode(table)
-
-
-def _checksum_error(where: str, detail: str) -> CorruptDatasetError:
-    """A row group whose pages fail their checksums: ``detail`` names the column and the page."""
-    return CorruptDatasetError(
-        f"{where} fails its page checksums: {detail}. Its bytes changed after they were written (storage "
-        "or a copy went wrong); no row of a damaged page is read. Restore the file from its source, or "
-        "rewrite the dataset from its source; `shardkit verify URL` finds every damaged file, and "
-        "on_error='skip' reads the others")
 
 
 def _present(pf: pq.ParquetFile, names: list[str] | None) -> list[str] | None:

@@ -25,8 +25,11 @@ from typing import Any
 import numpy as np
 import pyarrow.parquet as pq
 
-__all__ = ["MISMATCH", "ChunkReport", "Page", "PageError", "PlainLayout", "check_chunk", "check_row_group",
-           "chunk_range", "crc32", "first_page", "plain_layout", "plain_values", "ranges_of", "walk_pages"]
+from shardkit.errors import CorruptDatasetError
+
+__all__ = ["MISMATCH", "ChunkReport", "Page", "PageChecks", "PageError", "PlainLayout", "check_chunk",
+           "check_row_group", "checksum_error", "chunk_range", "crc32", "first_page", "plain_layout",
+           "plain_values", "ranges_of", "walk_pages"]
 
 def _fastest_crc32() -> Callable[..., int]:
     """ISA-L's CRC-32 (``isal``, a dependency: much faster, with PCLMUL), else zlib's (as fast as
@@ -126,6 +129,61 @@ class PlainLayout:
             body, end = int(self.bodies[p, 0]) - offset, int(self.bodies[p, 1]) - offset
             if crc >= 0 and crc32(view[body:end]) != crc:
                 raise PageError(f"the page at byte {int(self.bodies[p, 0])} {MISMATCH}")
+
+
+def checksum_error(where: str, detail: str) -> CorruptDatasetError:
+    """A row group whose pages fail their checksums: ``where`` names it, ``detail`` its column and page."""
+    return CorruptDatasetError(
+        f"{where} fails its page checksums: {detail}. Its bytes changed after they were written (storage "
+        "or a copy went wrong); no row of a damaged page is read. Restore the file from its source, or "
+        "rewrite the dataset from its source; `shardkit verify URL` finds every damaged file, and "
+        "on_error='skip' reads the others")
+
+
+@dataclasses.dataclass
+class PageChecks:
+    """The pages of a column chunk whose values are read in place, checked as the values are read: each
+    page once, before any of its values is used (`check`). ``where`` names the row group and its file,
+    ``column`` the column; ``bodies`` and ``crcs`` are a `PlainLayout`'s. Saved beside a reader's spill
+    (`save`, `load`: plain arrays, nothing pickled) for its transform worker processes, which read the
+    values."""
+
+    where: str
+    column: str
+    bodies: np.ndarray
+    crcs: np.ndarray
+    checked: np.ndarray = dataclasses.field(default=None)  # type: ignore[arg-type]  # (None: none checked)
+
+    def __post_init__(self) -> None:
+        if self.checked is None:
+            self.checked = np.zeros(len(self.crcs), dtype=bool)
+
+    def check(self, read: Callable[[int, int], Any], offsets: np.ndarray) -> int:
+        """Check the pages that hold the values at file ``offsets`` and are not checked yet; ``read(length,
+        start)`` gives the file's bytes. Returns how many were checked; a mismatch raises
+        `CorruptDatasetError` naming the row group, the column and the page. (Two threads may both check
+        a page: it is marked only once it passed.)"""
+        pages = np.searchsorted(self.bodies[:, 0], offsets, side="right") - 1
+        pages = np.unique(pages[pages >= 0])
+        todo = pages[~self.checked[pages]].tolist()
+        for p in todo:
+            crc = int(self.crcs[p])
+            start, end = int(self.bodies[p, 0]), int(self.bodies[p, 1])
+            if crc >= 0 and crc32(read(end - start, start)) != crc:
+                raise checksum_error(self.where,
+                                     f"column {self.column!r}: the page at byte {start} {MISMATCH}")
+            self.checked[p] = True
+        return len(todo)
+
+    def save(self, path: str) -> None:
+        with open(path, "wb") as f:
+            np.savez(f, where=np.array(self.where), column=np.array(self.column), bodies=self.bodies,
+                     crcs=self.crcs)
+
+    @classmethod
+    def load(cls, path: str) -> PageChecks:
+        with np.load(path, allow_pickle=False) as saved:
+            return cls(str(saved["where"]), str(saved["column"]), saved["bodies"], saved["crcs"])
 
 
 def plain_layout(data: bytes | memoryview, offset: int) -> PlainLayout | None:
@@ -387,6 +445,8 @@ class ChecksumSink:
         if not isinstance(data, bytes):  # (pyarrow's PythonFile gives bytes: a buffer it reused would change)
             data = bytes(data)
         n = len(data)
+        if not n:  # (the body of an empty page: a dictionary page of a column of nulls)
+            return 0
         at, self.logical = self.logical, self.logical + n
         if self._footer is not None:
             self._footer.append(bytes(data))

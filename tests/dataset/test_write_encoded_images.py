@@ -346,3 +346,32 @@ def test_a_stream_of_rows_is_cut_into_batches_by_their_bytes_too() -> None:
     assert max(sizes) == BATCH_BYTES >> 20
     small = [n for _, n in iter_batches({"id": i, "image": b"x"} for i in range(BATCH_ROWS + 1))]
     assert small == [BATCH_ROWS, 1]
+
+
+def test_pages_of_large_values_hold_about_a_mebibyte(tmp_path: Path) -> None:
+    """A column of large values (JPEGs of ~50 KB) is cut into pages of about `PAGE_BYTES` (pyarrow alone
+    writes pages of 1,024 values, ~50 MB here), while a column of numbers keeps pyarrow's batches: what a
+    lookup or a reader's first batch checks and reads is a page, not a row group."""
+    from shardkit.dataset._pages import chunk_range, walk_pages
+    from shardkit.dataset.write import PAGE_BYTES
+
+    rng = np.random.default_rng(1)
+    blob = encoded(rng.integers(0, 256, (160, 160, 3), dtype=np.uint8), quality=95)
+    n = 400
+    schema = Schema([Field("id", "int64"), image_field((160, 160, 3))])
+    ds = shardkit.write_dataset({"id": np.arange(n), "image": [blob] * n}, str(tmp_path / "d"), schema=schema,
+                                row_group_size=n)
+    (path,) = [Path(tmp_path / "d" / f) for f in ds.files]
+    md = pq.read_metadata(path)
+    data = path.read_bytes()
+    sizes = {}
+    for j in range(md.num_columns):
+        column = md.row_group(0).column(j)
+        start, length = chunk_range(column)
+        sizes[column.path_in_schema] = [p.size for p in walk_pages(data[start:start + length], start)
+                                        if p.kind.startswith("data page")]
+    per_page = -(-PAGE_BYTES // len(blob))  # a page ends at the first batch that fills PAGE_BYTES
+    assert len(sizes["image"]) == -(-n // per_page), (len(blob), sizes["image"])
+    assert max(sizes["image"]) < PAGE_BYTES + 2 * len(blob)
+    assert len(sizes["id"]) == 1
+    assert stored(str(tmp_path / "d")) == [blob] * n

@@ -395,3 +395,72 @@ def test_a_window_whose_file_segment_was_numbered_late_keeps_the_next_windows_se
         assert handles_to_bytes(spill.reader, later).tolist() == [b"second window's bytes"]
     finally:
         spill.close()
+
+
+def _one_image_a_page(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, damaged: int | None = None) -> str:
+    """The 240 JPEGs written uncompressed (read in place) with a page per image, and the image of row
+    ``damaged`` with a byte changed in the file (its page's checksum no longer matches)."""
+    import shardkit.dataset.write as writing
+
+    monkeypatch.setattr(writing, "PAGE_BYTES", 1)
+    _, blobs = jpeg_dataset("jpeg", 240, "none")
+    url = os.fspath(tmp_path / "paged")
+    schema = Schema([Field("id", "int64"), Field("image", "uint8", (16, 16, 3), codec=ImageCodec("jpeg"))])
+    shardkit.write_dataset({"id": np.arange(N), "image": blobs}, url, schema=schema, row_group_size=N,
+                           compression="none", file_size=10**9)
+    if damaged is not None:
+        ds = shardkit.open_dataset(url)
+        path, layout = ds.value_pages(0, "image")
+        assert len(layout.crcs) == N
+        with open(path, "r+b") as f:
+            at = int(layout.starts[damaged]) + len(blobs[damaged]) // 2
+            f.seek(at)
+            byte = f.read(1)
+            f.seek(at)
+            f.write(bytes([byte[0] ^ 0xFF]))
+    return url
+
+
+def test_pages_read_in_place_are_checked_as_their_batches_are_read(tmp_path: Path,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """A page of images read in place is checked when a batch first reads one of its values: the first
+    batch does not wait for the pages of every row group its shuffle window draws from, and over the
+    epoch each page is checked once."""
+    from shardkit.dataset import PageChecks
+
+    url = _one_image_a_page(tmp_path, monkeypatch)
+    checked: list[int] = []
+    check = PageChecks.check
+
+    def counted(self: PageChecks, read: Any, offsets: np.ndarray) -> int:
+        checked.append(check(self, read, offsets))
+        return checked[-1]
+
+    monkeypatch.setattr(PageChecks, "check", counted)
+    with shardkit.make_reader(url, batch_size=8, seed=1, prefetch=2) as reader:
+        batches = iter(reader)
+        first = next(batches)
+        assert 8 <= sum(checked) < N / 2, sum(checked)  # this batch's pages and those read ahead
+        ids = first["id"].tolist() + [i for b in batches for i in b["id"].tolist()]
+    assert sorted(ids) == list(range(N))
+    assert sum(checked) == N  # every page once
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("transform_workers", [0, 2])
+def test_a_damaged_page_read_in_place_stops_the_read_before_its_image_is_decoded(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, transform_workers: int) -> None:
+    """A byte changed in one image's page: the batches before it come whole, and the batch that reads it
+    fails naming the row group, the column and the page, in the reading process or in a transform worker
+    (which checks the pages from the copy of their checksums beside the spill)."""
+    url = _one_image_a_page(tmp_path, monkeypatch, damaged=100)
+    kw: dict[str, Any] = {"batch_size": 8, "seed": 2}
+    if transform_workers:
+        kw.update(transform=crop_and_flip, transform_workers=transform_workers)
+    seen: list[int] = []
+    with pytest.raises(CorruptDatasetError, match=r"row group 0 of .* fails its page checksums: column "
+                                                  r"'image': the page at byte \d+ does not match"), \
+            shardkit.make_reader(url, **kw) as reader:
+        for batch in reader:
+            seen += batch["id"].tolist()
+    assert 100 not in seen and len(seen) < N

@@ -59,6 +59,7 @@ __all__ = [
     "AUTO_SAMPLE_BYTES",
     "EncodedTables",
     "Mode",
+    "PAGE_BYTES",
     "PART_NAME",
     "PartWriter",
     "check_bucket",
@@ -68,6 +69,7 @@ __all__ = [
     "column_codecs",
     "discard_staging",
     "infer_schema",
+    "page_rows",
     "parse_size",
     "resolve_target",
     "unfinished_write",
@@ -129,6 +131,13 @@ class EncodedTables:
 #: slower than ISA-L's (`shardkit.dataset._pages.crc32`).
 PAGE_CHECKSUMS = True
 
+#: The bytes a data page holds, about: pyarrow's default (``data_page_size``). pyarrow ends a page only
+#: between its write batches (1,024 rows by default), so a column of large values (images, tensors in the
+#: bytes layout) would get pages of 1,024 values, tens of MB each; `PartWriter` writes batches of as many
+#: rows as fill a page of the widest column. A page is what a lookup reads and checks (`Dataset.take`,
+#: an image read in place), and what a reader checks before its first batch: small ones keep both short.
+PAGE_BYTES = 1 << 20
+
 
 class PartWriter:
     """Rolls encoded tables into row groups and part files under the staging folder."""
@@ -181,6 +190,8 @@ class PartWriter:
         if self.writer is None:
             if self._codecs is None:  # "auto": decided from the first row group, kept for every file
                 self._codecs = column_codecs(first, self.arrow_schema) if first is not None else AUTO_CODEC
+            if first is not None and "write_batch_size" not in self.options:  # kept for every file
+                self.options.update(data_page_size=PAGE_BYTES, write_batch_size=page_rows(first))
             self.path = f"{self.staging}/part-{uuid.uuid4().hex[:12]}-{len(self.done):05d}.parquet"
             self.sink = self.loc.fs.open(self.path, "wb")
             if self.checksums:
@@ -395,6 +406,14 @@ def write_dataset(
                 discard_staging(loc, created_root=not root_existed)
             raise
     return open_location(loc)
+
+
+def page_rows(table: pa.Table) -> int:
+    """The rows of a write batch (``write_batch_size``) that fill `PAGE_BYTES` of ``table``'s widest column,
+    so that its pages end after one batch: from 1 (values of a page each or more) to pyarrow's 1,024
+    (columns of numbers)."""
+    widest = max((column.nbytes for column in table.columns), default=0) / max(1, table.num_rows)
+    return int(min(1024, max(1, -(-PAGE_BYTES // max(1, int(widest))))))  # pyarrow ends a page at >= its size
 
 
 def column_codecs(table: pa.Table, arrow_schema: pa.Schema) -> dict[str, str]:

@@ -120,7 +120,7 @@ class _Ahead:
         return sum(b - a for a, b in self.where[1])
 
 
-IN_PLACE_KEPT = 64  # row groups whose value ranges (`Dataset.value_ranges`) are kept for their next tasks
+IN_PLACE_KEPT = 64  # row groups whose value pages (`Dataset.value_pages`) are kept for their next tasks
 RECENT_READS = 2  # row-group tables kept for the next task (bounded memory: two row groups)
 DEFAULT_INFLIGHT = 512 << 20  # bytes fetched ahead of a remote dataset's reads, at most (make_reader's)
 
@@ -142,7 +142,8 @@ class RowGroupSource:
         self.columns = list(columns)  # read through Parquet
         self.fields = list(columns)  # every field of a task's rows, in order
         self.direct: frozenset[str] = frozenset()  # late fields read in place, not through Parquet
-        self._ranges: OrderedDict[tuple[int, str], tuple[str, np.ndarray, np.ndarray] | None] = OrderedDict()
+        # late fields read in place: (path, `PlainLayout`, `PageChecks` or None) per (row group, name)
+        self._ranges: OrderedDict[tuple[int, str], tuple[str, Any, Any] | None] = OrderedDict()
         self.selection = selection or {}
         self.cache = cache
         self.on_error = on_error
@@ -195,7 +196,7 @@ class RowGroupSource:
 
     def read_in_place(self, names: Sequence[str]) -> None:
         """Read the late fields ``names`` of a local dataset that stores them as they are in place (no
-        Parquet read of their pages but the checksum's: `Dataset.value_ranges`), the others through
+        Parquet read of their pages but the checksum's: `Dataset.value_pages`), the others through
         Parquet; ``()``: every field through Parquet (a mixture's source decodes as it reads)."""
         self.direct = frozenset(n for n in names if self.dataset.stored_as_is(n))
         self.columns = [c for c in self.fields if c not in self.direct]
@@ -504,14 +505,26 @@ class RowGroupSource:
 
     def _in_place(self, late: tuple[Spill, int], row_group: int, name: str, rows: np.ndarray) -> np.ndarray:
         """Handles of the values at ``rows`` of a late field read in place: into the data file itself
-        (`Dataset.value_ranges`, its pages' checksums checked once per row group; nothing copied), or, for
-        a row group not stored as it is after all, into the spill, read through Parquet."""
+        (`Dataset.value_pages`; nothing copied), or, for a row group not stored as it is after all, into
+        the spill, read through Parquet.
+
+        The checksums of the pages are checked as the values are read for their batch (`PageChecks`,
+        by the spill's reader), each page once: a reader's first batch checks the pages of its
+        samples, not every page of every row group its window draws from. With ``on_error="skip"`` a
+        row group's pages are all checked here, at its first task: a row group is then readable or not
+        as a whole, whichever task meets it first (what the choice of rows in place of lost ones rests
+        on, `_lost`)."""
         spill, segment = late
         key = (row_group, name)
         with self._lock:
             found = self._ranges.get(key, False)
         if found is False:
-            found = self.dataset.value_ranges(row_group, name)
+            pages = self.dataset.value_pages(row_group, name)
+            found = None if pages is None else (*pages, self.dataset.page_checks(row_group, name, pages[1]))
+            if found is not None and self.on_error != "raise":
+                path, layout, _ = found
+                self.dataset.check_value_pages(row_group, name, path, layout, range(len(layout.crcs)))
+                found = (path, layout, None)
             with self._lock:
                 self._ranges[key] = found
                 while len(self._ranges) > IN_PLACE_KEPT:
@@ -519,11 +532,11 @@ class RowGroupSource:
         if found is None:  # read through Parquet, alone
             column = self.dataset.table_of(list(self.dataset.iter_row_group(row_group, [name])), [name])
             return spill.put(column.column(name), segment, rows=rows)
-        path, starts, lengths = found  # type: ignore[misc]
-        k = spill.external(path, segment)
+        path, layout, checks = found  # type: ignore[misc]  # (False replaced above)
+        k = spill.external(path, segment, checks)
         handles = np.empty((len(rows), 2), np.int64)
-        handles[:, 0] = (k << SEGMENT_BITS) + starts[rows]
-        handles[:, 1] = lengths[rows]
+        handles[:, 0] = (k << SEGMENT_BITS) + layout.starts[rows]
+        handles[:, 1] = layout.lengths[rows]
         return handles
 
     def _located(self, task: Task, e: CorruptDatasetError) -> CorruptDatasetError:

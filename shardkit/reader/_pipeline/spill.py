@@ -25,6 +25,7 @@ reads. `SpillReader` reads the same files by path, in another process (a transfo
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import shutil
 import tempfile
@@ -34,6 +35,7 @@ import weakref
 import numpy as np
 import pyarrow as pa
 
+from shardkit.dataset import PageChecks
 from shardkit.errors import ReaderError
 
 __all__ = ["Spill", "SpillReader", "handles_to_bytes"]
@@ -64,12 +66,17 @@ def _sweep(root: str) -> None:
                 shutil.rmtree(os.path.join(root, name), ignore_errors=True)
 
 
+def _pread(fd: int, length: int, at: int) -> bytes:
+    return os.pread(fd, length, at)
+
+
 class SpillReader:
     """Reads values of a spill by handle, from its files by path (in any process of the machine)."""
 
     def __init__(self, folder: str) -> None:
         self.folder = folder
         self._fds: dict[int, int] = {}
+        self._pages: dict[int, PageChecks] = {}  # an external segment's pages, checked as they are read
         self._lock = threading.Lock()
 
     def __getstate__(self) -> dict[str, str]:
@@ -83,15 +90,38 @@ class SpillReader:
             fd = self._fds.get(segment)
             if fd is None:
                 fd = self._fds[segment] = os.open(os.path.join(self.folder, f"{segment}.bin"), os.O_RDONLY)
+                pages = os.path.join(self.folder, f"{segment}.pages")
+                if segment not in self._pages and os.path.exists(pages):  # (another process's spill)
+                    self._pages[segment] = PageChecks.load(pages)
             return fd
+
+    def adopt(self, segment: int, pages: PageChecks) -> None:
+        """Check the values of external ``segment`` against ``pages`` (the spill's own reader: its
+        checks are shared with every window of the file, each page checked once)."""
+        with self._lock:
+            self._pages[segment] = pages
 
     def forget(self, segments: list[int] | None = None) -> None:
         """Close the files of ``segments`` (they are gone, or soon will be); None: every one."""
         with self._lock:
             for k in list(self._fds) if segments is None else segments:
                 fd = self._fds.pop(k, None)
+                self._pages.pop(k, None)
                 if fd is not None:
                     os.close(fd)
+
+    def _check(self, handles: np.ndarray) -> None:
+        """Check the pages that hold the values of ``handles`` in files read in place (`Spill.external`),
+        those not checked yet, before anything reads the values (`PageChecks.check`)."""
+        if not self._pages or not len(handles):
+            return
+        segments = handles[:, 0] >> SEGMENT_BITS
+        for k in np.unique(segments).tolist():
+            fd = self._fd(k)
+            pages = self._pages.get(k)
+            if pages is not None:
+                mine = handles[(segments == k) & (handles[:, 1] >= 0)]
+                pages.check(functools.partial(_pread, fd), mine[:, 0] & ((1 << SEGMENT_BITS) - 1))
 
     def close(self) -> None:
         self.forget()
@@ -99,7 +129,9 @@ class SpillReader:
     def read(self, handles: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """The values of ``handles`` ((n, 2) int64): ``(data, starts, ends)``, value ``i`` being
         ``data[starts[i]:ends[i]]`` (one buffer for all; a null's range is empty, ``ends[i] == -1`` marks
-        it). Values that lie one after another in a segment are read with one ``pread``."""
+        it). Values that lie one after another in a segment are read with one ``pread``; those of a file
+        read in place, after the checksums of their pages (`_check`)."""
+        self._check(handles)
         n = len(handles)
         lengths = np.maximum(handles[:, 1], 0) if n else np.zeros(0, np.int64)
         starts = np.zeros(n, np.int64)
@@ -142,7 +174,7 @@ class Spill:
         self._segment = 0
         self._fds: dict[int, int] = {}
         self._sizes: dict[int, int] = {}
-        self._external: dict[tuple[int, str], int] = {}
+        self._external: dict[tuple[int, str, tuple[str, str] | None], int] = {}
         self._window: dict[int, int] = {}  # segment -> the window (its first segment) it belongs to
         self.bytes_written = 0
         self.reader = SpillReader(self.folder)
@@ -166,15 +198,21 @@ class Spill:
             self._open(self._segment)
             return self._segment
 
-    def external(self, path: str, window: int) -> int:
+    def external(self, path: str, window: int, pages: PageChecks | None = None) -> int:
         """A segment that is the file ``path`` itself (a local Parquet file whose values are stored as they
         are: handles point into it, nothing is copied), for the window of segment ``window``; one per
-        window and file, let go of with the window's segments."""
+        window and file (and column chunk, given ``pages``), let go of with the window's segments.
+        ``pages``: the checks of the column chunk's pages, made as its values are read (by this spill's
+        reader, or, from a copy saved beside the segment, by a transform worker's); None: none to make."""
+        key = (window, path, None if pages is None else (pages.where, pages.column))
         with self._lock:
-            k = self._external.get((window, path))
+            k = self._external.get(key)
             if k is None:
                 self._segment += 1
-                k = self._external[(window, path)] = self._segment
+                k = self._external[key] = self._segment
+                if pages is not None:
+                    pages.save(os.path.join(self.folder, f"{k}.pages"))
+                    self.reader.adopt(k, pages)
                 os.symlink(path, os.path.join(self.folder, f"{k}.bin"))
                 self._fds[k] = -1  # not written to
                 self._sizes[k] = 0
@@ -281,8 +319,9 @@ class Spill:
         for k, fd in zip(gone, fds, strict=True):
             if fd >= 0:
                 os.close(fd)
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(os.path.join(self.folder, f"{k}.bin"))
+            for suffix in (".bin", ".pages"):
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(os.path.join(self.folder, f"{k}{suffix}"))
 
     def close(self) -> None:
         """Delete every file (idempotent)."""
