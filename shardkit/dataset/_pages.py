@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import bisect
 import dataclasses
+import struct
 import zlib
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -43,6 +44,8 @@ def _fastest_crc32() -> Callable[..., int]:
 
 
 crc32 = _fastest_crc32()
+
+_U32 = struct.Struct("<I")  # a PLAIN BYTE_ARRAY value's length
 
 #: how a problem of `check_chunk` says that a page's bytes are not those its checksum was made of
 MISMATCH = "does not match its checksum"
@@ -196,9 +199,10 @@ def plain_layout(data: bytes | memoryview, offset: int) -> PlainLayout | None:
     view = memoryview(data)
     starts: list[int] = []
     lengths: list[int] = []
-    page_of: list[int] = []
+    counts: list[int] = []  # values per page
     bodies: list[tuple[int, int]] = []
     crcs: list[int] = []
+    length_at = _U32.unpack_from
     at = 0
     while at < len(view):
         reader = _Compact(view, at)
@@ -209,24 +213,24 @@ def plain_layout(data: bytes | memoryview, offset: int) -> PlainLayout | None:
         body, end = reader.at, reader.at + size
         if kind not in (0, 3) or end > len(view):  # data pages (v1, v2) only
             return None
-        page = len(bodies)
         bodies.append((offset + body, offset + end))
         crcs.append(-1 if crc is None else crc & 0xFFFFFFFF)
-        p = body
-        while p < end:
-            if p + 4 > end:
-                return None
-            n = int.from_bytes(view[p : p + 4], "little")
-            starts.append(offset + p + 4)
-            lengths.append(n)
-            page_of.append(page)
-            p += 4 + n
+        p, before = body, len(starts)
+        try:
+            while p < end:
+                (n,) = length_at(view, p)
+                starts.append(p + 4)
+                lengths.append(n)
+                p += 4 + n
+        except struct.error:  # a length cut by the chunk's end
+            return None
         if p != end:  # a value runs past its page: not plain values
             return None
+        counts.append(len(starts) - before)
         at = end
-    return PlainLayout(np.asarray(starts, np.int64), np.asarray(lengths, np.int64),
-                       np.asarray(page_of, np.int64), np.asarray(bodies, np.int64).reshape(-1, 2),
-                       np.asarray(crcs, np.int64))
+    return PlainLayout(np.asarray(starts, np.int64) + offset, np.asarray(lengths, np.int64),
+                       np.repeat(np.arange(len(counts), dtype=np.int64), counts),
+                       np.asarray(bodies, np.int64).reshape(-1, 2), np.asarray(crcs, np.int64))
 
 
 def plain_values(data: bytes | memoryview, offset: int) -> tuple[np.ndarray, np.ndarray] | None:

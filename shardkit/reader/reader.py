@@ -429,7 +429,7 @@ class Reader:
             prepare = None
             if self._late:
                 if self._spill is None:
-                    self._spill = Spill()
+                    self._spill = Spill(shared=bool(self._processes))
                 prepare = LateDecode(self._late, self._spill.reader, self._raw,
                                      lazy=self.transform is not None)
             if self.transform is None and not self._processes and prepare is not None:
@@ -587,7 +587,7 @@ class Reader:
         if not self._late or placer is not None:
             return None
         if self._spill is None:
-            self._spill = Spill()
+            self._spill = Spill(shared=bool(self._processes))
         return (self._spill, self._spill.segment, tuple(self._late))
 
     def _finish_epoch(self) -> None:

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import mmap
 import os
 import shutil
 import tempfile
@@ -66,8 +67,8 @@ def _sweep(root: str) -> None:
                 shutil.rmtree(os.path.join(root, name), ignore_errors=True)
 
 
-def _pread(fd: int, length: int, at: int) -> bytes:
-    return os.pread(fd, length, at)
+def _piece(view: memoryview, length: int, at: int) -> memoryview:
+    return view[at : at + length]
 
 
 class SpillReader:
@@ -77,6 +78,7 @@ class SpillReader:
         self.folder = folder
         self._fds: dict[int, int] = {}
         self._pages: dict[int, PageChecks] = {}  # an external segment's pages, checked as they are read
+        self._maps: dict[int, tuple[mmap.mmap, memoryview]] = {}  # ... from a memory map of its file
         self._lock = threading.Lock()
 
     def __getstate__(self) -> dict[str, str]:
@@ -107,6 +109,11 @@ class SpillReader:
             for k in list(self._fds) if segments is None else segments:
                 fd = self._fds.pop(k, None)
                 self._pages.pop(k, None)
+                mapped = self._maps.pop(k, None)
+                if mapped is not None:
+                    with contextlib.suppress(BufferError):  # (a page still being checked: closed when done)
+                        mapped[1].release()
+                        mapped[0].close()
                 if fd is not None:
                     os.close(fd)
 
@@ -119,9 +126,15 @@ class SpillReader:
         for k in np.unique(segments).tolist():
             fd = self._fd(k)
             pages = self._pages.get(k)
-            if pages is not None:
-                mine = handles[(segments == k) & (handles[:, 1] >= 0)]
-                pages.check(functools.partial(_pread, fd), mine[:, 0] & ((1 << SEGMENT_BITS) - 1))
+            if pages is None:
+                continue
+            with self._lock:  # the checksums are taken over the file's memory map: no copy of a page
+                if k not in self._maps:
+                    mapped = mmap.mmap(fd, 0, access=mmap.ACCESS_READ)
+                    self._maps[k] = (mapped, memoryview(mapped))
+                view = self._maps[k][1]
+            mine = handles[(segments == k) & (handles[:, 1] >= 0)]
+            pages.check(functools.partial(_piece, view), mine[:, 0] & ((1 << SEGMENT_BITS) - 1))
 
     def close(self) -> None:
         self.forget()
@@ -161,8 +174,12 @@ class SpillReader:
 class Spill:
     """An append-only store of encoded values in local files, addressed by handles (module docstring)."""
 
-    def __init__(self, folder: str | None = None) -> None:
+    def __init__(self, folder: str | None = None, *, shared: bool = False) -> None:
+        """``folder``: where the spill's own folder is made (default: the temporary directory);
+        ``shared``: other processes read it too (transform workers): the checks of the pages of files
+        read in place are saved beside their segments for them (`external`)."""
         root = folder or tempfile.gettempdir()
+        self.shared = shared
         _sweep(root)
         try:
             self.folder = tempfile.mkdtemp(prefix=f"{_PREFIX}{os.getpid()}-", dir=root)
@@ -203,7 +220,8 @@ class Spill:
         are: handles point into it, nothing is copied), for the window of segment ``window``; one per
         window and file (and column chunk, given ``pages``), let go of with the window's segments.
         ``pages``: the checks of the column chunk's pages, made as its values are read (by this spill's
-        reader, or, from a copy saved beside the segment, by a transform worker's); None: none to make."""
+        reader, or, from a copy saved beside the segment when the spill is ``shared``, by a transform
+        worker's); None: none to make."""
         key = (window, path, None if pages is None else (pages.where, pages.column))
         with self._lock:
             k = self._external.get(key)
@@ -211,7 +229,8 @@ class Spill:
                 self._segment += 1
                 k = self._external[key] = self._segment
                 if pages is not None:
-                    pages.save(os.path.join(self.folder, f"{k}.pages"))
+                    if self.shared:
+                        pages.save(os.path.join(self.folder, f"{k}.pages"))
                     self.reader.adopt(k, pages)
                 os.symlink(path, os.path.join(self.folder, f"{k}.bin"))
                 self._fds[k] = -1  # not written to
