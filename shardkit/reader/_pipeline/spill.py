@@ -78,7 +78,6 @@ class SpillReader:
         self.folder = folder
         self._fds: dict[int, int] = {}
         self._pages: dict[int, PageChecks] = {}  # an external segment's pages, checked as they are read
-        self._maps: dict[int, tuple[mmap.mmap, memoryview]] = {}  # ... from a memory map of its file
         self._lock = threading.Lock()
 
     def __getstate__(self) -> dict[str, str]:
@@ -109,11 +108,6 @@ class SpillReader:
             for k in list(self._fds) if segments is None else segments:
                 fd = self._fds.pop(k, None)
                 self._pages.pop(k, None)
-                mapped = self._maps.pop(k, None)
-                if mapped is not None:
-                    with contextlib.suppress(BufferError):  # (a page still being checked: closed when done)
-                        mapped[1].release()
-                        mapped[0].close()
                 if fd is not None:
                     os.close(fd)
 
@@ -128,13 +122,11 @@ class SpillReader:
             pages = self._pages.get(k)
             if pages is None:
                 continue
-            with self._lock:  # the checksums are taken over the file's memory map: no copy of a page
-                if k not in self._maps:
-                    mapped = mmap.mmap(fd, 0, access=mmap.ACCESS_READ)
-                    self._maps[k] = (mapped, memoryview(mapped))
-                view = self._maps[k][1]
             mine = handles[(segments == k) & (handles[:, 1] >= 0)]
-            pages.check(functools.partial(_piece, view), mine[:, 0] & ((1 << SEGMENT_BITS) - 1))
+            # over a memory map of the file (no copy of a page), unmapped at once: pages a mapping keeps
+            # count in the process's memory (PSS) while they are mapped
+            with mmap.mmap(fd, 0, access=mmap.ACCESS_READ) as mapped, memoryview(mapped) as view:
+                pages.check(functools.partial(_piece, view), mine[:, 0] & ((1 << SEGMENT_BITS) - 1))
 
     def close(self) -> None:
         self.forget()
