@@ -189,7 +189,7 @@ def page_checksums(path: str | Path) -> tuple[int, int]:
 def writer_key() -> str:
     """A short hash of the format shardkit's writer gives these rows now (one chunk written to a scratch
     folder): per column its physical type, encodings, compression and statistics, plus the rows of each
-    row group, the stored schema, the default part-file size and whether pages carry checksums. Cached
+    row group, the stored schema, the default part-file size, the pages and whether they carry checksums. Cached
     datasets written by a different writer get another key."""
     parts = [str(inspect.signature(shardkit.write_dataset).parameters["file_size"].default)]
     with tempfile.TemporaryDirectory(prefix="shardkit-writer-key-") as tmp:
@@ -209,6 +209,7 @@ def writer_key() -> str:
             parts.append(str(len(ds.row_groups)))
             with_crc, pages = page_checksums(Path(tmp) / image)
             parts.append(f"page checksums: {'all' if with_crc == pages else 'some' if with_crc else 'none'}")
+            parts.append(f"pages: {pages}")  # how the writer cuts pages (`PAGE_BYTES`)
     return hashlib.sha256("\n".join(parts).encode()).hexdigest()[:8]
 
 
