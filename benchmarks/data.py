@@ -189,8 +189,8 @@ def page_checksums(path: str | Path) -> tuple[int, int]:
 def writer_key() -> str:
     """A short hash of the format shardkit's writer gives these rows now (one chunk written to a scratch
     folder): per column its physical type, encodings, compression and statistics, plus the rows of each
-    row group, the stored schema, the default part-file size, the pages and whether they carry checksums. Cached
-    datasets written by a different writer get another key."""
+    row group, the stored schema, the default part-file size, the pages and whether they carry checksums.
+    Cached datasets written by a different writer get another key."""
     parts = [str(inspect.signature(shardkit.write_dataset).parameters["file_size"].default)]
     with tempfile.TemporaryDirectory(prefix="shardkit-writer-key-") as tmp:
         for image in ("tensor", "png"):
