@@ -413,21 +413,12 @@ class Dataset:
             return None
         return path, layout
 
-    def check_value_pages(self, i: int, name: str, path: str, layout: _pages.PlainLayout,
-                          pages: Iterable[int]) -> None:
-        """Check the checksums of ``pages`` of `value_pages`' layout of column ``name`` in row group ``i``
-        (a mismatch: `CorruptDatasetError` naming the row group, the column and the page)."""
-        pages = list(pages)
-        if not pages:
-            return
-        start, end = int(layout.bodies[min(pages), 0]), int(layout.bodies[max(pages), 1])
+    def check_value_pages(self, i: int, path: str, checks: _pages.PageChecks, offsets: np.ndarray) -> int:
+        """Check the pages of row group ``i``'s local file ``path`` that hold the values at file ``offsets``
+        and that ``checks`` (`page_checks`) has not checked yet (a mismatch: `CorruptDatasetError` naming
+        the row group, the column and the page); returns how many were checked."""
         with self.mapped(i, path) as f:
-            try:
-                layout.check(_pages.ranges_of(f)(end - start, start), start, pages)
-            except _pages.PageError as e:
-                rg = self.row_groups[i]
-                raise _pages.checksum_error(f"row group {rg.index} of {self.location.join(rg.file)!r}",
-                                      f"column {name!r}: {e}") from e
+            return checks.check(_pages.ranges_of(f), offsets)
 
     def page_checks(self, i: int, name: str, layout: _pages.PlainLayout) -> _pages.PageChecks:
         """The checks of the pages of `value_pages`' layout of column ``name`` in row group ``i``, made as

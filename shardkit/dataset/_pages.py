@@ -30,7 +30,7 @@ from shardkit.errors import CorruptDatasetError
 
 __all__ = ["MISMATCH", "ChunkReport", "Page", "PageChecks", "PageError", "PlainLayout", "check_chunk",
            "check_row_group", "checksum_error", "chunk_range", "crc32", "first_page", "plain_layout",
-           "plain_values", "ranges_of", "walk_pages"]
+           "ranges_of", "walk_pages"]
 
 def _fastest_crc32() -> Callable[..., int]:
     """ISA-L's CRC-32 (``isal``, a dependency: much faster, with PCLMUL), else zlib's (as fast as
@@ -115,23 +115,13 @@ def walk_pages(data: bytes | memoryview, offset: int = 0) -> Iterator[Page]:
 @dataclasses.dataclass(frozen=True)
 class PlainLayout:
     """Where the values of a column chunk stored as they are lie in its file (`plain_layout`): value ``k``
-    is ``lengths[k]`` bytes at ``starts[k]``, in page ``page_of[k]``, whose stored bytes are
-    ``[bodies[p, 0], bodies[p, 1])`` with checksum ``crcs[p]`` (-1: the page carries none)."""
+    is ``lengths[k]`` bytes at ``starts[k]``; page ``p``'s stored bytes are ``[bodies[p, 0], bodies[p, 1])``
+    with checksum ``crcs[p]`` (-1: the page carries none)."""
 
     starts: np.ndarray
     lengths: np.ndarray
-    page_of: np.ndarray
     bodies: np.ndarray
     crcs: np.ndarray
-
-    def check(self, view: memoryview, offset: int, pages: Any) -> None:
-        """Check the checksums of ``pages`` (indices) against ``view``, the chunk's bytes starting at
-        ``offset`` in the file; a mismatch raises `PageError` with `MISMATCH` in its message."""
-        for p in pages:
-            crc = int(self.crcs[p])
-            body, end = int(self.bodies[p, 0]) - offset, int(self.bodies[p, 1]) - offset
-            if crc >= 0 and crc32(view[body:end]) != crc:
-                raise PageError(f"the page at byte {int(self.bodies[p, 0])} {MISMATCH}")
 
 
 def checksum_error(where: str, detail: str) -> CorruptDatasetError:
@@ -193,13 +183,12 @@ def plain_layout(data: bytes | memoryview, offset: int) -> PlainLayout | None:
     """Where each value of a column chunk's bytes ``data`` (which start at ``offset`` in the file) lies:
     a flat BYTE_ARRAY column stored as it is (required, PLAIN, uncompressed, no dictionary), whose data
     pages hold nothing but ``u32 length | bytes`` per value. The pages' checksums are read, not checked
-    (`PlainLayout.check` checks the pages a lookup reads). None when the pages are not laid out so (a
+    (`PageChecks` checks the pages a lookup reads). None when the pages are not laid out so (a
     dictionary page, levels, another encoding): the values must then be read through Parquet.
     """
     view = memoryview(data)
     starts: list[int] = []
     lengths: list[int] = []
-    counts: list[int] = []  # values per page
     bodies: list[tuple[int, int]] = []
     crcs: list[int] = []
     length_at = _U32.unpack_from
@@ -215,7 +204,7 @@ def plain_layout(data: bytes | memoryview, offset: int) -> PlainLayout | None:
             return None
         bodies.append((offset + body, offset + end))
         crcs.append(-1 if crc is None else crc & 0xFFFFFFFF)
-        p, before = body, len(starts)
+        p = body
         try:
             while p < end:
                 (n,) = length_at(view, p)
@@ -226,21 +215,9 @@ def plain_layout(data: bytes | memoryview, offset: int) -> PlainLayout | None:
             return None
         if p != end:  # a value runs past its page: not plain values
             return None
-        counts.append(len(starts) - before)
         at = end
     return PlainLayout(np.asarray(starts, np.int64) + offset, np.asarray(lengths, np.int64),
-                       np.repeat(np.arange(len(counts), dtype=np.int64), counts),
                        np.asarray(bodies, np.int64).reshape(-1, 2), np.asarray(crcs, np.int64))
-
-
-def plain_values(data: bytes | memoryview, offset: int) -> tuple[np.ndarray, np.ndarray] | None:
-    """`plain_layout`'s value starts and lengths, every page's checksum checked (a mismatch raises
-    `PageError` with `MISMATCH` in its message); None when the values are not stored as they are."""
-    layout = plain_layout(data, offset)
-    if layout is None:
-        return None
-    layout.check(memoryview(data), offset, range(len(layout.crcs)))
-    return layout.starts, layout.lengths
 
 
 def first_page(read: Callable[[int, int], bytes], column: pq.ColumnChunkMetaData) -> Page:

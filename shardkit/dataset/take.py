@@ -205,26 +205,21 @@ class RowAccess:
                 self._layouts.move_to_end(key)
                 return self._layouts[key]
         pages = self.dataset.value_pages(g, name)
-        found = None if pages is None else (*pages, np.zeros(len(pages[1].crcs), dtype=bool))  # checked
+        found = None if pages is None else (*pages, self.dataset.page_checks(g, name, pages[1]))
         with self._lock:
             self._layouts[key] = found
             while len(self._layouts) > LAYOUTS_KEPT:
                 self._layouts.popitem(last=False)
         return found
 
-    def _values(self, g: int, name: str, found: tuple[str, Any, np.ndarray], wanted: np.ndarray,
+    def _values(self, g: int, name: str, found: tuple[str, Any, Any], wanted: np.ndarray,
                 kind: pa.DataType) -> pa.Array:
         """Values ``wanted`` of a column stored as it is (``found``: `_layout`'s), copied from its file's
         memory map into one Arrow binary array, after the checksums of their pages not checked before are
         checked (a page is checked once per `RowAccess`, as a reader checks a row group's once)."""
-        path, layout, checked = found
-        pages = np.unique(layout.page_of[wanted])
-        todo = pages[~checked[pages]]
-        if len(todo):
-            self.dataset.check_value_pages(g, name, path, layout, todo.tolist())
-            self.stats["pages_checked"] += len(todo)
-            checked[todo] = True
+        path, layout, checks = found
         starts, lengths = layout.starts[wanted], layout.lengths[wanted]
+        self.stats["pages_checked"] += self.dataset.check_value_pages(g, path, checks, starts)
         offsets = np.zeros(len(wanted) + 1, dtype=np.int64)
         np.cumsum(lengths, out=offsets[1:])
         data = np.empty(int(offsets[-1]), dtype=np.uint8)

@@ -397,7 +397,8 @@ def test_a_window_whose_file_segment_was_numbered_late_keeps_the_next_windows_se
         spill.close()
 
 
-def _one_image_a_page(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, damaged: int | None = None) -> str:
+def _one_image_a_page(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, damaged: int | None = None,
+                      row_group_size: int = N) -> str:
     """The 240 JPEGs written uncompressed (read in place) with a page per image, and the image of row
     ``damaged`` with a byte changed in the file (its page's checksum no longer matches)."""
     import shardkit.dataset.write as writing
@@ -406,12 +407,13 @@ def _one_image_a_page(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, damaged: 
     _, blobs = jpeg_dataset("jpeg", 240, "none")
     url = os.fspath(tmp_path / "paged")
     schema = Schema([Field("id", "int64"), Field("image", "uint8", (16, 16, 3), codec=ImageCodec("jpeg"))])
-    shardkit.write_dataset({"id": np.arange(N), "image": blobs}, url, schema=schema, row_group_size=N,
-                           compression="none", file_size=10**9)
+    shardkit.write_dataset({"id": np.arange(N), "image": blobs}, url, schema=schema,
+                           row_group_size=row_group_size, compression="none", file_size=10**9)
     if damaged is not None:
         ds = shardkit.open_dataset(url)
-        path, layout = ds.value_pages(0, "image")
-        assert len(layout.crcs) == N
+        path, layout = ds.value_pages(damaged // row_group_size, "image")
+        assert len(layout.crcs) == row_group_size
+        damaged %= row_group_size
         with open(path, "r+b") as f:
             at = int(layout.starts[damaged]) + len(blobs[damaged]) // 2
             f.seek(at)
@@ -469,3 +471,19 @@ def test_a_damaged_page_read_in_place_stops_the_read_before_its_image_is_decoded
         read()
     assert 100 not in seen
     assert len(seen) < N
+
+
+def test_with_on_error_skip_a_damaged_page_leaves_its_row_group_out_whole(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``on_error="skip"`` with the images read in place as their bytes: a row group's pages are all checked
+    at its first rows, so a damaged page leaves out the whole row group (the rows in place of lost ones
+    are chosen from whole row groups), whichever batch meets it first."""
+    url = _one_image_a_page(tmp_path, monkeypatch, damaged=100, row_group_size=60)
+    ids: list[int] = []
+    with shardkit.make_reader(url, batch_size=8, seed=4, decode=False, on_error="skip") as reader:
+        with pytest.warns(UserWarning, match=r"skipped 1 corrupt row group.*'image': the page at byte"):
+            ids.extend(i for b in reader for i in b["id"].tolist())
+        assert reader.stats["skipped_row_groups"] == 1
+        assert reader.shuffle_reach["late_fields"] == ["image"]  # read in place, late
+    assert not set(ids) & set(range(60, 120))
+    assert set(ids) == set(range(60)) | set(range(120, N))

@@ -521,10 +521,9 @@ class RowGroupSource:
         if found is False:
             pages = self.dataset.value_pages(row_group, name)
             found = None if pages is None else (*pages, self.dataset.page_checks(row_group, name, pages[1]))
-            if found is not None and self.on_error != "raise":
-                path, layout, _ = found
-                self.dataset.check_value_pages(row_group, name, path, layout, range(len(layout.crcs)))
-                found = (path, layout, None)
+            if found is not None and self.on_error != "raise":  # every page now (see above)
+                self.dataset.check_value_pages(row_group, found[0], found[2], found[1].bodies[:, 0])
+                found = (found[0], found[1], None)
             with self._lock:
                 self._ranges[key] = found
                 while len(self._ranges) > IN_PLACE_KEPT:
