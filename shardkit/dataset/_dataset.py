@@ -395,8 +395,8 @@ class Dataset:
         return None
 
     def value_pages(self, i: int, name: str) -> tuple[str, _pages.PlainLayout] | None:
-        """A local file's path, and where each value of column ``name`` in row group ``i`` lies in it, with
-        its page and the page's checksum (`_pages.PlainLayout`), for a column stored as it is
+        """A local file's path, and where each value of column ``name`` in row group ``i`` lies in it, and
+        each page with its checksum (`_pages.PlainLayout`), for a column stored as it is
         (`stored_as_is`); nothing is checked yet: `check_value_pages` checks the pages read. None when the
         values cannot be read in place: they are read through Parquet then."""
         if not self.location.is_local or self.kept.get(i) is not None or self.casts:

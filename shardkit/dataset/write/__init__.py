@@ -134,8 +134,8 @@ PAGE_CHECKSUMS = True
 #: The bytes a data page holds, about: pyarrow's default (``data_page_size``). pyarrow ends a page only
 #: between its write batches (1,024 rows by default), so a column of large values (images, tensors in the
 #: bytes layout) would get pages of 1,024 values, tens of MB each; `PartWriter` writes batches of as many
-#: rows as fill a page of the widest column. A page is what a lookup reads and checks (`Dataset.take`,
-#: an image read in place), and what a reader checks before its first batch: small ones keep both short.
+#: rows as fill a page of the widest column. A page is what a lookup (`Dataset.take`) or a batch of images
+#: read in place reads and checks: small ones keep a lookup and a first batch short.
 PAGE_BYTES = 1 << 20
 
 
