@@ -145,11 +145,10 @@ class PageChecks:
     column: str
     bodies: np.ndarray
     crcs: np.ndarray
-    checked: np.ndarray = dataclasses.field(default=None)  # type: ignore[arg-type]  # (None: none checked)
+    checked: np.ndarray = dataclasses.field(init=False, repr=False)  # which pages passed
 
     def __post_init__(self) -> None:
-        if self.checked is None:
-            self.checked = np.zeros(len(self.crcs), dtype=bool)
+        self.checked = np.zeros(len(self.crcs), dtype=bool)
 
     def check(self, read: Callable[[int, int], Any], offsets: np.ndarray) -> int:
         """Check the pages that hold the values at file ``offsets`` and are not checked yet; ``read(length,
