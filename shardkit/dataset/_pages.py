@@ -397,10 +397,15 @@ class ChecksumSink:
     moved by the bytes added before each (`_moved_footer`): the file is byte for byte the one pyarrow
     writes with ``write_page_checksum=True``. `metadata` is its footer, once closed.
 
+    A page index (``write_page_index=True``: each column chunk's column index and offset index, which
+    pyarrow writes between the last page and the footer) is moved too: its offset index gets each page's
+    offset and size with the checksum in (`_moved_index`), and the footer the index's new place.
+
     Anything written that is not laid out so (a file not starting with its magic, a page running into the
-    next write; at `close`, a file ending inside a page, or more than a footer after the last page: a page
-    index, a bloom filter) raises `PageError`, naming it: a file is never finished with sizes that do not
-    add up. The caller (`shardkit.dataset.write.PartWriter`) asks pyarrow for neither.
+    next write; at `close`, a file ending inside a page, or bytes after the last page that are neither the
+    page index nor the footer: a bloom filter) raises `PageError`, naming it: a file is never finished
+    with sizes that do not add up. The caller (`shardkit.dataset.write.PartWriter`) asks for no bloom
+    filter.
     """
 
     def __init__(self, raw: Any) -> None:
@@ -478,11 +483,11 @@ class ChecksumSink:
             if self._footer is not None:
                 tail = b"".join(self._footer)
                 size = int.from_bytes(tail[-8:-4], "little")
-                if tail[-4:] != b"PAR1" or size != len(tail) - 8:
-                    raise PageError(f"the {len(tail) - 8} bytes after the last page are not a Parquet footer "
-                                    "alone (a page index or a bloom filter?): their offsets cannot be moved")
-                footer = self._moved_footer(tail[:-8])
-                ending = footer + len(footer).to_bytes(4, "little") + b"PAR1"
+                if tail[-4:] != b"PAR1" or size > len(tail) - 8:
+                    raise PageError(f"the {len(tail) - 8} bytes after the last page do not end in a Parquet "
+                                    "footer: their offsets cannot be moved")
+                index, footer = self._moved_footer(tail[:-8 - size], tail[-8 - size:-8])
+                ending = index + footer + len(footer).to_bytes(4, "little") + b"PAR1"
                 self.raw.write(ending)
                 import pyarrow as pa
 
@@ -494,12 +499,13 @@ class ChecksumSink:
         """Where a logical offset (a page's start, or the end of the last page) is in the file written."""
         return offset + self.added[bisect.bisect_left(self.starts, offset)]
 
-    def _moved_footer(self, footer: bytes) -> bytes:
-        """FileMetaData with every offset moved (`_moved`) and every column chunk's and row group's size
-        grown by the bytes added to its page headers: the integers rewritten in place, every other
-        byte kept."""
+    def _moved_footer(self, index: bytes, footer: bytes) -> tuple[bytes, bytes]:
+        """The page index (``index``, written after the last page; empty without one) and FileMetaData
+        with every offset moved (`_moved`) and every column chunk's and row group's size grown by the
+        bytes added to its page headers: the integers rewritten in place, every other byte kept."""
         meta = _Thrift(footer, 0).struct(_FILE_META)  # type: ignore[arg-type]  # (bytes: indexed faster)
         new: list[tuple[tuple[int, int], int]] = []  # (where, value) of each integer changed
+        indexes: list[tuple[int, int, bool, dict[int, Any]]] = []  # (offset, length, offset index?, chunk)
         pages = 0
         for group in _field(meta, 4, default=(0, []))[1]:
             grown = 0
@@ -524,10 +530,11 @@ class ChecksumSink:
                 new += [(_at(column, k), _field(column, k) + more) for k in (6, 7)]
                 if _field(chunk, 2, default=0) > 0:
                     new.append((_at(chunk, 2), self._moved(_field(chunk, 2))))
-                if any(_field(chunk, k, default=None) is not None for k in (4, 6)) \
-                        or _field(column, 14, default=None) is not None:
-                    raise PageError("a column chunk with a page index or a bloom filter: its offsets "
-                                    "cannot be moved")
+                if _field(column, 14, default=None) is not None:
+                    raise PageError("a column chunk with a bloom filter: its offset cannot be moved")
+                for k, is_offsets in ((4, True), (6, False)):
+                    if _field(chunk, k, default=None) is not None:
+                        indexes.append((_field(chunk, k), _field(chunk, k + 1), is_offsets, chunk))
             new.append((_at(group, 2), _field(group, 2) + grown))
             if _field(group, 5, default=None) is not None:
                 new.append((_at(group, 5), self._moved(_field(group, 5))))
@@ -535,14 +542,55 @@ class ChecksumSink:
                 new.append((_at(group, 6), _field(group, 6) + grown))
         if pages != len(self.starts):
             raise PageError(f"{len(self.starts) - pages} pages written are in no column chunk of the footer")
-        out = bytearray()
-        done = 0
-        for (start, end), value in sorted(new):
-            out += footer[done:start]
-            _varint(out, (value << 1) ^ (value >> 63))  # (every field moved is an i64: zigzag)
-            done = end
-        out += footer[done:]
-        return bytes(out)
+        # the page index: column indexes (no offsets in them) and offset indexes, which must tile the bytes
+        # between the last page and the footer
+        moved_index = bytearray()
+        at, moved_at = self._footer_at, self._moved(self._footer_at)
+        for offset, length, is_offsets, chunk in sorted(indexes, key=lambda i: i[0]):
+            if offset != at or length < 0:
+                raise PageError(f"a page index at byte {offset} ({length} bytes) where the bytes after the "
+                                f"last page hold {'more' if offset > at else 'less'} (at byte {at}): "
+                                "its offsets cannot be moved")
+            piece = index[at - self._footer_at:at - self._footer_at + length]
+            if is_offsets:
+                piece = self._moved_index(piece)
+            k = 4 if is_offsets else 6
+            new += [(_at(chunk, k), moved_at + len(moved_index)), (_at(chunk, k + 1), len(piece))]
+            moved_index += piece
+            at += length
+        if at != self._footer_at + len(index):
+            raise PageError(f"{self._footer_at + len(index) - at} bytes after the last page are neither the "
+                            "page index nor the footer (a bloom filter?): their offsets cannot be moved")
+        return bytes(moved_index), _spliced(footer, new)
+
+    def _moved_index(self, piece: bytes) -> bytes:
+        """An offset index (``OffsetIndex``) with each page's offset moved and its size (header and
+        body) grown by the checksum put in its header."""
+        try:
+            where = _Thrift(piece, 0).struct(_OFFSET_INDEX)  # type: ignore[arg-type]
+        except (IndexError, ValueError) as e:
+            raise PageError(f"an offset index that is not one ({e})") from e
+        new: list[tuple[tuple[int, int], int]] = []
+        for location in _field(where, 1)[1]:
+            offset, size = _field(location, 1), _field(location, 2)
+            k = bisect.bisect_left(self.starts, offset)
+            if k == len(self.starts) or self.starts[k] != offset:
+                raise PageError(f"an offset index names a page at byte {offset}, where none was written")
+            new += [(_at(location, 1), self._moved(offset)),
+                    (_at(location, 2), self._moved(offset + size) - self._moved(offset))]
+        return _spliced(piece, new)
+
+
+def _spliced(buf: bytes, new: list[tuple[tuple[int, int], int]]) -> bytes:
+    """``buf`` with the (zigzag varint) integers at ``(start, end)`` replaced by their new values."""
+    out = bytearray()
+    done = 0
+    for (start, end), value in sorted(new):
+        out += buf[done:start]
+        _varint(out, (value << 1) ^ (value >> 63))  # (i32 and i64 alike: zigzag, never negative here)
+        done = end
+    out += buf[done:]
+    return bytes(out)
 
 
 def _header_fields(header: bytes) -> tuple[int, int] | None:
@@ -629,9 +677,12 @@ def _at(struct: dict[int, Any], fid: int) -> tuple[int, int]:
 #: The fields of a footer (``FileMetaData``) that `ChecksumSink` moves, by struct: field id -> the spec of
 #: the struct it holds (of a list's elements), or None for an integer. Every other field is skipped.
 _COLUMN_META: dict[int, Any] = {6: None, 7: None, 9: None, 10: None, 11: None, 14: None}
-_COLUMN_CHUNK: dict[int, Any] = {2: None, 3: _COLUMN_META, 4: None, 6: None}
+_COLUMN_CHUNK: dict[int, Any] = {2: None, 3: _COLUMN_META, 4: None, 5: None, 6: None, 7: None}
 _ROW_GROUP: dict[int, Any] = {1: _COLUMN_CHUNK, 2: None, 5: None, 6: None}
 _FILE_META: dict[int, Any] = {4: _ROW_GROUP}
+#: an ``OffsetIndex``'s page locations: offset, compressed_page_size (with the header), first_row_index
+_PAGE_LOCATION: dict[int, Any] = {1: None, 2: None, 3: None}
+_OFFSET_INDEX: dict[int, Any] = {1: _PAGE_LOCATION}
 
 
 class _Thrift(_Compact):

@@ -22,7 +22,17 @@ from hypothesis import strategies as st
 
 import shardkit
 import shardkit.dataset.write as writer
-from shardkit.dataset._pages import ChecksumSink, PageError, _Compact, check_chunk, chunk_range, walk_pages
+from shardkit.dataset._pages import (
+    _FILE_META,
+    _OFFSET_INDEX,
+    ChecksumSink,
+    PageError,
+    _Compact,
+    _Thrift,
+    check_chunk,
+    chunk_range,
+    walk_pages,
+)
 from shardkit.dataset.verify import verify_dataset
 from shardkit.errors import CorruptDatasetError
 
@@ -71,7 +81,10 @@ def _both(table: pa.Table, row_group_size: int, **options: Any) -> tuple[bytes, 
     {"compression": "none", "data_page_size": 1_000},
     {"data_page_version": "2.0"},
     {"write_statistics": False, "use_dictionary": False},
-], ids=["defaults", "snappy", "zstd-dict", "small-pages", "v2-pages", "no-stats-no-dict"])
+    {"write_page_index": True, "compression": "zstd", "data_page_size": 1_000},
+    {"write_page_index": True, "data_page_version": "2.0", "write_statistics": ["i", "s"]},
+], ids=["defaults", "snappy", "zstd-dict", "small-pages", "v2-pages", "no-stats-no-dict", "page-index",
+        "page-index-v2-some-stats"])
 def test_the_sink_writes_the_bytes_pyarrow_writes_with_its_checksums(options: dict[str, Any]) -> None:
     theirs, ours, sink = _both(_table(10_000), 3_000, **options)
     assert ours == theirs
@@ -79,13 +92,17 @@ def test_the_sink_writes_the_bytes_pyarrow_writes_with_its_checksums(options: di
     assert sink.metadata.to_dict() == pq.read_metadata(io.BytesIO(theirs)).to_dict()
     read = pq.ParquetFile(io.BytesIO(ours), page_checksum_verification=True).read()
     assert read.equals(_table(10_000))
+    if options.get("write_page_index"):  # each page's place and size, its checksum in: where it was written
+        assert _offset_indexes(ours) == _data_pages(ours, sink.metadata)
 
 
 @settings(max_examples=25, deadline=None)
 @given(rows=st.integers(0, 3_000), group=st.integers(1, 2_000), page=st.sampled_from([64, 1_000, 1 << 20]),
-       seed=st.integers(0, 3))
-def test_any_table_and_page_size_gives_pyarrows_bytes(rows: int, group: int, page: int, seed: int) -> None:
-    theirs, ours, _ = _both(_table(rows, seed), group, data_page_size=page, compression="snappy")
+       seed=st.integers(0, 3), index=st.booleans())
+def test_any_table_and_page_size_gives_pyarrows_bytes(rows: int, group: int, page: int, seed: int,
+                                                      index: bool) -> None:
+    theirs, ours, _ = _both(_table(rows, seed), group, data_page_size=page, compression="snappy",
+                            write_page_index=index)
     assert ours == theirs
 
 
@@ -101,17 +118,45 @@ def test_a_column_of_nulls_with_a_dictionary_gives_pyarrows_bytes(kind: pa.DataT
 def test_what_the_sink_cannot_move_is_refused_not_written_wrong() -> None:
     table = _table(1_000)
     sink = ChecksumSink(_Kept())
-    with pq.ParquetWriter(sink, table.schema, write_page_checksum=False, write_page_index=True) as w:
+    with pq.ParquetWriter(sink, table.schema, write_page_checksum=False,
+                          bloom_filter_options={"i": {"ndv": 1_000, "fpp": 0.05}}) as w:
         w.write_table(table)
-    with pytest.raises(PageError, match="page index or a bloom filter"):
+    with pytest.raises(PageError, match="bloom filter"):
         sink.close()
     with pytest.raises(PageError, match="starts with its magic bytes"):
         ChecksumSink(_Kept()).write(b"NOPE")
     torn = ChecksumSink(_Kept())
     torn.write(b"PAR1")
     torn.write(b"\x15\x00\x15")  # a page header cut short: not a page, so taken for the footer
-    with pytest.raises(PageError, match="not a Parquet footer"):
+    with pytest.raises(PageError, match="do not end in a Parquet footer"):
         torn.close()
+
+
+def _offset_indexes(data: bytes) -> list[list[tuple[int, int]]]:
+    """Per column chunk, the (offset, size with its header) of each page its offset index names, read
+    back from the file ``data`` with the Thrift reader `ChecksumSink` uses (pyarrow does not give the
+    page index)."""
+    footer = data[-8 - int.from_bytes(data[-8:-4], "little"):-8]
+    found = []
+    for group in _Thrift(footer, 0).struct(_FILE_META)[4][0][1]:  # type: ignore[arg-type]
+        for chunk in group[1][0][1]:
+            at, length = chunk[4][0], chunk[5][0]
+            index = _Thrift(data[at:at + length], 0).struct(_OFFSET_INDEX)  # type: ignore[arg-type]
+            found.append([(loc[1][0], loc[2][0]) for loc in index[1][0][1]])
+    return found
+
+
+def _data_pages(data: bytes, meta: pq.FileMetaData) -> list[list[tuple[int, int]]]:
+    """Per column chunk, the (offset, size with its header) of each data page, found by walking them."""
+    found = []
+    for g in range(meta.num_row_groups):
+        for j in range(meta.num_columns):
+            start, length = chunk_range(meta.row_group(g).column(j))
+            pages = list(walk_pages(data[start:start + length], start))
+            ends = [p.offset for p in pages[1:]] + [start + length]
+            found.append([(p.offset, end - p.offset) for p, end in zip(pages, ends, strict=True)
+                          if p.kind != "dictionary page"])
+    return found
 
 
 def _parts(ds: Path) -> list[Path]:

@@ -248,6 +248,7 @@ def first_step(job_dir: Path, attempt: int) -> bool:
     return any(len(lines) > 1 for (a, _), lines in records(job_dir).items() if a == attempt)
 
 
+@pytest.mark.full  # SHARDKIT_FULL=1 (tests/conftest.py): a minute or more each
 @pytest.mark.timeout(240)
 def test_a_partitioned_node_is_given_up_its_processes_end_and_the_group_resumes_on_the_node_left(
         tmp_path: Path, ids_dataset: str, net2: Network) -> None:
@@ -290,6 +291,7 @@ def test_a_partitioned_node_is_given_up_its_processes_end_and_the_group_resumes_
     assert (summary["status"], summary["restarts"]) == ("succeeded", 1), summary
 
 
+@pytest.mark.full  # SHARDKIT_FULL=1 (tests/conftest.py): a minute or more each
 @pytest.mark.timeout(200)
 def test_a_node_cut_off_while_the_job_starts_is_given_up_and_the_group_starts_on_the_node_left(
         tmp_path: Path, ids_dataset: str, net2: Network) -> None:
@@ -321,6 +323,7 @@ def test_a_node_cut_off_while_the_job_starts_is_given_up_and_the_group_starts_on
     assert effective_ids(job_dir)[0] == Counter(range(ROWS)), "every sample of the epoch exactly once"
 
 
+@pytest.mark.full  # SHARDKIT_FULL=1 (tests/conftest.py): a minute or more each
 @pytest.mark.timeout(150)
 def test_a_head_cut_off_mid_job_fails_the_job_naming_the_address_before_ray_ends_the_trainer(
         tmp_path: Path, ids_dataset: str, net2: Network) -> None:

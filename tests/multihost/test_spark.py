@@ -196,6 +196,7 @@ def test_a_lost_worker_host_restarts_the_stage_from_the_checkpoint_on_what_remai
     assert lost.name not in {host.name for host, _ in restarted.values()}
 
 
+@pytest.mark.full  # SHARDKIT_FULL=1 (tests/conftest.py): a minute or more each
 @pytest.mark.timeout(180)
 def test_too_few_workers_left_for_the_barrier_stage_is_an_error_naming_the_slots(
         net2: Network, tmp_path: Path, ids_dataset: str) -> None:
@@ -264,6 +265,7 @@ def job_processes(host: Host, job_dir: Path) -> list[str]:
                                                    "pyspark.worker"))
 
 
+@pytest.mark.full  # SHARDKIT_FULL=1 (tests/conftest.py): a minute or more each
 @pytest.mark.timeout(300)
 def test_a_partitioned_worker_host_is_given_up_its_processes_end_and_the_stage_resumes_on_the_others(
         net3: Network, tmp_path: Path, ids_dataset: str) -> None:
@@ -303,6 +305,7 @@ def test_a_partitioned_worker_host_is_given_up_its_processes_end_and_the_stage_r
     assert (world, start >= 4) == (2, True), attempts
 
 
+@pytest.mark.full  # SHARDKIT_FULL=1 (tests/conftest.py): a minute or more each
 @pytest.mark.timeout(240)
 def test_a_master_cut_off_mid_job_leaves_the_application_running_to_its_end(
         net3: Network, tmp_path: Path, ids_dataset: str) -> None:

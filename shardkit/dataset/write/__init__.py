@@ -151,7 +151,7 @@ class PartWriter:
         self._codecs: str | dict[str, str] | None = None if compression.lower() == "auto" else compression
         scalars = [f.name for f in schema if f.codec.name == "scalar"]
         self.options = {"use_dictionary": scalars + _small_int_leaves(schema), "write_statistics": scalars,
-                        "write_page_checksum": False}
+                        "write_page_checksum": False, "write_page_index": True}
         self.checksums = PAGE_CHECKSUMS
         self.pending: list[pa.Table] = []
         self.pending_rows = self.pending_bytes = 0
