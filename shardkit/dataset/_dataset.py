@@ -13,6 +13,7 @@ import contextlib
 import dataclasses
 import functools
 import hashlib
+import io
 import os
 import re
 import threading
@@ -85,6 +86,9 @@ class Dataset:
                                                        compare=False)
     #: columns of a plain Parquet dataset left out of the schema: name -> why, and the cast that helps
     left_out: dict[str, str] = dataclasses.field(default_factory=dict, repr=False, compare=False)
+    #: footers parsed for page reads (`page_footer`): file ("" for the summary) -> footer, leaf fields
+    _page_footers: OrderedDict[str, tuple[Any, list[str]]] = dataclasses.field(
+        default_factory=OrderedDict, init=False, repr=False, compare=False)
 
     @property
     def url(self) -> str:
@@ -514,6 +518,64 @@ class Dataset:
             arrays.append(column if column.type == target else self._cast_column(column, target, name, where))
         schema = pa.schema([self.arrow_schema.field(n) for n in wanted])
         return pa.RecordBatch.from_arrays(arrays, schema=schema)
+
+    def read_rows(self, i: int, columns: Sequence[str], wanted: np.ndarray) -> tuple[pa.Table, int] | None:
+        """Rows ``wanted`` (sorted, distinct positions) of row group ``i`` of ``columns``, reading only the
+        pages that hold them (Parquet's offset index), and how many pages that read; None where the file
+        has no page index, or the dataset is a table or read through hints (`_page_reads.read_rows`)."""
+        from shardkit.dataset._page_reads import read_rows
+
+        return read_rows(self, i, columns, wanted)
+
+    def page_footer(self, file: str) -> tuple[Any, list[str]]:
+        """``file``'s footer (the summary's, where there is one) parsed for page reads
+        (`_page_reads.Footer`), and the field each of its leaf columns belongs to; kept (LRU)."""
+        from shardkit.dataset._page_reads import Footer
+
+        key = "" if self.metadata is not None else file
+        with self._footer_lock:
+            found = self._page_footers.get(key)
+            if found is not None:
+                self._page_footers.move_to_end(key)
+                return found
+            metadata = self.metadata if self.metadata is not None else self._footers.get(file)
+        if metadata is None:
+            metadata = self.open_file(file).metadata
+        out = io.BytesIO()
+        metadata.write_metadata_file(out)  # (the footer's Thrift bytes again: PAR1, footer, length, PAR1)
+        leaves = [metadata.schema.column(j).path.split(".", 1)[0] for j in range(metadata.num_columns)]
+        found = (Footer.parse(out.getvalue()[4:-8]), leaves)
+        with self._footer_lock:
+            self._page_footers[key] = found
+            while len(self._page_footers) > FOOTERS_KEPT:
+                self._page_footers.popitem(last=False)
+        return found
+
+    def read_ranges(self, file: str, ranges: Sequence[tuple[int, int]]) -> list[bytes]:
+        """The bytes ``(start, end)`` of each of ``ranges`` of data file ``file``: from a local file's
+        memory map, from an object store in concurrent range requests (one per range). A request that
+        fails is named as a read's (`request_error`, `permission_error`)."""
+        path = self.location.join(file)
+        try:
+            if self.location.is_local:
+                with pa.memory_map(path) as f:
+                    return [f.read_at(end - start, start) for start, end in ranges]
+            got = self.location.fs.cat_ranges([path] * len(ranges), [s for s, _ in ranges],
+                                              [e for _, e in ranges])
+        except Exception as e:
+            if is_denied(e):
+                raise permission_error(self.location, path, e) from e
+            error = request_error(self.url, path, e)
+            if error is not None:
+                raise error from e
+            raise
+        for blob, (start, end) in zip(got, ranges, strict=True):
+            if isinstance(blob, BaseException):
+                error = request_error(self.url, path, blob)
+                raise (error or blob) from blob
+            if len(blob) > end - start:  # the whole file: the server ignored the range
+                raise no_ranges_error(self.url, path)
+        return list(got)
 
     def read_row_group(self, i: int, columns: Sequence[str] | None = None) -> pa.Table:
         """Read row group ``i`` of the index (Arrow, not decoded): a table of `SLICE_ROWS`-row chunks."""

@@ -687,8 +687,9 @@ _OFFSET_INDEX: dict[int, Any] = {1: _PAGE_LOCATION}
 
 class _Thrift(_Compact):
     """The fields of a Thrift struct (compact protocol) named in a spec: field id -> (value, where its
-    bytes lie), an integer as an int, a struct as such a dict, a list of structs as ``(type, [dicts])``;
-    every other field skipped (`_skip`)."""
+    bytes lie), an integer as an int, a struct as such a dict, a list of structs as ``(type, [dicts])``
+    (where: its list header and elements); every other field skipped (`_skip`). Key 0 (no field has that
+    id) holds ``(None, where)`` of the struct itself."""
 
     def struct(self, spec: dict[int, Any], depth: int = 0) -> dict[int, Any]:
         if depth > 16:
@@ -696,11 +697,13 @@ class _Thrift(_Compact):
         fields: dict[int, Any] = {}
         last = 0
         view = self.view
+        start = self.at
         while True:
             head = view[self.at]
             self.at += 1
             kind = head & 0x0F
             if kind == 0:
+                fields[0] = (None, (start, self.at))
                 return fields
             last = last + (head >> 4) if head >> 4 else self.zigzag()
             if last not in spec or kind in (1, 2):
@@ -711,11 +714,13 @@ class _Thrift(_Compact):
             elif kind == _STRUCT:
                 fields[last] = (self.struct(spec[last], depth + 1), None)
             elif kind == 9 and spec[last] is not None:
+                at = self.at
                 head = self.byte()
                 size = head >> 4 if head >> 4 != 15 else self.varint()
                 if head & 0x0F != _STRUCT:
                     raise PageError(f"a Parquet footer whose field {last} is not a list of structs")
-                fields[last] = ((_STRUCT, [self.struct(spec[last], depth + 1) for _ in range(size)]), None)
+                elements = [self.struct(spec[last], depth + 1) for _ in range(size)]
+                fields[last] = ((_STRUCT, elements), (at, self.at))
             else:
                 raise PageError(f"a Parquet footer whose field {last} is of Thrift type {kind}")
 

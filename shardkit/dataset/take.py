@@ -19,13 +19,15 @@ is decoded for its own row, not its row group's). `RowAccess` keeps the row grou
 decoded, up to ``cache_bytes``), so a map-style loader that asks for the rows of one row group one by
 one reads it once.
 
-Not yet (issue 40's later slices): reading only the pages of compressed or encoded columns that hold the
-rows (Parquet's offset index), range requests from an object store (a remote lookup reads its row
-group's column chunks whole), and reading through the reader's disk cache.
+Without kept row groups (``cache_bytes=0``: `take`), the other columns are read a page at a time:
+only the pages that hold the asked rows (Parquet's offset index, which shardkit's writer writes), from a
+local file or in range requests to an object store, checked and decoded (`Dataset.read_rows`). A file
+without a page index is read whole (noted once on the ``shardkit.dataset`` logger).
 """
 
 from __future__ import annotations
 
+import logging
 import threading
 from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
@@ -43,6 +45,8 @@ if TYPE_CHECKING:
 
 __all__ = ["CACHE_BYTES", "RowAccess", "check_columns", "encoded_schema", "raw_fields", "row_positions",
            "sample_of", "take"]
+
+_log = logging.getLogger("shardkit.dataset")
 
 #: Arrow bytes of row groups a `RowAccess` keeps (least recently used dropped first): enough for a few
 #: row groups of images, so that consecutive lookups in one row group read it once.
@@ -127,10 +131,12 @@ class RowAccess:
         #: the columns whose values are read in place, only the rows asked (images stored as they are)
         self.in_place = [c for c in self.columns if dataset.stored_as_is(c)]
         self._layouts: OrderedDict[tuple[int, str], Any] = OrderedDict()  # (g, column) -> layout or None
-        #: row groups read (of the columns not read in place), lookups of a row group answered from the
-        #: kept ones, values read in place and the pages whose checksums those reads checked
+        #: row groups read whole (of the columns not read in place), lookups of a row group answered from
+        #: the kept ones, values read in place and the pages whose checksums those reads checked, reads of
+        #: only the pages holding the rows (`Dataset.read_rows`) and the pages they read and checked
         self.stats = {"row_groups_read": 0, "row_groups_kept_hits": 0, "values_read_in_place": 0,
-                      "pages_checked": 0}
+                      "pages_checked": 0, "page_reads": 0, "pages_read": 0}
+        self._noted_whole = False
 
     def __len__(self) -> int:
         return int(self._ends[-1]) if len(self._ends) else 0
@@ -183,9 +189,9 @@ class RowAccess:
         layouts = {name: self._layout(g, name) for name in self.in_place}
         in_place = {name: found for name, found in layouts.items() if found is not None}
         if not in_place:
-            return self._row_group(g, self.columns).take(pa.array(wanted))
+            return self._others(g, self.columns, wanted)
         rest = [c for c in self.columns if c not in in_place]
-        others = self._row_group(g, rest).take(pa.array(wanted)) if rest else None
+        others = self._others(g, rest, wanted) if rest else None
         arrays, fields = [], []
         for name in self.columns:
             field = self.dataset.arrow_schema.field(name)
@@ -196,6 +202,25 @@ class RowAccess:
             fields.append(field)
         schema = pa.schema(fields, metadata=self.dataset.arrow_schema.metadata)
         return pa.Table.from_arrays(arrays, schema=schema)
+
+    def _others(self, g: int, columns: list[str], wanted: np.ndarray) -> pa.Table:
+        """Rows ``wanted`` of row group ``g``'s ``columns`` (not read in place): without kept row groups
+        (``cache_bytes=0``), only the pages that hold them (`Dataset.read_rows`); else, or where the file
+        has no page index, from the row group read whole (and kept)."""
+        if self.cache_bytes <= 0 and self.read is None:
+            found = self.dataset.read_rows(g, columns, wanted)
+            if found is not None:
+                table, pages = found
+                with self._lock:
+                    self.stats["page_reads"] += 1
+                    self.stats["pages_read"] += pages
+                return table
+            if not self._noted_whole:
+                self._noted_whole = True
+                _log.info("random access to %s reads whole column chunks: its files have no page index "
+                          "(Parquet's offset index, which shardkit's writer writes), or it is a table or "
+                          "read through schema= hints", self.dataset.url)
+        return self._row_group(g, columns).take(pa.array(wanted))
 
     def _layout(self, g: int, name: str) -> Any:
         """`Dataset.value_pages` of row group ``g``'s column ``name`` (kept for the next lookups)."""

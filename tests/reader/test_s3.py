@@ -144,6 +144,39 @@ def test_an_uncached_epoch_fetches_each_row_group_once(s3_server: S3Server, s3_b
     assert sum(end - start for start, end in data) <= file_bytes, (data, file_bytes)
 
 
+def test_a_lookup_fetches_only_the_pages_of_its_rows(s3_server: S3Server, s3_bucket: str) -> None:
+    """``take`` from a store: its row group's offset indexes (one range request), then the pages that
+    hold the rows (coalesced range requests), never the column chunks whole."""
+    from unittest import mock
+
+    import s3fs
+
+    import shardkit.dataset.write as write_module
+    from benchmarks.relay import Relay
+
+    url = f"s3://{s3_bucket}/ds"
+    frame = _frame(4000)
+    frame["features"] = list(np.random.default_rng(1).standard_normal((4000, 64)).astype(np.float32))
+    with mock.patch.object(write_module, "PAGE_BYTES", 4096):  # pages of ~4 KiB: many per column chunk
+        ds = shardkit.write_dataset(frame, url, storage_options=s3_server.storage_options,
+                                    row_group_size=2000)
+    fs = s3fs.S3FileSystem(**s3_server.storage_options)
+    file_bytes = sum(fs.size(f"{s3_bucket}/ds/{f}") for f in {rg.file for rg in ds.row_groups})
+    with Relay(s3_server.endpoint_url) as relay:
+        opts = {**s3_server.storage_options, "client_kwargs": {**s3_server.storage_options["client_kwargs"],
+                                                               "endpoint_url": relay.url}}
+        opened = shardkit.open_dataset(url, storage_options=opts)
+        before = len(relay.stats.ranges("/part-"))
+        got = opened.take([2345, 17])
+        data = relay.stats.ranges("/part-")[before:]
+    assert list(got["id"]) == [2345, 17]
+    assert list(got["text"]) == ["row 2345", "row 17"]
+    np.testing.assert_array_equal(np.stack(got["features"]), np.stack(frame["features"][[2345, 17]]))
+    fetched = sum(end - start for start, end in data)
+    assert fetched < file_bytes / 10, (data, file_bytes)
+    assert len(data) <= 8, data  # per row group: its offset indexes, then its pages (coalesced)
+
+
 def test_nothing_leaves_loopback(s3_bucket: str) -> None:
     import socket
 

@@ -1,0 +1,133 @@
+"""Lookups that read only the pages holding their rows (`Dataset.read_rows`, Parquet's offset index, which
+`write_dataset` writes): the rows of a full read, from a few pages of each column; a damaged page fails
+the lookups of its rows only, naming its column; files without a page index are read whole, once noted."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any
+from unittest import mock
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+import shardkit
+import shardkit.dataset.write as write_module
+from shardkit.dataset import RowAccess
+from shardkit.errors import CorruptDatasetError
+
+N = 6_000
+
+
+def _columns() -> dict[str, Any]:
+    rng = np.random.default_rng(7)
+    return {"id": np.arange(N), "label": rng.integers(0, 10, N),
+            "x": list(rng.standard_normal((N, 8)).astype("f4")),
+            "name": [f"name-{i % 97}" for i in range(N)],
+            "v": [rng.integers(0, 9, i % 6).astype(np.int16) for i in range(N)],
+            "maybe": [None if i % 5 == 0 else float(i) for i in range(N)]}
+
+
+@pytest.fixture(scope="module")
+def paged(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, dict[str, Any]]:
+    """A dataset of 2 row groups whose column chunks hold many pages each (pages of ~4 KiB)."""
+    url = str(tmp_path_factory.mktemp("paged") / "ds")
+    columns = _columns()
+    schema = [shardkit.Field("id", "int64"), shardkit.Field("label", "int64"),
+              shardkit.Field("x", "float32", (8,)), shardkit.Field("name", "str"),
+              shardkit.Field("v", "int16", (None,)), shardkit.Field("maybe", "float64", nullable=True)]
+    with mock.patch.object(write_module, "PAGE_BYTES", 4096):
+        shardkit.write_dataset(columns, url, schema=schema, row_group_size=N // 2, progress=False,
+                               compression="zstd")
+    return url, columns
+
+
+def _pages(url: str) -> int:
+    """The data and dictionary pages of every column chunk of the dataset's files."""
+    from shardkit.dataset._pages import chunk_range, walk_pages
+
+    total = 0
+    for part in sorted(Path(url).glob("part-*.parquet")):
+        data = part.read_bytes()
+        md = pq.read_metadata(part)
+        for g in range(md.num_row_groups):
+            for j in range(md.num_columns):
+                start, length = chunk_range(md.row_group(g).column(j))
+                total += sum(1 for _ in walk_pages(data[start:start + length], start))
+    return total
+
+
+def test_a_lookup_reads_only_the_pages_of_its_rows(paged: tuple[str, dict[str, Any]]) -> None:
+    url, columns = paged
+    ds = shardkit.open_dataset(url)
+    rows = RowAccess(ds, cache_bytes=0)
+    picked = [0, 2_999, 3_000, 4_321, N - 1, 17, 17]
+    got = rows.take(picked)
+    np.testing.assert_array_equal(got["id"], picked)
+    np.testing.assert_array_equal(got["label"], columns["label"][picked])
+    np.testing.assert_array_equal(np.stack(got["x"]), np.stack([columns["x"][i] for i in picked]))
+    assert list(got["name"]) == [columns["name"][i] for i in picked]
+    for value, i in zip(got["v"], picked, strict=True):
+        np.testing.assert_array_equal(value, columns["v"][i])
+    assert [None if np.ma.is_masked(m) else float(m) for m in got["maybe"]] == [columns["maybe"][i]
+                                                                                 for i in picked]
+    assert rows.stats["row_groups_read"] == 0
+    assert rows.stats["page_reads"] == 2  # one per row group
+    total = _pages(url)
+    assert total > 50, total
+    # 6 rows in 2 row groups: per column at most a page or two per row (and a dictionary page)
+    assert rows.stats["pages_read"] <= 6 * 6 * 2 + 2 * 6, (rows.stats, total)
+    one = RowAccess(ds, ["x"], cache_bytes=0)
+    np.testing.assert_array_equal(one.take([4_321])["x"][0], columns["x"][4_321])
+    assert one.stats["pages_read"] <= 2, one.stats
+
+
+def test_a_damaged_page_fails_only_the_lookups_of_its_rows(paged: tuple[str, dict[str, Any]],
+                                                            tmp_path: Path) -> None:
+    import shutil
+
+    from shardkit.dataset._pages import chunk_range, walk_pages
+
+    url = str(tmp_path / "ds")
+    shutil.copytree(paged[0], url)
+    part = sorted(Path(url).glob("part-*.parquet"))[0]
+    md = pq.read_metadata(part)
+    j = next(j for j in range(md.num_columns) if md.row_group(0).column(j).path_in_schema == "x")
+    start, length = chunk_range(md.row_group(0).column(j))
+    data = bytearray(part.read_bytes())
+    pages = [p for p in walk_pages(bytes(data[start:start + length]), start) if p.kind == "data page"]
+    assert len(pages) >= 3
+    damaged = pages[-1]
+    data[damaged.offset + damaged.size] ^= 0xFF  # a byte of its body (the header is shorter than its size)
+    part.write_bytes(bytes(data))
+    ds = shardkit.open_dataset(url)
+    assert int(ds.take([0], ["x", "id"])["id"][0]) == 0  # the first page: read, checked, fine
+    with pytest.raises(CorruptDatasetError, match=rf"column 'x': the page at byte {damaged.offset} "
+                                                  "does not match its checksum"):
+        ds.take([N // 2 - 1], ["id", "x"])
+
+
+def test_files_without_a_page_index_are_read_whole_once_noted(tmp_path: Path,
+                                                               caplog: pytest.LogCaptureFixture) -> None:
+    folder = tmp_path / "plain"
+    folder.mkdir()
+    table = pa.table({"id": np.arange(1_000), "y": np.arange(1_000) * 2.0})
+    pq.write_table(table, folder / "a.parquet", row_group_size=250, write_page_index=False)
+    shardkit.write_summary(str(folder))
+    ds = shardkit.open_dataset(str(folder))
+    rows = RowAccess(ds, cache_bytes=0)
+    with caplog.at_level(logging.INFO, logger="shardkit.dataset"):
+        np.testing.assert_array_equal(rows.take([3, 600, 999])["y"], [6.0, 1200.0, 1998.0])
+        rows.take([5])
+    assert (rows.stats["row_groups_read"], rows.stats["page_reads"]) == (4, 0)
+    notes = [r.getMessage() for r in caplog.records if "page index" in r.getMessage()]
+    assert len(notes) == 1, notes
+    assert "reads whole column chunks: its files have no page index" in notes[0]
+    pq.write_table(table, folder / "a.parquet", row_group_size=250, write_page_index=True)
+    shardkit.write_summary(str(folder))
+    indexed = RowAccess(shardkit.open_dataset(str(folder)), cache_bytes=0)  # pyarrow's own page index
+    np.testing.assert_array_equal(indexed.take([3, 600, 999])["y"], [6.0, 1200.0, 1998.0])
+    assert (indexed.stats["row_groups_read"], indexed.stats["page_reads"]) == (0, 3)
