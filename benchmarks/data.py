@@ -189,7 +189,8 @@ def page_checksums(path: str | Path) -> tuple[int, int]:
 def writer_key() -> str:
     """A short hash of the format shardkit's writer gives these rows now (one chunk written to a scratch
     folder): per column its physical type, encodings, compression and statistics, plus the rows of each
-    row group, the stored schema, the default part-file size, the pages and whether they carry checksums.
+    row group, the stored schema, the default part-file size, the pages, whether they carry checksums and
+    whether the chunks have a page index.
     Cached datasets written by a different writer get another key."""
     parts = [str(inspect.signature(shardkit.write_dataset).parameters["file_size"].default)]
     with tempfile.TemporaryDirectory(prefix="shardkit-writer-key-") as tmp:
@@ -205,7 +206,7 @@ def writer_key() -> str:
                 for j in range(rg.num_columns):
                     c = rg.column(j)
                     parts.append(f"{c.path_in_schema}:{c.physical_type}:{sorted(c.encodings)}:"
-                                 f"{c.compression}:{c.is_stats_set}")
+                                 f"{c.compression}:{c.is_stats_set}:page index {c.has_offset_index}")
             parts.append(str(len(ds.row_groups)))
             with_crc, pages = page_checksums(Path(tmp) / image)
             parts.append(f"page checksums: {'all' if with_crc == pages else 'some' if with_crc else 'none'}")
