@@ -159,8 +159,8 @@ def _reader_has(name: str) -> bool:
 
 def case_convert(system: str, store: str, out: str, n: int, size: int = 256) -> dict[str, Any]:
     """Write the JPEGs of ``store`` with `shardkit.write_dataset` (the bytes are the image field's values,
-    stored as they are), ``UNIT`` rows per row group; time it, then count the byte-identical images and
-    write ``out/layout.json`` (each id's storage position and row group)."""
+    stored as they are), ``UNIT`` rows per row group and a row group per file; time it, then count the
+    byte-identical images and write ``out/layout.json`` (each id's storage position and row group)."""
     import numpy as np
     import pyarrow as pa
     import pyarrow.parquet as pq
@@ -182,7 +182,10 @@ def case_convert(system: str, store: str, out: str, n: int, size: int = 256) -> 
 
     tick = os.sysconf("SC_CLK_TCK")
     cpu0, started = _cpu_ticks("self"), time.perf_counter()
-    shardkit.write_dataset(batches(), out, schema=schema, mode="overwrite", row_group_size=UNIT)
+    # a file per row group, as each LitData chunk and MDS shard is a file of its own: the same objects in
+    # the store (moto reads a whole object for each range request it answers)
+    shardkit.write_dataset(batches(), out, schema=schema, mode="overwrite", row_group_size=UNIT,
+                           file_size="32MiB")
     seconds = time.perf_counter() - started
     cpu = (_cpu_ticks("self") - cpu0) / tick
     position, unit = [0] * n, [0] * n

@@ -235,7 +235,7 @@ def images_datasets(systems: Sequence[str], n: int) -> tuple[dict[str, Path], Pa
     out: dict[str, Path] = {}
     for s in ["shardkit", *[p for p in ("mosaic", "litdata") if p in systems]]:
         path = images._dataset_path(s, n)
-        if not (path / "layout.json").exists() or (s == "shardkit" and not _has_page_index(path)):
+        if not (path / "layout.json").exists() or (s == "shardkit" and not _current(path)):
             images.convert(s, store, path, n)  # (shardkit's, written before its writer wrote page indexes)
         if s == "shardkit":
             out.update({k: path for k in systems if k in SHARDKIT})
@@ -258,10 +258,13 @@ def images_datasets(systems: Sequence[str], n: int) -> tuple[dict[str, Path], Pa
     return out, sk
 
 
-def _has_page_index(path: Path) -> bool:
-    """Whether shardkit's dataset at ``path`` has Parquet's page index (what lookups read pages by)."""
+def _current(path: Path) -> bool:
+    """Whether shardkit's images dataset at ``path`` is as `benchmarks.images.case_convert` writes it now:
+    Parquet's page index (what lookups read pages by), a row group per file."""
     md = pq.read_metadata(path / "_metadata")
-    return bool(md.num_row_groups) and bool(md.row_group(0).column(0).has_offset_index)
+    files = {md.row_group(g).column(0).file_path for g in range(md.num_row_groups)}
+    return bool(md.num_row_groups) and bool(md.row_group(0).column(0).has_offset_index) \
+        and len(files) == md.num_row_groups
 
 
 def _images_parquet(store: Path, out: Path, n: int, unit: int) -> None:

@@ -551,15 +551,20 @@ class Dataset:
                 self._page_footers.popitem(last=False)
         return found
 
-    def read_ranges(self, file: str, ranges: Sequence[tuple[int, int]]) -> list[bytes]:
-        """The bytes ``(start, end)`` of each of ``ranges`` of data file ``file``: from a local file's
-        memory map, from an object store in concurrent range requests (one per range). A request that
-        fails is named as a read's (`request_error`, `permission_error`)."""
+    def read_ranges(self, file: str, ranges: Sequence[tuple[int, int]]) -> list[Any]:
+        """The bytes ``(start, end)`` of each of ``ranges`` of data file ``file``: of a local file, views
+        of its memory map (no copy; unmapped once they are dropped); from an object store, concurrent
+        range requests (one per range). A request that fails is named as a read's (`request_error`,
+        `permission_error`)."""
         path = self.location.join(file)
         try:
             if self.location.is_local:
-                with pa.memory_map(path) as f:
-                    return [f.read_at(end - start, start) for start, end in ranges]
+                mapped = pa.memory_map(path)
+                out = []
+                for start, end in ranges:
+                    mapped.seek(start)
+                    out.append(mapped.read_buffer(end - start))
+                return out
             got = self.location.fs.cat_ranges([path] * len(ranges), [s for s, _ in ranges],
                                               [e for _, e in ranges])
         except Exception as e:

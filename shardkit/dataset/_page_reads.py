@@ -52,6 +52,13 @@ assert set(_FILE_META) == {4}  # (ChecksumSink's spec: what it moves is a part o
 #: data page: 5.1, of a version 2 data page: 8.1)
 _PAGE_HEADER = {1: None, 2: None, 3: None, 4: None, 5: {1: None}, 8: {1: None}}
 
+#: Bytes of a remote file's gaps between pages read in one request, at most, per byte of its pages read:
+#: fewer requests (the smallest gaps joined first), within the bytes the pages themselves take.
+SPARE = 0.5
+
+#: Rows decoded at a time (`shardkit.dataset._dataset.SLICE_ROWS`)
+SLICE_ROWS = 256
+
 #: Pages of a remote file whose ranges lie this close are read in one request (the bytes between are read
 #: and dropped): a request costs a round trip, 64 KiB a fraction of one.
 GAP = 64 << 10
@@ -106,7 +113,7 @@ class ChunkPages:
         return touched
 
 
-def chunk_pages(footer: Footer, g: int, j: int, index: bytes) -> ChunkPages:
+def chunk_pages(footer: Footer, g: int, j: int, index: bytes | memoryview) -> ChunkPages:
     """Row group ``g``'s column chunk ``j``: its offset index (the bytes ``index``) read, checked against
     the chunk's metadata."""
     chunk = _field(footer.group(g), 1)[1][j]
@@ -158,15 +165,31 @@ def selected_ranges(chunks: dict[int, ChunkPages], rows: np.ndarray) -> dict[int
     return out
 
 
-def coalesced(ranges: Sequence[tuple[int, int]], gap: int = GAP) -> list[tuple[int, int]]:
-    """``ranges`` merged where they overlap or lie within ``gap`` bytes, sorted: the requests to make."""
+def coalesced(ranges: Sequence[tuple[int, int]], gap: int = GAP, spare: float = 0.0) -> list[tuple[int, int]]:
+    """``ranges`` merged where they overlap or lie within ``gap`` bytes, sorted: the requests to make;
+    then, smallest first, more of the gaps between them, while the bytes read in gaps stay within
+    ``spare`` times the bytes of ``ranges`` (fewer requests, each a round trip, for a few more bytes)."""
     merged: list[list[int]] = []
     for start, end in sorted(ranges):
         if merged and start - merged[-1][1] <= gap:
             merged[-1][1] = max(merged[-1][1], end)
         else:
             merged.append([start, end])
-    return [(s, e) for s, e in merged]
+    budget = spare * sum(e - s for s, e in merged)
+    gaps = sorted((merged[k + 1][0] - merged[k][1], k) for k in range(len(merged) - 1))
+    joined = set()
+    for size, k in gaps:
+        if size > budget:
+            break
+        budget -= size
+        joined.add(k)
+    out: list[tuple[int, int]] = []
+    for k, (start, end) in enumerate(merged):
+        if k - 1 in joined:
+            out[-1] = (out[-1][0], end)
+        else:
+            out.append((start, end))
+    return out
 
 
 @dataclasses.dataclass
@@ -196,20 +219,22 @@ def check_page(page: bytes | memoryview) -> Read:
     return Read(values, _field(header, 2) + reader.at, ok)
 
 
-def mini_file(footer: Footer, g: int, pieces: dict[int, tuple[bytes, list[bytes], int, int]],
+def mini_file(footer: Footer, g: int, pieces: dict[int, tuple[Any, list[Any], int, int]],
               num_rows: int) -> bytes:
     """A Parquet file of row group ``g``'s pages ``pieces`` (column chunk j -> its dictionary page's bytes
     (b"" without one), its data pages' bytes, their values, their uncompressed bytes with headers), which
     hold ``num_rows`` rows: ``footer`` with row group ``g`` alone, whose chunks ``pieces`` lie where they
     are put here (the other chunks keep their offsets: they are not read)."""
-    body = bytearray(b"PAR1")
+    body: list[Any] = [b"PAR1"]  # (joined once at the end: pages are MBs)
+    at = 4
     placed: dict[int, tuple[int, int]] = {}
     for j, (dictionary, pages, _, _) in sorted(pieces.items()):
-        start = len(body)
-        body += dictionary
-        placed[j] = (start, len(body))
-        for page in pages:
-            body += page
+        start = at
+        body.append(dictionary)
+        at += len(dictionary)
+        placed[j] = (start, at)
+        body += pages
+        at += sum(len(p) for p in pages)
     ints: list[tuple[tuple[int, int], int]] = []
     group = footer.group(g)
     fields = footer.fields
@@ -219,7 +244,7 @@ def mini_file(footer: Footer, g: int, pieces: dict[int, tuple[bytes, list[bytes]
     if 5 in group:
         ints.append((_at(group, 5), 4))
     if 6 in group:
-        ints.append((_at(group, 6), len(body) - 4))
+        ints.append((_at(group, 6), at - 4))
     chunks = _field(group, 1)[1]
     for j, (start, data_at) in placed.items():
         chunk = chunks[j]
@@ -247,7 +272,7 @@ def mini_file(footer: Footer, g: int, pieces: dict[int, tuple[bytes, list[bytes]
         out += replacement
         done = end
     out += data[done:]
-    return bytes(body) + bytes(out) + len(out).to_bytes(4, "little") + b"PAR1"
+    return b"".join([*body, out, len(out).to_bytes(4, "little"), b"PAR1"])
 
 
 def _zigzag(value: int) -> bytes:
@@ -288,12 +313,23 @@ def read_rows(ds: Dataset, i: int, columns: Sequence[str], wanted: np.ndarray) -
         indexes = {j: blobs[0] for j, blobs in _read(ds, rg.file, ranges).items()}
         chunks = {j: chunk_pages(footer, g, j, index) for j, index in indexes.items()}
         selected: dict[str, tuple[np.ndarray, dict[int, list[tuple[int, int]]]]] = {}
+        whole = []  # fields whose every page holds an asked row: read as a row group is (no copy)
         for name, js in by_field.items():
             rows = covered_rows([chunks[j] for j in js], rg.num_rows, wanted)
-            selected[name] = (rows, selected_ranges({j: chunks[j] for j in js}, rows))
+            if rows.all():
+                whole.append(name)
+            else:
+                selected[name] = (rows, selected_ranges({j: chunks[j] for j in js}, rows))
         # every field's pages in one go (coalesced requests, concurrent on an object store)
         got = _read(ds, rg.file, {j: r for _, ranges in selected.values() for j, r in ranges.items()})
-        arrays, pages_read = [], 0
+        arrays: dict[str, pa.Array] = {}
+        pages_read = 0
+        if whole:
+            table = ds.read_row_group(i, whole)
+            taken = table.take(pa.array(wanted))
+            arrays.update((name, taken.column(name).combine_chunks()) for name in whole)
+            pages_read += sum(len(chunks[j].starts) + (chunks[j].dictionary is not None)
+                              for name in whole for j in by_field[name])
         for name, (rows, ranges) in selected.items():
             pieces = {}
             for j, blobs in ((j, got[j]) for j in ranges):
@@ -303,13 +339,16 @@ def read_rows(ds: Dataset, i: int, columns: Sequence[str], wanted: np.ndarray) -
                         raise _pages.checksum_error(
                             where, f"column {name!r}: the page at byte {start} {_pages.MISMATCH}")
                 pages_read += len(blobs)
-                dictionary = blobs[0] if chunks[j].dictionary is not None else b""
-                data = blobs[1:] if dictionary else blobs
+                dictionary: Any = blobs[0] if chunks[j].dictionary is not None else b""
+                data = blobs[1:] if chunks[j].dictionary is not None else blobs
                 pieces[j] = (dictionary, data, sum(r.values for r in checked),
                              sum(r.uncompressed for r in checked))
             mini = mini_file(footer, g, pieces, int(rows.sum()))
-            column = pq.ParquetFile(pa.BufferReader(mini)).read_row_group(0, columns=[name]).column(0)
-            arrays.append(column.take(pa.array(np.cumsum(rows)[wanted] - 1)).combine_chunks())
+            # (in slices, as a row group is read: the scratch buffers of a slice stay in the CPU caches)
+            slices = pq.ParquetFile(pa.BufferReader(mini)).iter_batches(batch_size=SLICE_ROWS, columns=[name],
+                                                                         use_threads=False)
+            column = pa.chunked_array([b.column(0) for b in slices], ds.arrow_schema.field(name).type)
+            arrays[name] = column.take(pa.array(np.cumsum(rows)[wanted] - 1)).combine_chunks()
     except PageError as e:
         if (changed := ds.changed(rg.file)) is not None:
             raise changed from e
@@ -323,25 +362,27 @@ def read_rows(ds: Dataset, i: int, columns: Sequence[str], wanted: np.ndarray) -
         raise CorruptDatasetError(f"{where} cannot be read ({one_line(e)}); the file is truncated or "
                                   "corrupt: rewrite the dataset, or read with on_error='skip'") from e
     schema = pa.schema([ds.arrow_schema.field(n) for n in columns], metadata=ds.arrow_schema.metadata)
-    return pa.Table.from_arrays(arrays, schema=schema), pages_read
+    return pa.Table.from_arrays([arrays[n] for n in columns], schema=schema), pages_read
 
 
-def _read(ds: Dataset, file: str, ranges: dict[int, list[tuple[int, int]]]) -> dict[int, list[bytes]]:
+def _read(ds: Dataset, file: str, ranges: dict[int, list[tuple[int, int]]]) -> dict[int, list[memoryview]]:
     """The bytes of each of ``ranges`` (per key, a list of (start, end)) of ``file``, read in `coalesced`
-    requests (`Dataset.read_ranges`)."""
+    requests (`Dataset.read_ranges`): views of what the requests read, not copies."""
     wanted = [r for rs in ranges.values() for r in rs]
-    requests = coalesced(wanted, 0 if ds.location.is_local else GAP)  # (a memory map: no request to save)
+    # (a memory map: no request to save; a store: fewer requests for at most half as many bytes more)
+    requests = coalesced(wanted, 0, 0.0) if ds.location.is_local else coalesced(wanted, GAP, SPARE)
     blobs = ds.read_ranges(file, requests)
     starts = [s for s, _ in requests]
-    out: dict[int, list[bytes]] = {}
+    views = [memoryview(blob).cast("B") for blob in blobs]  # (a pa.Buffer's items are signed chars)
+    out: dict[int, list[memoryview]] = {}
     for key, rs in ranges.items():
         pieces = []
         for start, end in rs:
             k = bisect.bisect_right(starts, start) - 1
             at = start - starts[k]
-            piece = blobs[k][at:at + end - start]
+            piece = views[k][at:at + end - start]
             if len(piece) != end - start:
                 raise PageError(f"bytes {start}-{end} of {file!r} are past its end")
-            pieces.append(bytes(piece))
+            pieces.append(piece)
         out[key] = pieces
     return out

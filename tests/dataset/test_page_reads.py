@@ -4,6 +4,7 @@ the lookups of its rows only, naming its column; files without a page index are 
 
 from __future__ import annotations
 
+import itertools
 import logging
 from pathlib import Path
 from typing import Any
@@ -13,6 +14,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import shardkit
 import shardkit.dataset.write as write_module
@@ -131,3 +134,26 @@ def test_files_without_a_page_index_are_read_whole_once_noted(tmp_path: Path,
     indexed = RowAccess(shardkit.open_dataset(str(folder)), cache_bytes=0)  # pyarrow's own page index
     np.testing.assert_array_equal(indexed.take([3, 600, 999])["y"], [6.0, 1200.0, 1998.0])
     assert (indexed.stats["row_groups_read"], indexed.stats["page_reads"]) == (0, 3)
+
+
+@settings(max_examples=200, deadline=None)
+@given(spans=st.lists(st.tuples(st.integers(0, 10_000), st.integers(1, 500)), max_size=30),
+       gap=st.sampled_from([0, 64, 4096]), spare=st.sampled_from([0.0, 0.5, 2.0]))
+def test_coalesced_requests_cover_every_range_once_within_the_bytes_allowed(
+        spans: list[tuple[int, int]], gap: int, spare: float) -> None:
+    from shardkit.dataset._page_reads import coalesced
+
+    ranges = [(start, start + length) for start, length in spans]
+    requests = coalesced(ranges, gap, spare)
+    assert requests == sorted(requests)
+    assert all(s < e for s, e in requests)
+    assert all(a[1] < b[0] for a, b in itertools.pairwise(requests))  # disjoint, apart
+    for start, end in ranges:
+        assert sum(1 for s, e in requests if s <= start and end <= e) == 1
+    covered = np.zeros(10_600, dtype=bool)
+    for start, end in ranges:
+        covered[start:end] = True
+    wanted = int(covered.sum())
+    gaps_within = sum(e - s for s, e in coalesced(ranges, gap, 0.0)) - wanted  # merged for the gap alone
+    assert sum(e - s for s, e in requests) <= wanted + gaps_within + spare * (wanted + gaps_within)
+    assert len(requests) <= len(coalesced(ranges, gap, 0.0))
