@@ -7,9 +7,11 @@ pyarrow as a small Parquet file of their own (`mini_file`): the file's footer wi
 its column chunks moved onto those pages and its row count set to the rows they hold. pyarrow decodes
 those pages only, whatever their codec and encoding.
 
-The columns' pages do not start at the same rows, and a Parquet row group's columns hold as many rows
-each: the rows read are the pages' rows, grown until every column's pages hold the same rows
-(`covered_rows`). A lookup of one row reads one page per column (or two, where pages straddle).
+Each field is read from a file of its own pages, so that its pages need not start at the rows of another
+field's. The leaves of one field (a list's values, a struct's members) must hold as many rows each: the
+rows read are their pages' rows, grown until every leaf's pages hold the same rows (`covered_rows`). A
+lookup of one row reads a page of each leaf (and the dictionary page where there is one). A field whose
+every page holds an asked row is read as a row group is (`Dataset.read_row_group`): no copy to save.
 """
 
 from __future__ import annotations
@@ -24,8 +26,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from shardkit.dataset import _pages
+from shardkit.dataset._dataset import SLICE_ROWS
 from shardkit.dataset._pages import (
-    _FILE_META,
     _OFFSET_INDEX,
     PageError,
     _at,
@@ -46,7 +48,6 @@ _COLUMN_META = {5: None, 6: None, 7: None, 9: None, 10: None, 11: None}
 _COLUMN_CHUNK = {2: None, 3: _COLUMN_META, 4: None, 5: None}
 _ROW_GROUP = {1: _COLUMN_CHUNK, 3: None, 5: None, 6: None}
 _FOOTER = {3: None, 4: _ROW_GROUP}
-assert set(_FILE_META) == {4}  # (ChecksumSink's spec: what it moves is a part of this one)
 
 #: A page header's type (1), sizes (2: uncompressed, 3: compressed), checksum (4) and value count (of a
 #: data page: 5.1, of a version 2 data page: 8.1)
@@ -55,9 +56,6 @@ _PAGE_HEADER = {1: None, 2: None, 3: None, 4: None, 5: {1: None}, 8: {1: None}}
 #: Bytes of a remote file's gaps between pages read in one request, at most, per byte of its pages read:
 #: fewer requests (the smallest gaps joined first), within the bytes the pages themselves take.
 SPARE = 0.5
-
-#: Rows decoded at a time (`shardkit.dataset._dataset.SLICE_ROWS`)
-SLICE_ROWS = 256
 
 #: Pages of a remote file whose ranges lie this close are read in one request (the bytes between are read
 #: and dropped): a request costs a round trip, 64 KiB a fraction of one.
@@ -312,6 +310,8 @@ def read_rows(ds: Dataset, i: int, columns: Sequence[str], wanted: np.ndarray) -
         ranges = {j: [(offset, offset + length)] for j, (offset, length) in found.items()}
         indexes = {j: blobs[0] for j, blobs in _read(ds, rg.file, ranges).items()}
         chunks = {j: chunk_pages(footer, g, j, index) for j, index in indexes.items()}
+        if any(chunk.first_rows[-1] > rg.num_rows for chunk in chunks.values()):
+            raise PageError(f"an offset index names rows past the row group's {rg.num_rows}")
         selected: dict[str, tuple[np.ndarray, dict[int, list[tuple[int, int]]]]] = {}
         whole = []  # fields whose every page holds an asked row: read as a row group is (no copy)
         for name, js in by_field.items():
