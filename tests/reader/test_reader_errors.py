@@ -351,24 +351,26 @@ def test_a_shard_that_can_read_none_of_its_rows_still_steps(tmp_path: Path) -> N
 
 
 def test_truncated_file_raises_naming_file_and_row_group(tmp_path: Path) -> None:
-    """A data file cut in half: the row groups still whole in it are read (the ``_metadata`` summary
-    says where they are), the first one that is not raises naming the file and row group; skipping
-    loses exactly the row groups the cut reached (their place is taken by rows read again)."""
+    """A data file cut in the middle of its pages: the row groups still whole in it are read (the
+    ``_metadata`` summary says where they are), the first one that is not raises naming the file and row
+    group; skipping loses exactly the row groups the cut reached (their place is taken by rows read
+    again)."""
     url = write_ids(tmp_path / "ds", 500, row_group_size=23)
     ds = shardkit.open_dataset(url)
     path = os.path.join(url, ds.files[2])
-    size = os.path.getsize(path) // 2
-    with open(path, "r+b") as f:
-        f.truncate(size)
     assert ds.metadata is not None
-    cut = []  # (global index, index in the file) of the row groups that reach past the cut
-    for k, rg in enumerate(ds.row_groups):
+    ends = {}  # global index of each row group -> where its last column chunk ends
+    for k in range(len(ds.row_groups)):
         meta = ds.metadata.row_group(k)
         chunks = [meta.column(j) for j in range(meta.num_columns)]
-        end = max((c.dictionary_page_offset or c.data_page_offset) + c.total_compressed_size for c in chunks)
-        if rg.file == ds.files[2] and end > size:
-            cut.append((k, rg.index))
-    assert cut
+        ends[k] = max((c.dictionary_page_offset or c.data_page_offset) + c.total_compressed_size
+                      for c in chunks)
+    # half of the pages (what follows them, the page index and the footer, may be most of a small file)
+    size = max(end for k, end in ends.items() if ds.row_groups[k].file == ds.files[2]) // 2
+    with open(path, "r+b") as f:
+        f.truncate(size)
+    cut = [(k, rg.index) for k, rg in enumerate(ds.row_groups) if rg.file == ds.files[2] and ends[k] > size]
+    assert cut  # (global index, index in the file) of the row groups that reach past the cut
     reader = shardkit.make_reader(url, batch_size=10, shuffle=False)
     with reader, pytest.raises(CorruptDatasetError) as info:
         list(reader)
