@@ -321,7 +321,8 @@ def read_rows(ds: Dataset, i: int, columns: Sequence[str], wanted: np.ndarray) -
             else:
                 selected[name] = (rows, selected_ranges({j: chunks[j] for j in js}, rows))
         # every field's pages in one go (coalesced requests, concurrent on an object store)
-        got = _read(ds, rg.file, {j: r for _, ranges in selected.values() for j, r in ranges.items()})
+        got = _read(ds, rg.file, {j: r for _, ranges in selected.values() for j, r in ranges.items()}) \
+            if selected else {}
         arrays: dict[str, pa.Array] = {}
         pages_read = 0
         if whole:
