@@ -14,6 +14,7 @@ import dataclasses
 import functools
 import hashlib
 import io
+import logging
 import os
 import re
 import threading
@@ -89,6 +90,8 @@ class Dataset:
     #: footers parsed for page reads (`page_footer`): file ("" for the summary) -> footer, leaf fields
     _page_footers: OrderedDict[str, tuple[Any, list[str]]] = dataclasses.field(
         default_factory=OrderedDict, init=False, repr=False, compare=False)
+    #: the notes logged once for this opened dataset (`note_once`)
+    _noted: set[str] = dataclasses.field(default_factory=set, init=False, repr=False, compare=False)
 
     @property
     def url(self) -> str:
@@ -518,6 +521,15 @@ class Dataset:
             arrays.append(column if column.type == target else self._cast_column(column, target, name, where))
         schema = pa.schema([self.arrow_schema.field(n) for n in wanted])
         return pa.RecordBatch.from_arrays(arrays, schema=schema)
+
+    def note_once(self, key: str, message: str) -> None:
+        """Log ``message`` on the ``shardkit.dataset`` logger (INFO) the first time ``key`` is noted for
+        this opened dataset (each `take` makes a `RowAccess` of its own: a note per call would repeat)."""
+        with self._footer_lock:
+            if key in self._noted:
+                return
+            self._noted.add(key)
+        logging.getLogger("shardkit.dataset").info("%s", message)
 
     def read_rows(self, i: int, columns: Sequence[str], wanted: np.ndarray) -> tuple[pa.Table, int] | None:
         """Rows ``wanted`` (sorted, distinct positions) of row group ``i`` of ``columns``, reading only the

@@ -27,7 +27,6 @@ without a page index is read whole (noted once on the ``shardkit.dataset`` logge
 
 from __future__ import annotations
 
-import logging
 import threading
 from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
@@ -45,8 +44,6 @@ if TYPE_CHECKING:
 
 __all__ = ["CACHE_BYTES", "RowAccess", "check_columns", "encoded_schema", "raw_fields", "row_positions",
            "sample_of", "take"]
-
-_log = logging.getLogger("shardkit.dataset")
 
 #: Arrow bytes of row groups a `RowAccess` keeps (least recently used dropped first): enough for a few
 #: row groups of images, so that consecutive lookups in one row group read it once.
@@ -136,7 +133,6 @@ class RowAccess:
         #: only the pages holding the rows (`Dataset.read_rows`) and the pages they read and checked
         self.stats = {"row_groups_read": 0, "row_groups_kept_hits": 0, "values_read_in_place": 0,
                       "pages_checked": 0, "page_reads": 0, "pages_read": 0}
-        self._noted_whole = False
 
     def __len__(self) -> int:
         return int(self._ends[-1]) if len(self._ends) else 0
@@ -215,11 +211,10 @@ class RowAccess:
                     self.stats["page_reads"] += 1
                     self.stats["pages_read"] += pages
                 return table
-            if not self._noted_whole:
-                self._noted_whole = True
-                _log.info("random access to %s reads whole column chunks: its files have no page index "
-                          "(Parquet's offset index, which shardkit's writer writes), or it is a table or "
-                          "read through schema= hints", self.dataset.url)
+            self.dataset.note_once(
+                "whole chunks", f"random access to {self.dataset.url} reads whole column chunks: its files "
+                "have no page index (Parquet's offset index, which shardkit's writer writes), or it is a "
+                "table or read through schema= hints")
         return self._row_group(g, columns).take(pa.array(wanted))
 
     def _layout(self, g: int, name: str) -> Any:

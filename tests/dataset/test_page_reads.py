@@ -125,6 +125,7 @@ def test_files_without_a_page_index_are_read_whole_once_noted(tmp_path: Path,
     with caplog.at_level(logging.INFO, logger="shardkit.dataset"):
         np.testing.assert_array_equal(rows.take([3, 600, 999])["y"], [6.0, 1200.0, 1998.0])
         rows.take([5])
+        ds.take([7])  # a RowAccess of its own: no second note for the same dataset
     assert (rows.stats["row_groups_read"], rows.stats["page_reads"]) == (4, 0)
     notes = [r.getMessage() for r in caplog.records if "page index" in r.getMessage()]
     assert len(notes) == 1, notes
