@@ -7,7 +7,8 @@ JPEGs with a label and an id (`benchmarks.images`: its JPEG store, and its shard
 datasets, converted there if not cached; ``--images``). Every system gets its own copy of the same rows,
 ~one row group of shardkit per storage unit (LitData chunk, MDS shard, Lance row group):
 
-    shardkit       shardkit.open_dataset(url).take(indices): every lookup reads (no row group kept)
+    shardkit       shardkit.open_dataset(url).take(indices): the pages of the rows, and what it read whole
+                   kept for the next lookups (``ds.lookups``)
     shardkit-map   shardkit.torch.MapDataset(url): ds[i], ds.__getitems__(indices) (what a DataLoader
                    calls for a batch), each process keeping the row groups it read (up to 256 MB)
     hf             HF datasets 5.2.0 map-style on its own Arrow cache (``load_from_disk``, numpy format,

@@ -11,7 +11,7 @@ from shardkit.dataset.codecs import ImageCodec, NdarrayCodec, ScalarCodec, Tenso
 from shardkit.dataset.open import SummaryMissingWarning, UncommittedFilesWarning, open_dataset
 from shardkit.dataset.schema import Schema
 from shardkit.dataset.spark import write_spark
-from shardkit.dataset.take import RowAccess, take
+from shardkit.dataset.take import KeptRows, RowAccess, take
 from shardkit.dataset.verify import verify_dataset
 from shardkit.dataset.write import write_dataset, write_summary
 
@@ -20,6 +20,7 @@ __all__ = [
     "Field",
     "ImageCodec",
     "NdarrayCodec",
+    "KeptRows",
     "PageChecks",
     "RowAccess",
     "RowGroup",

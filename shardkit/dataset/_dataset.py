@@ -39,7 +39,7 @@ from shardkit.errors import CorruptDatasetError, DatasetChangedError, SchemaMism
 
 if TYPE_CHECKING:
     from shardkit.dataset.tables.snapshot import Snapshot
-    from shardkit.dataset.take import RowAccess
+    from shardkit.dataset.take import KeptRows, RowAccess
 
 #: Rows Parquet decodes at a time. A whole row group at once needs several times its decoded size in
 #: scratch buffers (uint8 tensors go through int32 values plus repetition and definition levels), and
@@ -47,7 +47,9 @@ if TYPE_CHECKING:
 SLICE_ROWS = 256
 FETCHED_PIECE = 1 << 20  # a fetched column chunk is decoded as its parts come, in pieces of this size
 FOOTERS_KEPT = 256  # data-file footers an opened dataset keeps (LRU), so a file's footer is read once
-ROWS_KEPT = 64 << 20  # Arrow bytes of row groups ``ds[i]`` keeps for the next lookups (`Dataset._rows`)
+#: Arrow bytes of row groups' columns an opened dataset's lookups (``ds[i]``, ``ds.take``) keep for the next
+#: ones (`Dataset.lookups`): the rows of a few row groups of images, or all of a dataset of numbers this size
+ROWS_KEPT = 256 << 20
 _PARTITION = re.compile(r"([^=/]+)=[^/]*")  # a Hive partition folder: key=value
 #: Every page read is checked against its Parquet page checksum where it has one (shardkit writes one
 #: on every page: `shardkit.dataset.write.PAGE_CHECKSUMS`): a damaged page raises, never decodes. Off
@@ -121,8 +123,7 @@ class Dataset:
         value (None for a null); ``ds[indices]``, ``ds[mask]``, ``ds[a:b]``: those rows as a batch (`take`).
 
         Raises `RowIndexError` (an ``IndexError``, so ``for row in ds`` ends as a sequence's loop does)
-        or `RowIndexTypeError` (a ``TypeError``). Consecutive ``ds[i]`` reuse the row groups read last
-        (`shardkit.dataset.RowAccess`, up to `ROWS_KEPT` bytes).
+        or `RowIndexTypeError` (a ``TypeError``). Lookups reuse what the ones before kept (`lookups`).
         """
         if isinstance(index, int | np.integer) and not isinstance(index, bool | np.bool_):
             return self._rows.row(index)
@@ -132,17 +133,27 @@ class Dataset:
              decode: bool | dict[str, bool] = True) -> dict[str, np.ndarray]:
         """The rows ``indices`` (global indices in the dataset's order; negative from the end, a boolean
         mask or a slice) of ``columns`` (None: all), decoded as a reader's batch holds them, in the order
-        given (``decode=False``: image fields as their JPEG/PNG bytes): `shardkit.dataset.take`."""
+        given (``decode=False``: image fields as their JPEG/PNG bytes): `shardkit.dataset.take`. Reuses
+        what the lookups before kept (`lookups`)."""
         from shardkit.dataset.take import take
 
         return take(self, indices, columns, decode=decode)
 
     @cached_property
+    def lookups(self) -> KeptRows:
+        """What this dataset's lookups (``ds[i]``, `take`) keep for the next ones: columns of row groups
+        they read whole, up to ``lookups.budget`` bytes of Arrow (`ROWS_KEPT`; set it to 0 to keep none), and
+        the layouts of the values read in place (`shardkit.dataset.KeptRows`)."""
+        from shardkit.dataset.take import KeptRows
+
+        return KeptRows(ROWS_KEPT)
+
+    @cached_property
     def _rows(self) -> RowAccess:
-        """This dataset's lookups by ``ds[i]``, keeping the row groups read last (`__getitem__`)."""
+        """This dataset's lookups by ``ds[i]`` (`__getitem__`)."""
         from shardkit.dataset.take import RowAccess
 
-        return RowAccess(self, cache_bytes=ROWS_KEPT)
+        return RowAccess(self, kept=self.lookups)
 
     @property
     def num_bytes(self) -> int:
@@ -531,13 +542,15 @@ class Dataset:
             self._noted.add(key)
         logging.getLogger("shardkit.dataset").info("%s", message)
 
-    def read_rows(self, i: int, columns: Sequence[str], wanted: np.ndarray) -> tuple[pa.Table, int] | None:
+    def read_rows(self, i: int, columns: Sequence[str], wanted: np.ndarray, *,
+                  whole: Callable[[list[str]], pa.Table] | None = None) -> tuple[pa.Table, int] | None:
         """Rows ``wanted`` (sorted, distinct positions) of row group ``i`` of ``columns``, reading only the
-        pages that hold them (Parquet's offset index), and how many pages that read; None where the file
-        has no page index, or the dataset is a table or read through hints (`_page_reads.read_rows`)."""
+        pages that hold them (Parquet's offset index; a field whose pages are mostly needed read whole, by
+        ``whole(fields)`` where given), and how many pages that read; None where the file has no page
+        index, or the dataset is a table or read through hints (`_page_reads.read_rows`)."""
         from shardkit.dataset._page_reads import read_rows
 
-        return read_rows(self, i, columns, wanted)
+        return read_rows(self, i, columns, wanted, whole=whole)
 
     def page_footer(self, file: str) -> tuple[Any, list[str]]:
         """``file``'s footer (the summary's, where there is one) parsed for page reads

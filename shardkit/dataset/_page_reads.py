@@ -11,14 +11,16 @@ Each field is read from a file of its own pages, so that its pages need not star
 field's. The leaves of one field (a list's values, a struct's members) must hold as many rows each: the
 rows read are their pages' rows, grown until every leaf's pages hold the same rows (`covered_rows`). A
 lookup of one row reads a page of each leaf (and the dictionary page where there is one). A field whose
-every page holds an asked row is read as a row group is (`Dataset.read_row_group`): no copy to save.
+pages holding asked rows are `DENSE` of its bytes or more is read as a row group is
+(`Dataset.read_row_group`, or the caller's ``whole=``, which may keep it): reading its other pages too
+costs less than copying most of them into a file of their own.
 """
 
 from __future__ import annotations
 
 import bisect
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -56,6 +58,10 @@ _PAGE_HEADER = {1: None, 2: None, 3: None, 4: None, 5: {1: None}, 8: {1: None}}
 #: Bytes of a remote file's gaps between pages read in one request, at most, per byte of its pages read:
 #: fewer requests (the smallest gaps joined first), within the bytes the pages themselves take.
 SPARE = 0.5
+
+#: A field is read whole, not page by page, when the pages that hold the asked rows are this share of its
+#: bytes or more (at most twice the bytes of its pages, in one read with no copy).
+DENSE = 0.5
 
 #: Pages of a remote file whose ranges lie this close are read in one request (the bytes between are read
 #: and dropped): a request costs a round trip, 64 KiB a fraction of one.
@@ -280,12 +286,15 @@ def _zigzag(value: int) -> bytes:
 
 
 
-def read_rows(ds: Dataset, i: int, columns: Sequence[str], wanted: np.ndarray) -> tuple[pa.Table, int] | None:
+def read_rows(ds: Dataset, i: int, columns: Sequence[str], wanted: np.ndarray, *,
+              whole: Callable[[list[str]], pa.Table] | None = None) -> tuple[pa.Table, int] | None:
     """Rows ``wanted`` (sorted, distinct positions in row group ``i`` of ``ds``) of ``columns``, in that
     order, and the pages read for them: only the pages that hold them, checked, each field's pages
-    decoded by pyarrow from a `mini_file`. None where that cannot be done (the row group is then read
-    whole): a table (its deletions and column mapping), columns read through ``schema=`` hints, a file
-    without a page index.
+    decoded by pyarrow from a `mini_file`; a field whose pages holding them are `DENSE` of its bytes or
+    more, read whole by ``whole(fields)`` (all the row group's rows of those fields; None:
+    `Dataset.read_row_group`). None where that cannot be done (the row group is then read whole): a
+    table (its deletions and column mapping), columns read through ``schema=`` hints, a file without a
+    page index.
 
     Raises:
         CorruptDatasetError: a page that fails its checksum, an offset index or a page that cannot be
@@ -313,24 +322,27 @@ def read_rows(ds: Dataset, i: int, columns: Sequence[str], wanted: np.ndarray) -
         if any(chunk.first_rows[-1] > rg.num_rows for chunk in chunks.values()):
             raise PageError(f"an offset index names rows past the row group's {rg.num_rows}")
         selected: dict[str, tuple[np.ndarray, dict[int, list[tuple[int, int]]]]] = {}
-        whole = []  # fields whose every page holds an asked row: read as a row group is (no copy)
+        dense = []  # fields whose pages holding asked rows are most of their bytes: read as a row group is
         for name, js in by_field.items():
             rows = covered_rows([chunks[j] for j in js], rg.num_rows, wanted)
-            if rows.all():
-                whole.append(name)
+            ranges = selected_ranges({j: chunks[j] for j in js}, rows)
+            needed = sum(end - start for rs in ranges.values() for start, end in rs)
+            total = sum(int(chunks[j].sizes.sum()) + _dictionary_bytes(chunks[j]) for j in js)
+            if rows.all() or needed >= DENSE * total:
+                dense.append(name)
             else:
-                selected[name] = (rows, selected_ranges({j: chunks[j] for j in js}, rows))
+                selected[name] = (rows, ranges)
         # every field's pages in one go (coalesced requests, concurrent on an object store)
         got = _read(ds, rg.file, {j: r for _, ranges in selected.values() for j, r in ranges.items()}) \
             if selected else {}
         arrays: dict[str, pa.Array] = {}
         pages_read = 0
-        if whole:
-            table = ds.read_row_group(i, whole)
+        if dense:
+            table = ds.read_row_group(i, dense) if whole is None else whole(dense)
             taken = table.take(pa.array(wanted))
-            arrays.update((name, taken.column(name).combine_chunks()) for name in whole)
+            arrays.update((name, taken.column(name).combine_chunks()) for name in dense)
             pages_read += sum(len(chunks[j].starts) + (chunks[j].dictionary is not None)
-                              for name in whole for j in by_field[name])
+                              for name in dense for j in by_field[name])
         for name, (rows, ranges) in selected.items():
             pieces = {}
             for j, blobs in ((j, got[j]) for j in ranges):
@@ -364,6 +376,10 @@ def read_rows(ds: Dataset, i: int, columns: Sequence[str], wanted: np.ndarray) -
                                   "corrupt: rewrite the dataset, or read with on_error='skip'") from e
     schema = pa.schema([ds.arrow_schema.field(n) for n in columns], metadata=ds.arrow_schema.metadata)
     return pa.Table.from_arrays([arrays[n] for n in columns], schema=schema), pages_read
+
+
+def _dictionary_bytes(chunk: ChunkPages) -> int:
+    return 0 if chunk.dictionary is None else chunk.dictionary[1] - chunk.dictionary[0]
 
 
 def _read(ds: Dataset, file: str, ranges: dict[int, list[tuple[int, int]]]) -> dict[int, list[memoryview]]:

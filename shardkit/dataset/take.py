@@ -12,17 +12,21 @@ What a lookup reads. The indices are grouped by row group. A column stored as it
 values, no levels: images and other binary that compression would not shrink, as shardkit writes them)
 is read in place: only the asked rows' bytes are copied from the file's memory map, after the checksums
 of the pages that hold them are checked (each page once per `RowAccess`; where its values lie is found
-from the page headers and kept, a few int64 per row). The other columns of each row group that holds an
-asked row are read once (``Dataset.read_row_group``: its page checksums checked, a table's deletions
-and casts applied), then the asked rows are taken from them, and only those rows are decoded (an image
-is decoded for its own row, not its row group's). `RowAccess` keeps the row groups it read (Arrow, not
-decoded, up to ``cache_bytes``), so a map-style loader that asks for the rows of one row group one by
-one reads it once.
+from the page headers and kept, a few int64 per row). The other columns are read a page at a time: only
+the pages that hold the asked rows (Parquet's offset index, which shardkit's writer writes), from a
+local file or in range requests to an object store, checked and decoded (`Dataset.read_rows`); only the
+asked rows are decoded (an image is decoded for its own row, not its row group's).
 
-Without kept row groups (``cache_bytes=0``: `take`), the other columns are read a page at a time:
-only the pages that hold the asked rows (Parquet's offset index, which shardkit's writer writes), from a
-local file or in range requests to an object store, checked and decoded (`Dataset.read_rows`). A file
-without a page index is read whole (noted once on the ``shardkit.dataset`` logger).
+What is kept for the next lookups (`KeptRows`, up to ``cache_bytes`` of Arrow, not decoded; the least
+recently used dropped first). A column whose pages holding the asked rows are half its bytes or more is
+read whole (``Dataset.read_row_group``: its page checksums checked) and kept; so is a row group of a
+local dataset asked again after a lookup read its pages, while it fits beside what is kept (from an
+object store, where bytes cost requests and egress, only the pages are fetched again). Lookups answered
+from what is kept read nothing: a map-style loader that asks for the rows of one row group one by one
+reads it once, and random 256-row batches over a dataset that fits read it once. An opened dataset's
+``take`` and ``ds[i]`` share one `KeptRows` (``Dataset.lookups``, `ROWS_KEPT` bytes;
+``ds.lookups.budget = 0`` keeps nothing). A table (its deletions and casts) and a file without a page
+index are read a row group at a time (noted once on the ``shardkit.dataset`` logger).
 """
 
 from __future__ import annotations
@@ -42,12 +46,15 @@ from shardkit.errors import ReaderError, RowIndexError, RowIndexTypeError
 if TYPE_CHECKING:
     from shardkit.dataset._dataset import Dataset
 
-__all__ = ["CACHE_BYTES", "RowAccess", "check_columns", "encoded_schema", "raw_fields", "row_positions",
-           "sample_of", "take"]
+__all__ = ["CACHE_BYTES", "KeptRows", "RowAccess", "check_columns", "encoded_schema", "raw_fields",
+           "row_positions", "sample_of", "take"]
 
 #: Arrow bytes of row groups a `RowAccess` keeps (least recently used dropped first): enough for a few
 #: row groups of images, so that consecutive lookups in one row group read it once.
 CACHE_BYTES = 256 << 20
+
+#: row groups a `KeptRows` remembers as read in pages (forgotten all at once past this)
+PAGED_KEPT = 1 << 16
 
 #: row groups' layouts of the values read in place (`Dataset.value_pages`) a `RowAccess` keeps: a few
 #: arrays of one int64 per row each
@@ -86,7 +93,65 @@ def take(dataset: Dataset, indices: Any, columns: Sequence[str] | None = None, *
         ReaderError: a column that is not a field of the dataset.
         CorruptDatasetError: a row group that cannot be read (its checksums fail, its file is truncated).
     """
-    return RowAccess(dataset, columns, cache_bytes=0, decode=decode).take(indices)
+    return RowAccess(dataset, columns, decode=decode, kept=dataset.lookups).take(indices)
+
+
+class KeptRows:
+    """What lookups of one dataset keep for the next ones: row groups' columns read whole (Arrow arrays,
+    not decoded; the least recently used dropped past ``budget`` bytes), the row groups whose pages a
+    lookup read (a second lookup there reads the row group whole, where it fits beside what is kept), and
+    the layouts of the values read in place with their pages checked (each page checked once).
+    Thread-safe.
+
+    Args:
+        budget: Arrow bytes kept at most (0: no column kept; the layouts are kept still).
+    """
+
+    def __init__(self, budget: int) -> None:
+        self.budget = int(budget)
+        self.nbytes = 0
+        self._arrays: OrderedDict[tuple[int, str], pa.Array] = OrderedDict()
+        self._paged: set[int] = set()  # row groups a lookup read in pages
+        self.layouts: OrderedDict[tuple[int, str], Any] = OrderedDict()  # (g, column) -> layout or None
+        self.lock = threading.Lock()
+
+    def get(self, g: int, columns: Sequence[str]) -> dict[str, pa.Array]:
+        """Those of row group ``g``'s ``columns`` that are kept (all its rows)."""
+        found = {}
+        with self.lock:
+            for name in columns:
+                array = self._arrays.get((g, name))
+                if array is not None:
+                    self._arrays.move_to_end((g, name))
+                    found[name] = array
+        return found
+
+    def put(self, g: int, table: pa.Table) -> None:
+        """Keep row group ``g``'s columns ``table`` (all its rows; a column larger than the budget is not
+        kept), dropping the least recently used past the budget."""
+        if self.budget <= 0:
+            return
+        with self.lock:
+            for name, column in zip(table.column_names, table.columns, strict=True):
+                array = column.combine_chunks()
+                if array.nbytes > self.budget or (g, name) in self._arrays:
+                    continue
+                self._arrays[(g, name)] = array
+                self.nbytes += array.nbytes
+            while self.nbytes > self.budget:
+                _, dropped = self._arrays.popitem(last=False)
+                self.nbytes -= dropped.nbytes
+
+    def again(self, g: int, nbytes: int) -> bool:
+        """Whether a lookup read row group ``g``'s pages before and ``nbytes`` more fit beside what is
+        kept (then it is read whole now); else it is marked as read in pages."""
+        with self.lock:
+            if g in self._paged and self.nbytes + nbytes <= self.budget:
+                return True
+            if len(self._paged) >= PAGED_KEPT:
+                self._paged.clear()
+            self._paged.add(g)
+            return False
 
 
 class RowAccess:
@@ -105,29 +170,29 @@ class RowAccess:
     Args:
         dataset: an opened dataset.
         columns: the fields every lookup reads (None: all of them).
-        cache_bytes: Arrow bytes of row groups kept for the next lookups (0: none kept).
-        read: ``read(g, columns) -> pa.Table``, how row group ``g``'s columns are read (None:
-            ``Dataset.read_row_group``); `shardkit.torch.MapDataset` reads through the reader's disk cache.
+        cache_bytes: Arrow bytes of row groups kept for the next lookups (0: none kept), where ``kept`` is
+            not given.
+        read: ``read(g, columns) -> pa.Table``, how row group ``g``'s columns are read (None: only the
+            pages that hold the rows, `Dataset.read_rows`, or ``Dataset.read_row_group``);
+            `shardkit.torch.MapDataset` reads through the reader's disk cache, whole row groups.
         decode: as `take`'s: image fields left encoded.
+        kept: what is kept, shared with other lookups of the dataset (None: a `KeptRows` of its own).
     """
 
     def __init__(self, dataset: Dataset, columns: Sequence[str] | None = None, *,
                  cache_bytes: int = CACHE_BYTES,
                  read: Callable[[int, Sequence[str]], pa.Table] | None = None,
-                 decode: bool | Mapping[str, bool] = True) -> None:
+                 decode: bool | Mapping[str, bool] = True, kept: KeptRows | None = None) -> None:
         self.dataset = dataset
         self.read = read
         self.columns = check_columns(dataset, columns)
         #: image fields left encoded (``decode=``): their values are the stored JPEG/PNG bytes
         self.raw = raw_fields(decode, dataset.schema, self.columns)
-        self.cache_bytes = int(cache_bytes)
+        self.kept = KeptRows(cache_bytes) if kept is None else kept
         self._ends = np.cumsum(dataset.rows_per_group)  # row group g holds [ends[g-1], ends[g])
-        self._kept: OrderedDict[tuple[int, tuple[str, ...]], pa.Table] = OrderedDict()
-        self._kept_bytes = 0
         self._lock = threading.Lock()
         #: the columns whose values are read in place, only the rows asked (images stored as they are)
         self.in_place = [c for c in self.columns if dataset.stored_as_is(c)]
-        self._layouts: OrderedDict[tuple[int, str], Any] = OrderedDict()  # (g, column) -> layout or None
         #: row groups read whole (of the columns not read in place), lookups of a row group answered from
         #: the kept ones, values read in place and the pages whose checksums those reads checked, reads of
         #: only the pages holding the rows (`Dataset.read_rows`) and the pages they read and checked
@@ -200,36 +265,52 @@ class RowAccess:
         return pa.Table.from_arrays(arrays, schema=schema)
 
     def _others(self, g: int, columns: list[str], wanted: np.ndarray) -> pa.Table:
-        """Rows ``wanted`` of row group ``g``'s ``columns`` (not read in place): without kept row groups
-        (``cache_bytes=0``), only the pages that hold them (`Dataset.read_rows`); else, or where the file
-        has no page index, from the row group read whole (and kept)."""
-        if self.cache_bytes <= 0 and self.read is None:
-            found = self.dataset.read_rows(g, columns, wanted)
-            if found is not None:
+        """Rows ``wanted`` of row group ``g``'s ``columns`` (not read in place): those kept from the
+        kept; the others from the pages that hold them (`Dataset.read_rows`), or from the row group read
+        whole (and kept): where ``read=`` is given, where the file has no page index, where a lookup read
+        this row group's pages before, it is local and it fits beside what is kept (`KeptRows.again`)."""
+        kept = self.kept.get(g, columns)
+        index = pa.array(wanted)
+        arrays = {name: array.take(index) for name, array in kept.items()}
+        missing = [c for c in columns if c not in kept]
+        if not missing:
+            with self._lock:
+                self.stats["row_groups_kept_hits"] += 1
+        elif self.read is not None or (self.dataset.location.is_local
+                                       and self.kept.again(g, self.dataset.row_groups[g].num_bytes)):
+            table = self._row_group(g, missing).take(index)
+            arrays.update(zip(missing, table.columns, strict=True))
+        else:
+            found = self.dataset.read_rows(g, missing, wanted, whole=lambda names: self._row_group(g, names))
+            if found is None:
+                self.dataset.note_once(
+                    "whole chunks", f"random access to {self.dataset.url} reads whole column chunks: its "
+                    "files have no page index (Parquet's offset index, which shardkit's writer writes), or "
+                    "it is a table or read through schema= hints")
+                table = self._row_group(g, missing).take(index)
+            else:
                 table, pages = found
                 with self._lock:
                     self.stats["page_reads"] += 1
                     self.stats["pages_read"] += pages
-                return table
-            self.dataset.note_once(
-                "whole chunks", f"random access to {self.dataset.url} reads whole column chunks: its files "
-                "have no page index (Parquet's offset index, which shardkit's writer writes), or it is a "
-                "table or read through schema= hints")
-        return self._row_group(g, columns).take(pa.array(wanted))
+            arrays.update(zip(missing, table.columns, strict=True))
+        schema = pa.schema([self.dataset.arrow_schema.field(n) for n in columns],
+                           metadata=self.dataset.arrow_schema.metadata)
+        return pa.Table.from_arrays([arrays[n] for n in columns], schema=schema)
 
     def _layout(self, g: int, name: str) -> Any:
         """`Dataset.value_pages` of row group ``g``'s column ``name`` (kept for the next lookups)."""
-        key = (g, name)
-        with self._lock:
-            if key in self._layouts:
-                self._layouts.move_to_end(key)
-                return self._layouts[key]
+        key, layouts = (g, name), self.kept.layouts
+        with self.kept.lock:
+            if key in layouts:
+                layouts.move_to_end(key)
+                return layouts[key]
         pages = self.dataset.value_pages(g, name)
         found = None if pages is None else (*pages, self.dataset.page_checks(g, name, pages[1]))
-        with self._lock:
-            self._layouts[key] = found
-            while len(self._layouts) > LAYOUTS_KEPT:
-                self._layouts.popitem(last=False)
+        with self.kept.lock:
+            layouts[key] = found
+            while len(layouts) > LAYOUTS_KEPT:
+                layouts.popitem(last=False)
         return found
 
     def _values(self, g: int, name: str, found: tuple[str, Any, Any], wanted: np.ndarray,
@@ -255,25 +336,14 @@ class RowAccess:
         return pa.Array.from_buffers(kind, len(wanted), [None, offset_buffer, pa.py_buffer(data)])
 
     def _row_group(self, g: int, columns: Sequence[str]) -> pa.Table:
-        key = (g, tuple(columns))
-        with self._lock:
-            table = self._kept.get(key)
-            if table is not None:
-                self._kept.move_to_end(key)
-                self.stats["row_groups_kept_hits"] += 1
-                return table
+        """Row group ``g``'s ``columns`` read whole (all its rows), kept (`KeptRows.put`)."""
         # one chunk per column: a take from a table of `SLICE_ROWS`-row chunks concatenates every chunk of
         # every column first, on each lookup; once here, a lookup gathers only its rows
         table = (self.dataset.read_row_group(g, columns) if self.read is None else self.read(g, columns)
                  ).combine_chunks()
         with self._lock:
             self.stats["row_groups_read"] += 1
-            if self.cache_bytes > 0 and key not in self._kept and table.nbytes <= self.cache_bytes:
-                self._kept[key] = table
-                self._kept_bytes += table.nbytes
-                while self._kept_bytes > self.cache_bytes:
-                    _, dropped = self._kept.popitem(last=False)
-                    self._kept_bytes -= dropped.nbytes
+        self.kept.put(g, table)
         return table
 
 

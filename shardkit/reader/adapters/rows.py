@@ -19,11 +19,9 @@ so every worker and the sampler agree on ``len``.
 
 Remote data. Through ``cache=`` (the reader's disk cache, ``"auto"`` by default) a row group's asked
 columns are fetched once from the store and memory-mapped from then on, by every process of the machine;
-a reader of the same columns shares the entries.
-
-Not yet (issue 40's later slices): reading only the pages that hold a row of a compressed column, and
-range requests of only those pages to an object store (a first lookup there fetches the row group's
-asked columns whole).
+a reader of the same columns shares the entries: a row group's first lookup fetches its asked columns
+whole. ``shardkit.dataset.take`` fetches only the pages that hold its rows instead, for sparse lookups
+in a large remote dataset.
 """
 
 from __future__ import annotations
