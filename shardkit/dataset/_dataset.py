@@ -183,7 +183,7 @@ class Dataset:
         try:
             if fetched is not None and footer is not None:  # fetched ahead (`shardkit.dataset.fetch`)
                 named = functools.partial(request_error, self.url, path)
-                source = pa.PythonFile(FetchedFile(fetched, self._fetch_more(path), named), mode="r")
+                source = pa.PythonFile(FetchedFile(fetched, self._fetch_more(file), named), mode="r")
             else:
                 source, fetched = self.location.open_ranges(path), None
             pf = pq.ParquetFile(source, metadata=footer,
@@ -238,22 +238,12 @@ class Dataset:
             ranges.append((start, start + length))
         return self.location.join(rg.file), ranges
 
-    def _fetch_more(self, path: str) -> Callable[[int, int], bytes]:
-        """A request for bytes of ``path`` that were not fetched ahead, or whose fetch failed (see
-        `FetchedFile`); a failure is named as a direct read's (`request_error`)."""
-        fs, url = self.location.fs, self.url
+    def _fetch_more(self, file: str) -> Callable[[int, int], bytes]:
+        """A request for bytes of data file ``file`` that were not fetched ahead, or whose fetch failed
+        (see `FetchedFile`); a failure is named as a direct read's (`read_ranges`)."""
 
         def get(start: int, end: int) -> bytes:
-            try:
-                data: bytes = fs.cat_file(path, start=start, end=end)
-            except Exception as e:
-                error = request_error(url, path, e)
-                if error is None:
-                    raise
-                raise error from e
-            if len(data) > end - start:  # the whole file: the server ignored the range
-                raise no_ranges_error(url, path)
-            return data
+            return bytes(self.read_ranges(file, [(start, end)])[0])  # (bytes of bytes: the same object)
 
         return get
 
@@ -308,10 +298,7 @@ class Dataset:
                 raise changed from e
             if "checksum" in str(e).lower():
                 raise _pages.checksum_error(where, self._damaged_pages(pf, i) or one_line(e)) from e
-            raise CorruptDatasetError(
-                f"{where} cannot be read ({one_line(e)}); the file is truncated or corrupt: "
-                "rewrite the dataset, or read with on_error='skip'"
-            ) from e
+            raise _pages.unreadable_error(where, one_line(e)) from e
 
     def _verify_local(self, i: int, pf: pq.ParquetFile, names: list[str] | None, where: str) -> bool:
         """Check the page checksums of row group ``i``'s column chunks of ``names`` (None: all) in a local
@@ -336,9 +323,7 @@ class Dataset:
                 raise
             if is_denied(e):
                 raise permission_error(self.location, self.location.join(self.row_groups[i].file), e) from e
-            raise CorruptDatasetError(
-                f"{where} cannot be read ({one_line(e)}); the file is truncated or corrupt: "
-                "rewrite the dataset, or read with on_error='skip'") from e
+            raise _pages.unreadable_error(where, one_line(e)) from e
         return True
 
     def _damaged_pages(self, pf: pq.ParquetFile, i: int) -> str:
@@ -456,8 +441,7 @@ class Dataset:
         except OSError as e:  # (only the opening's: an error of the caller's reads is its own)
             if is_denied(e):
                 raise permission_error(self.location, path, e) from e
-            raise CorruptDatasetError(f"{where} cannot be read ({one_line(e)}); the file is truncated or "
-                                      "corrupt: rewrite the dataset, or read with on_error='skip'") from e
+            raise _pages.unreadable_error(where, one_line(e)) from e
         with f:
             yield f
 

@@ -38,7 +38,7 @@ from shardkit.dataset._pages import (
     _varint,
     crc32,
 )
-from shardkit.errors import CorruptDatasetError, ShardkitError, one_line
+from shardkit.errors import ShardkitError, one_line
 
 if TYPE_CHECKING:
     from shardkit.dataset._dataset import Dataset
@@ -365,15 +365,13 @@ def read_rows(ds: Dataset, i: int, columns: Sequence[str], wanted: np.ndarray, *
     except PageError as e:
         if (changed := ds.changed(rg.file)) is not None:
             raise changed from e
-        raise CorruptDatasetError(f"{where} cannot be read ({e}); the file is truncated or corrupt: rewrite "
-                                  "the dataset, or read with on_error='skip'") from e
+        raise _pages.unreadable_error(where, str(e)) from e
     except (pa.ArrowInvalid, OSError) as e:
         if isinstance(e, ShardkitError):  # (ours, named already: a checksum, a permission, a request)
             raise
         if (changed := ds.changed(rg.file)) is not None:
             raise changed from e
-        raise CorruptDatasetError(f"{where} cannot be read ({one_line(e)}); the file is truncated or "
-                                  "corrupt: rewrite the dataset, or read with on_error='skip'") from e
+        raise _pages.unreadable_error(where, one_line(e)) from e
     schema = pa.schema([ds.arrow_schema.field(n) for n in columns], metadata=ds.arrow_schema.metadata)
     return pa.Table.from_arrays([arrays[n] for n in columns], schema=schema), pages_read
 

@@ -133,6 +133,13 @@ def checksum_error(where: str, detail: str) -> CorruptDatasetError:
         "on_error='skip' reads the others")
 
 
+def unreadable_error(where: str, reason: str) -> CorruptDatasetError:
+    """A row group that cannot be read (``reason``: pyarrow's or the page walk's words): ``where`` names
+    it and its file."""
+    return CorruptDatasetError(f"{where} cannot be read ({reason}); the file is truncated or corrupt: "
+                               "rewrite the dataset, or read with on_error='skip'")
+
+
 @dataclasses.dataclass
 class PageChecks:
     """The pages of a column chunk whose values are read in place, checked as the values are read: each
