@@ -60,8 +60,10 @@ _PAGE_HEADER = {1: None, 2: None, 3: None, 4: None, 5: {1: None}, 8: {1: None}}
 SPARE = 0.5
 
 #: A field is read whole, not page by page, when the pages that hold the asked rows are this share of its
-#: bytes or more (at most twice the bytes of its pages, in one read with no copy).
+#: bytes or more (at most twice the bytes of its pages, in one read with no copy); from a store, where a
+#: byte costs a transfer, this share (at most a ninth more bytes).
 DENSE = 0.5
+DENSE_REMOTE = 0.9
 
 #: Pages of a remote file whose ranges lie this close are read in one request (the bytes between are read
 #: and dropped): a request costs a round trip, 64 KiB a fraction of one.
@@ -328,7 +330,7 @@ def read_rows(ds: Dataset, i: int, columns: Sequence[str], wanted: np.ndarray, *
             ranges = selected_ranges({j: chunks[j] for j in js}, rows)
             needed = sum(end - start for rs in ranges.values() for start, end in rs)
             total = sum(int(chunks[j].sizes.sum()) + _dictionary_bytes(chunks[j]) for j in js)
-            if rows.all() or needed >= DENSE * total:
+            if rows.all() or needed >= (DENSE if ds.location.is_local else DENSE_REMOTE) * total:
                 dense.append(name)
             else:
                 selected[name] = (rows, ranges)
@@ -382,22 +384,35 @@ def _dictionary_bytes(chunk: ChunkPages) -> int:
 
 def _read(ds: Dataset, file: str, ranges: dict[int, list[tuple[int, int]]]) -> dict[int, list[memoryview]]:
     """The bytes of each of ``ranges`` (per key, a list of (start, end)) of ``file``, read in `coalesced`
-    requests (`Dataset.read_ranges`): views of what the requests read, not copies."""
+    requests (`Dataset.read_ranges`): views of what the requests read, not copies. From a store, the
+    ranges the dataset's lookups kept (`Dataset.lookups`) are not fetched again, and those fetched are
+    kept."""
     wanted = [r for rs in ranges.values() for r in rs]
+    local = ds.location.is_local
+    kept = {} if local else ds.lookups.get_ranges(file, wanted)
+    missing = [r for r in wanted if r not in kept]
     # (a memory map: no request to save; a store: fewer requests for at most half as many bytes more)
-    requests = coalesced(wanted, 0, 0.0) if ds.location.is_local else coalesced(wanted, GAP, SPARE)
-    blobs = ds.read_ranges(file, requests)
+    requests = coalesced(missing, 0, 0.0) if local else coalesced(missing, GAP, SPARE)
+    blobs = ds.read_ranges(file, requests) if requests else []
     starts = [s for s, _ in requests]
     views = [memoryview(blob).cast("B") for blob in blobs]  # (a pa.Buffer's items are signed chars)
     out: dict[int, list[memoryview]] = {}
+    fetched: dict[tuple[int, int], bytes] = {}
     for key, rs in ranges.items():
         pieces = []
         for start, end in rs:
+            if (start, end) in kept:
+                pieces.append(memoryview(kept[(start, end)]))
+                continue
             k = bisect.bisect_right(starts, start) - 1
             at = start - starts[k]
             piece = views[k][at:at + end - start]
             if len(piece) != end - start:
                 raise PageError(f"bytes {start}-{end} of {file!r} are past its end")
             pieces.append(piece)
+            if not local:
+                fetched[(start, end)] = bytes(piece)  # (a copy: the request's gaps are not kept)
         out[key] = pieces
+    if fetched:
+        ds.lookups.put_ranges(file, fetched)
     return out

@@ -17,13 +17,15 @@ the pages that hold the asked rows (Parquet's offset index, which shardkit's wri
 local file or in range requests to an object store, checked and decoded (`Dataset.read_rows`); only the
 asked rows are decoded (an image is decoded for its own row, not its row group's).
 
-What is kept for the next lookups (`KeptRows`, up to ``cache_bytes`` of Arrow, not decoded; the least
-recently used dropped first). A column whose pages holding the asked rows are half its bytes or more is
-read whole (``Dataset.read_row_group``: its page checksums checked) and kept; so is a row group of a
-local dataset asked again after a lookup read its pages, while it fits beside what is kept (from an
-object store, where bytes cost requests and egress, only the pages are fetched again). Lookups answered
-from what is kept read nothing: a map-style loader that asks for the rows of one row group one by one
-reads it once, and random 256-row batches over a dataset that fits read it once. An opened dataset's
+What is kept for the next lookups (`KeptRows`, up to ``cache_bytes``, the least recently used dropped
+first). A column whose pages holding the asked rows are half its bytes or more (from an object store,
+nine tenths: `_page_reads.DENSE_REMOTE`) is read whole (``Dataset.read_row_group``: its page checksums
+checked) and kept, as Arrow, not decoded; so is a row group of a local dataset asked again after a
+lookup read its pages, while it fits beside what is kept. From an object store, where bytes cost
+requests and egress, the pages and offset indexes fetched are kept instead, and a lookup fetches only
+what is not kept. Lookups answered from what is kept read nothing: a map-style loader that asks for
+the rows of one row group one by one reads it once, and random 256-row batches over a dataset that
+fits read it once. An opened dataset's
 ``take`` and ``ds[i]`` share one `KeptRows` (``Dataset.lookups``, `ROWS_KEPT` bytes;
 ``ds.lookups.budget = 0`` keeps nothing). A table (its deletions and casts) and a file without a page
 index are read a row group at a time (noted once on the ``shardkit.dataset`` logger).
@@ -98,10 +100,10 @@ def take(dataset: Dataset, indices: Any, columns: Sequence[str] | None = None, *
 
 class KeptRows:
     """What lookups of one dataset keep for the next ones: row groups' columns read whole (Arrow arrays,
-    not decoded; the least recently used dropped past ``budget`` bytes), the row groups whose pages a
-    lookup read (a second lookup there reads the row group whole, where it fits beside what is kept), and
-    the layouts of the values read in place with their pages checked (each page checked once).
-    Thread-safe.
+    not decoded) and the pages and offset indexes fetched from a store (their bytes, checked again at
+    each use), the least recently used dropped past ``budget`` bytes; the row groups whose pages a lookup
+    read (a second lookup there reads the row group whole, where it fits beside what is kept); the
+    layouts of the values read in place with their pages checked (each page checked once). Thread-safe.
 
     Args:
         budget: Arrow bytes kept at most (0: no column kept; the layouts are kept still).
@@ -110,7 +112,8 @@ class KeptRows:
     def __init__(self, budget: int) -> None:
         self.budget = int(budget)
         self.nbytes = 0
-        self._arrays: OrderedDict[tuple[int, str], pa.Array] = OrderedDict()
+        # (g, column) -> its array; (file, start, end) -> bytes fetched
+        self._arrays: OrderedDict[tuple[Any, ...], Any] = OrderedDict()
         self._paged: set[int] = set()  # row groups a lookup read in pages
         self.layouts: OrderedDict[tuple[int, str], Any] = OrderedDict()  # (g, column) -> layout or None
         self.lock = threading.Lock()
@@ -133,14 +136,36 @@ class KeptRows:
             return
         with self.lock:
             for name, column in zip(table.column_names, table.columns, strict=True):
-                array = column.combine_chunks()
-                if array.nbytes > self.budget or (g, name) in self._arrays:
-                    continue
-                self._arrays[(g, name)] = array
-                self.nbytes += array.nbytes
-            while self.nbytes > self.budget:
-                _, dropped = self._arrays.popitem(last=False)
-                self.nbytes -= dropped.nbytes
+                self._keep((g, name), column.combine_chunks())
+
+    def get_ranges(self, file: str, ranges: Sequence[tuple[int, int]]) -> dict[tuple[int, int], bytes]:
+        """Those of ``ranges`` (start, end) of remote data file ``file`` that are kept."""
+        found = {}
+        with self.lock:
+            for start, end in ranges:
+                blob = self._arrays.get((file, start, end))
+                if blob is not None:
+                    self._arrays.move_to_end((file, start, end))
+                    found[(start, end)] = blob
+        return found
+
+    def put_ranges(self, file: str, blobs: Mapping[tuple[int, int], bytes]) -> None:
+        """Keep the bytes fetched of ranges (start, end) of remote data file ``file``."""
+        if self.budget <= 0:
+            return
+        with self.lock:
+            for (start, end), blob in blobs.items():
+                self._keep((file, start, end), blob)
+
+    def _keep(self, key: tuple[Any, ...], value: Any) -> None:
+        size = _size(value)
+        if size > self.budget or key in self._arrays:
+            return
+        self._arrays[key] = value
+        self.nbytes += size
+        while self.nbytes > self.budget:
+            _, dropped = self._arrays.popitem(last=False)
+            self.nbytes -= _size(dropped)
 
     def again(self, g: int, nbytes: int) -> bool:
         """Whether a lookup read row group ``g``'s pages before and ``nbytes`` more fit beside what is
@@ -345,6 +370,10 @@ class RowAccess:
             self.stats["row_groups_read"] += 1
         self.kept.put(g, table)
         return table
+
+
+def _size(value: Any) -> int:
+    return len(value) if isinstance(value, bytes) else int(value.nbytes)
 
 
 def raw_fields(decode: Any, schema: Schema, columns: Sequence[str]) -> list[str]:

@@ -197,3 +197,21 @@ def test_coalesced_requests_cover_every_range_once_within_the_bytes_allowed(
     gaps_within = sum(e - s for s, e in coalesced(ranges, gap, 0.0)) - wanted  # merged for the gap alone
     assert sum(e - s for s, e in requests) <= wanted + gaps_within + spare * (wanted + gaps_within)
     assert len(requests) <= len(coalesced(ranges, gap, 0.0))
+
+
+def test_kept_rows_drop_the_least_recently_used_past_their_budget() -> None:
+    from shardkit.dataset import KeptRows
+
+    kept = KeptRows(100)
+    kept.put_ranges("a.parquet", {(0, 40): b"x" * 40, (40, 80): b"y" * 40})
+    assert set(kept.get_ranges("a.parquet", [(0, 40)])) == {(0, 40)}  # (now the most recently used)
+    kept.put(3, pa.table({"n": pa.array(np.arange(5, dtype=np.int64))}))  # 40 bytes: (40, 80) dropped
+    assert kept.nbytes == 80
+    assert kept.get_ranges("a.parquet", [(0, 40), (40, 80)]).keys() == {(0, 40)}
+    assert list(kept.get(3, ["n"])["n"].to_numpy()) == [0, 1, 2, 3, 4]
+    kept.put_ranges("a.parquet", {(80, 281): b"z" * 201})  # larger than the budget: not kept
+    assert kept.nbytes == 80
+    nothing = KeptRows(0)
+    nothing.put_ranges("a.parquet", {(0, 1): b"x"})
+    nothing.put(0, pa.table({"n": [1]}))
+    assert (nothing.nbytes, nothing.get(0, ["n"]), nothing.get_ranges("a.parquet", [(0, 1)])) == (0, {}, {})

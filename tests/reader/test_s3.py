@@ -169,9 +169,14 @@ def test_a_lookup_fetches_only_the_pages_of_its_rows(s3_server: S3Server, s3_buc
         before = len(relay.stats.ranges("/part-"))
         got = opened.take([2345, 17])
         data = relay.stats.ranges("/part-")[before:]
-        again = opened.take([2346, 3999])  # the same row groups: their pages again, never read whole
+        again = opened.take([2346, 3999])  # the same row groups: pages, never read whole
         second = relay.stats.ranges("/part-")[before + len(data):]
+        third = opened.take([17, 2345])  # its pages and offset indexes kept: no request
+        kept = relay.stats.ranges("/part-")[before + len(data) + len(second):]
     assert list(again["id"]) == [2346, 3999]
+    assert list(third["id"]) == [17, 2345]
+    np.testing.assert_array_equal(np.stack(third["features"]), np.stack(frame["features"][[17, 2345]]))
+    assert kept == []
     assert sum(end - start for start, end in second) < file_bytes / 10, (second, file_bytes)
     assert list(got["id"]) == [2345, 17]
     assert list(got["text"]) == ["row 2345", "row 17"]
