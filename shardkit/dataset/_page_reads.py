@@ -60,10 +60,9 @@ _PAGE_HEADER = {1: None, 2: None, 3: None, 4: None, 5: {1: None}, 8: {1: None}}
 SPARE = 0.5
 
 #: A field is read whole, not page by page, when the pages that hold the asked rows are this share of its
-#: bytes or more (at most twice the bytes of its pages, in one read with no copy); from a store, where a
-#: byte costs a transfer, this share (at most a ninth more bytes).
+#: bytes or more (at most twice the bytes of its pages, in one read with no copy, kept by the caller
+#: whole: no page of it is read or decoded again).
 DENSE = 0.5
-DENSE_REMOTE = 0.9
 
 #: Pages of a remote file whose ranges lie this close are read in one request (the bytes between are read
 #: and dropped): a request costs a round trip, 64 KiB a fraction of one.
@@ -330,7 +329,7 @@ def read_rows(ds: Dataset, i: int, columns: Sequence[str], wanted: np.ndarray, *
             ranges = selected_ranges({j: chunks[j] for j in js}, rows)
             needed = sum(end - start for rs in ranges.values() for start, end in rs)
             total = sum(int(chunks[j].sizes.sum()) + _dictionary_bytes(chunks[j]) for j in js)
-            if rows.all() or needed >= (DENSE if ds.location.is_local else DENSE_REMOTE) * total:
+            if rows.all() or needed >= DENSE * total:
                 dense.append(name)
             else:
                 selected[name] = (rows, ranges)

@@ -18,17 +18,16 @@ local file or in range requests to an object store, checked and decoded (`Datase
 asked rows are decoded (an image is decoded for its own row, not its row group's).
 
 What is kept for the next lookups (`KeptRows`, up to ``cache_bytes``, the least recently used dropped
-first). A column whose pages holding the asked rows are half its bytes or more (from an object store,
-nine tenths: `_page_reads.DENSE_REMOTE`) is read whole (``Dataset.read_row_group``: its page checksums
-checked) and kept, as Arrow, not decoded; so is a row group of a local dataset asked again after a
-lookup read its pages, while it fits beside what is kept. From an object store, where bytes cost
-requests and egress, the pages and offset indexes fetched are kept instead, and a lookup fetches only
-what is not kept. Lookups answered from what is kept read nothing: a map-style loader that asks for
-the rows of one row group one by one reads it once, and random 256-row batches over a dataset that
-fits read it once. An opened dataset's
-``take`` and ``ds[i]`` share one `KeptRows` (``Dataset.lookups``, `ROWS_KEPT` bytes;
-``ds.lookups.budget = 0`` keeps nothing). A table (its deletions and casts) and a file without a page
-index are read a row group at a time (noted once on the ``shardkit.dataset`` logger).
+first). A column whose pages holding the asked rows are half its bytes or more (`_page_reads.DENSE`)
+is read whole (``Dataset.read_row_group``: its page checksums checked) and kept, as Arrow, not decoded;
+so is a row group of a local dataset asked again after a lookup read its pages, while it fits beside
+what is kept. From an object store, where bytes cost requests and egress, the pages and offset indexes
+fetched are kept instead, and a lookup fetches only what is not kept. Lookups answered from what is
+kept read nothing: a map-style loader that asks for the rows of one row group one by one reads it once,
+and random 256-row batches over a dataset that fits read it once. An opened dataset's ``take`` and
+``ds[i]`` share one `KeptRows` (``Dataset.lookups``, `ROWS_KEPT` bytes; ``ds.lookups.budget = 0``
+keeps nothing). A table (its deletions and casts) and a file without a page index are read a row group
+at a time (noted once on the ``shardkit.dataset`` logger).
 """
 
 from __future__ import annotations
