@@ -35,6 +35,7 @@ from __future__ import annotations
 import threading
 from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -53,6 +54,9 @@ __all__ = ["CACHE_BYTES", "KeptRows", "RowAccess", "check_columns", "encoded_sch
 #: Arrow bytes of row groups a `RowAccess` keeps (least recently used dropped first): enough for a few
 #: row groups of images, so that consecutive lookups in one row group read it once.
 CACHE_BYTES = 256 << 20
+
+#: row groups of a remote dataset one lookup reads at once (each waits on its requests' round trips)
+CONCURRENT_GROUPS = 8
 
 #: row groups a `KeptRows` remembers as read in pages (forgotten all at once past this)
 PAGED_KEPT = 1 << 16
@@ -252,16 +256,22 @@ class RowAccess:
         groups = np.searchsorted(self._ends, positions, side="right")
         order = np.argsort(groups, kind="stable")
         bounds = np.flatnonzero(np.diff(groups[order])) + 1
-        pieces: list[pa.Table] = []
+        asks: list[tuple[int, np.ndarray]] = []
         where = np.empty(len(positions), dtype=np.int64)  # each asked row's place among the pieces' rows
         placed = 0
         for chosen in np.split(order, bounds):
             g = int(groups[chosen[0]])
             start = int(self._ends[g - 1]) if g else 0
             wanted, back = np.unique(positions[chosen] - start, return_inverse=True)
-            pieces.append(self._rows_of(g, wanted))
+            asks.append((g, wanted))
             where[chosen] = placed + back
             placed += len(wanted)
+        if len(asks) > 1 and not self.dataset.location.is_local:
+            # a store's row groups at once: each waits on its round trips (offset indexes, then pages)
+            with ThreadPoolExecutor(min(len(asks), CONCURRENT_GROUPS), "shardkit-take") as pool:
+                pieces = list(pool.map(lambda ask: self._rows_of(*ask), asks))
+        else:
+            pieces = [self._rows_of(g, wanted) for g, wanted in asks]
         rows = pieces[0] if len(pieces) == 1 else pa.concat_tables(pieces)
         if len(where) == rows.num_rows and np.array_equal(where, np.arange(len(where))):
             return rows  # asked in the dataset's order, each once: no second take
