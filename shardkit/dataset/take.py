@@ -109,7 +109,8 @@ class KeptRows:
     layouts of the values read in place with their pages checked (each page checked once). Thread-safe.
 
     Args:
-        budget: Arrow bytes kept at most (0: no column kept; the layouts are kept still).
+        budget: bytes kept at most, of arrays and fetched ranges together (0: none kept; the layouts
+            are kept still).
     """
 
     def __init__(self, budget: int) -> None:
