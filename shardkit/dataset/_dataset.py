@@ -527,14 +527,16 @@ class Dataset:
         logging.getLogger("shardkit.dataset").info("%s", message)
 
     def read_rows(self, i: int, columns: Sequence[str], wanted: np.ndarray, *,
-                  whole: Callable[[list[str]], pa.Table] | None = None) -> tuple[pa.Table, int] | None:
+                  whole: Callable[[list[str]], pa.Table] | None = None,
+                  kept: KeptRows | None = None) -> tuple[pa.Table, int] | None:
         """Rows ``wanted`` (sorted, distinct positions) of row group ``i`` of ``columns``, reading only the
         pages that hold them (Parquet's offset index; a field whose pages are mostly needed read whole, by
-        ``whole(fields)`` where given), and how many pages that read; None where the file has no page
-        index, or the dataset is a table or read through hints (`_page_reads.read_rows`)."""
+        ``whole(fields)`` where given; from a store, the ranges ``kept`` holds not fetched again), and how
+        many pages that read; None where the file has no page index, or the dataset is a table or read
+        through hints (`_page_reads.read_rows`)."""
         from shardkit.dataset._page_reads import read_rows
 
-        return read_rows(self, i, columns, wanted, whole=whole)
+        return read_rows(self, i, columns, wanted, whole=whole, kept=kept)
 
     def page_footer(self, file: str) -> tuple[Any, list[str]]:
         """``file``'s footer (the summary's, where there is one) parsed for page reads

@@ -42,6 +42,7 @@ from shardkit.errors import ShardkitError, one_line
 
 if TYPE_CHECKING:
     from shardkit.dataset._dataset import Dataset
+    from shardkit.dataset.take import KeptRows
 
 #: What of a footer a page read moves: the file's row count (3), its row groups (4) with their row count
 #: (3), file offset (5) and compressed size (6), and each column chunk's file offset (2), its column
@@ -288,14 +289,16 @@ def _zigzag(value: int) -> bytes:
 
 
 def read_rows(ds: Dataset, i: int, columns: Sequence[str], wanted: np.ndarray, *,
-              whole: Callable[[list[str]], pa.Table] | None = None) -> tuple[pa.Table, int] | None:
+              whole: Callable[[list[str]], pa.Table] | None = None,
+              kept: KeptRows | None = None) -> tuple[pa.Table, int] | None:
     """Rows ``wanted`` (sorted, distinct positions in row group ``i`` of ``ds``) of ``columns``, in that
     order, and the pages read for them: only the pages that hold them, checked, each field's pages
     decoded by pyarrow from a `mini_file`; a field whose pages holding them are `DENSE` of its bytes or
     more, read whole by ``whole(fields)`` (all the row group's rows of those fields; None:
-    `Dataset.read_row_group`). None where that cannot be done (the row group is then read whole): a
-    table (its deletions and column mapping), columns read through ``schema=`` hints, a file without a
-    page index.
+    `Dataset.read_row_group`). From a store, the ranges ``kept`` holds are not fetched, and those
+    fetched are kept there (None: none). None where that cannot be done (the row group is then read
+    whole): a table (its deletions and column mapping), columns read through ``schema=`` hints, a file
+    without a page index.
 
     Raises:
         CorruptDatasetError: a page that fails its checksum, an offset index or a page that cannot be
@@ -318,7 +321,7 @@ def read_rows(ds: Dataset, i: int, columns: Sequence[str], wanted: np.ndarray, *
             return None
         # the offset indexes of a row group lie together, after its file's last page: one request
         ranges = {j: [(offset, offset + length)] for j, (offset, length) in found.items()}
-        indexes = {j: blobs[0] for j, blobs in _read(ds, rg.file, ranges).items()}
+        indexes = {j: blobs[0] for j, blobs in _read(ds, rg.file, ranges, kept).items()}
         chunks = {j: chunk_pages(footer, g, j, index) for j, index in indexes.items()}
         if any(chunk.first_rows[-1] > rg.num_rows for chunk in chunks.values()):
             raise PageError(f"an offset index names rows past the row group's {rg.num_rows}")
@@ -334,7 +337,7 @@ def read_rows(ds: Dataset, i: int, columns: Sequence[str], wanted: np.ndarray, *
             else:
                 selected[name] = (rows, ranges)
         # every field's pages in one go (coalesced requests, concurrent on an object store)
-        got = _read(ds, rg.file, {j: r for _, ranges in selected.values() for j, r in ranges.items()}) \
+        got = _read(ds, rg.file, {j: r for _, ranges in selected.values() for j, r in ranges.items()}, kept) \
             if selected else {}
         arrays: dict[str, pa.Array] = {}
         pages_read = 0
@@ -381,14 +384,16 @@ def _dictionary_bytes(chunk: ChunkPages) -> int:
     return 0 if chunk.dictionary is None else chunk.dictionary[1] - chunk.dictionary[0]
 
 
-def _read(ds: Dataset, file: str, ranges: dict[int, list[tuple[int, int]]]) -> dict[int, list[memoryview]]:
+def _read(ds: Dataset, file: str, ranges: dict[int, list[tuple[int, int]]],
+          keep: KeptRows | None = None) -> dict[int, list[memoryview]]:
     """The bytes of each of ``ranges`` (per key, a list of (start, end)) of ``file``, read in `coalesced`
     requests (`Dataset.read_ranges`): views of what the requests read, not copies. From a store, the
-    ranges the dataset's lookups kept (`Dataset.lookups`) are not fetched again, and those fetched are
-    kept."""
+    ranges ``keep`` holds are not fetched again, and those fetched are kept there."""
     wanted = [r for rs in ranges.values() for r in rs]
     local = ds.location.is_local
-    kept = {} if local else ds.lookups.get_ranges(file, wanted)
+    # (a memory map is read in place: nothing to keep; a budget of 0 keeps nothing: no copy to make)
+    store = keep if keep is not None and keep.budget > 0 and not local else None
+    kept = {} if store is None else store.get_ranges(file, wanted)
     missing = [r for r in wanted if r not in kept]
     # (a memory map: no request to save; a store: fewer requests for at most half as many bytes more)
     requests = coalesced(missing, 0, 0.0) if local else coalesced(missing, GAP, SPARE)
@@ -409,9 +414,9 @@ def _read(ds: Dataset, file: str, ranges: dict[int, list[tuple[int, int]]]) -> d
             if len(piece) != end - start:
                 raise PageError(f"bytes {start}-{end} of {file!r} are past its end")
             pieces.append(piece)
-            if not local:
+            if store is not None:
                 fetched[(start, end)] = bytes(piece)  # (a copy: the request's gaps are not kept)
         out[key] = pieces
-    if fetched:
-        ds.lookups.put_ranges(file, fetched)
+    if store is not None and fetched:
+        store.put_ranges(file, fetched)
     return out

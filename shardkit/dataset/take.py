@@ -316,7 +316,8 @@ class RowAccess:
             table = self._row_group(g, missing).take(index)
             arrays.update(zip(missing, table.columns, strict=True))
         else:
-            found = self.dataset.read_rows(g, missing, wanted, whole=lambda names: self._row_group(g, names))
+            found = self.dataset.read_rows(g, missing, wanted, whole=lambda names: self._row_group(g, names),
+                                           kept=self.kept)
             if found is None:
                 self.dataset.note_once(
                     "whole chunks", f"random access to {self.dataset.url} reads whole column chunks: its "

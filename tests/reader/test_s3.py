@@ -153,6 +153,7 @@ def test_a_lookup_fetches_only_the_pages_of_its_rows(s3_server: S3Server, s3_buc
 
     import shardkit.dataset.write as write_module
     from benchmarks.relay import Relay
+    from shardkit.dataset import RowAccess
 
     url = f"s3://{s3_bucket}/ds"
     frame = _frame(4000)
@@ -173,10 +174,18 @@ def test_a_lookup_fetches_only_the_pages_of_its_rows(s3_server: S3Server, s3_buc
         second = relay.stats.ranges("/part-")[before + len(data):]
         third = opened.take([17, 2345])  # its pages and offset indexes kept: no request
         kept = relay.stats.ranges("/part-")[before + len(data) + len(second):]
+        unkept = RowAccess(opened, ["features"], cache_bytes=0)  # its own budget of 0: fetched each time
+        counts = []
+        for _ in range(2):
+            already = len(relay.stats.ranges("/part-"))
+            np.testing.assert_array_equal(unkept.take([17])["features"][0], frame["features"][17])
+            counts.append(len(relay.stats.ranges("/part-")) - already)
     assert list(again["id"]) == [2346, 3999]
     assert list(third["id"]) == [17, 2345]
     np.testing.assert_array_equal(np.stack(third["features"]), np.stack(frame["features"][[17, 2345]]))
     assert kept == []
+    assert counts[0] > 0, counts
+    assert counts[1] == counts[0], counts
     assert sum(end - start for start, end in second) < file_bytes / 10, (second, file_bytes)
     assert list(got["id"]) == [2345, 17]
     assert list(got["text"]) == ["row 2345", "row 17"]
