@@ -142,8 +142,9 @@ class Dataset:
     @cached_property
     def lookups(self) -> KeptRows:
         """What this dataset's lookups (``ds[i]``, `take`) keep for the next ones: columns of row groups
-        they read whole, up to ``lookups.budget`` bytes of Arrow (`ROWS_KEPT`; set it to 0 to keep none), and
-        the layouts of the values read in place (`shardkit.dataset.KeptRows`)."""
+        they read whole (Arrow) and, from a store, the pages they fetched, up to ``lookups.budget`` bytes
+        (`ROWS_KEPT`; set it to 0 to keep none), and the layouts of the values read in place
+        (`shardkit.dataset.KeptRows`)."""
         from shardkit.dataset.take import KeptRows
 
         return KeptRows(ROWS_KEPT)
