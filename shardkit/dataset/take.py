@@ -140,7 +140,8 @@ class KeptRows:
             return
         with self.lock:
             for name, column in zip(table.column_names, table.columns, strict=True):
-                self._keep((g, name), column.combine_chunks())
+                # (a table `_row_group` combined already: its one chunk, not a second copy of it)
+                self._keep((g, name), column.chunk(0) if column.num_chunks == 1 else column.combine_chunks())
 
     def get_ranges(self, file: str, ranges: Sequence[tuple[int, int]]) -> dict[tuple[int, int], bytes]:
         """Those of ``ranges`` (start, end) of remote data file ``file`` that are kept."""
