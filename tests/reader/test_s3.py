@@ -343,3 +343,26 @@ def test_the_options_s3fs_takes_are_not_refused(s3_server: S3Server, s3_bucket: 
                   {"s3": {"requester_pays": False}, "session_vars": {}}, {"compression": None}):
         ds = shardkit.open_dataset(url, storage_options={**s3_server.storage_options, **extra})
         assert ds.num_rows == 50, extra
+
+
+def test_dataloader_workers_forked_from_a_remote_dataset_read_it_without_opening_it_again(
+        s3_server: S3Server, s3_bucket: str, tmp_path: Path) -> None:
+    """Forked DataLoader workers read the dataset `ShardkitIterableDataset` opened, each through a
+    filesystem of its own (an async one made in the parent refuses to run in a child: "not fork-safe"):
+    every row once, and the summary fetched once in all, not once more per worker."""
+    import s3fs
+    import torch
+
+    from shardkit.torch import ShardkitIterableDataset
+
+    url, opts = f"s3://{s3_bucket}/ds", s3_server.storage_options
+    shardkit.write_dataset(_frame(600), url, storage_options=opts, row_group_size=100)
+    s3fs.S3FileSystem.clear_instance_cache()  # as a new process: nothing listed yet
+    since = s3_server.mark()
+    ds = ShardkitIterableDataset(url, batch_size=50, seed=0, storage_options=opts, cache=str(tmp_path / "c"))
+    loader = torch.utils.data.DataLoader(ds, batch_size=None, num_workers=2,
+                                         multiprocessing_context="fork")
+    ids = np.concatenate([b["id"].numpy() for b in loader])
+    assert sorted(ids.tolist()) == list(range(600))
+    assert s3_server.count_gets(rf"/{s3_bucket}/ds/_metadata", since=since) == 1, s3_server.requests(since)
+    assert s3_server.count_gets(rf"/{s3_bucket}{DATA_FILES}", since=since) > 0

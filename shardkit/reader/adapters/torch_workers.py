@@ -441,18 +441,21 @@ class ShardkitIterableDataset(torch.utils.data.IterableDataset[Batch]):
         with make_reader(url, shard=rank, num_shards=world_size, **reader_kwargs) as probe:
             self.rank, self.world_size, self.schema = probe.shard, probe.num_shards, probe.schema
             self.num_samples = probe.num_samples
-            # A table: every DataLoader worker reads the snapshot the probe saw, even if the table moves on
-            # before the workers open it. Forked workers read the opened table itself: deltalake's
-            # runtime does not survive a fork (it panics); spawned ones open the snapshot again.
-            self._table: Dataset | None = None
-            self._table_pid = os.getpid()
+            # Forked workers (and this process) read the dataset the probe opened: no second listing
+            # or summary request per worker, which from a store is most of a worker's start (its
+            # filesystem is made anew in the child, `Location._forked`). A table: every worker reads
+            # the snapshot the probe saw, even if the table moves on before the workers start, and
+            # deltalake's runtime does not survive a fork (it panics). Spawned workers open the URL
+            # again (a table: at the probe's snapshot).
+            self._opened: Dataset | None = None
+            self._opened_pid = os.getpid()
             if isinstance(probe, MixedReader):  # a mixture's tables: their snapshots pinned by version
                 pinned = {name: d.snapshot.version for name, d in probe.datasets.items() if d.snapshot}
                 if pinned and reader_kwargs.get("version") is None:
                     reader_kwargs = {**reader_kwargs, "version": pinned}
-            elif probe.dataset.snapshot is not None:
-                self._table = probe.dataset
-                if reader_kwargs.get("version") is None:
+            else:
+                self._opened = probe.dataset
+                if probe.dataset.snapshot is not None and reader_kwargs.get("version") is None:
                     reader_kwargs = {**reader_kwargs, "version": probe.dataset.snapshot.version}
         self.url, self.reader_kwargs = url, reader_kwargs
         self.collate: Collate | CollateFn = Collate() if collate is None else collate
@@ -499,9 +502,9 @@ class ShardkitIterableDataset(torch.utils.data.IterableDataset[Batch]):
                     f"num_workers <= {fits}" + (" (or fewer ranks)" if self.world_size > 1 else "")
                     + ", or num_workers=0 to read in the main process")
             try:
-                if self._table is not None:  # the table's snapshot, opened already (see __init__)
+                if self._opened is not None:  # the dataset the probe opened (see __init__)
                     kwargs = {k: v for k, v in self.reader_kwargs.items() if k != "storage_options"}
-                    reader = make_reader(self._table, shard=shard, num_shards=num_shards, **kwargs)
+                    reader = make_reader(self._opened, shard=shard, num_shards=num_shards, **kwargs)
                 else:
                     reader = make_reader(self.url, shard=shard, num_shards=num_shards, **self.reader_kwargs)
             except ReaderError as e:
@@ -597,24 +600,24 @@ class ShardkitIterableDataset(torch.utils.data.IterableDataset[Batch]):
         """A table's reader state saved on another snapshot: open that snapshot here, once, for every
         worker (the workers' readers would each reopen it; a forked worker cannot run deltalake)."""
         saved = (reader_state or {}).get("snapshot")
-        table = self._table
+        table = self._opened
         if table is None or table.snapshot is None or not isinstance(saved, Mapping):
             return
         version = saved.get("version")
         if not isinstance(version, int) or version == table.snapshot.version:
             return
-        if table.snapshot.format == "delta" and os.getpid() != self._table_pid:
+        if table.snapshot.format == "delta" and os.getpid() != self._opened_pid:
             raise AdapterError(
                 f"this DataLoader worker resumes the Delta table {table.url!r} on version {version} (the "
                 f"dataset was made on version {table.snapshot.version}), and deltalake cannot run in a "
                 "forked worker. Load the state into the dataset before making the DataLoader "
                 "(dataset.load_state_dict(shardkit.torch.job_state(saved))), or make the DataLoader with "
                 "multiprocessing_context='spawn'")
-        self._table = table.snapshot.reopen(version)
+        self._opened = table.snapshot.reopen(version)
         if table.hints:
             from shardkit.dataset.hints import apply_hints
 
-            self._table = apply_hints(self._table, table.hints)
+            self._opened = apply_hints(self._opened, table.hints)
         self.reader_kwargs = {**self.reader_kwargs, "version": version}
         if self._reader is not None and self._reader_pid == os.getpid():
             self._reader.close()
@@ -623,7 +626,7 @@ class ShardkitIterableDataset(torch.utils.data.IterableDataset[Batch]):
     def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)  # a reader (and its threads) never travels to a worker
         state["_reader"], state["_reader_pid"], state["_passes"] = None, 0, None
-        state["_table"] = None  # a spawned worker opens the table's snapshot by its URL and version
+        state["_opened"] = None  # a spawned worker opens the dataset by its URL (a table: at its version)
         return state
 
 
