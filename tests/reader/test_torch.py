@@ -759,3 +759,27 @@ def test_more_dataloader_workers_than_rows_names_num_workers_the_ranks_and_what_
     assert "5 samples" in message
     assert fits in message
     assert "num_workers=0" in message
+
+
+def test_forked_workers_read_a_plain_parquet_folder_with_the_schema_hints_given_once(tmp_path: Path) -> None:
+    """The workers read the dataset the main process opened with its ``schema=`` hints: a list column
+    hinted as a (2, 3) tensor comes as one, every row once."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    folder = tmp_path / "plain"
+    folder.mkdir()
+    ids = np.arange(120, dtype=np.int64)
+    emb = [list(np.arange(6, dtype=np.float32) + i) for i in ids]
+    pq.write_table(pa.table({"id": ids, "emb": pa.array(emb, pa.list_(pa.float32()))}),
+                   folder / "part-0.parquet", row_group_size=30)
+    shardkit.write_summary(str(folder))
+    hints = [shardkit.Field("emb", "float32", (2, 3))]
+    ds = skt.ShardkitIterableDataset(str(folder), batch_size=10, seed=0, schema=hints)
+    loader = torch.utils.data.DataLoader(ds, batch_size=None, num_workers=2, multiprocessing_context="fork")
+    seen = []
+    for batch in loader:
+        assert tuple(batch["emb"].shape[1:]) == (2, 3)
+        np.testing.assert_array_equal(batch["emb"].numpy().reshape(-1, 6)[:, 0], batch["id"].numpy())
+        seen += batch["id"].tolist()
+    assert sorted(seen) == list(range(120))

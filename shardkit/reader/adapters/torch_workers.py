@@ -502,8 +502,9 @@ class ShardkitIterableDataset(torch.utils.data.IterableDataset[Batch]):
                     f"num_workers <= {fits}" + (" (or fewer ranks)" if self.world_size > 1 else "")
                     + ", or num_workers=0 to read in the main process")
             try:
-                if self._opened is not None:  # the dataset the probe opened (see __init__)
-                    kwargs = {k: v for k, v in self.reader_kwargs.items() if k != "storage_options"}
+                if self._opened is not None:  # the dataset the probe opened, its schema= hints applied
+                    kwargs = {k: v for k, v in self.reader_kwargs.items()
+                              if k not in ("storage_options", "schema")}
                     reader = make_reader(self._opened, shard=shard, num_shards=num_shards, **kwargs)
                 else:
                     reader = make_reader(self.url, shard=shard, num_shards=num_shards, **self.reader_kwargs)
