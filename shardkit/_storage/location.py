@@ -83,8 +83,8 @@ class Location:
         """In a forked child: an async filesystem (s3fs, gcsfs, ...) refuses to run there ("not
         fork-safe": its event loop is the parent's), so the location gets a fresh instance made with the
         same options. Where the filesystem takes a ``session`` (s3fs), the parent's goes with it: a
-        session has no connection, and the service descriptions it parsed already (~0.15 CPU-s a
-        process) need not be parsed again. A dataset opened before a fork (a DataLoader's workers)
+        session has no connection, and the service descriptions it parsed already need not be parsed
+        again in every child. A dataset opened before a fork (a DataLoader's workers)
         then reads in the child as it did in the parent."""
         fs = self.fs
         options = dict(fs.storage_options)
