@@ -24,7 +24,7 @@ import fsspec.asyn
 import pyarrow as pa
 import pyarrow.fs as pafs
 
-from shardkit._storage.access import filesystem_error, request_error, storage_option_error
+from shardkit._storage.access import _options_taken, filesystem_error, request_error, storage_option_error
 from shardkit.errors import NotADatasetError
 
 SUMMARY = "_metadata"
@@ -89,10 +89,11 @@ class Location:
         fs = self.fs
         options = dict(fs.storage_options)
         session = getattr(fs, "session", None)
-        if session is not None and "session" in _parameters(type(fs)):
+        kind: type = type(fs)
+        if session is not None and "session" in (_options_taken(kind) or ()):
             options["session"] = session
         try:
-            fresh = type(fs)(*getattr(fs, "storage_args", ()), **options)
+            fresh = kind(*getattr(fs, "storage_args", ()), **options)
         except Exception:  # a filesystem that cannot be made again keeps the parent's, which says why
             return         # not at its first use here
         object.__setattr__(self, "fs", fresh)
@@ -263,16 +264,6 @@ def _after_fork() -> None:
 
 
 os.register_at_fork(after_in_child=_after_fork)
-
-
-def _parameters(cls: type) -> tuple[str, ...]:
-    """The names of the parameters ``cls(...)`` takes (none where they cannot be told)."""
-    import inspect
-
-    try:
-        return tuple(inspect.signature(cls.__init__).parameters)  # type: ignore[misc]
-    except (TypeError, ValueError):
-        return ()
 
 
 def _version_of(info: Mapping[str, Any]) -> str | None:
