@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import HealthCheck, settings
 
 import shardkit
 
@@ -24,6 +25,24 @@ _SPARK_ENV = {
     "SPARK_LOCAL_IP": "127.0.0.1",
 }
 
+# No clock in the properties: an example is not failed for taking longer than 200 ms (Hypothesis's default
+# deadline), nor a test for drawing its data slowly, on a machine shared with other tests.
+settings.register_profile("shardkit", deadline=None, suppress_health_check=[HealthCheck.too_slow])
+settings.load_profile("shardkit")
+
+#: tests that run alone, after the rest (``./scripts/test`` runs the rest on two processes): the multi-host
+#: tests (their namespaces and addresses are fixed: one network at a time) and the docs blocks (real jobs
+#: on every engine, with timeouts sized for a machine they do not share with other tests)
+SERIAL = ("tests/multihost/", "tests/test_docs_blocks.py::test_docs_blocks_run_as_written")
+
+
+def pytest_itemcollected(item: pytest.Item) -> None:
+    """Marks before ``-m`` selects: `SERIAL` tests ``serial``; the JAX tests one xdist group (one process
+    runs them, after the others it was given: see `pytest_collection_modifyitems`)."""
+    if item.nodeid.replace("\\", "/").startswith(SERIAL):
+        item.add_marker(pytest.mark.serial)
+    if item.path.name == "test_jax.py":
+        item.add_marker(pytest.mark.xdist_group("jax"))
 
 
 @pytest.hookimpl(trylast=True)
