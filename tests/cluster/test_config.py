@@ -470,6 +470,27 @@ def test_secret_from_missing_file(job_dir: Path) -> None:
     assert "FileNotFoundError" in line
 
 
+def test_a_long_path_is_named_whole_and_a_longer_value_keeps_its_ends(job_dir: Path) -> None:
+    """An error cut a value at 80 characters: a long path (a CI machine's temporary folder) lost the
+    part that tells where it is. Up to 400 characters a value is shown whole; past that, its middle goes."""
+    deep = job_dir.joinpath(*[f"level-{i:02d}" for i in range(20)]) / "token"
+    assert len(str(deep)) > 200
+    config = load_config(write(job_dir, base(secrets={"TOKEN": {"file": str(deep)}})))
+    with pytest.raises(ConfigError) as info:
+        config.secret_values()
+    assert f"= '{deep}'" in problem_line(str(info.value), "secrets.TOKEN.file")
+
+    words = " ".join(f"w{i}" for i in range(300))
+    with pytest.raises(ConfigError) as info:
+        load_config(write(job_dir, base(name=words)))
+    line = problem_line(str(info.value), "name")
+    shown = line.split(" = ", 1)[1].split(" (line", 1)[0].split(": ", 1)[0]
+    assert shown.startswith("'w0 w1 "), shown
+    assert shown.endswith(" w298 w299'"), shown
+    assert "..." in shown, shown
+    assert len(shown) <= 400, len(shown)
+
+
 def test_every_missing_secret_is_listed_at_once(job_dir: Path, monkeypatch: pytest.MonkeyPatch,
                                                 tmp_path: Path) -> None:
     for var in ("SHARDKIT_TEST_NO_A", "SHARDKIT_TEST_NO_B"):

@@ -41,9 +41,17 @@ _MISSING_HINTS = {
 _Item = tuple[tuple[str | int, ...], Any, str, str]
 
 
+#: the longest value an error shows whole: paths and URLs are longer than a line, and one cut short
+#: does not name the place; past this, the middle goes (a path's end, its file, is what tells most)
+SHOWN = 400
+
+
 def _show(value: Any) -> str:
     text = repr(str(value) if isinstance(value, Path) else value)
-    return text if len(text) <= 80 else text[:77] + "..."
+    if len(text) <= SHOWN:
+        return text
+    half = (SHOWN - 3) // 2
+    return text[:half] + "..." + text[-half:]
 
 
 def config_error(source: Path | None, items: Sequence[_Item]) -> ConfigError:
