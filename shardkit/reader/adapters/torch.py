@@ -98,9 +98,13 @@ def _tensors(value: Any) -> list[torch.Tensor]:
             return [v for v in value if v is not None]
     return []
 
-_CHUNK = 16 << 20  # bytes: a larger tensor goes in chunks, each chunk's host copy overlapping a transfer
-_PARALLEL_MIN = 2 << 20  # bytes: a host copy at least this large is split over `_copy_pool`'s threads
-_COPY_THREADS = min(8, os.cpu_count() or 1)
+#: bytes: a larger tensor goes in chunks, each chunk's host copy overlapping the transfer of the one before.
+#: Large, because a chunk's copy is split over the pool's threads, and pieces of a MiB or two cost nearly
+#: as much in the threads' hand-offs as in copying (`benchmarks.gpu` measures the path)
+_CHUNK = 64 << 20
+_PARALLEL_MIN = 4 << 20  # bytes: a host copy is split over `_copy_pool`'s threads in pieces this large
+#: one core copies into pinned memory several times slower than a PCIe 5 link takes it: many cores copy
+_COPY_THREADS = min(16, os.cpu_count() or 1)
 _PACK_MAX = 4 << 20  # bytes: tensors up to this size go together in one transfer per batch
 _ALIGN = 64  # bytes: where each tensor of a packed batch starts (any dtype's view of it is aligned)
 
@@ -128,7 +132,7 @@ def _pinned_bytes(nbytes: int) -> np.ndarray:
 def _host_copy(dst: np.ndarray, src: np.ndarray) -> None:
     """``dst[:] = src`` for two flat uint8 arrays; large ones in parallel pieces."""
     n = src.shape[0]
-    parts = min(_COPY_THREADS, n // _PARALLEL_MIN)  # pieces of 2 MiB or more: a thread's wake-up is dear
+    parts = min(_COPY_THREADS, n // _PARALLEL_MIN)  # pieces of 4 MiB or more: a thread's wake-up is dear
     if parts < 2:
         np.copyto(dst, src)
         return
