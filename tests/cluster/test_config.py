@@ -471,7 +471,7 @@ def test_secret_from_missing_file(job_dir: Path) -> None:
 
 
 def test_a_long_path_is_named_whole_and_a_longer_value_keeps_its_ends(job_dir: Path) -> None:
-    """An error cut a value at 80 characters: a long path (a CI machine's temporary folder) lost the
+    """An error cut a value at 80 characters: a long path (a deep temporary folder, say) lost the
     part that tells where it is. Up to 400 characters a value is shown whole; past that, its middle goes."""
     deep = job_dir.joinpath(*[f"level-{i:02d}" for i in range(20)]) / "token"
     assert len(str(deep)) > 200
