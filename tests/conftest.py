@@ -30,21 +30,10 @@ _SPARK_ENV = {
 settings.register_profile("shardkit", deadline=None, suppress_health_check=[HealthCheck.too_slow])
 settings.load_profile("shardkit")
 
-#: tests ``./scripts/test`` runs after the rest, the two of them side by side: the multi-host tests (one
-#: after another: their namespaces and addresses are fixed, one network at a time) and the docs blocks
-#: (real jobs on every engine, with their own timeouts)
-SERIAL = ("tests/multihost/", "tests/test_docs_blocks.py::test_docs_blocks_run_as_written")
-
 
 def pytest_itemcollected(item: pytest.Item) -> None:
-    """Marks before ``-m`` selects: `SERIAL` tests ``serial``, the multi-host ones one xdist group (one
-    process runs them in turn); the JAX tests one xdist group (one process runs them, after the others it
-    was given: see `pytest_collection_modifyitems`)."""
-    nodeid = item.nodeid.replace("\\", "/")
-    if nodeid.startswith(SERIAL):
-        item.add_marker(pytest.mark.serial)
-    if nodeid.startswith("tests/multihost/"):
-        item.add_marker(pytest.mark.xdist_group("multihost"))
+    """The JAX tests are one xdist group: one process runs them, after the others it was given (see
+    `pytest_collection_modifyitems`)."""
     if item.path.name == "test_jax.py":
         item.add_marker(pytest.mark.xdist_group("jax"))
 

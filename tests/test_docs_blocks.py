@@ -90,6 +90,7 @@ def _report(outcomes: list[Outcome], skipped: list[Block], failed: list[str], se
 
 
 @pytest.mark.slow
+@pytest.mark.serial  # after the rest, beside the multi-host tests: real jobs on every engine
 @pytest.mark.timeout(1200)
 def test_docs_blocks_run_as_written(tmp_path: Path) -> None:
     venv = REPO / ".venv"

@@ -14,6 +14,10 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         if "tests/multihost/" in item.nodeid.replace("\\", "/"):
             item.add_marker(pytest.mark.multihost)
             item.add_marker(pytest.mark.distributed)
+            # ./scripts/test runs them after the rest, one after another in one process (one xdist group):
+            # their namespaces and addresses are fixed, one network at a time
+            item.add_marker(pytest.mark.serial)
+            item.add_marker(pytest.mark.xdist_group("multihost"))
 
 
 @pytest.fixture
