@@ -166,7 +166,8 @@ class Dataset:
         counts = (rg.num_rows for rg in self.row_groups)
         return np.fromiter(counts, dtype=np.int64, count=len(self.row_groups))
 
-    def open_file(self, file: str, fetched: Fetched | None = None) -> pq.ParquetFile:
+    def open_file(self, file: str, fetched: Fetched | None = None, *,
+                  checked: tuple[int, Sequence[str] | None] | None = None) -> pq.ParquetFile:
         """Open one data file, raising `CorruptDatasetError` (naming it) if it is not readable Parquet,
         `DatasetPermissionError` if this user may not read it (never taken for corruption).
 
@@ -175,6 +176,10 @@ class Dataset:
         every row group's column chunks, so its row group ``k`` is ``row_groups[k]``, read from this file
         (see `row_group_index`). Without one, the file's footer is read on its first opening and then
         reused (for the last `FOOTERS_KEPT` files).
+
+        ``checked``: ``(i, columns)``, the row group of the index and the columns (None: all) that will be
+        read from ``fetched``: their pages' checksums are checked as they are read (`FetchedFile`, ISA-L's
+        CRC-32) in place of pyarrow's check, many times slower.
         """
         path = self.location.join(file)
         with self._footer_lock:
@@ -184,16 +189,18 @@ class Dataset:
         try:
             if fetched is not None and footer is not None:  # fetched ahead (`shardkit.dataset.fetch`)
                 named = functools.partial(request_error, self.url, path)
-                source = pa.PythonFile(FetchedFile(fetched, self._fetch_more(file), named), mode="r")
+                chunks = self._fetched_chunks(footer, checked, fetched) if checked is not None else []
+                source = pa.PythonFile(FetchedFile(fetched, self._fetch_more(file), named, chunks), mode="r")
             else:
-                source, fetched = self.location.open_ranges(path), None
+                source, fetched, chunks = self.location.open_ranges(path), None, []
             pf = pq.ParquetFile(source, metadata=footer,
                                 pre_buffer=not self.location.is_local and fetched is None,
                                 # fetched: each column chunk read in pieces, decoded as its parts come
                                 buffer_size=FETCHED_PIECE if fetched is not None else 0,
-                                # a local file's pages: checked by `_verify_local` (faster than pyarrow's CRC)
+                                # a local file's pages: checked by `_verify_local`, fetched ones by the
+                                # `FetchedFile` (both faster than pyarrow's CRC)
                                 page_checksum_verification=VERIFY_PAGE_CHECKSUMS
-                                and not self.location.is_local)
+                                and not self.location.is_local and not chunks)
         except FileNotFoundError as e:
             if self.snapshot is not None:
                 raise CorruptDatasetError(
@@ -217,6 +224,27 @@ class Dataset:
             self.keep_footer(file, pf.metadata)
         pf.shardkit_source = source  # type: ignore[attr-defined]  # (`_verify_local` reads its mapping)
         return pf
+
+    def _fetched_chunks(self, footer: pq.FileMetaData, checked: tuple[int, Sequence[str] | None],
+                        fetched: Fetched) -> list[tuple[str, int, int]]:
+        """The column chunks (``(column, start, end)``) of ``checked``'s row group and columns, for the
+        `FetchedFile` to check; none (pyarrow then checks) without checksums to verify, or where one lies
+        outside what was fetched."""
+        if not VERIFY_PAGE_CHECKSUMS:
+            return []
+        i, columns = checked
+        group = footer.row_group(self.row_group_index(i))
+        wanted = None if columns is None else set(columns)
+        chunks = []
+        for j in range(group.num_columns):
+            column = group.column(j)
+            if wanted is not None and column.path_in_schema.split(".", 1)[0] not in wanted:
+                continue
+            start, length = chunk_range(column)
+            if not fetched.covers(start, start + length):
+                return []
+            chunks.append((column.path_in_schema, start, start + length))
+        return chunks
 
     def chunk_ranges(self, i: int, columns: Sequence[str] | None = None
                      ) -> tuple[str, list[tuple[int, int]]] | None:
@@ -270,11 +298,11 @@ class Dataset:
         """
         rg = self.row_groups[i]
         where = f"row group {rg.index} of {self.location.join(rg.file)!r}"
+        names = list(columns) if columns is not None else None
         try:
-            pf = self.open_file(rg.file, fetched)
+            pf = self.open_file(rg.file, fetched, checked=(i, names))
         except CorruptDatasetError as e:
             raise CorruptDatasetError(f"{where} cannot be read: {e}") from e
-        names = list(columns) if columns is not None else None
         if VERIFY_PAGE_CHECKSUMS and self.location.is_local and not self._verify_local(i, pf, names, where):
             # a page header shardkit's walk cannot read: pyarrow reads (and checks) it, and says why not
             pf = pq.ParquetFile(pf.shardkit_source, metadata=pf.metadata,  # type: ignore[attr-defined]

@@ -29,8 +29,8 @@ import pyarrow.parquet as pq
 from shardkit.errors import CorruptDatasetError
 
 __all__ = ["MISMATCH", "ChunkReport", "Page", "PageChecks", "PageError", "PlainLayout", "check_chunk",
-           "check_row_group", "checksum_error", "chunk_range", "crc32", "first_page", "plain_layout",
-           "ranges_of", "walk_pages"]
+           "check_row_group", "checksum_error", "chunk_range", "crc32", "first_page", "page_header",
+           "plain_layout", "ranges_of", "walk_pages"]
 
 def _fastest_crc32() -> Callable[..., int]:
     """ISA-L's CRC-32 (``isal``, a dependency: much faster, with PCLMUL), else zlib's (as fast as
@@ -98,18 +98,32 @@ def walk_pages(data: bytes | memoryview, offset: int = 0) -> Iterator[Page]:
     view = memoryview(data)
     at = 0
     while at < len(view):
-        reader = _Compact(view, at)
         try:
-            kind, size, crc = reader.page_header()
-        except (IndexError, ValueError) as e:
+            kind, size, crc, header = page_header(view[at:])
+        except PageError as e:
             raise PageError(f"the page header at byte {offset + at} cannot be read ({e})") from e
-        body = reader.at
+        body = at + header
         if size < 0 or body + size > len(view):
             raise PageError(f"the page at byte {offset + at} claims {size} bytes, past the end of its "
                             f"column chunk ({len(view) - body} bytes left)")
         ok = None if crc is None else (crc32(view[body:body + size]) == crc & 0xFFFFFFFF)
         yield Page(offset + at, PAGE_KINDS.get(kind, f"page of type {kind}"), size, crc, ok)
         at = body + size
+
+
+def page_header(data: bytes | memoryview) -> tuple[int, int, int | None, int]:
+    """The page header at the start of ``data``: its page type, stored size, CRC-32 (None: none) and
+    its own length in bytes.
+
+    Raises:
+        PageError: not a page header, or one longer than ``data``.
+    """
+    reader = _Compact(memoryview(data), 0)
+    try:
+        kind, size, crc = reader.page_header()
+    except (IndexError, ValueError) as e:
+        raise PageError(str(e)) from e
+    return kind, size, crc, reader.at
 
 
 @dataclasses.dataclass(frozen=True)

@@ -33,7 +33,10 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["GAP", "MIN_AHEAD", "PART", "Fetched", "FetchedFile", "Fetcher", "coalesce", "fetch_getter"]
+from shardkit.dataset._pages import MISMATCH, PAGE_KINDS, PageError, crc32, page_header
+
+__all__ = ["GAP", "MIN_AHEAD", "PART", "Again", "Fetched", "FetchedFile", "Fetcher", "PageCheck", "coalesce",
+           "fetch_getter"]
 
 GAP = 1 << 20  # chunks closer than this are fetched as one range (a request costs more than the gap)
 PART = 32 << 20  # the most bytes of one request: a larger row group comes in parallel parts
@@ -71,22 +74,36 @@ class Fetched:
         self.path = entry.path
         self._entry = entry
 
-    def read(self, start: int, length: int) -> memoryview | bytes | None:
+    def covers(self, start: int, end: int) -> bool:
+        """Whether bytes ``start..end`` of the file lie within one of the ranges fetched."""
+        return any(a <= start and end <= b for a, b in self._entry.ranges)
+
+    def read(self, start: int, length: int, again: Again | None = None) -> memoryview | bytes | None:
         """``length`` bytes at ``start`` of the file, once fetched; None where they were not asked for
-        (outside the ranges). Raises what the request of a part raised."""
+        (outside the ranges). Raises what the request of a part raised, or, given ``again``, takes the
+        part's bytes from ``again(i, a, b, error)`` (part ``i``, bytes ``a..b``) instead."""
         entry = self._entry
         end = start + length
-        if not any(a <= start and end <= b for a, b in entry.ranges):
+        if not self.covers(start, end):
             return None
         i = bisect.bisect_right(entry.starts, start) - 1
         pieces = []
         while start < end:
             a, b = entry.parts[i]
-            data = entry.futures[i].result()
+            try:
+                data = entry.futures[i].result()
+            except Exception as e:
+                if again is None:
+                    raise
+                data = again(i, a, b, e)
             pieces.append(memoryview(data)[start - a:min(end, b) - a])
             start = min(end, b)
             i += 1
         return pieces[0] if len(pieces) == 1 else b"".join(pieces)
+
+
+#: ``again(part, start, end, error)``: the bytes of a part whose request failed, asked for once more
+Again = Callable[[int, int, int, BaseException], bytes]
 
 
 @dataclass
@@ -301,7 +318,14 @@ class FetchedFile:
     """A file object over `Fetched` bytes, for ``pyarrow.PythonFile``: reads within the fetched ranges
     come from memory (a view, no copy); any other read is one request (``fallback(start, end)``). A part
     whose request failed raises what ``named`` makes of the failure (a `DatasetError` saying the server
-    stopped answering), else is asked for once more by ``fallback``.
+    stopped answering), else is asked for once more by ``fallback``, whole, and kept: every later read of
+    its bytes gets the same ones.
+
+    ``chunks``: the column chunks (``(column, start, end)``) whose page checksums this file checks as the
+    Parquet reader reads them (`PageCheck`: ISA-L's CRC-32, many times cheaper than pyarrow's own check,
+    which the reader then leaves off). Every page a read touches, and those before it in its chunk, are
+    checked before the read returns, so no byte of a damaged page reaches the decoder. They must lie in
+    the fetched ranges (`Fetched.covers`).
 
     Its size is not known without a request, and the Parquet reader, given the footer, reads only the
     column chunks the footer names: the size claimed is larger than any file.
@@ -310,9 +334,12 @@ class FetchedFile:
     SIZE = 1 << 62
 
     def __init__(self, fetched: Fetched, fallback: Callable[[int, int], bytes],
-                 named: Callable[[BaseException], BaseException | None]) -> None:
+                 named: Callable[[BaseException], BaseException | None],
+                 chunks: Sequence[tuple[str, int, int]] = ()) -> None:
         # fallback: one request, its failure named; named: a failed request's error, when it is one
         self._fetched, self._fallback, self._named = fetched, fallback, named
+        self._again: dict[int, bytes] = {}  # parts whose request failed, asked for once more
+        self._checks = PageCheck(chunks, self._bytes) if chunks else None
         self._pos = 0
         self.closed = False
         self.mode = "rb"
@@ -337,14 +364,77 @@ class FetchedFile:
         if n is None or n < 0:
             raise OSError("a fetched file is read by ranges only")
         start, self._pos = self._pos, self._pos + n
-        try:
-            view = self._fetched.read(start, n)
-        except Exception as e:  # the filesystem retried already: a request that was never answered is
-            error = self._named(e)  # named as a direct read's; anything else is asked for once more
-            if error is not None:
-                raise error from e
-            view = None
+        if self._checks is not None:
+            self._checks.through(start, start + n)
+        return self._bytes(start, n)
+
+    def _bytes(self, start: int, n: int) -> memoryview | bytes:
+        view = self._fetched.read(start, n, self._part_again)
         return view if view is not None else self._fallback(start, start + n)
+
+    def _part_again(self, i: int, start: int, end: int, error: BaseException) -> bytes:
+        if i not in self._again:
+            named = self._named(error)  # the filesystem retried already: a request never answered is
+            if named is not None:  # named as a direct read's; anything else is asked for once more
+                raise named from error
+            self._again[i] = self._fallback(start, end)
+        return self._again[i]
 
     def close(self) -> None:
         self.closed = True
+
+
+class PageCheck:
+    """The page checksums of column chunks (``(column, start, end)`` in the file), checked in order as
+    far as a reader reads (`through`), each page once; ``read(start, length)`` gives the file's bytes.
+
+    A page whose bytes do not match its CRC-32 raises an `OSError` that says so ("checksum"); a page
+    header that cannot be read, or a page that runs past its chunk, raises one that names it. Pages
+    without a checksum pass unchecked, as with pyarrow's own check.
+    """
+
+    HEADER = 256  # bytes read for a page header at first (a longer one: read again, longer)
+
+    def __init__(self, chunks: Sequence[tuple[str, int, int]],
+                 read: Callable[[int, int], memoryview | bytes]) -> None:
+        self._chunks = sorted(chunks, key=lambda c: c[1])
+        self._starts = [start for _, start, _ in self._chunks]
+        self._next = [start for _, start, _ in self._chunks]  # per chunk: the next page not checked
+        self._read = read
+        self._lock = threading.Lock()
+        self.pages = 0  # pages checked
+
+    def through(self, start: int, end: int) -> None:
+        """Check every page of the chunks that lies before ``end`` and is not checked yet, where the
+        bytes ``start..end`` fall in a chunk."""
+        i = max(0, bisect.bisect_right(self._starts, start) - 1)
+        with self._lock:
+            while i < len(self._chunks) and self._chunks[i][1] < end:
+                column, _, stop = self._chunks[i]
+                if start < stop:
+                    while self._next[i] < min(end, stop):
+                        self._next[i] = self._check(column, self._next[i], stop)
+                i += 1
+
+    def _check(self, column: str, at: int, stop: int) -> int:
+        """Check the page whose header starts at ``at`` (its chunk ends at ``stop``); where the next
+        begins."""
+        length = min(self.HEADER, stop - at)
+        while True:
+            try:
+                kind, size, crc, header = page_header(self._read(at, length))
+                break
+            except PageError as e:
+                if length >= stop - at:
+                    raise OSError(f"column {column!r}: the page header at byte {at} cannot be read ({e})"
+                                  ) from None
+                length = min(stop - at, length * 64)
+        body = at + header
+        if size < 0 or body + size > stop:
+            raise OSError(f"column {column!r}: the page at byte {at} claims {size} bytes, past the end of "
+                          f"its column chunk ({stop - body} bytes left)")
+        if crc is not None and crc32(self._read(body, size)) != crc & 0xFFFFFFFF:
+            raise OSError(f"column {column!r}: the {PAGE_KINDS.get(kind, f'page of type {kind}')} at byte "
+                          f"{at} {MISMATCH} (page checksum)")
+        self.pages += 1
+        return body + size

@@ -21,7 +21,7 @@ import shardkit
 from benchmarks.relay import Relay
 from shardkit.dataset import SummaryMissingWarning
 from shardkit.dataset.fetch import coalesce
-from shardkit.errors import DatasetError
+from shardkit.errors import CorruptDatasetError, DatasetError
 
 if TYPE_CHECKING:
     from tests.reader.conftest import S3Server
@@ -151,6 +151,41 @@ def test_a_store_that_stalls_mid_read_is_named_as_a_direct_read_names_it(
     # a request never answered (a timeout), not corruption: nothing is skipped, the state resumes
     assert "Timeout" in str(info.value)
     assert "Nothing was skipped" in str(info.value)
+
+
+@pytest.mark.parametrize("cached", [False, True])
+def test_a_damaged_page_on_the_store_is_caught_before_it_is_decoded(
+        s3_server: S3Server, dataset: tuple[str, pd.DataFrame], tmp_path: Any, cached: bool) -> None:
+    """Row groups fetched ahead have their pages checked as they are decoded (shardkit's CRC, pyarrow's
+    own check off): a flipped bit in a data page on the store is named, and ``on_error="skip"`` leaves
+    its row group out, uncached too, and delivers every other row right."""
+    import s3fs
+
+    from shardkit.dataset._pages import chunk_range
+
+    url, frame = dataset
+    fs = s3fs.S3FileSystem(**s3_server.storage_options)
+    ds = shardkit.open_dataset(url, storage_options=s3_server.storage_options)
+    group = ds.row_groups[5]
+    path = f"{url.removeprefix('s3://')}/{group.file}"
+    meta = pq.read_metadata(fs.open(path))
+    start, length = chunk_range(meta.row_group(group.index).column(2))  # the features
+    data = bytearray(fs.cat_file(path))
+    data[start + length // 2] ^= 0x10
+    fs.pipe_file(path, bytes(data))
+    options = {"storage_options": s3_server.storage_options, "batch_size": 100, "shuffle": False,
+               "cache": str(tmp_path / "cache") if cached else None}
+    damaged = rf"row group {group.index} of .* fails its page checksums"
+    with pytest.raises(CorruptDatasetError, match=damaged), shardkit.make_reader(url, **options) as reader:
+        _ids(reader)
+    with shardkit.make_reader(url, on_error="skip", **options) as reader:
+        with pytest.warns(UserWarning, match=r"skipped 1 corrupt row group.*fails its page checksums"):
+            batches = list(reader)
+        assert reader.stats["skipped_row_groups"] == 1
+    rows = {int(i): x for batch in batches for i, x in zip(batch["id"], batch["features"], strict=True)}
+    assert len(rows) == len(frame) - group.num_rows
+    for i, x in rows.items():
+        np.testing.assert_array_equal(x, frame["features"][i])
 
 
 @settings(max_examples=200, deadline=None)
