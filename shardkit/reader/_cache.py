@@ -62,6 +62,7 @@ import struct
 import threading
 import time
 import uuid
+import weakref
 from collections.abc import Callable, Iterator
 
 import pyarrow as pa
@@ -70,7 +71,8 @@ import xxhash
 from shardkit.dataset.write import parse_size
 from shardkit.errors import ReaderError, SchemaError
 
-__all__ = ["CLAIM_REFRESH_S", "CLAIM_STALE_S", "CLAIM_WAIT_S", "CacheConfig", "Claim", "RowGroupCache"]
+__all__ = ["CLAIM_REFRESH_S", "CLAIM_STALE_S", "CLAIM_WAIT_S", "CacheConfig", "Claim", "MappedEntry",
+           "RowGroupCache"]
 
 DEFAULT_SIZE = "10GiB"
 _TRAILER = struct.Struct("<4sQQ")
@@ -265,6 +267,7 @@ class RowGroupCache:
 
     def __init__(self, config: CacheConfig) -> None:
         self.config = config
+        self._mapped: dict[int, MappedEntry] = {}  # id of a table `_load` gave (while it lives) -> its entry
         self.directory = os.path.abspath(os.path.expanduser(config.directory))
         try:
             os.makedirs(self.directory, exist_ok=True)
@@ -478,8 +481,9 @@ class RowGroupCache:
             return None
         with mapped:  # closing the file keeps the mapping alive for the buffers that point into it
             st = os.fstat(mapped.fileno())
+            data = mapped.read_buffer(st.st_size)
             try:
-                table = _decode(mapped.read_buffer(st.st_size), verify=_verified.get(path) != _identity(st))
+                table = _decode(data, verify=_verified.get(path) != _identity(st))
             except (_Corrupt, _OldFormat) as e:
                 if isinstance(e, _Corrupt):
                     _log.warning("cache entry %s is corrupt (%s); deleted, fetching the row group again",
@@ -492,7 +496,14 @@ class RowGroupCache:
             with contextlib.suppress(OSError):  # another user's entry: recency is best effort
                 os.utime(mapped.fileno(), ns=(time.time_ns(), st.st_mtime_ns))
             _verified[path] = _identity(os.fstat(mapped.fileno()))  # after the utime, which sets the ctime
+        self._mapped[id(table)] = MappedEntry(path, st.st_ino, data.address, data.size)
+        weakref.finalize(table, self._mapped.pop, id(table), None)
         return table
+
+    def entry_of(self, table: pa.Table) -> MappedEntry | None:
+        """The entry ``table`` is mapped from, when this cache gave it (`get`, `wait`) and it is still
+        alive; else None. Its buffers then lie in the entry's file (`MappedEntry.offset_of`)."""
+        return self._mapped.get(id(table))
 
     def _store(self, path: str, table: pa.Table) -> None:
         limit = self.config.size_limit
@@ -557,6 +568,23 @@ class RowGroupCache:
                 total -= size
             if evicted:
                 self._count("evictions", evicted)
+
+
+@dataclasses.dataclass(frozen=True)
+class MappedEntry:
+    """A cache entry as this process mapped it: its file (``path``, ``inode``) and where the mapping lies
+    in memory. A table read from it holds views of the mapping (uncompressed Arrow IPC), so its values
+    lie in the file too: a reader can point into the entry (`offset_of`) instead of copying them."""
+
+    path: str
+    inode: int
+    address: int
+    size: int
+
+    def offset_of(self, buffer: pa.Buffer) -> int | None:
+        """Where ``buffer``'s bytes start in the entry's file, when they lie in its mapping; else None."""
+        start = int(buffer.address) - self.address
+        return start if start >= 0 and start + buffer.size <= self.size else None
 
 
 def _decode(data: pa.Buffer, *, verify: bool) -> pa.Table:

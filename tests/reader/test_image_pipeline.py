@@ -300,6 +300,73 @@ def test_images_stored_as_they_are_are_read_in_place(tmp_path: Path, monkeypatch
             assert (reader.shuffle_reach["spilled_bytes"] > 0) is spilled
 
 
+def _entries(cache: Path) -> list[Path]:
+    return sorted(cache.glob("*.arrow"))
+
+
+@pytest.mark.parametrize("linked", [True, False])
+def test_images_read_from_the_cache_are_not_copied_into_the_spill(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, linked: bool) -> None:
+    """A warm cache's entries are memory-mapped Arrow files: a window's images stay in them (each entry
+    hard-linked into the spill's folder) instead of being copied there, and a batch still gets its bytes
+    after the entries were evicted (by another process) meanwhile. Where a link cannot be made (the
+    cache on another filesystem), they are copied as before."""
+    import errno
+
+    url, blobs = jpeg_dataset("jpeg", 60, "zstd")  # compressed: not read in place, but through the cache
+    cache = tmp_path / "cache"
+    read_all(url, batch_size=32, seed=0, cache=str(cache))  # fills it
+    assert len(_entries(cache)) == 4
+    if not linked:
+        def no_link(src: str, dst: str) -> None:
+            raise OSError(errno.EXDEV, "Invalid cross-device link")
+        monkeypatch.setattr(os, "link", no_link)
+    with shardkit.make_reader(url, batch_size=32, seed=0, cache=str(cache)) as reader:
+        it = iter(reader)
+        batches = [next(it)]
+        assert reader._spill is not None
+        links = [f for f in Path(reader._spill.folder).glob("*.bin") if f.stat().st_nlink == 2]
+        assert len(links) == (4 if linked else 0)  # the window's four entries
+        for entry in _entries(cache):
+            entry.unlink()
+        batches += list(it)
+        assert (reader.shuffle_reach["spilled_bytes"] == 0) is linked
+        assert reader._source.cache is not None
+        assert reader._source.cache.stats["hits"] == 4
+    got = by_id(batches)
+    assert sorted(got) == list(range(N))
+    for i, (image, _label) in got.items():
+        np.testing.assert_array_equal(image, pixels_of(blobs[i]))
+
+
+def test_a_cache_entry_replaced_since_it_was_mapped_is_copied_not_linked(tmp_path: Path) -> None:
+    """The spill links an entry only if the file at its path is still the one mapped (its inode): bytes
+    of another version are never taken for the mapped ones."""
+    from shardkit.reader._cache import CacheConfig, RowGroupCache
+    from shardkit.reader._pipeline.spill import Spill, handles_to_bytes
+
+    cache = RowGroupCache(CacheConfig(str(tmp_path / "cache"), 1 << 30))
+    cache.put("k", pa.table({"image": pa.array([b"one", b"two", None, b"three"], pa.binary())}))
+    table = cache.get("k")
+    assert table is not None
+    mapped = cache.entry_of(table)
+    assert mapped is not None
+    assert mapped.offset_of(table.column("image").chunks[0].buffers()[2]) is not None
+    spill = Spill(str(tmp_path))
+    try:
+        handles = spill.put(table.column("image"), spill.segment, mapped=mapped)
+        assert spill.bytes_written == 0
+        assert handles_to_bytes(spill.reader, handles).tolist() == [b"one", b"two", None, b"three"]
+        cache.put("k", pa.table({"image": pa.array([b"uno", b"dos", b"", b"tres"], pa.binary())}))  # replaced
+        window = spill.next_segment()
+        again = spill.put(table.column("image"), window, rows=np.array([0, 3]), mapped=mapped)
+        assert spill.bytes_written == len(b"one") + len(b"three")  # copied from the mapping, not linked
+        assert handles_to_bytes(spill.reader, again).tolist() == [b"one", b"three"]
+        assert cache.entry_of(pa.table({"x": [1]})) is None
+    finally:
+        spill.close()
+
+
 def _varying_crop(sample: dict[str, Any], rng: np.random.Generator) -> dict[str, Any]:
     side = int(rng.integers(4, 17))
     return {"id": sample["id"], "image": sample["image"][:side, :side]}

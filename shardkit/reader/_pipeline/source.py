@@ -479,7 +479,9 @@ class RowGroupSource:
                 times.add("read_arrow", time.perf_counter() - started)
             if late is not None and handles is not None:  # spilled from Arrow's buffers, not taken first
                 spilled = [n for n in late[2] if n not in self.direct]
-                handles.update({n: late[0].put(table.column(n), late[1], rows=picked) for n in spilled})
+                mapped = None if self.cache is None else self.cache.entry_of(table)  # (not copied: linked)
+                handles.update({n: late[0].put(table.column(n), late[1], rows=picked, mapped=mapped)
+                                for n in spilled})
                 table = table.drop_columns(spilled)
                 if not table.num_columns:
                     return Part([{n: handles[n] for n in self.fields}])

@@ -25,6 +25,7 @@ reads. `SpillReader` reads the same files by path, in another process (a transfo
 from __future__ import annotations
 
 import contextlib
+import errno
 import functools
 import mmap
 import os
@@ -32,12 +33,16 @@ import shutil
 import tempfile
 import threading
 import weakref
+from typing import TYPE_CHECKING
 
 import numpy as np
 import pyarrow as pa
 
 from shardkit.dataset import PageChecks
 from shardkit.errors import ReaderError
+
+if TYPE_CHECKING:
+    from shardkit.reader._cache import MappedEntry
 
 __all__ = ["Spill", "SpillReader", "handles_to_bytes"]
 
@@ -183,7 +188,9 @@ class Spill:
         self._segment = 0
         self._fds: dict[int, int] = {}
         self._sizes: dict[int, int] = {}
-        self._external: dict[tuple[int, str, tuple[str, str] | None], int] = {}
+        # (window, file, page checks or an entry's inode) -> the segment that is that file, not copied
+        self._external: dict[tuple[int, str, tuple[str, str] | int | None], int] = {}
+        self._links = True  # until a hard link fails: the cache on another filesystem
         self._window: dict[int, int] = {}  # segment -> the window (its first segment) it belongs to
         self.bytes_written = 0
         self.reader = SpillReader(self.folder)
@@ -231,28 +238,35 @@ class Spill:
             return k
 
     def put(self, column: pa.Array | pa.ChunkedArray, segment: int | None = None,
-            rows: np.ndarray | None = None) -> np.ndarray:
+            rows: np.ndarray | None = None, *, mapped: MappedEntry | None = None) -> np.ndarray:
         """Append the values of a binary ``column`` (only those at ``rows``, ascending, when given); their
         handles, ``(n, 2)`` int64. The bytes go from Arrow's buffers to the file (``pwritev``), uncopied:
-        a selection is not gathered first (Arrow's ``take`` of large values cost several times the read)."""
+        a selection is not gathered first (Arrow's ``take`` of large values cost several times the read).
+
+        ``mapped``: the cache entry the column was read from (`RowGroupCache.entry_of`). Its values are
+        then not copied: the entry's file is linked into the spill's folder (a hard link, so the bytes
+        stay whatever another process evicts or replaces) and the handles point into it. Where it cannot
+        be linked (another filesystem), they are copied as any others."""
         chunks = column.chunks if isinstance(column, pa.ChunkedArray) else [column]
         if rows is None:
-            out = [self._put_array(c, segment, None) for c in chunks]
+            out = [self._put_array(c, segment, None, mapped) for c in chunks]
         else:
             out, start = [], 0
             cuts = np.searchsorted(rows, np.cumsum([len(c) for c in chunks]))
             lo = 0
             for c, hi in zip(chunks, cuts.tolist(), strict=True):
-                out.append(self._put_array(c, segment, rows[lo:hi] - start))
+                out.append(self._put_array(c, segment, rows[lo:hi] - start, mapped))
                 start += len(c)
                 lo = hi
         if not out:
             return np.empty((0, 2), np.int64)
         return np.concatenate(out) if len(out) != 1 else out[0]
 
-    def _put_array(self, arr: pa.Array, segment: int | None, rows: np.ndarray | None) -> np.ndarray:
+    def _put_array(self, arr: pa.Array, segment: int | None, rows: np.ndarray | None,
+                   mapped: MappedEntry | None = None) -> np.ndarray:
         if not (pa.types.is_binary(arr.type) or pa.types.is_large_binary(arr.type)):
             arr = arr.cast(pa.large_binary() if pa.types.is_large_string(arr.type) else pa.binary())
+            mapped = None  # (a cast's buffers are its own)
         n = len(arr)
         _validity, offsets_buf, data_buf = arr.buffers()
         offset_type = np.int64 if pa.types.is_large_binary(arr.type) else np.int32
@@ -265,6 +279,12 @@ class Spill:
         handles = np.empty((len(starts), 2), np.int64)
         if not len(starts):
             return handles
+        base = None if mapped is None or data_buf is None else mapped.offset_of(data_buf)
+        linked = None if mapped is None or base is None else self._linked(mapped, segment)
+        if linked is not None and base is not None:
+            handles[:, 0] = (linked << SEGMENT_BITS) + base + starts
+            handles[:, 1] = lengths
+            return _with_nulls(handles, arr, rows)
         total = int(lengths.sum())
         with self._lock:
             k = self._segment if segment is None else segment
@@ -285,10 +305,35 @@ class Spill:
             self.bytes_written += total
         handles[:, 0] = (k << SEGMENT_BITS) + at + np.concatenate([[0], np.cumsum(lengths[:-1])])
         handles[:, 1] = lengths
-        if arr.null_count:
-            nulls = np.asarray(arr.is_null())
-            handles[nulls if rows is None else nulls[rows], 1] = -1
-        return handles
+        return _with_nulls(handles, arr, rows)
+
+    def _linked(self, mapped: MappedEntry, segment: int | None) -> int | None:
+        """The segment that is ``mapped``'s file, hard-linked into the folder, for the window of
+        ``segment`` (one per window and entry, let go of with the window's segments); None where it
+        cannot be linked, or the file at its path is no longer the one mapped."""
+        with self._lock:
+            window = self._window.get(self._segment if segment is None else segment, self._segment)
+            key = (window, mapped.path, mapped.inode)
+            k = self._external.get(key)
+            if k is not None or not self._links:
+                return k
+            k = self._segment + 1
+            link = os.path.join(self.folder, f"{k}.bin")
+            try:
+                os.link(mapped.path, link)
+                same = os.stat(link).st_ino == mapped.inode  # not replaced since it was mapped
+            except OSError as e:
+                if e.errno in (errno.EXDEV, errno.EPERM, errno.EMLINK, errno.ENOTSUP):
+                    self._links = False  # (another filesystem: copy from now on)
+                return None
+            if not same:
+                os.unlink(link)
+                return None
+            self._segment = self._external[key] = k
+            self._fds[k] = -1  # not written to
+            self._sizes[k] = 0
+            self._window[k] = window
+            return k
 
     @staticmethod
     def _write(fd: int, data: memoryview, starts: np.ndarray, ends: np.ndarray, at: int) -> None:
@@ -339,6 +384,14 @@ class Spill:
         self.release_before(1 << 62)
         self.reader.close()
         self._finalizer()
+
+
+def _with_nulls(handles: np.ndarray, arr: pa.Array, rows: np.ndarray | None) -> np.ndarray:
+    """``handles`` with the null values of ``arr`` (at ``rows``) marked: length -1."""
+    if arr.null_count:
+        nulls = np.asarray(arr.is_null())
+        handles[nulls if rows is None else nulls[rows], 1] = -1
+    return handles
 
 
 def handles_to_bytes(reader: SpillReader, handles: np.ndarray) -> np.ndarray:
