@@ -402,7 +402,6 @@ class PageCheck:
         self._next = [start for _, start, _ in self._chunks]  # per chunk: the next page not checked
         self._read = read
         self._lock = threading.Lock()
-        self.pages = 0  # pages checked
 
     def through(self, start: int, end: int) -> None:
         """Check every page of the chunks that lies before ``end`` and is not checked yet, where the
@@ -436,5 +435,4 @@ class PageCheck:
         if crc is not None and crc32(self._read(body, size)) != crc & 0xFFFFFFFF:
             raise OSError(f"column {column!r}: the {PAGE_KINDS.get(kind, f'page of type {kind}')} at byte "
                           f"{at} {MISMATCH} (page checksum)")
-        self.pages += 1
         return body + size
