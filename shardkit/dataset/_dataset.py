@@ -46,6 +46,9 @@ if TYPE_CHECKING:
 #: small slices decode faster as their scratch buffers stay in the CPU caches.
 SLICE_ROWS = 256
 FETCHED_PIECE = 1 << 20  # a fetched column chunk is decoded as its parts come, in pieces of this size
+#: a remote row group read for its first rows only (``iter_row_group(head=True)``) is read in requests of
+#: this size
+HEAD_PIECE = 1 << 20
 FOOTERS_KEPT = 256  # data-file footers an opened dataset keeps (LRU), so a file's footer is read once
 #: Arrow bytes of row groups' columns an opened dataset's lookups (``ds[i]``, ``ds.take``) keep for the next
 #: ones (`Dataset.lookups`): the rows of a few row groups of images, or all of a dataset of numbers this size
@@ -167,7 +170,8 @@ class Dataset:
         return np.fromiter(counts, dtype=np.int64, count=len(self.row_groups))
 
     def open_file(self, file: str, fetched: Fetched | None = None, *,
-                  checked: tuple[int, Sequence[str] | None] | None = None) -> pq.ParquetFile:
+                  checked: tuple[int, Sequence[str] | None] | None = None, head: bool = False
+                  ) -> pq.ParquetFile:
         """Open one data file, raising `CorruptDatasetError` (naming it) if it is not readable Parquet,
         `DatasetPermissionError` if this user may not read it (never taken for corruption).
 
@@ -180,6 +184,9 @@ class Dataset:
         ``checked``: ``(i, columns)``, the row group of the index and the columns (None: all) that will be
         read from ``fetched``: their pages' checksums are checked as they are read (`FetchedFile`, ISA-L's
         CRC-32) in place of pyarrow's check, many times slower.
+
+        ``head=True`` (a remote file, not ``fetched``): its column chunks are read a piece of `HEAD_PIECE`
+        bytes at a time as they are decoded, not whole: the first rows cost their first pages' bytes.
         """
         path = self.location.join(file)
         with self._footer_lock:
@@ -193,10 +200,12 @@ class Dataset:
                 source = pa.PythonFile(FetchedFile(fetched, self._fetch_more(file), named, chunks), mode="r")
             else:
                 source, fetched, chunks = self.location.open_ranges(path), None, []
+            streamed = head and fetched is None and not self.location.is_local
             pf = pq.ParquetFile(source, metadata=footer,
-                                pre_buffer=not self.location.is_local and fetched is None,
+                                pre_buffer=not self.location.is_local and fetched is None and not streamed,
                                 # fetched: each column chunk read in pieces, decoded as its parts come
-                                buffer_size=FETCHED_PIECE if fetched is not None else 0,
+                                buffer_size=FETCHED_PIECE if fetched is not None else
+                                HEAD_PIECE if streamed else 0,
                                 # a local file's pages: checked by `_verify_local`, fetched ones by the
                                 # `FetchedFile` (both faster than pyarrow's CRC)
                                 page_checksum_verification=VERIFY_PAGE_CHECKSUMS
@@ -288,19 +297,20 @@ class Dataset:
                 self._footers.popitem(last=False)
 
     def iter_row_group(self, i: int, columns: Sequence[str] | None = None, *,
-                       batch_size: int = SLICE_ROWS, fetched: Fetched | None = None
+                       batch_size: int = SLICE_ROWS, fetched: Fetched | None = None, head: bool = False
                        ) -> Iterator[pa.RecordBatch]:
         """Row group ``i`` of the index as record batches of ``batch_size`` rows (Arrow, not decoded).
 
         Decoding slice by slice needs scratch memory for one slice, not for the whole row group, and
         is faster (the slice's buffers stay in the CPU caches). ``fetched``: the row group's column
-        chunks, fetched ahead (`chunk_ranges`, `shardkit.dataset.fetch`), read from memory.
+        chunks, fetched ahead (`chunk_ranges`, `shardkit.dataset.fetch`), read from memory. ``head=True``:
+        only the first batches will be read (a remote file is read piece by piece, see `open_file`).
         """
         rg = self.row_groups[i]
         where = f"row group {rg.index} of {self.location.join(rg.file)!r}"
         names = list(columns) if columns is not None else None
         try:
-            pf = self.open_file(rg.file, fetched, checked=(i, names))
+            pf = self.open_file(rg.file, fetched, checked=(i, names), head=head)
         except CorruptDatasetError as e:
             raise CorruptDatasetError(f"{where} cannot be read: {e}") from e
         if VERIFY_PAGE_CHECKSUMS and self.location.is_local and not self._verify_local(i, pf, names, where):

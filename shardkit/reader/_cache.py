@@ -17,10 +17,12 @@ previous format (``SKC1``, crc32) is a miss: fetched again and replaced, without
 - A corrupt entry (bad trailer, checksum or IPC) is deleted, counted in ``stats["corrupt"]`` (and as
   a miss) and fetched again; it is never returned.
 - A write puts the table, as one record batch (cached reads cut their batches as views of it), in a
-  temporary file in the folder (checksummed from the page cache), fsyncs it and renames it over the
-  entry (``os.replace``). So the processes of one machine share the folder safely: two filling one
-  key both end with a valid table, and a mapped entry stays readable when another process replaces or
-  evicts it.
+  temporary file in the folder (checksummed from the page cache) and renames it over the entry
+  (``os.replace``). It is not fsynced: the kernel writes it back when it will, and an entry cut short
+  by a power loss or a crash of the machine fails its checksum in the next process to read it (a
+  miss, fetched again), so waiting for the disk would buy nothing but a slower fill. So the
+  processes of one machine share the folder safely: two filling one key both end with a valid table,
+  and a mapped entry stays readable when another process replaces or evicts it.
 - An entry is only as fresh as its key: the cache never looks at the data file behind it. The reader's
   keys (`shardkit.reader._pipeline.source`) hold the dataset URL, the file, the file's version (ETag on object
   stores, ``size:mtime_ns`` locally), the row group, its rows and bytes, and the columns; a file
@@ -524,7 +526,6 @@ class RowGroupCache:
             with open(tmp, "ab") as f:
                 f.write(_TRAILER.pack(_MAGIC, digest, length))
                 f.flush()
-                os.fsync(f.fileno())
                 os.utime(f.fileno(), ns=(time.time_ns(), os.fstat(f.fileno()).st_mtime_ns))
                 st = os.fstat(f.fileno())
             os.replace(tmp, path)

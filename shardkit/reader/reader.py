@@ -229,7 +229,7 @@ class Reader:
             return Schema(fields)
         group = int(np.flatnonzero(self.rows_per_group)[0])
         late = self._late_fields(None)
-        part = self._source.read(Task(group, 0, 1), late=late)
+        part = self._source.read(Task(group, 0, 1), late=late, head=True)  # its pages, not its row group
         if part is None or not part.chunks:
             raise ReaderError(f"the first row of {self.dataset.url!r} cannot be read (on_error='skip'), and "
                               "the fields a transform returns are learned from it")

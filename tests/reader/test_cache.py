@@ -183,6 +183,11 @@ def _garbage(path: str) -> None:
     Path(path).write_bytes(os.urandom(os.path.getsize(path)))
 
 
+def _zeros(path: str) -> None:
+    """What a power loss can leave of a file written, renamed and never fsynced: its length, all zeros."""
+    Path(path).write_bytes(bytes(os.path.getsize(path)))
+
+
 def _empty(path: str) -> None:
     Path(path).write_bytes(b"")
 
@@ -193,7 +198,7 @@ def _valid_checksum_bad_ipc(path: str) -> None:
                                                  len(payload)))
 
 
-@pytest.mark.parametrize("corrupt", [_flip, _truncate, _garbage, _empty, _valid_checksum_bad_ipc])
+@pytest.mark.parametrize("corrupt", [_flip, _truncate, _garbage, _zeros, _empty, _valid_checksum_bad_ipc])
 def test_corrupt_entry_is_refetched(tmp_path: Path, new_process: Callable[[], None],
                                     corrupt: Callable[[str], None], caplog: pytest.LogCaptureFixture) -> None:
     table = _table(5)

@@ -366,3 +366,40 @@ def test_dataloader_workers_forked_from_a_remote_dataset_read_it_without_opening
     assert sorted(ids.tolist()) == list(range(600))
     assert s3_server.count_gets(rf"/{s3_bucket}/ds/_metadata", since=since) == 1, s3_server.requests(since)
     assert s3_server.count_gets(rf"/{s3_bucket}{DATA_FILES}", since=since) > 0
+
+
+def test_a_transform_s_fields_are_learned_from_the_first_pages_not_the_whole_row_group(
+        s3_server: S3Server, s3_bucket: str, tmp_path: Path) -> None:
+    """A reader with ``transform=`` learns the fields the transform returns from the dataset's first
+    sample, in the process that makes the reader (before a DataLoader forks its workers): from a store,
+    that sample costs the first pages of its row group's column chunks, not the row group (which
+    waited for all of its bytes, serially, before the workers started)."""
+    import s3fs
+
+    from benchmarks.relay import Relay
+
+    url, opts = f"s3://{s3_bucket}/ds", s3_server.storage_options
+    frame = _frame(4000)
+    frame["features"] = list(np.random.default_rng(2).standard_normal((4000, 1024)).astype(np.float32))
+    shardkit.write_dataset(frame, url, storage_options=opts, row_group_size=4000)  # ~16 MB, ~16 pages
+    fs = s3fs.S3FileSystem(**opts)
+    file_bytes = sum(info["size"] for info in fs.ls(f"{s3_bucket}/ds", detail=True)
+                     if "/part-" in info["name"])
+
+    def scaled(sample: dict) -> dict:
+        return {"id": sample["id"], "half": (sample["features"][:4] / 2).astype(np.float16)}
+
+    with Relay(s3_server.endpoint_url) as relay:
+        relay_opts = {**opts, "client_kwargs": {**opts["client_kwargs"], "endpoint_url": relay.url}}
+        with shardkit.make_reader(url, transform=scaled, shuffle=False, batch_size=1000,
+                                  cache=str(tmp_path / "c"), storage_options=relay_opts) as reader:
+            schema = reader.schema
+            probed = sum(end - start for start, end in relay.stats.ranges("/part-"))
+            batches = list(reader)
+    assert schema.names == ["id", "half"]
+    assert probed < file_bytes / 4, (probed, file_bytes)
+    ids = np.concatenate([b["id"] for b in batches])
+    np.testing.assert_array_equal(ids, np.arange(4000))
+    half = np.concatenate([b["half"] for b in batches])
+    assert half.dtype == np.float16
+    np.testing.assert_array_equal(half, (np.stack(frame["features"])[:, :4] / 2).astype(np.float16))

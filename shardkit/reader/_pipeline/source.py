@@ -301,7 +301,8 @@ class RowGroupSource:
         table = None
         try:
             if not self._closed:
-                stream = self._stream(row_group)
+                # decoded as one record batch, which the cache writes as it is (slices: a copy)
+                stream = self._stream(row_group, whole=True)
                 try:
                     table = stream.upto(None)
                 finally:
@@ -326,7 +327,8 @@ class RowGroupSource:
         key = self._key(row_group)
         return key is None or (self.cache is not None and self.cache.has(key))
 
-    def _stream(self, row_group: int, on_done: Callable[[pa.Table], None] | None = None) -> _Stream:
+    def _stream(self, row_group: int, on_done: Callable[[pa.Table], None] | None = None, *,
+                whole: bool = False) -> _Stream:
         with self._lock:
             self.remote_reads += 1
         fetched = None
@@ -335,7 +337,7 @@ class RowGroupSource:
                 fetched = self._fetcher.take(row_group)
             except Exception:  # read directly: its retries, and today's words for what went wrong
                 fetched = None
-        stream = _Stream(self.dataset, row_group, self.columns, on_done, fetched)
+        stream = _Stream(self.dataset, row_group, self.columns, on_done, fetched, whole=whole)
         if fetched is not None:  # its bytes are let go of when the stream is
             weakref.finalize(stream, self._fetcher.release, row_group)  # type: ignore[union-attr]
         return stream
@@ -442,8 +444,25 @@ class RowGroupSource:
                     del self._recent[row_group]
             raise
 
+    def _head(self, row_group: int, stop: int) -> pa.Table:
+        """The row group's first ``stop`` rows (at least), read from their pages only (`read`'s ``head``)."""
+        batches: list[pa.RecordBatch] = []
+        it = self.dataset.iter_row_group(row_group, self.columns, head=True)
+        try:
+            for batch in it:
+                batches.append(batch)
+                stop -= batch.num_rows
+                if stop <= 0:
+                    break
+        finally:
+            close = getattr(it, "close", None)  # (a generator: its file let go of now)
+            if close is not None:
+                close()
+        return self.dataset.table_of(batches, self.columns)
+
     def read(self, task: Task, rows: np.ndarray | None = None, *, whole: bool = False,
-             to_end: bool = True, late: Late | None = None, times: Any = None) -> Part | None:
+             to_end: bool = True, late: Late | None = None, times: Any = None, head: bool = False
+             ) -> Part | None:
         """Decoded chunks of ``task``'s rows (only ``rows`` of them, relative to ``task.start``, when
         given), in order; None when the row group is corrupt and skipped.
 
@@ -455,6 +474,9 @@ class RowGroupSource:
         ``late``: fields left encoded, their values appended to a spill segment, and handles to them in
         their columns (`shardkit.reader._pipeline.spill`): the decode stage decodes them per batch.
         ``times``: the reader's `StageTimes`, which gets the seconds of the Arrow read and of the decoding.
+        ``head=True``: a look at the row group's first rows, not a read of it: from a remote dataset, only
+        the pages that hold them are requested, and nothing is cached or kept for the next tasks (a
+        reader's first sample, read in the process that makes it: see `Reader.schema`).
         """
         try:
             selected = self.selection.get(task.row_group)
@@ -474,7 +496,8 @@ class RowGroupSource:
                 if not self.columns:  # nothing else to read: the handles are the rows
                     return Part([handles])
             started = time.perf_counter()
-            table = self._arrow(task.row_group, end if partial else None)
+            table = (self._head(task.row_group, end) if head and not self.dataset.location.is_local
+                     else self._arrow(task.row_group, end if partial else None))
             if times is not None:  # the reader's StageTimes: fetch + Parquet, then to numpy
                 times.add("read_arrow", time.perf_counter() - started)
             if late is not None and handles is not None:  # spilled from Arrow's buffers, not taken first
@@ -620,15 +643,19 @@ def _take(table: pa.Table, index: np.ndarray) -> list[pa.RecordBatch]:
 
 
 class _Stream:
-    """One row group read slice by slice (`Dataset.iter_row_group`), as far as asked so far."""
+    """One row group read slice by slice (`Dataset.iter_row_group`), as far as asked so far; ``whole``:
+    in one slice (a read for the cache, which writes one record batch)."""
 
     def __init__(self, dataset: Dataset, row_group: int, columns: Sequence[str],
-                 on_done: Callable[[pa.Table], None] | None = None, fetched: Fetched | None = None) -> None:
+                 on_done: Callable[[pa.Table], None] | None = None, fetched: Fetched | None = None, *,
+                 whole: bool = False) -> None:
         self._on_done = on_done  # called once with the whole table, when the last slice is read
         self._batches: list[pa.RecordBatch] = []
         self._rows = 0
-        self._it: Iterator[pa.RecordBatch] | None = dataset.iter_row_group(row_group, columns,
-                                                                            fetched=fetched)
+        self._it: Iterator[pa.RecordBatch] | None = (
+            dataset.iter_row_group(row_group, columns, fetched=fetched,
+                                   batch_size=max(1, dataset.row_groups[row_group].num_rows)) if whole
+            else dataset.iter_row_group(row_group, columns, fetched=fetched))
         self._dataset = dataset
         self._columns = list(columns)
 
