@@ -1,7 +1,8 @@
 """Planning: which samples each shard reads, in which order — a pure function of the row-group index.
 
-The epoch order. Row groups are permuted with ``(seed, epoch)``; their rows, concatenated in that
-order, form the *stream* (positions ``0..N-1``). The stream is cut into windows of
+The epoch order. Row groups are put in a random order with ``(seed, epoch)`` (`spread_order`: a
+window's row groups come from all parts of the dataset); their rows, concatenated in that order, form
+the *stream* (positions ``0..N-1``). The stream is cut into windows of
 ``shuffle_buffer`` rows and each window is permuted with ``(seed, epoch, window)``. The result is the
 epoch's global order ``pi``: rows mix across all row groups a window spans, memory holds one window,
 and any position of ``pi`` can be computed without replaying anything (no RNG state to save).
@@ -51,6 +52,36 @@ Ranges = list[tuple[int, int]]
 Stage = tuple[int, int | list[int]]
 
 
+#: the stream order of row groups a shuffled reader makes (`EpochOrder.order`; in its state as ``order``)
+ORDER = 2
+
+
+def spread_order(rows_per_group: np.ndarray, window: int, rng: np.random.Generator) -> np.ndarray:
+    """Row-group indices in a shuffled stream order whose every run of ``k`` consecutive row groups (a
+    window of ``window`` rows spans about ``k``) draws one row group from each ``k``-th of the dataset.
+
+    The row groups, in the dataset's order, are cut into ``k`` strata of about equal rows; each stratum
+    is permuted; the stream takes one row group of each stratum per round, the strata in a random order
+    each round. Every row group is as likely to come at any round as with a plain permutation, but a
+    window never draws its row groups from one part of the dataset: the rows it mixes lie far apart in
+    the dataset's order (a dataset written sorted, by label or by source, is mixed across its sorted
+    runs in every window), as far as a uniform shuffle's on average. With a window as large as the
+    dataset (or under two row groups) it is a plain permutation.
+    """
+    n = len(rows_per_group)
+    total = int(rows_per_group.sum())
+    k = round(window * n / total) if total else 0
+    if k < 2 or k >= n:
+        return rng.permutation(n)
+    starts = np.cumsum(rows_per_group) - rows_per_group
+    stratum = np.minimum((starts + rows_per_group / 2) * k // total, k - 1).astype(np.int64)
+    by_stratum = np.lexsort((rng.random(n), stratum))  # each stratum's row groups, in a random order
+    first = np.searchsorted(stratum[by_stratum], np.arange(k))  # where each stratum starts in it
+    rank = np.empty(n, dtype=np.int64)  # the round each row group comes in
+    rank[by_stratum] = np.arange(n) - first[stratum[by_stratum]]
+    return np.lexsort((rng.random(n), rank))
+
+
 @dataclasses.dataclass(frozen=True)
 class EpochOrder:
     """The global order ``pi`` of one epoch over ``rows_per_group`` (see the module docstring)."""
@@ -60,6 +91,9 @@ class EpochOrder:
     epoch: int
     shuffle: bool
     window: int
+    #: the stream order of row groups: `spread_order` (2), or a plain permutation (1: shardkit before the
+    #: spread order; a reader resuming a state saved then goes on in it)
+    order: int = ORDER
 
     @property
     def num_samples(self) -> int:
@@ -71,7 +105,10 @@ class EpochOrder:
         n = len(self.rows_per_group)
         if not self.shuffle:
             return np.arange(n)
-        return np.random.default_rng([self.seed, self.epoch]).permutation(n)
+        rng = np.random.default_rng([self.seed, self.epoch])
+        if self.order == 1:
+            return rng.permutation(n)
+        return spread_order(self.rows_per_group, self.window, rng)
 
     @cached_property
     def stream_offsets(self) -> np.ndarray:

@@ -9,9 +9,10 @@ The mixed stream. Global positions ``0, 1, 2, ...`` run on without end; position
 source `Schedule.sources` says, and is that source's ``k``-th sample, ``k`` the number of positions of
 the source before ``p``. A source's samples run through passes: sample ``k`` is row ``k % rows`` of pass
 ``k // rows`` in the pass's order, which is the order a one-shard `Reader` of that source gives its epoch
-``k // rows`` (row groups permuted, rows shuffled within a window), seeded by the mixture's seed and the
-source's name. So within a pass every row of the source comes exactly once, before any row repeats, and
-a source that runs out starts its next pass. Nothing here depends on the number of shards.
+``k // rows`` (row groups in a spread random order, rows shuffled within a window), seeded by the
+mixture's seed and the source's name. So within a pass every row of the source comes exactly once,
+before any row repeats, and a source that runs out starts its next pass. Nothing here depends on the
+number of shards.
 
 The schedule. Tijdeman's solution of the chairman assignment problem (R. Tijdeman, "The chairman
 assignment problem", Discrete Mathematics 32, 1980): at each position, among the sources that are owed

@@ -59,6 +59,7 @@ from shardkit.reader._pipeline.decode import DecodeStage, LateDecode
 from shardkit.reader._pipeline.source import DEFAULT_INFLIGHT, Columns, Late, Part, RowGroupSource
 from shardkit.reader._pipeline.spill import Spill
 from shardkit.reader._plan import (
+    ORDER,
     EpochOrder,
     Remainder,
     Stage,
@@ -118,6 +119,7 @@ class Reader:
         self._out_schema: Schema | None = None
         self.shard, self.num_shards = shard, num_shards
         self.batch_size, self.shuffle, self.seed = batch_size, shuffle, seed
+        self._order = ORDER  # the row groups' stream order (`EpochOrder.order`): a resumed state's, else ours
         self.num_epochs, self.remainder, self.drop_last = num_epochs, remainder, drop_last
         self.shuffle_buffer, self.prefetch, self.workers = shuffle_buffer, prefetch, workers
         # fields decoded late, per batch (images: `_pipeline.decode`), and the window a mixture gives its
@@ -273,7 +275,7 @@ class Reader:
         rows = min(self.shuffle_buffer, self.num_samples) if self.shuffle else 0
         groups = 0.0
         if rows:
-            order = EpochOrder(self.rows_per_group, self.seed, self.epoch, self.shuffle, self.shuffle_buffer)
+            order = self._epoch_order()
             offsets = order.stream_offsets
             starts = np.arange(0, self.num_samples, rows)
             first = np.searchsorted(offsets, starts, side="right") - 1
@@ -445,9 +447,14 @@ class Reader:
                 self._stage.set_output_memory(self._output_memory)
         return self._stage
 
+    def _epoch_order(self) -> EpochOrder:
+        """The current epoch's order ``pi`` (`shardkit.reader._plan`)."""
+        return EpochOrder(self.rows_per_group, self.seed, self.epoch, self.shuffle, self.shuffle_buffer,
+                          self._order)
+
     def _describe(self, key: int) -> str:
         """Where the sample of ``pi`` index ``key`` (this epoch) lies: dataset, row group and row."""
-        order = EpochOrder(self.rows_per_group, self.seed, self.epoch, self.shuffle, self.shuffle_buffer)
+        order = self._epoch_order()
         groups, rows = order.locate(np.array([key]))
         rg = self.dataset.row_groups[int(groups[0])]
         row = int(rows[0])
@@ -459,7 +466,7 @@ class Reader:
     def _epoch_of(self, generation: int, placer: batching.Placer | None) -> Iterator[Any]:
         """The rest of the current epoch: its batches, or with a ``placer``, the rows of each window
         once they are in place (see `_placing`)."""
-        order = EpochOrder(self.rows_per_group, self.seed, self.epoch, self.shuffle, self.shuffle_buffer)
+        order = self._epoch_order()
         ranges = self._ranges(self._history)
         start = self._consumed  # > 0 when an earlier iteration of this stage stopped early
         if self.remainder == "mask" and placer is None:  # rows past the piece's samples are masked
@@ -707,7 +714,7 @@ class Reader:
             "version": STATE_VERSION, "fingerprint": self.fingerprint, "seed": self.seed,
             "shuffle": self.shuffle, "shuffle_buffer": self.shuffle_buffer, "remainder": self.remainder,
             "drop_last": self.drop_last, "batch_size": self.batch_size, "epoch": epoch,
-            "history": [[w, c] for w, c in history],
+            "history": [[w, c] for w, c in history], "order": self._order,
         }
         if self.dataset.snapshot is not None:  # a table: the snapshot a resume reads (see load_state_dict)
             state["snapshot"] = self.dataset.snapshot.state()
@@ -718,6 +725,12 @@ class Reader:
         if not isinstance(state, Mapping) or state.get("version") != STATE_VERSION:
             raise ReaderError(f"not a shardkit reader state (version {STATE_VERSION}): {state!r:.200}")
         self._pin(state.get("snapshot"))
+        # a state saved before shardkit spread a window's row groups (`spread_order`) has no "order":
+        # its epochs go on in the order they started in
+        order = state.get("order", 1)
+        if type(order) is not int or order not in (1, ORDER):
+            raise ReaderError(f"the reader state has order={order!r}, which this shardkit does not know "
+                              f"(it makes order {ORDER}, and resumes 1): upgrade shardkit to resume it")
         mine = self.state_dict()
         for key in ("fingerprint", "seed", "shuffle", "shuffle_buffer", "remainder", "drop_last"):
             if state.get(key) != mine[key]:
@@ -742,6 +755,7 @@ class Reader:
             raise ReaderError(f"the reader state is malformed ({e!r}): {state!r:.200}") from e
         self._ranges(history)  # validates the history against this sample space
         self.epoch, self._history, self._consumed, self._steps = epoch, history, 0, 0
+        self._order = order
         self._repeated_before = self.stats["repeated_rows"]
         self._generation += 1
 
