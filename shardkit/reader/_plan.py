@@ -65,8 +65,8 @@ def spread_order(rows_per_group: np.ndarray, window: int, rng: np.random.Generat
     each round. Every row group is as likely to come at any round as with a plain permutation, but a
     window never draws its row groups from one part of the dataset: the rows it mixes lie far apart in
     the dataset's order (a dataset written sorted, by label or by source, is mixed across its sorted
-    runs in every window), as far as a uniform shuffle's on average. With a window as large as the
-    dataset (or under two row groups) it is a plain permutation.
+    runs in every window), nearly as far as a uniform shuffle's. With a window as large as the dataset
+    (or under two row groups) it is a plain permutation.
     """
     n = len(rows_per_group)
     total = int(rows_per_group.sum())

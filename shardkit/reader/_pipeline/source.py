@@ -60,7 +60,7 @@ from typing import TYPE_CHECKING, Any, Literal
 import numpy as np
 import pyarrow as pa
 
-from shardkit.dataset import Dataset
+from shardkit.dataset import SLICE_ROWS, Dataset
 from shardkit.dataset.fetch import Fetched, Fetcher, fetch_getter
 from shardkit.errors import CorruptDatasetError, ImageShapeError
 from shardkit.reader._pipeline import batching
@@ -652,10 +652,9 @@ class _Stream:
         self._on_done = on_done  # called once with the whole table, when the last slice is read
         self._batches: list[pa.RecordBatch] = []
         self._rows = 0
-        self._it: Iterator[pa.RecordBatch] | None = (
-            dataset.iter_row_group(row_group, columns, fetched=fetched,
-                                   batch_size=max(1, dataset.row_groups[row_group].num_rows)) if whole
-            else dataset.iter_row_group(row_group, columns, fetched=fetched))
+        size = max(1, dataset.row_groups[row_group].num_rows) if whole else SLICE_ROWS
+        self._it: Iterator[pa.RecordBatch] | None = dataset.iter_row_group(row_group, columns,
+                                                                            batch_size=size, fetched=fetched)
         self._dataset = dataset
         self._columns = list(columns)
 
