@@ -60,6 +60,20 @@ _PARTITION = re.compile(r"([^=/]+)=[^/]*")  # a Hive partition folder: key=value
 VERIFY_PAGE_CHECKSUMS = True
 
 
+def _column_chunks(group: pq.RowGroupMetaData, columns: Sequence[str] | None
+                   ) -> list[tuple[str, int, int]]:
+    """The column chunks of a row group (pyarrow's ``RowGroupMetaData``) that hold the top-level fields
+    ``columns`` (None: all), in file order: ``(column path, start, end)`` byte ranges."""
+    wanted = None if columns is None else set(columns)
+    chunks = []
+    for j in range(group.num_columns):
+        column = group.column(j)
+        if wanted is None or column.path_in_schema.split(".", 1)[0] in wanted:
+            start, length = chunk_range(column)
+            chunks.append((column.path_in_schema, start, start + length))
+    return chunks
+
+
 @dataclasses.dataclass(frozen=True, eq=False)
 class Dataset:
     """An opened dataset: schema plus row-group index. Create with `open_dataset`."""
@@ -242,18 +256,8 @@ class Dataset:
         if not VERIFY_PAGE_CHECKSUMS:
             return []
         i, columns = checked
-        group = footer.row_group(self.row_group_index(i))
-        wanted = None if columns is None else set(columns)
-        chunks = []
-        for j in range(group.num_columns):
-            column = group.column(j)
-            if wanted is not None and column.path_in_schema.split(".", 1)[0] not in wanted:
-                continue
-            start, length = chunk_range(column)
-            if not fetched.covers(start, start + length):
-                return []
-            chunks.append((column.path_in_schema, start, start + length))
-        return chunks
+        chunks = _column_chunks(footer.row_group(self.row_group_index(i)), columns)
+        return chunks if all(fetched.covers(start, end) for _, start, end in chunks) else []
 
     def chunk_ranges(self, i: int, columns: Sequence[str] | None = None
                      ) -> tuple[str, list[tuple[int, int]]] | None:
@@ -265,16 +269,8 @@ class Dataset:
             footer = self.metadata if self.metadata is not None else self._footers.get(rg.file)
         if footer is None:
             return None
-        group = footer.row_group(self.row_group_index(i))
-        wanted = None if columns is None else set(columns)
-        ranges = []
-        for j in range(group.num_columns):
-            column = group.column(j)
-            if wanted is not None and column.path_in_schema.split(".", 1)[0] not in wanted:
-                continue
-            start, length = chunk_range(column)
-            ranges.append((start, start + length))
-        return self.location.join(rg.file), ranges
+        chunks = _column_chunks(footer.row_group(self.row_group_index(i)), columns)
+        return self.location.join(rg.file), [(start, end) for _, start, end in chunks]
 
     def _fetch_more(self, file: str) -> Callable[[int, int], bytes]:
         """A request for bytes of data file ``file`` that were not fetched ahead, or whose fetch failed
