@@ -30,7 +30,7 @@ from shardkit.errors import CorruptDatasetError
 
 __all__ = ["MISMATCH", "ChunkReport", "Page", "PageChecks", "PageError", "PlainLayout", "check_chunk",
            "check_row_group", "checksum_error", "chunk_range", "crc32", "first_page", "page_header",
-           "plain_layout", "ranges_of", "walk_pages"]
+           "plain_layout", "ranges_of", "read_page", "walk_pages"]
 
 def _fastest_crc32() -> Callable[..., int]:
     """ISA-L's CRC-32 (``isal``, a dependency: much faster, with PCLMUL), else zlib's (as fast as
@@ -96,19 +96,38 @@ def walk_pages(data: bytes | memoryview, offset: int = 0) -> Iterator[Page]:
         PageError: a header that cannot be read, or a page that runs past the chunk's end.
     """
     view = memoryview(data)
-    at = 0
-    while at < len(view):
+    at, stop = offset, offset + len(view)
+    while at < stop:
+        page, at = read_page(lambda start, length: view[start - offset:start - offset + length], at, stop)
+        yield page
+
+
+#: bytes `read_page` reads for a page header at first (a longer header: read again, longer)
+HEADER_BYTES = 256
+
+
+def read_page(read: Callable[[int, int], bytes | memoryview], at: int, stop: int) -> tuple[Page, int]:
+    """The page whose header starts at byte ``at`` of a column chunk that ends at ``stop``, its checksum
+    checked (``Page.ok``), and where the next page begins; ``read(start, length)`` gives the file's bytes.
+
+    Raises:
+        PageError: a header that cannot be read, or a page that runs past the chunk's end.
+    """
+    length = min(HEADER_BYTES, stop - at)
+    while True:
         try:
-            kind, size, crc, header = page_header(view[at:])
+            kind, size, crc, header = page_header(read(at, length))
+            break
         except PageError as e:
-            raise PageError(f"the page header at byte {offset + at} cannot be read ({e})") from e
-        body = at + header
-        if size < 0 or body + size > len(view):
-            raise PageError(f"the page at byte {offset + at} claims {size} bytes, past the end of its "
-                            f"column chunk ({len(view) - body} bytes left)")
-        ok = None if crc is None else (crc32(view[body:body + size]) == crc & 0xFFFFFFFF)
-        yield Page(offset + at, PAGE_KINDS.get(kind, f"page of type {kind}"), size, crc, ok)
-        at = body + size
+            if length >= stop - at:
+                raise PageError(f"the page header at byte {at} cannot be read ({e})") from e
+            length = min(stop - at, length * 64)
+    body = at + header
+    if size < 0 or body + size > stop:
+        raise PageError(f"the page at byte {at} claims {size} bytes, past the end of its column chunk "
+                        f"({stop - body} bytes left)")
+    ok = None if crc is None else (crc32(read(body, size)) == crc & 0xFFFFFFFF)
+    return Page(at, PAGE_KINDS.get(kind, f"page of type {kind}"), size, crc, ok), body + size
 
 
 def page_header(data: bytes | memoryview) -> tuple[int, int, int | None, int]:

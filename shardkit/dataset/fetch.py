@@ -33,7 +33,7 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any
 
-from shardkit.dataset._pages import MISMATCH, PAGE_KINDS, PageError, crc32, page_header
+from shardkit.dataset._pages import MISMATCH, PageError, read_page
 
 __all__ = ["GAP", "MIN_AHEAD", "PART", "Again", "Fetched", "FetchedFile", "Fetcher", "PageCheck", "coalesce",
            "fetch_getter"]
@@ -393,8 +393,6 @@ class PageCheck:
     without a checksum pass unchecked, as with pyarrow's own check.
     """
 
-    HEADER = 256  # bytes read for a page header at first (a longer one: read again, longer)
-
     def __init__(self, chunks: Sequence[tuple[str, int, int]],
                  read: Callable[[int, int], memoryview | bytes]) -> None:
         self._chunks = sorted(chunks, key=lambda c: c[1])
@@ -418,21 +416,10 @@ class PageCheck:
     def _check(self, column: str, at: int, stop: int) -> int:
         """Check the page whose header starts at ``at`` (its chunk ends at ``stop``); where the next
         begins."""
-        length = min(self.HEADER, stop - at)
-        while True:
-            try:
-                kind, size, crc, header = page_header(self._read(at, length))
-                break
-            except PageError as e:
-                if length >= stop - at:
-                    raise OSError(f"column {column!r}: the page header at byte {at} cannot be read ({e})"
-                                  ) from None
-                length = min(stop - at, length * 64)
-        body = at + header
-        if size < 0 or body + size > stop:
-            raise OSError(f"column {column!r}: the page at byte {at} claims {size} bytes, past the end of "
-                          f"its column chunk ({stop - body} bytes left)")
-        if crc is not None and crc32(self._read(body, size)) != crc & 0xFFFFFFFF:
-            raise OSError(f"column {column!r}: the {PAGE_KINDS.get(kind, f'page of type {kind}')} at byte "
-                          f"{at} {MISMATCH} (page checksum)")
-        return body + size
+        try:
+            page, after = read_page(self._read, at, stop)
+        except PageError as e:
+            raise OSError(f"column {column!r}: {e}") from None
+        if page.ok is False:
+            raise OSError(f"column {column!r}: the {page.kind} at byte {at} {MISMATCH} (page checksum)")
+        return after

@@ -311,7 +311,7 @@ def _read_fetched(source: Any, meta: pq.FileMetaData, group: int) -> pa.Table:
 @pytest.fixture(scope="module")
 def long_headers() -> tuple[bytes, pq.FileMetaData]:
     """A Parquet file whose pages carry checksums and, for a string column of long values, page headers
-    longer than the first read of a header (`PageCheck.HEADER`: their statistics)."""
+    longer than the first read of a header (`_pages.HEADER_BYTES`: their statistics)."""
     rng = np.random.default_rng(3)
     n = 3_000
     table = pa.table({"id": np.arange(n), "x": rng.normal(size=n).astype(np.float32),
@@ -325,14 +325,13 @@ def long_headers() -> tuple[bytes, pq.FileMetaData]:
 
 def test_a_fetched_row_group_reads_whole_with_its_pages_checked(long_headers: tuple[bytes, pq.FileMetaData]
                                                                 ) -> None:
-    from shardkit.dataset._pages import page_header, walk_pages
-    from shardkit.dataset.fetch import PageCheck
+    from shardkit.dataset._pages import HEADER_BYTES, page_header, walk_pages
 
     data, meta = long_headers
     start, length = chunk_range(meta.row_group(1).column(2))
     pages = list(walk_pages(data[start:start + length], start))
     assert all(p.crc is not None for p in pages)
-    assert max(page_header(data[p.offset:])[3] for p in pages) > PageCheck.HEADER  # read again, longer
+    assert max(page_header(data[p.offset:])[3] for p in pages) > HEADER_BYTES  # read again, longer
     truth = pq.read_table(io.BytesIO(data)).slice(1_000, 1_000)
     assert _read_fetched(_fetched_file(data, meta, 1), meta, 1).equals(truth)
 
