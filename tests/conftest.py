@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import faulthandler
 import importlib.util
 import os
 import shutil
@@ -29,6 +31,19 @@ _SPARK_ENV = {
 # deadline), nor a test for drawing its data slowly, on a machine shared with other tests.
 settings.register_profile("shardkit", deadline=None, suppress_health_check=[HealthCheck.too_slow])
 settings.load_profile("shardkit")
+
+#: seconds after a fork when the child (a DataLoader worker, a multiprocessing child) prints its threads'
+#: stacks to the test's captured stderr: one that hangs shows where, before pytest-timeout (300 s, which
+#: shows only this process's) fails the test; one that lives longer prints them once and goes on
+CHILD_STACKS_AFTER = 200
+
+
+def _child_stacks_later() -> None:
+    with contextlib.suppress(OSError, ValueError):  # no stderr to print to
+        faulthandler.dump_traceback_later(CHILD_STACKS_AFTER, exit=False, file=2)
+
+
+os.register_at_fork(after_in_child=_child_stacks_later)
 
 
 def pytest_itemcollected(item: pytest.Item) -> None:

@@ -260,3 +260,19 @@ def test_a_remote_file_replaced_under_lookups_is_named_not_read(s3_server: S3Ser
              r"version was ETag=.*, it is now ETag=.*\).*Open the dataset again")
     with pytest.raises(DatasetChangedError, match=words):
         src[120]
+
+
+def test_forked_workers_decode_images_after_the_main_process_did(written: Written) -> None:
+    """Images decoded in the main process first (a peek at the samples) start the image decoder's threads
+    there; forked workers decode in threads of their own: the parent's pool, copied into a child without
+    its threads, would take their tasks and never run them."""
+    url, columns = written
+    ds = shardkit.torch.MapDataset(url, columns=["id", "img"])
+    rows = list(range(90))
+    peeked = ds.__getitems__(rows)  # 90 images: more than one slice of the decoder's pool
+    loader = DataLoader(ds, batch_size=90, sampler=rows, num_workers=1, multiprocessing_context="fork",
+                        timeout=60, collate_fn=list)
+    samples = next(iter(loader))
+    for got, seen, i in zip(samples, peeked, rows, strict=True):
+        np.testing.assert_array_equal(got["img"].numpy(), columns["img"][i])
+        np.testing.assert_array_equal(got["img"].numpy(), seen["img"].numpy())

@@ -82,6 +82,11 @@ def _pool() -> ThreadPoolExecutor:
     return ThreadPoolExecutor(max_workers=os.cpu_count() or 2, thread_name_prefix="shardkit-image")
 
 
+# A forked child (a DataLoader worker) makes its own pool: the parent's would take its tasks and never run
+# them, its threads being the parent's
+os.register_at_fork(after_in_child=_pool.cache_clear)
+
+
 @cache
 def _opencv_decode() -> Callable[[np.ndarray, int], np.ndarray | None] | None:
     try:

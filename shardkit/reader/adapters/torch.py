@@ -114,6 +114,11 @@ def _copy_pool() -> ThreadPoolExecutor:
     return ThreadPoolExecutor(_COPY_THREADS, thread_name_prefix="shardkit-pin")
 
 
+# A forked child (a DataLoader worker) makes its own pool: the parent's would take its tasks and never run
+# them, its threads being the parent's
+os.register_at_fork(after_in_child=_copy_pool.cache_clear)
+
+
 def _flat_bytes(value: torch.Tensor) -> np.ndarray | None:
     """A contiguous CPU tensor's bytes as a flat numpy uint8 view; None where numpy cannot view it."""
     if value.device.type != "cpu" or not value.is_contiguous():
