@@ -8,6 +8,12 @@ epoch's global order ``pi``: rows mix across all row groups a window spans, memo
 and any position of ``pi`` can be computed without replaying anything (no RNG state to save).
 Without shuffling, ``pi`` is the stream in file order.
 
+The quick start (order 3). Where a shard's piece of the epoch's first stage begins (`piece_starts`), its
+first batch of rows (the *lead*) is drawn from one row group of the window (`EpochOrder.leads`), so the
+reader reads that row group alone and yields the batch before the rest of the window is read
+(`lead_window`). ``pi`` then depends on the first stage's number of shards and batch size; a reader
+state carries them (``lead``), so a resume on any number of shards goes on in the same ``pi``.
+
 The split. In a stage, the samples of ``pi`` not yet consumed (``remaining``, a list of ranges of
 ``pi`` indices) are split into ``num_shards`` contiguous, equally sized pieces; shard ``k`` reads
 piece ``k`` in order. Contiguous pieces mean each shard reads whole row groups except at its two ends,
@@ -52,8 +58,14 @@ Ranges = list[tuple[int, int]]
 Stage = tuple[int, int | list[int]]
 
 
-#: the stream order of row groups a shuffled reader makes (`EpochOrder.order`; in its state as ``order``)
-ORDER = 2
+#: the row groups a shuffle window must span (on average) for the quick start's leads: the lead's row group
+#: is read once more with the rest of its window, which costs a row group's read per shard and epoch, and
+#: saves the wait for all but one of the window's (a window of two or three: little to save)
+LEAD_GROUPS = 4
+#: the order a shuffled reader makes (`EpochOrder.order`; in its state as ``order``): 1, row groups in a
+#: plain permutation; 2, spread (`spread_order`); 3, spread, and each shard's first batch drawn from one row
+#: group (`EpochOrder.leads`)
+ORDER = 3
 
 
 def spread_order(rows_per_group: np.ndarray, window: int, rng: np.random.Generator) -> np.ndarray:
@@ -91,9 +103,17 @@ class EpochOrder:
     epoch: int
     shuffle: bool
     window: int
-    #: the stream order of row groups: `spread_order` (2), or a plain permutation (1: shardkit before the
-    #: spread order; a reader resuming a state saved then goes on in it)
+    #: 3: row groups in `spread_order`, and the lead of each piece of `starts` from one row group (see
+    #: `window_permutation`); 2: spread, no leads (a mixture's sources; a state saved before leads); 1: a
+    #: plain permutation (a state saved before the spread order). A resumed state's order goes on
     order: int = ORDER
+    #: ``pi`` indices where the shards' pieces of the epoch's first stage begin (`piece_starts`)
+    starts: tuple[int, ...] = ()
+    #: rows of each lead: the first stage's batch size
+    lead: int = 0
+    #: the last windows' permutations (a reader asks for a window's many times: its reads, its batches'
+    #: keys), read-only
+    _perms: dict[int, np.ndarray] = dataclasses.field(default_factory=dict, compare=False, repr=False)
 
     @property
     def num_samples(self) -> int:
@@ -122,11 +142,89 @@ class EpochOrder:
         return self.window if self.shuffle else max(1, self.num_samples)
 
     def window_permutation(self, w: int) -> np.ndarray:
-        """Stream offsets (within window ``w``) in ``pi`` order."""
+        """Stream offsets (within window ``w``) in ``pi`` order: a uniform permutation, with (order 3) the
+        leads of the window's `starts` drawn from one row group each (`leads`)."""
         size = min(self.window_size(), self.num_samples - w * self.window_size())
         if not self.shuffle:
             return np.arange(size)
-        return np.random.default_rng([self.seed, self.epoch, w, 1]).permutation(size)
+        if w in self._perms:
+            return self._perms[w]
+        perm = np.random.default_rng([self.seed, self.epoch, w, 1]).permutation(size)
+        if self.order >= 3 and self.lead > 0 and self.starts:
+            self.leads(w, perm)
+        perm.flags.writeable = False
+        while len(self._perms) >= 2:
+            self._perms.pop(next(iter(self._perms)))
+        self._perms[w] = perm
+        return perm
+
+    def row_index(self, pi: np.ndarray) -> np.ndarray:
+        """The row each of the ``pi`` indices ``pi`` holds, numbered in the dataset's order (a sample's own
+        number, whatever the order, the shards and the leads: a transform's seed)."""
+        groups, rows = self.locate(pi)
+        before = np.cumsum(self.rows_per_group) - self.rows_per_group
+        out: np.ndarray = before[groups] + rows
+        return out
+
+    def lead_zones(self, w: int) -> list[tuple[int, int]]:
+        """The leads of window ``w`` (order 3), as ``(offset, rows)`` in its permutation (see `leads`):
+        none where a window spans fewer than `LEAD_GROUPS` row groups (on average)."""
+        groups = len(self.rows_per_group)
+        if self.order < 3 or self.lead <= 0 or not self.shuffle or not self.num_samples or \
+                min(groups, self.window * groups / self.num_samples) < LEAD_GROUPS:
+            return []
+        base = w * self.window_size()
+        end = min(self.num_samples, base + self.window_size())
+        cut = [*self.starts, self.num_samples]
+        return [(a - base, min(self.lead, end - a, b - a))
+                for a, b in itertools.pairwise(cut) if base <= a < end]
+
+    def leads(self, w: int, perm: np.ndarray) -> list[tuple[int, int]]:
+        """Draw each lead of window ``w`` from one row group, in place in its permutation ``perm``; the
+        leads, as ``(offset, rows)`` in ``perm``.
+
+        A lead is the first `lead` rows (fewer where the piece or the window ends sooner) of a piece that
+        begins in the window: a shard's first batch of the epoch. Its row group is the one of the sample
+        the uniform permutation put first; it takes rows of that row group no other lead took, at random
+        (the next row groups of the window if it has too few), in a random order, and the samples they
+        displace take their places. Every other position of ``pi`` keeps its uniform draw but for those
+        swaps, so a batch after the first mixes the whole window as before; the first batch of a shard
+        needs one row group read, not all of the window's (a remote window is fetched row group by row
+        group). The permutation stays a pure function of the seed, the epoch and the first stage.
+        """
+        size = len(perm)
+        base = w * self.window_size()
+        zones = self.lead_zones(w)
+        segs = self.segments(base, base + size)
+        if not zones or len(segs) < 2:  # a window of one row group: every batch is from it
+            return []
+        bounds = np.cumsum([0, *(hi - lo for _, lo, hi in segs)])
+        inverse = np.empty(size, dtype=np.int64)
+        inverse[perm] = np.arange(size)
+        taken = np.zeros(size, dtype=bool)
+        rng = np.random.default_rng([self.seed, self.epoch, w, 2])
+        for at, rows in zones:
+            first = int(np.searchsorted(bounds, perm[at], side="right")) - 1
+            picked: list[np.ndarray] = []
+            need = rows
+            for step in range(len(segs)):
+                k = (first + step) % len(segs)
+                free = np.arange(bounds[k], bounds[k + 1])
+                free = free[~taken[free]]
+                picked.append(rng.permutation(free)[:need])
+                need -= len(picked[-1])
+                if not need:
+                    break
+            chosen = rng.permutation(np.concatenate(picked))
+            slots = np.arange(at, at + rows)
+            current = perm[slots]
+            incoming = chosen[~np.isin(chosen, current)]
+            leaving = current[~np.isin(current, chosen)]
+            away = inverse[incoming]  # slots outside the lead, where the displaced samples go
+            perm[away], inverse[leaving] = leaving, away
+            perm[slots], inverse[chosen] = chosen, slots
+            taken[chosen] = True
+        return zones
 
     def stream_positions(self, pi: np.ndarray) -> np.ndarray:
         """The stream positions of the ``pi`` indices ``pi``."""
@@ -356,6 +454,19 @@ def shard_ranges(
     return _real(pieces[shard], num_samples)
 
 
+def piece_starts(num_samples: int, num_shards: int, remainder: Remainder = "drop", batch_size: int = 1,
+                 drop_last: bool = False) -> tuple[int, ...]:
+    """The ``pi`` indices where the shards' pieces of an epoch's first stage begin (`EpochOrder.starts`).
+
+    Example:
+        >>> piece_starts(10, 3), piece_starts(10, 3, "uneven")
+        ((0, 3, 6), (0, 4, 7))
+    """
+    pieces, _ = _split([(0, num_samples)] if num_samples else [], num_shards, remainder, batch_size,
+                       drop_last, n=num_samples)
+    return tuple(sorted({piece[0][0] for piece in pieces if piece and piece[0][0] < num_samples}))
+
+
 def stage_steps(num_samples: int, *, num_shards: int, history: Sequence[Stage] = (),
                 remainder: Remainder = "drop", batch_size: int = 1, drop_last: bool = False) -> int:
     """Batches every shard steps in the current stage: those of its longest piece (shard 0's).
@@ -438,6 +549,9 @@ class Window:
     index: int
     tasks: tuple[Task, ...]
     picks: tuple[tuple[int, int], ...] | None
+    #: the stream offsets (within the window) each task's rows are, in the tasks' order, where the tasks
+    #: cover part of the window or not in its order (`lead_window`); None: the whole window, in order
+    spans: tuple[tuple[int, int], ...] | None = None
 
     @property
     def num_rows(self) -> int:
@@ -450,7 +564,15 @@ class Window:
         if self.picks is None:
             return None
         perm = order.window_permutation(self.index)
-        return np.concatenate([perm[lo:hi] for lo, hi in self.picks])
+        out = np.concatenate([perm[lo:hi] for lo, hi in self.picks])
+        if self.spans is None:
+            return out
+        starts = np.array([a for a, _ in self.spans], dtype=np.int64)
+        before = np.cumsum([0, *(b - a for a, b in self.spans)])[:-1]
+        by_start = np.argsort(starts)
+        k = by_start[np.searchsorted(starts[by_start], out, side="right") - 1]
+        within: np.ndarray = out - starts[k] + before[k]
+        return within
 
 
 def split_tasks(windows: Sequence[Window], task_rows: int | None, first_rows: int | None = None
@@ -478,6 +600,33 @@ def split_tasks(windows: Sequence[Window], task_rows: int | None, first_rows: in
         else:
             out.append(dataclasses.replace(w, tasks=tuple(tasks)))
     return out
+
+
+def lead_window(order: EpochOrder, windows: list[Window], first: int) -> list[Window]:
+    """``windows`` (a shard's, from the start of its piece, ``pi`` index ``first``) with the first one cut
+    in two where the piece begins with a lead (`EpochOrder.leads`): the lead alone, reading only the row
+    groups its rows lie in, then the rest of the window, those row groups first (their read is still
+    there: the source keeps its last reads). So a shard's first batch waits for one row group, not for
+    the whole window."""
+    w = windows[0] if windows else None
+    if w is None or w.picks is None or w.spans is not None:
+        return windows
+    at = first - w.index * order.window_size()
+    rows = dict(order.lead_zones(w.index)).get(at)
+    if rows is None or w.picks[0][0] != at:
+        return windows
+    rows = min(rows, w.picks[0][1] - at)  # a piece shorter than a batch
+    bounds = np.cumsum([0, *(t.stop - t.start for t in w.tasks)])
+    offsets = order.window_permutation(w.index)[at:at + rows]
+    used = np.unique(np.searchsorted(bounds, offsets, side="right") - 1).tolist()
+    spans = [(int(bounds[k]), int(bounds[k + 1])) for k in range(len(w.tasks))]
+    lead = Window(w.index, tuple(w.tasks[k] for k in used), ((at, at + rows),), tuple(spans[k] for k in used))
+    picks = ((at + rows, w.picks[0][1]), *w.picks[1:]) if at + rows < w.picks[0][1] else w.picks[1:]
+    if not picks:
+        return [lead, *windows[1:]]
+    tasks = used + [k for k in range(len(w.tasks)) if k not in used]
+    rest = Window(w.index, tuple(w.tasks[k] for k in tasks), picks, tuple(spans[k] for k in tasks))
+    return [lead, rest, *windows[1:]]
 
 
 def shard_windows(order: EpochOrder, ranges: Ranges) -> list[Window]:

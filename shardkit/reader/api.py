@@ -61,6 +61,7 @@ def make_reader(
     transform_timeout: float | None = None,
     decode: bool | Mapping[str, bool] = True,
     variable: bool | Sequence[str] = False,
+    quick_start: bool = True,
 ) -> Reader:
     """Read one shard of a dataset as batches (dicts of column name -> numpy array).
 
@@ -152,8 +153,8 @@ def make_reader(
             ``fn(sample, rng)`` (a dict of field -> numpy value in, a dict out: random crops, flips,
             resizes, tokenizing). Reproducible: ``rng`` (a ``numpy.random.Generator``), Python's
             ``random``, numpy's global generator and torch's are seeded from ``seed``, the epoch and the
-            sample's place in the epoch's order, so a resumed or re-sharded run transforms each sample
-            alike. Every sample of a batch must give the same fields, shapes and dtypes. A sample whose
+            sample's row in the dataset, so a resumed or re-sharded run transforms each sample alike.
+            Every sample of a batch must give the same fields, shapes and dtypes. A sample whose
             transform raises is named (file, row group, row); ``on_error="skip"`` leaves it out of its
             batch. See the images guide.
         transform_workers: processes that decode and transform, besides the reading process (0: in the
@@ -166,6 +167,11 @@ def make_reader(
             in one shape and dtype for every sample (`TransformError` names the first two).
         decode: False (or ``{field: False}``) delivers image fields as their encoded JPEG/PNG bytes (a 1-D
             object array of ``bytes`` per batch), for a decoder elsewhere (a GPU's); default True.
+        quick_start: shuffled, where a window spans 4 row groups or more, each shard's first batch of an
+            epoch comes from one row group (picked at random), so it waits for one row group to be read,
+            not for its whole shuffle window (from an object store: fetched); every later batch mixes
+            the whole window. False: the first batch
+            mixes it too. A mixture's batches draw on its sources as they come: no quick start there.
 
     Raises:
         ReaderError: a bad argument (shard, columns, filter, sizes) — before anything is read.
@@ -177,7 +183,7 @@ def make_reader(
     shard, num_shards = _job_world(shard, num_shards)
     validate_shard(shard, num_shards)
     _positive("batch_size", batch_size)
-    for name, flag in (("shuffle", shuffle), ("drop_last", drop_last)):
+    for name, flag in (("shuffle", shuffle), ("drop_last", drop_last), ("quick_start", quick_start)):
         if not isinstance(flag, bool | np.bool_):
             raise ReaderError(f"{name}={flag!r} must be True or False")
     if not isinstance(seed, int) or isinstance(seed, bool) or seed < 0:
@@ -330,7 +336,8 @@ def make_reader(
                   row_bytes=row_bytes, max_inflight_bytes=inflight, late=late, raw=frozenset(raw),
                   eager_window=eager_window, transform=transform, transform_workers=processes,
                   transform_timeout=transform_timeout,
-                  variable=variable if isinstance(variable, bool) else frozenset(variable))
+                  variable=variable if isinstance(variable, bool) else frozenset(variable),
+                  quick_start=bool(quick_start))
 
 
 def _plain(value: Any) -> Any:

@@ -64,7 +64,9 @@ from shardkit.reader._plan import (
     Remainder,
     Stage,
     Task,
+    lead_window,
     mask_ranges,
+    piece_starts,
     shard_ranges,
     shard_windows,
     split_tasks,
@@ -77,7 +79,7 @@ from shardkit.reader._profile import StageTimes, breakdown, render
 
 STATE_VERSION = 1
 logger = logging.getLogger(__name__)
-KEYS = "\x00shardkit.keys"  # rides along in a batch to the transform stage: the pi index of each row
+KEYS = "\x00shardkit.keys"  # rides along in a batch to the transform stage: each row's number in the dataset
 WINDOW_BYTES = 32 << 20  # default shuffle window: about this many decoded bytes of rows
 #: Most decoded bytes of rows one task reads: a row group is read and decoded in tasks of about this
 #: size, so its first rows are decoded (and can be emitted) while its later slices are still read.
@@ -104,7 +106,8 @@ class Reader:
                  max_inflight_bytes: int = DEFAULT_INFLIGHT, late: Mapping[str, Field] | None = None,
                  raw: frozenset[str] = frozenset(), eager_window: int | None = None,
                  transform: Callable[..., Any] | None = None, transform_workers: int = 0,
-                 transform_timeout: float | None = None, variable: bool | frozenset[str] = False) -> None:
+                 transform_timeout: float | None = None, variable: bool | frozenset[str] = False,
+                 quick_start: bool = True) -> None:
         # kept to open the reader again on another snapshot of a table (`load_state_dict`)
         self._arguments: dict[str, Any] = {
             "columns": columns, "shard": shard, "num_shards": num_shards, "batch_size": batch_size,
@@ -113,13 +116,17 @@ class Reader:
             "prefetch": prefetch, "workers": workers, "on_error": on_error, "row_bytes": row_bytes,
             "max_inflight_bytes": max_inflight_bytes, "late": late, "raw": raw, "eager_window": eager_window,
             "transform": transform, "transform_workers": transform_workers,
-            "transform_timeout": transform_timeout, "variable": variable}
+            "transform_timeout": transform_timeout, "variable": variable, "quick_start": quick_start}
         self.dataset = dataset
         self._read_schema: Schema = dataset.schema.select(columns)
         self._out_schema: Schema | None = None
         self.shard, self.num_shards = shard, num_shards
         self.batch_size, self.shuffle, self.seed = batch_size, shuffle, seed
-        self._order = ORDER  # the row groups' stream order (`EpochOrder.order`): a resumed state's, else ours
+        # the epoch order's kind (`EpochOrder.order`): a resumed state's, else ours (no leads: 2)
+        self._order = ORDER if quick_start else 2
+        #: the current epoch's leads (`EpochOrder.starts`, `EpochOrder.lead`) as (shards, batch size) of its
+        #: first stage, when a state said (a resumed epoch); else this reader's
+        self._epoch_lead: tuple[int, int] | None = None
         self.num_epochs, self.remainder, self.drop_last = num_epochs, remainder, drop_last
         self.shuffle_buffer, self.prefetch, self.workers = shuffle_buffer, prefetch, workers
         # fields decoded late, per batch (images: `_pipeline.decode`), and the window a mixture gives its
@@ -448,17 +455,25 @@ class Reader:
         return self._stage
 
     def _epoch_order(self) -> EpochOrder:
-        """The current epoch's order ``pi`` (`shardkit.reader._plan`)."""
+        """The current epoch's order ``pi`` (`shardkit.reader._plan`): with order 3, each piece of the
+        epoch's first stage (its shards, its batch size: a resumed epoch's, from its state) begins with a
+        lead from one row group."""
+        if self._order < 3 or not self.shuffle:
+            return EpochOrder(self.rows_per_group, self.seed, self.epoch, self.shuffle, self.shuffle_buffer,
+                              self._order)
+        shards, lead = self._epoch_lead or (self.num_shards, self.batch_size)
+        starts = piece_starts(self.num_samples, shards, self.remainder, lead, self.drop_last)
         return EpochOrder(self.rows_per_group, self.seed, self.epoch, self.shuffle, self.shuffle_buffer,
-                          self._order)
+                          self._order, starts, lead)
 
     def _describe(self, key: int) -> str:
-        """Where the sample of ``pi`` index ``key`` (this epoch) lies: dataset, row group and row."""
-        order = self._epoch_order()
-        groups, rows = order.locate(np.array([key]))
-        rg = self.dataset.row_groups[int(groups[0])]
-        row = int(rows[0])
-        selected = self._source.selection.get(int(groups[0]))
+        """Where the sample ``key`` (`EpochOrder.row_index`: its number in the dataset's order) lies:
+        dataset, row group and row."""
+        ends = np.cumsum(self.rows_per_group)
+        group = int(np.searchsorted(ends, key, side="right"))
+        rg = self.dataset.row_groups[group]
+        row = key - int(ends[group] - self.rows_per_group[group])
+        selected = self._source.selection.get(group)
         if selected is not None:
             row = int(selected[row])
         return f"row group {rg.index} of {self.dataset.location.join(rg.file)!r}, row {row}"
@@ -478,6 +493,8 @@ class Reader:
                                  batch_size=self.batch_size, first=longest)
         stop = total(ranges) if placer is None else min(total(ranges), start + placer.remaining())
         windows = shard_windows(order, take(ranges, start, stop))
+        if not start and not self._history and ranges:  # the piece's first batch: its lead read alone
+            windows = lead_window(order, windows, ranges[0][0])
         # the first batch comes sooner: its rows are read first, the rest of the window in tasks
         first = split_tasks(windows[:1], self.task_rows, -(-self.batch_size // SLICE_ROWS) * SLICE_ROWS)
         windows[:1] = first
@@ -491,9 +508,10 @@ class Reader:
         late = self._late_fields(placer)
 
         def keyed(batch: Columns) -> Columns:
-            """A batch, with the ``pi`` index of each row for the transform's seeds when there is one."""
+            """A batch, with each row's number in the dataset (`EpochOrder.row_index`) for the transform's
+            seeds when there is one."""
             if self.transform is not None or self._late:
-                batch[KEYS] = pi_at(ranges, batch[POSITION])
+                batch[KEYS] = order.row_index(pi_at(ranges, batch[POSITION]))
             return batch
 
         prepared: deque[tuple[np.ndarray | None, list[int], batching.Scatter | batching.Placement | None]] = \
@@ -610,6 +628,7 @@ class Reader:
         self._repeated_before = self.stats["repeated_rows"]
         self.epoch += 1
         self._history, self._consumed, self._steps = [], 0, 0
+        self._epoch_lead = None  # the next epoch's leads are this reader's
 
     def rows(self) -> Iterator[dict[str, Any]]:
         """Row-at-a-time iteration (slower than batches): each row a dict of field -> value (with
@@ -627,6 +646,7 @@ class Reader:
         self._arguments.update(workers=workers, prefetch=prefetch, shuffle_buffer=shuffle_buffer, late={},
                                raw=frozenset())
         self._late, self._raw = {}, frozenset()  # a mixture decodes its sources' rows as they are read
+        self._order = 2  # a mixture's batches are not a source's: no leads (`EpochOrder.leads`)
         self._source.read_in_place(())
         self.workers, self.prefetch, self.shuffle_buffer = workers, prefetch, shuffle_buffer
 
@@ -716,6 +736,9 @@ class Reader:
             "drop_last": self.drop_last, "batch_size": self.batch_size, "epoch": epoch,
             "history": [[w, c] for w, c in history], "order": self._order,
         }
+        if self._order >= 3:  # the epoch's leads: its first stage's shards and batch size
+            rolled = epoch != self.epoch
+            state["lead"] = list((None if rolled else self._epoch_lead) or (self.num_shards, self.batch_size))
         if self.dataset.snapshot is not None:  # a table: the snapshot a resume reads (see load_state_dict)
             state["snapshot"] = self.dataset.snapshot.state()
         return state
@@ -728,9 +751,14 @@ class Reader:
         # a state saved before shardkit spread a window's row groups (`spread_order`) has no "order":
         # its epochs go on in the order they started in
         order = state.get("order", 1)
-        if type(order) is not int or order not in (1, ORDER):
+        if type(order) is not int or not 1 <= order <= ORDER:
             raise ReaderError(f"the reader state has order={order!r}, which this shardkit does not know "
-                              f"(it makes order {ORDER}, and resumes 1): upgrade shardkit to resume it")
+                              f"(it makes order {ORDER}, and resumes 1 and 2): upgrade shardkit to resume it")
+        lead = state.get("lead")  # none: the epoch starts here, with this reader's leads
+        if order >= 3 and lead is not None and not (isinstance(lead, list | tuple) and len(lead) == 2 and all(
+                type(v) is int and v > 0 for v in lead)):
+            raise ReaderError(f"the reader state is malformed (lead={lead!r} must be its epoch's first stage "
+                              f"as [shards, batch size]): {state!r:.200}")
         mine = self.state_dict()
         for key in ("fingerprint", "seed", "shuffle", "shuffle_buffer", "remainder", "drop_last"):
             if state.get(key) != mine[key]:
@@ -756,6 +784,7 @@ class Reader:
         self._ranges(history)  # validates the history against this sample space
         self.epoch, self._history, self._consumed, self._steps = epoch, history, 0, 0
         self._order = order
+        self._epoch_lead = (int(lead[0]), int(lead[1])) if order >= 3 and lead is not None else None
         self._repeated_before = self.stats["repeated_rows"]
         self._generation += 1
 

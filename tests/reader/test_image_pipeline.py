@@ -321,7 +321,8 @@ def test_images_read_from_the_cache_are_not_copied_into_the_spill(
         def no_link(src: str, dst: str) -> None:
             raise OSError(errno.EXDEV, "Invalid cross-device link")
         monkeypatch.setattr(os, "link", no_link)
-    with shardkit.make_reader(url, batch_size=32, seed=0, cache=str(cache)) as reader:
+    # no quick start: the first batch waits for the whole window, all four entries linked by then
+    with shardkit.make_reader(url, batch_size=32, seed=0, cache=str(cache), quick_start=False) as reader:
         it = iter(reader)
         batches = [next(it)]
         assert reader._spill is not None

@@ -121,13 +121,15 @@ def reference(sources: Mapping[str, str], weights: Sequence[Fraction], length: i
 def stream_reference(sources: Mapping[str, str], which: Sequence[int], *, seed: int, shuffle: bool,
                      on_error: str = "raise") -> list[Item]:
     """The items of the positions whose sources are ``which``, made without a mixture: each source's
-    samples in the order of its passes, each pass the epoch of a one-shard `Reader` of the source."""
+    samples in the order of its passes, each pass the epoch of a one-shard `Reader` of the source
+    (without a quick start)."""
     need = Counter(which)
     passes: list[list[int]] = []
     for i, (name, url) in enumerate(sources.items()):
         ids: list[int] = []
         with shardkit.make_reader(url, seed=source_seed(seed, name), shuffle=shuffle, num_epochs=None,
-                                  batch_size=1024, columns=["id"], workers=1, on_error=on_error) as r:
+                                  batch_size=1024, columns=["id"], workers=1, on_error=on_error,
+                                  quick_start=False) as r:  # a source's passes have no lead
             for batch in r:
                 if len(ids) >= need[i]:
                     break

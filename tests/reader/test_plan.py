@@ -8,7 +8,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, example, given, settings
+from hypothesis import HealthCheck, assume, example, given, settings
 from hypothesis import strategies as st
 
 from shardkit.errors import ReaderError
@@ -18,6 +18,8 @@ from shardkit.reader._plan import (
     Remainder,
     Window,
     first_readable,
+    lead_window,
+    piece_starts,
     shard_ranges,
     shard_windows,
     spread_order,
@@ -495,3 +497,49 @@ def test_a_stage_with_one_count_per_shard_leaves_exactly_the_rest(n: int, before
     seen = Counter(consumed + rest)
     assert max(seen.values(), default=1) == 1
     assert n - len(seen) < (after if remainder == "drop" else 1)
+
+
+@settings(max_examples=300, deadline=None)
+@given(rows=st.lists(st.integers(1, 60), min_size=1, max_size=40), window=st.integers(1, 3000),
+       shards=st.integers(1, 8), batch=st.integers(1, 64), remainder=st.sampled_from(REMAINDERS),
+       seed=st.integers(0, 2**32 - 1))
+def test_each_shards_first_batch_is_drawn_from_one_row_group_and_pi_stays_a_permutation(
+        rows: list[int], window: int, shards: int, batch: int, remainder: Remainder, seed: int) -> None:
+    """Order 3 (the quick start): every sample once; the row groups' order and every position of ``pi``
+    but those a lead swapped are the spread order's; each lead (a piece's first batch) holds rows of one
+    row group wherever the window's row groups have the rows for all its leads, else of as few
+    neighbours in the stream as hold them; the reader's lead window reads only those."""
+    layout = as_layout(rows)
+    n = int(layout.sum())
+    assume(shards <= n)
+    starts = piece_starts(n, shards, remainder, batch)
+    order = EpochOrder(layout, seed, 0, True, window, 3, starts, batch)
+    plain = EpochOrder(layout, seed, 0, True, window, 2)
+    ids = order.row_index(np.arange(n))
+    assert sorted(ids.tolist()) == list(range(n))
+    np.testing.assert_array_equal(order.group_order, plain.group_order)
+    size = order.window_size()
+    lead_rows = np.zeros(n, dtype=bool)
+    for w in range(-(-n // size)):
+        zones = order.lead_zones(w)
+        segs = order.segments(w * size, min(n, (w + 1) * size))
+        groups_at = np.repeat(np.arange(len(segs)), [hi - lo for _, lo, hi in segs])  # stream offset -> seg
+        perm = order.window_permutation(w)
+        for at, length in zones:
+            lead_rows[w * size + at:w * size + at + length] = True
+            used = np.unique(groups_at[perm[at:at + length]])
+            if len(segs) > 1 and min(hi - lo for _, lo, hi in segs) >= sum(r for _, r in zones):
+                assert len(used) == 1, (zones, segs, used)
+            assert len(used) <= len(segs)
+    changed = ids != plain.row_index(np.arange(n))
+    assert not changed[~lead_rows].sum() > lead_rows.sum()  # a displaced sample per lead row, at most
+    for a in starts:  # the reader reads a piece's lead alone: the row groups of its rows only
+        piece_windows = shard_windows(order, [(a, min(n, a + 4 * batch))])
+        cut = lead_window(order, piece_windows, a)
+        if len(cut) > len(piece_windows) or cut[0].spans is not None:
+            lead = cut[0]
+            emitted = lead.emit(order)
+            got = np.concatenate([np.arange(t.start, t.stop) + int(order.stream_offsets[
+                int(np.flatnonzero(order.group_order == t.row_group)[0])]) for t in lead.tasks])[emitted]
+            want = order.stream_positions(np.arange(a, a + lead.num_rows))
+            np.testing.assert_array_equal(got, want)

@@ -151,7 +151,44 @@ def test_shuffled_reading_mixes_rows_of_several_row_groups(ids_ds: str) -> None:
     assert_exactly_once(ids, 500)
     assert not np.array_equal(ids, np.arange(500))
     groups_per_batch = [len(np.unique(b["id"] // 23)) for b in batches[:-1]]
-    assert min(groups_per_batch) >= 4, groups_per_batch  # a 200-row window spans ~9 row groups
+    # the first batch (the quick start's lead) from the fewest row groups that hold 50 rows, neighbours
+    # in the stream (23 rows each: 3); every later one across the window (200 rows span ~9 row groups)
+    assert groups_per_batch[0] <= 3, groups_per_batch
+    assert min(groups_per_batch[1:]) >= 4, groups_per_batch
+
+
+
+@pytest.mark.parametrize("quick_start", [True, False])
+def test_a_shards_first_batch_waits_for_its_leads_row_group_only(tmp_path: Path, quick_start: bool) -> None:
+    """The quick start: each of 2 shards' first batch is read from one row group of the window (the whole
+    dataset here), so a row group elsewhere that cannot be read fails a later batch, not the first;
+    without it, the first batch needs every row group of the window and fails."""
+    from shardkit.errors import CorruptDatasetError
+    from tests.reader.datasets import corrupt_ids
+    from tests.reader.test_skip_resume import write_groups
+
+    kw: dict[str, Any] = {"batch_size": 50, "num_shards": 2, "shuffle_buffer": 1000, "workers": 1,
+                          "quick_start": quick_start}
+    intact = write_groups(tmp_path / "intact", [100] * 10)
+    leads = []
+    for shard in range(2):
+        with shardkit.make_reader(intact, shard=shard, **kw) as reader:
+            leads.append(np.unique(next(iter(reader))["id"] // 100).tolist())
+    if not quick_start:
+        assert all(len(groups) > 1 for groups in leads), leads
+        bad = 0
+    else:
+        assert all(len(groups) == 1 for groups in leads), leads
+        bad = next(g for g in range(10) if [g] not in leads)
+    broken = write_groups(tmp_path / "broken", [100] * 10)
+    corrupt_ids(broken, [bad])
+    for shard in range(2):
+        with shardkit.make_reader(broken, shard=shard, **kw) as reader:
+            batches = iter(reader)
+            if quick_start:
+                assert np.unique(next(batches)["id"] // 100).tolist() == leads[shard]
+            with pytest.raises(CorruptDatasetError):
+                list(batches)
 
 
 # ---- filters ---------------------------------------------------------------------------------------

@@ -285,8 +285,9 @@ def test_skipping_a_corrupt_row_group_keeps_every_shard_in_step(
     intact, broken, lost = skip_pair
     kw: dict[str, Any] = {"num_shards": num_shards, "shuffle": shuffle, "remainder": remainder,
                           "batch_size": batch_size, "drop_last": drop_last, "seed": seed,
-                          "shuffle_buffer": shuffle_buffer}
-    order = {k: kw[k] for k in ("shuffle", "seed", "shuffle_buffer")}
+                          "shuffle_buffer": shuffle_buffer, "quick_start": False}
+    # substitutes are placed by pi: the one-shard reader's pi is the shards' without leads
+    order = {k: kw[k] for k in ("shuffle", "seed", "shuffle_buffer", "quick_start")}
     with shardkit.make_reader(intact, **order) as reader:
         table = substitutes(ids_of(reader), lost)
     for shard in range(num_shards):

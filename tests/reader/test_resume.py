@@ -156,9 +156,10 @@ def test_resume_in_the_same_world_gives_the_same_stream(ids_ds: str) -> None:
 def test_a_state_saved_before_the_spread_order_goes_on_in_the_order_its_epoch_started_in(ids_ds: str) -> None:
     """A state saved by shardkit before a window's row groups were spread over the dataset
     (`spread_order`; such a state has no ``order``) resumes in the plain permutation its epoch started
-    in: the rest of that epoch, every sample once; it saves ``order: 1`` from then on. A state of an
-    order this shardkit does not know is refused, naming it."""
-    from shardkit.reader._plan import EpochOrder
+    in, and one saved before the quick start (``order: 2``) in the spread order without leads: the rest
+    of that epoch, every sample once; it saves that order from then on. A state of an order this
+    shardkit does not know, or with a malformed lead, is refused, naming it."""
+    from shardkit.reader._plan import EpochOrder, piece_starts
     from tests.reader.test_plan import sample_ids_of_pi
 
     kw: dict[str, Any] = {"batch_size": 16, "seed": 5, "shuffle_buffer": 92}  # 4 of the 22 row groups
@@ -166,23 +167,31 @@ def test_a_state_saved_before_the_spread_order_goes_on_in_the_order_its_epoch_st
         fresh = np.concatenate([b["id"] for b in reader])
         state = roundtrip(reader.state_dict())
         layout = reader.rows_per_group
-    assert state["order"] == 2
+    assert state["order"] == 3
+    assert state["lead"] == [1, 16]
     n = int(layout.sum())
 
     def pi(order: int) -> np.ndarray:
-        return sample_ids_of_pi(EpochOrder(layout, 5, 0, True, 92, order), np.arange(n))
+        leads = {"starts": piece_starts(n, 1), "lead": 16} if order == 3 else {}
+        return sample_ids_of_pi(EpochOrder(layout, 5, 0, True, 92, order, **leads), np.arange(n))
 
-    np.testing.assert_array_equal(fresh, pi(2))
-    old = {k: v for k, v in state.items() if k != "order"} | {"epoch": 0, "history": [[1, 96]]}
-    with shardkit.make_reader(ids_ds, shard=0, num_shards=1, **kw) as resumed:
-        resumed.load_state_dict(old)
-        rest = np.concatenate([b["id"] for b in resumed])
-        assert resumed.state_dict()["order"] == 1
-    np.testing.assert_array_equal(rest, pi(1)[96:])
-    assert not np.array_equal(pi(1), pi(2))
-    with shardkit.make_reader(ids_ds, shard=0, num_shards=1, **kw) as other, \
-            pytest.raises(ReaderError, match=r"order=7, which this shardkit does not know"):
-        other.load_state_dict({**state, "order": 7})
+    np.testing.assert_array_equal(fresh, pi(3))
+    for order in (1, 2):
+        old = {k: v for k, v in state.items() if k not in ("order", "lead")}
+        old |= {"epoch": 0, "history": [[1, 96]]}
+        if order == 2:
+            old["order"] = 2
+        with shardkit.make_reader(ids_ds, shard=0, num_shards=1, **kw) as resumed:
+            resumed.load_state_dict(old)
+            rest = np.concatenate([b["id"] for b in resumed])
+            assert resumed.state_dict()["order"] == order
+        np.testing.assert_array_equal(rest, pi(order)[96:])
+    assert len({pi(o).tobytes() for o in (1, 2, 3)}) == 3
+    for bad, words in (({"order": 7}, r"order=7, which this shardkit does not know"),
+                       ({"lead": [0, 16]}, r"lead=\[0, 16\] must be its epoch's first stage")):
+        with shardkit.make_reader(ids_ds, shard=0, num_shards=1, **kw) as other, \
+                pytest.raises(ReaderError, match=words):
+            other.load_state_dict({**state, **bad})
 
 
 def test_resume_across_an_epoch_boundary(ids_ds: str) -> None:

@@ -59,7 +59,7 @@ READER_ARGUMENTS = ("url", "shard", "num_shards", "batch_size", "columns", "filt
                     "num_epochs", "remainder", "drop_last", "shuffle_buffer", "cache", "prefetch", "workers",
                     "max_inflight_bytes", "on_error", "storage_options", "version", "schema", "weights",
                     "samples_per_epoch", "reweight", "transform", "transform_workers", "transform_timeout",
-                    "decode", "variable")
+                    "decode", "variable", "quick_start")
 # Keys of make_reader that the trainer sets itself (from the job and the process's shard).
 _READER_OWNED = frozenset({"url", "shard", "num_shards", "batch_size", "seed", "shuffle", "num_epochs"})
 _PER_SOURCE = ("filter", "version", "storage_options")  # a mixture's source's own make_reader options

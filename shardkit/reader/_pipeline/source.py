@@ -210,7 +210,10 @@ class RowGroupSource:
 
     def plan(self, row_groups: Sequence[int]) -> None:
         """The row groups about to be read, in order (repeats ignored): a remote dataset's are fetched
-        ahead (see the module docstring), but for those the cache holds."""
+        ahead (see the module docstring), but for those the cache holds. A new pass: the reads kept for
+        the last pass's next tasks go (each pass reads its row groups anew, as `shardkit bench` counts)."""
+        with self._lock:
+            self._recent.clear()
         if self._fetcher is None:
             return
         if self._pid != os.getpid():

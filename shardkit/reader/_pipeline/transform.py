@@ -11,9 +11,10 @@ Seeding. Before each call of ``fn`` the stage seeds, from splitmix64 hashes of (
 the `numpy.random.Generator` it passes as ``rng`` (a PCG64 whose whole 128-bit state and increment
 come from the hash; the generator is for the call: a new one is made for every sample), Python's
 `random`, numpy's legacy global generator (``np.random.seed``) and, when ``torch`` is already imported,
-torch's default CPU generator. ``key`` is the sample's position in the epoch's global order, the same
-whatever the number of shards, workers or batches, so the same sample gets the same random draws on
-a resumed or resized run. Each generator gets its own hash (no two libraries share a stream). Setting
+torch's default CPU generator. ``key`` is the sample's number in the dataset's order (among the rows
+read), the same whatever the epoch's order, the number of shards, workers or batches, so the same
+sample gets the same random draws in an epoch on a resumed or resized run.
+Each generator gets its own hash (no two libraries share a stream). Setting
 a PCG64's state costs about a microsecond where building a generator from a seed sequence costs ten;
 seeding Python's and the legacy Mersenne twisters (and torch's) costs a few more, per sample.
 numpy's legacy generator and torch's take 32 bits of seed (a 64-bit seed costs numpy's five times
@@ -763,7 +764,7 @@ class SampleStage:
                where: Sequence[str] | None = None) -> Future[Columns]:
         """The batch transformed, when done: its rows in input order, less the samples skipped.
 
-        ``keys``: per row, the sample's position in the epoch's global order (its seed). ``where``: per
+        ``keys``: per row, the sample's number in the dataset's order (its seed). ``where``: per
         row, how an error names the sample ("dataset X, row group 3, row 17").
         """
         if self._closed:

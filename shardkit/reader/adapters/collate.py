@@ -311,6 +311,7 @@ def jump_to_epoch(reader: Reader, epoch: int) -> None:
     """Move ``reader`` to the start of ``epoch``: its own state with that epoch and no position in it."""
     state = reader.state_dict()
     state["epoch"], state["history"] = epoch, []
+    state.pop("lead", None)  # the leads of the state's epoch, not of the one it starts
     reader.load_state_dict(state)
 
 
