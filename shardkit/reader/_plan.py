@@ -58,9 +58,9 @@ Ranges = list[tuple[int, int]]
 Stage = tuple[int, int | list[int]]
 
 
-#: the row groups a shuffle window must span (on average) for the quick start's leads: the lead's row group
-#: is read once more with the rest of its window, which costs a row group's read per shard and epoch, and
-#: saves the wait for all but one of the window's (a window of two or three: little to save)
+#: the row groups a shuffle window must span (on average) for the quick start's leads: the first batch then
+#: waits for one of them, not for all (a window of two or three: little to save, and the rest of the
+#: window is read only once the lead's batch is out: less reading ahead)
 LEAD_GROUPS = 4
 #: the order a shuffled reader makes (`EpochOrder.order`; in its state as ``order``): 1, row groups in a
 #: plain permutation; 2, spread (`spread_order`); 3, spread, and each shard's first batch drawn from one row

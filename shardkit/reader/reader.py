@@ -127,6 +127,7 @@ class Reader:
         #: the current epoch's leads (`EpochOrder.starts`, `EpochOrder.lead`) as (shards, batch size) of its
         #: first stage, when a state said (a resumed epoch); else this reader's
         self._epoch_lead: tuple[int, int] | None = None
+        self._quick = False  # the pass's first batch is a lead's (`_epoch_of`), not handed out yet
         self.num_epochs, self.remainder, self.drop_last = num_epochs, remainder, drop_last
         self.shuffle_buffer, self.prefetch, self.workers = shuffle_buffer, prefetch, workers
         # fields decoded late, per batch (images: `_pipeline.decode`), and the window a mixture gives its
@@ -382,7 +383,8 @@ class Reader:
                 oldest = min((self._spill.oldest_window(batch[n]) for n in names if self._spill is not None),
                              default=1 << 62)
                 pending.append((stage.submit(batch, self.epoch, keys), positions, oldest, batch, keys))
-                if len(pending) > self._stage_ahead():
+                if len(pending) > self._stage_ahead() or self._quick:  # a lead's: out first, then the rest
+                    self._quick = False
                     yield self._deliver(pending)
                     if generation != self._generation:
                         return
@@ -495,10 +497,14 @@ class Reader:
         windows = shard_windows(order, take(ranges, start, stop))
         if not start and not self._history and ranges:  # the piece's first batch: its lead read alone
             windows = lead_window(order, windows, ranges[0][0])
+        led = bool(windows) and windows[0].spans is not None  # a lead: read before anything else
         # the first batch comes sooner: its rows are read first, the rest of the window in tasks
         first = split_tasks(windows[:1], self.task_rows, -(-self.batch_size // SLICE_ROWS) * SLICE_ROWS)
         windows[:1] = first
-        self._source.plan([t.row_group for w in windows for t in w.tasks])  # remote: fetched ahead
+        everything = [t.row_group for w in windows for t in w.tasks]
+        # remote: fetched ahead; a lead's row groups alone first, at the store's whole speed and with the
+        # machine's cores, the rest once they are read
+        self._source.plan([t.row_group for t in windows[0].tasks] if led else everything)
         # the cut tasks read their row group only as far as they need, but the last one of each row
         # group reads it to its end (so that a cache holds the whole row group)
         cut = [t for w in first for t in w.tasks]
@@ -530,10 +536,14 @@ class Reader:
                     slot = None if plan is None or plan[1] is None else (plan[0], plan[1][i])
                     yield t, r, t not in short, slot, late_now[0]
 
-        results = self._prefetched(reads())
+        results = self._prefetched(reads(), alone=len(windows[0].tasks) if led else 0)
+        self._quick = led  # `_staged` hands the lead's batch out before it asks for the next
         position = start
         try:
             for window in windows:
+                if led and window is not windows[0]:  # the lead's batch is out: fetch the rest ahead now
+                    self._source.plan(everything, new_pass=False)
+                    led = False
                 parts = [next(results) for _ in window.tasks]
                 emit, sizes, scatter = prepared.popleft()
                 placed = None if scatter is None else scatter.placed(
@@ -655,12 +665,16 @@ class Reader:
             self._pool = ThreadPoolExecutor(max_workers=self.workers, thread_name_prefix="shardkit-read")
         return self._pool
 
-    def _prefetched(self, tasks: Iterator[tuple[Task, np.ndarray | None, bool, _Slot, Late | None]]
-                    ) -> Generator[Part | None, None, None]:
-        """Results of ``tasks`` (with their row selections) in order, ``prefetch`` tasks running ahead."""
+    def _prefetched(self, tasks: Iterator[tuple[Task, np.ndarray | None, bool, _Slot, Late | None]],
+                    alone: int = 0) -> Generator[Part | None, None, None]:
+        """Results of ``tasks`` (with their row selections) in order, ``prefetch`` tasks running ahead;
+        the first ``alone`` of them (a lead's) run before any other starts."""
         pool, inflight = self._executor(), deque[Future[Part | None]]()
         try:
-            for task, rows, to_end, slot, late in tasks:
+            for i, (task, rows, to_end, slot, late) in enumerate(tasks):
+                if i == alone > 0:  # the lead's tasks all started: their results before the next starts
+                    while inflight:
+                        yield self._waited_for(inflight.popleft(), "read_blocked")
                 inflight.append(pool.submit(self._read, task, rows, to_end, slot, late))
                 if len(inflight) > self.prefetch:
                     yield self._waited_for(inflight.popleft(), "read_blocked")

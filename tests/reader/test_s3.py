@@ -403,3 +403,34 @@ def test_a_transform_s_fields_are_learned_from_the_first_pages_not_the_whole_row
     half = np.concatenate([b["half"] for b in batches])
     assert half.dtype == np.float16
     np.testing.assert_array_equal(half, (np.stack(frame["features"])[:, :4] / 2).astype(np.float16))
+
+
+@pytest.mark.parametrize("quick_start", [True, False])
+def test_a_quick_start_fetches_the_first_batchs_row_group_alone_before_the_rest(
+        s3_server: S3Server, s3_bucket: str, tmp_path: Path, quick_start: bool) -> None:
+    """A window of the whole dataset (10 row groups, 2 a file): with the quick start, a shard's first
+    batch comes from one row group, fetched alone, and the others are fetched once it is out; without it,
+    the first batch waits for all of them. Every row still comes once."""
+    url, opts = f"s3://{s3_bucket}/quick", s3_server.storage_options
+    frame = _frame(1280)
+    shardkit.write_dataset(frame, url, storage_options=opts, row_group_size=128,
+                           file_size=int(frame.memory_usage(deep=True).sum()) // 20)
+    files = shardkit.open_dataset(url, storage_options=opts).files
+    assert len(files) == 5
+    data_files = rf"/{s3_bucket}/quick/part-"
+    start = s3_server.mark()
+    with shardkit.make_reader(url, batch_size=64, shuffle_buffer=1280, seed=3, storage_options=opts,
+                              cache=CacheConfig(str(tmp_path / "cache"), 1 << 30),
+                              quick_start=quick_start) as reader:
+        batches = iter(reader)
+        first = next(batches)["id"]
+        fetched = {path for method, path, _ in s3_server.requests(since=start)
+                   if method == "GET" and re.search(data_files, path)}
+        ids = [*first.tolist(), *(i for b in batches for i in b["id"].tolist())]
+    assert sorted(ids) == list(range(1280))
+    if quick_start:
+        assert len(np.unique(first // 128)) == 1
+        assert len(fetched) == 1, fetched
+    else:
+        assert len(np.unique(first // 128)) > 5
+        assert len(fetched) == 5, fetched

@@ -208,12 +208,14 @@ class RowGroupSource:
         with self._lock:
             return frozenset(self.bad_groups), {g: frozenset(r) for g, r in self.bad_rows.items()}
 
-    def plan(self, row_groups: Sequence[int]) -> None:
+    def plan(self, row_groups: Sequence[int], *, new_pass: bool = True) -> None:
         """The row groups about to be read, in order (repeats ignored): a remote dataset's are fetched
         ahead (see the module docstring), but for those the cache holds. A new pass: the reads kept for
-        the last pass's next tasks go (each pass reads its row groups anew, as `shardkit bench` counts)."""
-        with self._lock:
-            self._recent.clear()
+        the last pass's next tasks go (each pass reads its row groups anew, as `shardkit bench` counts);
+        ``new_pass=False``: the same pass, planned further (after a quick start's lead)."""
+        if new_pass:
+            with self._lock:
+                self._recent.clear()
         if self._fetcher is None:
             return
         if self._pid != os.getpid():
