@@ -100,10 +100,11 @@ def test_docs_blocks_run_as_written(tmp_path: Path) -> None:
     base = tmp_path / "checkout"
     _checkout(base)
     (base / ".venv").symlink_to(venv.resolve())
-    # scripts/setup reinstalls when pyproject.toml is newer than its stamp: a fresh clone's always is,
-    # and a reinstall from here would point the shared environment at this temporary checkout
+    # scripts/setup reinstalls when pyproject.toml or its constraints are newer than its stamp: a fresh
+    # clone's always are, and a reinstall from here would point the shared environment at this checkout
     stamp_mtime = (REPO / STAMP).stat().st_mtime
-    os.utime(base / "pyproject.toml", (stamp_mtime - 1, stamp_mtime - 1))
+    for watched in ("pyproject.toml", "scripts/constraints.txt"):
+        os.utime(base / watched, (stamp_mtime - 1, stamp_mtime - 1))
     env = _env(base)
     where = subprocess.run([env["SHARDKIT_DOCS_PYTHON"], "-c", "import shardkit; print(shardkit.__file__)"],
                            cwd=base, env=env, capture_output=True, text=True, check=True).stdout.strip()
