@@ -179,9 +179,9 @@ class EpochOrder:
         return [(a - base, min(self.lead, end - a, b - a))
                 for a, b in itertools.pairwise(cut) if base <= a < end]
 
-    def leads(self, w: int, perm: np.ndarray) -> list[tuple[int, int]]:
-        """Draw each lead of window ``w`` from one row group, in place in its permutation ``perm``; the
-        leads, as ``(offset, rows)`` in ``perm``.
+    def leads(self, w: int, perm: np.ndarray) -> None:
+        """Draw each lead of window ``w`` (`lead_zones`) from one row group, in place in its permutation
+        ``perm``.
 
         A lead is the first `lead` rows (fewer where the piece or the window ends sooner) of a piece that
         begins in the window: a shard's first batch of the epoch. Its row group is the one of the sample
@@ -197,7 +197,7 @@ class EpochOrder:
         zones = self.lead_zones(w)
         segs = self.segments(base, base + size)
         if not zones or len(segs) < 2:  # a window of one row group: every batch is from it
-            return []
+            return
         bounds = np.cumsum([0, *(hi - lo for _, lo, hi in segs)])
         inverse = np.empty(size, dtype=np.int64)
         inverse[perm] = np.arange(size)
@@ -224,7 +224,6 @@ class EpochOrder:
             perm[away], inverse[leaving] = leaving, away
             perm[slots], inverse[chosen] = chosen, slots
             taken[chosen] = True
-        return zones
 
     def stream_positions(self, pi: np.ndarray) -> np.ndarray:
         """The stream positions of the ``pi`` indices ``pi``."""

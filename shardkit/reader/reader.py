@@ -503,7 +503,7 @@ class Reader:
         windows[:1] = first
         everything = [t.row_group for w in windows for t in w.tasks]
         # remote: fetched ahead; a lead's row groups alone first, at the store's whole speed and with the
-        # machine's cores, the rest once they are read
+        # machine's cores, the rest once the lead's batch is out
         self._source.plan([t.row_group for t in windows[0].tasks] if led else everything)
         # the cut tasks read their row group only as far as they need, but the last one of each row
         # group reads it to its end (so that a cache holds the whole row group)
