@@ -59,6 +59,7 @@ def ids_ds(tmp_path_factory: pytest.TempPathFactory) -> str:
         ({"columns": ["id", "label", "id"]}, ["columns=['id', 'label', 'id']", "['id'] more than once"]),
         ({"shuffle": "no"}, ["shuffle='no'", "True or False"]),
         ({"drop_last": 1}, ["drop_last=1", "True or False"]),
+        ({"quick_start": "yes"}, ["quick_start='yes'", "True or False"]),
         ({"filter": pc.field("nope") > 1}, ["nope", "does not apply", "'label'"]),
         ({"filter": [("nope", "=", 1)]}, ["nope"]),
         ({"filter": pc.field("label") == "three"}, ["label", "does not apply", "type"]),
