@@ -185,9 +185,12 @@ def _cpu_ticks(pid: int | str) -> int:
 
 
 def tree_cpu_seconds(*, children: bool = False) -> float:
-    """CPU seconds used so far by this process (all threads), and by its live descendants if asked."""
-    pids: list[int | str] = ["self", *(descendants() if children else ())]
-    return sum(_cpu_ticks(p) for p in pids) / os.sysconf("SC_CLK_TCK")
+    """CPU seconds used so far by this process (all threads) and its waited-for children, and by its live
+    descendants if asked. This process's own to the nanosecond (``process_time``, ``getrusage``), not in
+    clock ticks: a tick is 10 ms, a fifth of a 50 ms case."""
+    reaped = resource.getrusage(resource.RUSAGE_CHILDREN)
+    own = time.process_time() + reaped.ru_utime + reaped.ru_stime
+    return own + sum(_cpu_ticks(p) for p in (descendants() if children else ())) / os.sysconf("SC_CLK_TCK")
 
 
 class Phase:

@@ -441,6 +441,44 @@ def run_reads(systems: Sequence[str], modes: Sequence[str], n: int, rounds: int,
     return runs, epochs
 
 
+def per_image_work(systems: Sequence[str], store: Path, log: Callable[[str], None]) -> dict[str, Any]:
+    """Each system's per-image work of mode augment alone (`images_aug.case_work`, a fresh process, in
+    the system's venv): the floor of its CPU per image in the epoch."""
+    out: dict[str, Any] = {}
+    for system in systems:
+        params = {"system": system, "store": str(store)}
+        try:
+            out[system] = run_fresh("benchmarks.images_aug:case_work", params, peers=system in PEERS)
+        except (CaseFailed, OSError) as e:
+            out[system] = {"error": str(e)[-3000:]}
+        r = out[system]
+        said = f"FAILED\n{r['error']}" if "error" in r else \
+            f"{r['cpu_seconds'] / r['images'] * 1000:.3f} CPU-ms/image"
+        log(f"  work {system:<9} {said}")
+    return out
+
+
+def work_text(doc: dict[str, Any]) -> str:
+    """The per-image work floors beside the epochs' CPU per image, and the augment ratio they allow."""
+    work = {s: w["cpu_seconds"] / w["images"] for s, w in doc.get("work", {}).items() if "error" not in w}
+    runs = doc.get("reads", {}).get("augment", {})
+    epoch = {s: (_median(rs, "cpu_seconds") or 0) / max(_median(rs, "images") or 1, 1)
+             for s, rs in runs.items() if any("error" not in r for r in rs)}
+    if "shardkit" not in work:
+        return ""
+    each = [f"{s} {v * 1000:.2f}" + (f" (in the epoch {epoch[s] * 1000:.2f})" if s in epoch else "")
+            for s, v in work.items()]
+    text = ("\nper-image work alone (decode + the augmentation, one thread, no loader: "
+            f"`images_aug.case_work`), CPU-ms/image: {', '.join(each)}")
+    for peer in PEERS:
+        if peer in epoch:
+            text += (f"\naugment ceiling vs {peer}: its epoch's CPU per image / shardkit's work alone = "
+                     f"{epoch[peer] / work['shardkit']:.2f}x, what shardkit's images/s can reach on cores "
+                     "both loaders keep busy if its loader cost nothing at all "
+                     f"(target {RATIO_TARGETS['augment']}x)")
+    return text
+
+
 def resume_check(system: str, n: int, epoch: list[list[int]] | None) -> dict[str, Any]:
     """Read k batches (half the epoch) in one process, save the loader's state; resume in a new one."""
     path = _dataset_path(system, n)
@@ -536,6 +574,8 @@ def report(doc: dict[str, Any]) -> tuple[str, list[dict[str, str]]]:
     if uniform:
         lines.append(f"\nuniform shuffle of the same {n:,} images: {uniform['units_per_batch']:.1f} units "
                      f"per {BATCH}-batch, gap {uniform['gap_vs_uniform']:.2f}")
+    if doc.get("work"):
+        lines.append(work_text(doc))
     how = sorted({r.get("how", "") for rs in runs.get("augment", {}).values() for r in rs if r.get("how")})
     if how:
         lines.append(f"shardkit's augmentation ran through {', '.join(how)}"
@@ -702,6 +742,8 @@ def main(argv: list[str] | None = None) -> None:
                           else {"units_per_batch": 0.0, "gap_vs_uniform": 0.0})
     runs, epochs = run_reads(ok, [] if args.only_s3 else modes, n, args.rounds, layouts, _log)
     doc["reads"] = runs
+    if "augment" in modes and not args.only_s3:
+        doc["work"] = per_image_work(ok, store, _log)
     if not args.no_s3:
         from benchmarks.images_s3 import s3_first_batch
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import io
 import math
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -112,3 +113,38 @@ def photo(i: int, size: int = SIZE, quality: int = QUALITY) -> bytes:
     out = io.BytesIO()
     Image.fromarray(np.clip(noisy, 0, 255).astype(np.uint8)).save(out, "JPEG", quality=quality)
     return out.getvalue()
+
+
+def case_work(system: str, store: str, n: int = 2000) -> dict[str, Any]:
+    """The per-image work of ``mode`` augment alone, without a loader: each of ``n`` JPEGs of ``store``
+    decoded and augmented in turn on one thread (torch at one thread, as in a DataLoader worker), twice
+    (the second pass timed). shardkit: its reader's decoder (`decode_jpeg_one`) then `augment_array`, what
+    its transform stage runs per sample; LitData and Mosaic: Pillow's decode then `augment_pil`. CPU
+    seconds per image: what a loader cannot go below, so the ratio of two systems' per-image CPU in the
+    epoch is bounded by these (on cores both loaders keep busy, images/s follows CPU per image)."""
+    import time
+
+    import torch
+
+    torch.set_num_threads(1)
+    root = Path(store)
+    data = np.memmap(root / "images.bin", dtype=np.uint8, mode="r")
+    offsets = np.load(root / "offsets.npy")
+    blobs = [bytes(data[offsets[i]:offsets[i + 1]]) for i in range(min(n, len(offsets) - 1))]
+    rng = np.random.default_rng(0)
+    if system == "shardkit":
+        from shardkit.dataset.codecs._jpeg import decode_jpeg_one
+
+        def one(blob: bytes) -> Any:
+            return augment_array(decode_jpeg_one(blob, 3), rng)
+    else:
+        def one(blob: bytes) -> Any:
+            return augment_pil(decode(blob), rng)
+
+    seconds = 0.0
+    for _ in range(2):
+        cpu0 = time.process_time()
+        for blob in blobs:
+            one(blob)
+        seconds = time.process_time() - cpu0
+    return {"system": system, "images": len(blobs), "cpu_seconds": seconds}

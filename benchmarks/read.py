@@ -281,6 +281,49 @@ def case_shardkit(url: str, shuffle: bool = True, num_shards: int = 1, shard: in
     return {**result, "rss": phase_peak_rss(), **settings}
 
 
+def case_crc_floor(path: str, passes: int = 3) -> dict[str, Any]:
+    """The least that verifying page checksums can add to a reader of the dataset at ``path``: CRC-32 of
+    every page's stored bytes (`shardkit.dataset._pages.crc32`, ISA-L, the reader's), each compared with
+    its header's, and nothing else. The pages are found first and every file's mapping is touched
+    (a byte per memory page) off the clock, so neither the page walk nor page faults are counted (a
+    reader without verification walks no pages, and takes the faults too); the bytes come from memory,
+    as a reader's do (the files together are many times the CPU's caches). CPU seconds of one pass
+    (median of ``passes``), its bytes and pages."""
+    import mmap
+
+    from shardkit.dataset._pages import chunk_range, crc32, page_header
+
+    views, pages = [], []  # per file its mapping; per page (file, start, size, crc)
+    for k, name in enumerate(_parquet_files(path)):
+        with open(name, "rb") as f:
+            mapped = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+        view = memoryview(mapped)
+        views.append(view)
+        meta = pq.read_metadata(name)
+        for g in range(meta.num_row_groups):
+            group = meta.row_group(g)
+            for j in range(group.num_columns):
+                start, length = chunk_range(group.column(j))
+                at = start
+                while at < start + length:
+                    _, size, crc, header = page_header(view[at:at + 4096])
+                    if crc is None:
+                        raise CaseFailed(f"{name}: the page at byte {at} carries no checksum")
+                    pages.append((k, at + header, size, crc & 0xFFFFFFFF))
+                    at += header + size
+        int(np.frombuffer(view, np.uint8)[::mmap.PAGESIZE].sum())  # every memory page mapped
+    times = []
+    for _ in range(passes):
+        cpu0 = time.process_time()
+        bad = sum(crc32(views[k][at:at + size]) != crc for k, at, size, crc in pages)
+        times.append(time.process_time() - cpu0)
+        if bad:
+            raise CaseFailed(f"{bad} pages of {path} fail their checksums")
+    total = sum(size for _, _, size, _ in pages)
+    return {"rows": 0, "crc_cpu_seconds": float(np.median(times)), "bytes": total, "pages": len(pages),
+            "passes": passes}
+
+
 def case_mixture(urls: list[str], weights: str = "even") -> dict[str, Any]:
     """``shardkit.make_reader({"a": urls[0], "b": urls[1]}, weights=...)``, one epoch of as many samples as
     both sources' rows, everything else default. ``weights``: ``"even"`` 1:1 (each source read once: what
@@ -722,6 +765,7 @@ def run(rows: int, cases: list[str], repeat: int, slow_repeat: int,
         r.page_checksums = {"path": tensor, "pages": pages, "with_crc": with_crc}
         _log(f"  page checksums in {tensor}: {with_crc:,} of {pages:,} pages carry a CRC")
         r.interleaved({n: ("case_shardkit", verified[n]) for n in pairs}, r.checksum_repeat)
+        r.local("crc-floor", "case_crc_floor", {"path": tensor})
     else:
         for n in pairs:
             r.local(n, "case_shardkit", verified[n])
@@ -1041,7 +1085,27 @@ def report_checksums(run_: Run) -> tuple[str, list[dict[str, Any]]]:
                      f"({rate_a:,.0f} vs {rate_b:,.0f} rows/s; load {a.get('load_1m', 0):.1f} / "
                      f"{b.get('load_1m', 0):.1f}; k={len(a.get('runs', [])) or 1}{spread}) "
                      f"target >= {1 - CHECKSUM_COST:.2f}x: {'PASS' if ok else 'MISS'}")
+    lines += _crc_floor_lines(run_)
     return "\n".join(lines), verdicts
+
+
+def _crc_floor_lines(run_: Run) -> list[str]:
+    """`case_crc_floor` beside each case read without verification: the share of its CPU that the CRC
+    alone of the pages it reads would be (a verifying reader adds at least that)."""
+    floor = run_.results.get("crc-floor")
+    if not floor or "error" in floor or not floor.get("crc_cpu_seconds"):
+        return []
+    crc = floor["crc_cpu_seconds"]
+    lines = []
+    for _, off in CHECKSUM_PAIRS:
+        b = run_.results.get(off)
+        if b and b.get("cpu_seconds"):
+            lines.append(f"checksum floor: CRC-32 alone of the {floor['bytes'] / 2**20:,.0f} MiB in "
+                         f"{floor['pages']:,} pages ({crc:.3f} CPU-s, {floor['bytes'] / crc / 1e9:.1f} GB/s "
+                         f"from memory; no page walk, no page faults) = {crc / b['cpu_seconds']:.1%} of "
+                         f"{off}'s CPU per epoch ({b['cpu_seconds']:.3f} s): verifying costs at least that "
+                         f"(target <= {CHECKSUM_COST:.0%})")
+    return lines
 
 
 def report_mixture(run_: Run) -> tuple[str, list[dict[str, Any]]]:

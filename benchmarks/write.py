@@ -30,6 +30,7 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import inspect
+import json
 import os
 import shutil
 import sys
@@ -43,6 +44,7 @@ import shardkit
 from benchmarks import data
 from benchmarks.common import (
     MB,
+    RESULTS,
     SCRATCH,
     CaseFailed,
     Phase,
@@ -54,6 +56,7 @@ from benchmarks.common import (
     run_case,
     save_results,
     table,
+    write_json,
 )
 from benchmarks.petastorm_env import SIDE, run_in_petastorm
 
@@ -299,6 +302,28 @@ def report_checksums(results: list[dict[str, Any]]) -> tuple[str, list[dict[str,
     return "\n".join(lines), verdicts
 
 
+def merge_into(path: Path, results: list[dict[str, Any]], cases: list[str], sizes: list[int],
+               seconds: float, load_before: Any) -> None:
+    """Put ``results`` into the saved run at ``path`` (each replaces the saved result of its case and
+    size; the others are kept), note when this part ran, and render the tables and verdicts again."""
+    doc = json.loads(path.read_text())
+    new = {(r["case"], r["rows"]) for r in results}
+    doc["results"] = [r for r in doc["results"] if (r.get("case"), r.get("rows")) not in new] + results
+    doc["results"].sort(key=lambda r: (r.get("rows", 0), doc["cases"].index(r["case"])
+                                       if r.get("case") in doc["cases"] else len(doc["cases"])))
+    doc["parts"] = [p for p in doc.get("parts", []) if not (set(p["cases"]) <= set(cases)
+                                                           and set(p["sizes"]) <= set(sizes))]
+    doc["parts"].append({"cases": cases, "sizes": sizes, "command": " ".join(["python", *sys.orig_argv[1:]]),
+                         "created": time.strftime("%Y-%m-%dT%H:%M:%S+00:00", time.gmtime()),
+                         "seconds": seconds, "load_before": load_before, "load_after": os.getloadavg()})
+    checksum_text, verdicts = report_checksums(doc["results"])
+    doc["table"] = "\n\n".join(t for t in (report(doc["results"]), checksum_text) if t)
+    doc["targets"] = verdicts
+    write_json(path, doc)
+    print(doc["table"])
+    print(f"merged {cases} x {sizes} into {path.name}", file=sys.stderr)
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true",
@@ -310,6 +335,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--slow-max-rows", type=int, default=100_000,
                         help="PNG, Spark and Petastorm run only up to this size (~1 min each at 100k)")
     parser.add_argument("--no-save", action="store_true", help="do not write benchmarks/results/")
+    parser.add_argument("--merge", action="store_true",
+                        help="keep the other cases and sizes of this machine's saved run: these (case, "
+                             "rows) results replace theirs, and the file records when each part ran")
     args = parser.parse_args(argv)
 
     sizes = [2000] if args.quick else [int(s) for s in args.sizes.split(",")]
@@ -325,9 +353,14 @@ def main(argv: list[str] | None = None) -> None:
     print(f"write benchmark on {machine_id(info)} ({info['cpu_model']}), sizes {sizes}, cases {cases}",
           file=sys.stderr)
     results: list[dict[str, Any]] = []
+    started, load_before = time.perf_counter(), os.getloadavg()
     for rows in sizes:
         here = [c for c in cases if c not in SLOW or rows <= args.slow_max_rows]
         results += run(rows, here, repeat, args.slow_repeat)
+    saved = RESULTS / f"write-{machine_id(info)}.json"
+    if args.merge and not (args.quick or args.no_save) and saved.exists():
+        merge_into(saved, results, cases, sizes, time.perf_counter() - started, load_before)
+        return
     checksum_text, verdicts = report_checksums(results)
     text = "\n\n".join(t for t in (report(results), checksum_text) if t)
     print(text)

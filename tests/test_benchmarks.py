@@ -137,6 +137,8 @@ def test_images_benchmark_quick_runs_shardkit_without_the_peers_venv(tmp_path: P
     for mode in ("augment", "decode", "raw"):
         assert re.search(rf"^\| {mode} +\| shardkit +\| +[\d,]+ ", proc.stdout, re.M), proc.stdout
     assert "600 / 600" in proc.stdout  # the JPEG bytes stored as they are
+    assert re.search(r"^per-image work alone .*: shardkit \d+\.\d\d \(in the epoch \d+\.\d\d\)$", proc.stdout,
+                     re.M), proc.stdout
     assert re.search(r"^\| shardkit +\| 1 batches .*\| yes +\|", proc.stdout, re.M), proc.stdout  # resume
     assert "failed" not in proc.stdout
     assert not (tmp_path / "images-venv").exists()
@@ -190,3 +192,79 @@ def test_images_benchmark_reports_the_s3_first_batch_and_old_results_without_it(
                             "uniform": {"units_per_batch": 1.0, "gap_vs_uniform": 1.0}})  # results before it
     assert "S3" not in old
     assert re.search(r"^\| augment +\| shardkit +\| failed ", old, re.M), old
+
+
+def test_images_benchmark_bounds_the_augment_ratio_by_the_work_alone() -> None:
+    from benchmarks import images
+
+    def epoch(cpu: float) -> dict[str, object]:
+        return {"cpu_seconds": cpu, "images": 1000}
+
+    doc = {"images": 1000,
+           "reads": {"augment": {"shardkit": [epoch(1.1), epoch(1.0)], "litdata": [epoch(1.2), epoch(1.3)],
+                                 "mosaic": [{"error": "boom"}]}},
+           "work": {"shardkit": {"cpu_seconds": 0.5, "images": 500},
+                    "litdata": {"cpu_seconds": 0.6, "images": 500}, "mosaic": {"error": "boom"}}}
+    text = images.work_text(doc)
+    assert "shardkit 1.00 (in the epoch 1.05), litdata 1.20 (in the epoch 1.25)" in text, text
+    assert "ceiling vs litdata: its epoch's CPU per image / shardkit's work alone = 1.25x" in text, text
+    assert "vs mosaic" not in text  # no epoch of it to compare
+    assert images.work_text({"images": 1}) == ""  # results saved before it
+
+
+def test_crc_floor_checks_every_page_and_is_reported_beside_the_unverified_reader(tmp_path: Path) -> None:
+    import pytest
+
+    import shardkit
+    from benchmarks import read
+    from benchmarks.common import CaseFailed
+
+    shardkit.write_dataset(data.iter_batches(3000, "tensor"), tmp_path / "ds",
+                           schema=data.shardkit_schema("tensor"), row_group_size=1000, progress=False)
+    floor = read.case_crc_floor(str(tmp_path / "ds"), passes=1)
+    with_crc, pages = data.page_checksums(tmp_path / "ds")
+    assert floor["pages"] == pages == with_crc > 10
+    assert floor["bytes"] > 3000 * 3000
+    assert floor["crc_cpu_seconds"] > 0
+    run = read.Run(3000, 1, 1)
+    run.results = {"crc-floor": {**floor, "crc_cpu_seconds": 0.01},
+                   "shardkit-noshuffle-noverify": {"cpu_seconds": 0.1, "rows": 3000, "seconds": 0.1}}
+    line = read._crc_floor_lines(run)[0]
+    mib = floor["bytes"] / 2**20
+    assert line.startswith(f"checksum floor: CRC-32 alone of the {mib:,.0f} MiB in {pages:,} pages"), line
+    assert "= 10.0% of shardkit-noshuffle-noverify's CPU per epoch (0.100 s)" in line, line
+    part = next(p for p in sorted((tmp_path / "ds").rglob("*.parquet")) if not p.name.startswith("_"))
+    raw = bytearray(part.read_bytes())
+    raw[len(raw) // 3] ^= 0xFF  # inside a page of image bytes (the footer is at the end)
+    part.write_bytes(bytes(raw))
+    with pytest.raises(CaseFailed, match=r"1 pages of .* fail their checksums"):
+        read.case_crc_floor(str(tmp_path / "ds"), passes=1)
+
+
+def test_write_benchmark_merge_replaces_only_the_cases_and_sizes_measured_again(tmp_path: Path) -> None:
+    import json
+
+    from benchmarks import write
+
+    def result(case: str, rows: int, seconds: float) -> dict[str, object]:
+        return {"case": case, "rows": rows, "seconds": seconds, "cpu_seconds": seconds, "bytes_out": 10**6,
+                "write_peak_rss": 10**8, "rss_input": 10**7, "load_1m": 0.5, "pages": 4, "pages_with_crc": 0,
+                "runs": [{"seconds": seconds}]}
+
+    saved = tmp_path / "write-x.json"
+    cases = ["pyarrow", "shardkit-arrow", "shardkit-arrow-nocrc"]
+    old = [result(c, rows, 1.0) for rows in (100, 200) for c in cases]
+    saved.write_text(json.dumps({"benchmark": "write", "cases": cases, "results": old, "table": "old"}))
+    new = [result("shardkit-arrow", 200, 0.5), result("shardkit-arrow-nocrc", 200, 0.45)]
+    write.merge_into(saved, new, ["shardkit-arrow", "shardkit-arrow-nocrc"], [200], 3.0, (0.1, 0.1, 0.1))
+    doc = json.loads(saved.read_text())
+    got = {(r["case"], r["rows"]): r["seconds"] for r in doc["results"]}
+    assert got == {("pyarrow", 100): 1.0, ("shardkit-arrow", 100): 1.0, ("shardkit-arrow-nocrc", 100): 1.0,
+                   ("pyarrow", 200): 1.0, ("shardkit-arrow", 200): 0.5, ("shardkit-arrow-nocrc", 200): 0.45}
+    assert [(r["case"], r["rows"]) for r in doc["results"]][:3] == [(c, 100) for c in cases]  # in order
+    assert doc["parts"][0]["cases"] == ["shardkit-arrow", "shardkit-arrow-nocrc"]
+    assert doc["parts"][0]["sizes"] == [200]
+    pair = "shardkit-arrow vs shardkit-arrow-nocrc"
+    assert f"page checksum cost (write, 200 rows): {pair} = 0.90x" in doc["table"], doc["table"]
+    assert f"page checksum cost (write, 100 rows): {pair} = 1.00x" in doc["table"], doc["table"]
+    assert [t["result"] for t in doc["targets"]] == ["PASS", "MISS"]
