@@ -405,6 +405,29 @@ def test_a_transform_s_fields_are_learned_from_the_first_pages_not_the_whole_row
     np.testing.assert_array_equal(half, (np.stack(frame["features"])[:, :4] / 2).astype(np.float16))
 
 
+def test_a_transform_s_first_sample_costs_the_first_page_of_a_column_of_wide_values(
+        s3_server: S3Server, s3_bucket: str) -> None:
+    """Wide values (images: a few dozen to a 1 MiB page) cost the first sample's page only: the look
+    decodes one row, not a slice of 256 (which requested the pages of 256 values, one after another)."""
+    from benchmarks.relay import Relay
+
+    url, opts = f"s3://{s3_bucket}/wide", s3_server.storage_options
+    rng = np.random.default_rng(5)
+    frame = pd.DataFrame({"id": np.arange(400, dtype=np.int64),
+                          "blob": [rng.bytes(16_000 + int(k)) for k in rng.integers(0, 1000, 400)]})
+    shardkit.write_dataset(frame, url, storage_options=opts, row_group_size=400)  # ~6.5 MB, ~7 pages
+    with Relay(s3_server.endpoint_url) as relay:
+        relay_opts = {**opts, "client_kwargs": {**opts["client_kwargs"], "endpoint_url": relay.url}}
+        with shardkit.make_reader(url, transform=lambda s: {"id": s["id"], "n": len(s["blob"])},
+                                  shuffle=False, batch_size=100, storage_options=relay_opts) as reader:
+            schema = reader.schema
+            probed = sum(end - start for start, end in relay.stats.ranges("/part-"))
+            ids = np.concatenate([b["id"] for b in reader])
+    assert schema.names == ["id", "n"]
+    assert probed <= 2 * 2**20 + 2**16, probed  # the blob column's first page, and the ids' (one piece)
+    np.testing.assert_array_equal(ids, np.arange(400))
+
+
 @pytest.mark.parametrize("quick_start", [True, False])
 def test_a_quick_start_fetches_the_first_batchs_row_group_alone_before_the_rest(
         s3_server: S3Server, s3_bucket: str, tmp_path: Path, quick_start: bool) -> None:

@@ -450,9 +450,12 @@ class RowGroupSource:
             raise
 
     def _head(self, row_group: int, stop: int) -> pa.Table:
-        """The row group's first ``stop`` rows (at least), read from their pages only (`read`'s ``head``)."""
+        """The row group's first ``stop`` rows (at least), read from their pages only (`read`'s ``head``):
+        decoded in a batch of ``stop`` rows (not `SLICE_ROWS`), so that no page past them is requested
+        (a column of images holds a few dozen rows a page)."""
         batches: list[pa.RecordBatch] = []
-        it = self.dataset.iter_row_group(row_group, self.columns, head=True)
+        it = self.dataset.iter_row_group(row_group, self.columns, head=True,
+                                         batch_size=min(max(stop, 1), SLICE_ROWS))
         try:
             for batch in it:
                 batches.append(batch)
