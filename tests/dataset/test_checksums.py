@@ -23,7 +23,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import shardkit
-from shardkit.dataset._pages import check_chunk, chunk_range
+from shardkit.dataset._pages import MISMATCH, ChunkReport, PageError, check_chunk, chunk_range, walk_pages
 from shardkit.dataset.verify import verify_dataset
 from shardkit.errors import CorruptDatasetError
 
@@ -98,6 +98,52 @@ def test_every_page_shardkit_writes_carries_a_checksum(pristine: Path) -> None:
             pages += report.pages
     assert pages >= meta.num_row_groups * meta.num_columns
     assert verify_dataset(str(pristine)).ok
+
+
+def _walked(data: bytes, start: int) -> ChunkReport:
+    """`check_chunk` as the general page walk alone gives it (`walk_pages`: every header read field by
+    field), the reference of its one-match fast path."""
+    report = ChunkReport()
+    try:
+        for page in walk_pages(data, start):
+            report.pages += 1
+            if page.ok is None:
+                report.unchecked += 1
+            elif not page.ok:
+                report.problems.append(f"the {page.kind} at byte {page.offset} {MISMATCH}")
+    except PageError as e:
+        report.problems.append(str(e))
+    return report
+
+
+@settings(max_examples=60, deadline=None)
+@given(version=st.sampled_from(["1.0", "2.0"]), crc=st.booleans(), dictionary=st.booleans(),
+       statistics=st.booleans(), compression=st.sampled_from(["none", "snappy", "zstd"]),
+       page_size=st.sampled_from([256, 4096, 1 << 20]), rows=st.integers(1, 3000),
+       flips=st.lists(st.tuples(st.floats(0, 1, exclude_max=True), st.integers(0, 7)), max_size=3))
+def test_the_fast_page_walk_finds_what_the_general_walk_finds(version: str, crc: bool, dictionary: bool,
+                                                              statistics: bool, compression: str,
+                                                              page_size: int, rows: int,
+                                                              flips: list[tuple[float, int]]) -> None:
+    """Page headers of every shape pyarrow writes (v1 and v2 data pages, dictionary pages, statistics,
+    with and without a crc), pristine and with bits flipped anywhere (headers included): the same
+    pages, unchecked pages and problems as the general walk."""
+    rng = np.random.default_rng(rows)
+    table = pa.table({"id": np.arange(rows), "cat": rng.integers(0, 7, rows).astype(np.int32),
+                      "x": pa.array([rng.bytes(int(n)) for n in rng.integers(0, 300, rows)]),
+                      "s": [f"v{i % 13}" for i in range(rows)]})
+    sink = io.BytesIO()
+    pq.write_table(table, sink, data_page_version=version, write_page_checksum=crc, use_dictionary=dictionary,
+                   write_statistics=statistics, compression=compression, data_page_size=page_size)
+    data = bytearray(sink.getvalue())
+    meta = pq.read_metadata(io.BytesIO(bytes(data)))
+    for where, bit in flips:
+        data[4 + int(where * (len(data) - 12))] ^= 1 << bit
+    for i in range(meta.num_row_groups):
+        for j in range(meta.num_columns):
+            start, length = chunk_range(meta.row_group(i).column(j))
+            chunk = bytes(data[start:start + length])
+            assert check_chunk(chunk, start) == _walked(chunk, start)
 
 
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
