@@ -62,10 +62,13 @@ Stage = tuple[int, int | list[int]]
 #: waits for one of them, not for all (a window of two or three: little to save, and the rest of the
 #: window is read only once the lead's batch is out: less reading ahead)
 LEAD_GROUPS = 4
-#: the order a shuffled reader makes (`EpochOrder.order`; in its state as ``order``): 1, row groups in a
-#: plain permutation; 2, spread (`spread_order`); 3, spread, and each shard's first batch drawn from one row
-#: group (`EpochOrder.leads`)
-ORDER = 3
+#: the kinds of order (`EpochOrder.order`; in a reader's state as ``order``): 1, row groups in a plain
+#: permutation; `SPREAD`, spread (`spread_order`); `LEADS`, spread, and each shard's first batch drawn from
+#: one row group (`EpochOrder.leads`)
+SPREAD = 2
+LEADS = 3
+#: the order a shuffled reader makes
+ORDER = LEADS
 
 
 def spread_order(rows_per_group: np.ndarray, window: int, rng: np.random.Generator) -> np.ndarray:
@@ -162,15 +165,20 @@ class EpochOrder:
         """The row each of the ``pi`` indices ``pi`` holds, numbered in the dataset's order (a sample's own
         number, whatever the order, the shards and the leads: a transform's seed)."""
         groups, rows = self.locate(pi)
-        before = np.cumsum(self.rows_per_group) - self.rows_per_group
-        out: np.ndarray = before[groups] + rows
+        out: np.ndarray = self._rows_before[groups] + rows
         return out
+
+    @cached_property
+    def _rows_before(self) -> np.ndarray:
+        """Per row group, the rows of the row groups before it in the dataset's order."""
+        before: np.ndarray = np.cumsum(self.rows_per_group) - self.rows_per_group
+        return before
 
     def lead_zones(self, w: int) -> list[tuple[int, int]]:
         """The leads of window ``w`` (order 3), as ``(offset, rows)`` in its permutation (see `leads`):
         none where a window spans fewer than `LEAD_GROUPS` row groups (on average)."""
         groups = len(self.rows_per_group)
-        if self.order < 3 or self.lead <= 0 or not self.shuffle or not self.num_samples or \
+        if self.order < LEADS or self.lead <= 0 or not self.shuffle or not self.num_samples or \
                 min(groups, self.window * groups / self.num_samples) < LEAD_GROUPS:
             return []
         base = w * self.window_size()

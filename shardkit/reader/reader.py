@@ -59,7 +59,9 @@ from shardkit.reader._pipeline.decode import DecodeStage, LateDecode
 from shardkit.reader._pipeline.source import DEFAULT_INFLIGHT, Columns, Late, Part, RowGroupSource
 from shardkit.reader._pipeline.spill import Spill
 from shardkit.reader._plan import (
+    LEADS,
     ORDER,
+    SPREAD,
     EpochOrder,
     Remainder,
     Stage,
@@ -122,8 +124,8 @@ class Reader:
         self._out_schema: Schema | None = None
         self.shard, self.num_shards = shard, num_shards
         self.batch_size, self.shuffle, self.seed = batch_size, shuffle, seed
-        # the epoch order's kind (`EpochOrder.order`): a resumed state's, else ours (no leads: 2)
-        self._order = ORDER if quick_start else 2
+        # the epoch order's kind (`EpochOrder.order`): a resumed state's, else ours
+        self._order = ORDER if quick_start else SPREAD
         #: the current epoch's leads (`EpochOrder.starts`, `EpochOrder.lead`) as (shards, batch size) of its
         #: first stage, when a state said (a resumed epoch); else this reader's
         self._epoch_lead: tuple[int, int] | None = None
@@ -460,7 +462,7 @@ class Reader:
         """The current epoch's order ``pi`` (`shardkit.reader._plan`): with order 3, each piece of the
         epoch's first stage (its shards, its batch size: a resumed epoch's, from its state) begins with a
         lead from one row group."""
-        if self._order < 3 or not self.shuffle:
+        if self._order < LEADS or not self.shuffle:
             return EpochOrder(self.rows_per_group, self.seed, self.epoch, self.shuffle, self.shuffle_buffer,
                               self._order)
         shards, lead = self._epoch_lead or (self.num_shards, self.batch_size)
@@ -656,7 +658,7 @@ class Reader:
         self._arguments.update(workers=workers, prefetch=prefetch, shuffle_buffer=shuffle_buffer, late={},
                                raw=frozenset())
         self._late, self._raw = {}, frozenset()  # a mixture decodes its sources' rows as they are read
-        self._order = 2  # a mixture's batches are not a source's: no leads (`EpochOrder.leads`)
+        self._order = SPREAD  # a mixture's batches are not a source's: no leads (`EpochOrder.leads`)
         self._source.read_in_place(())
         self.workers, self.prefetch, self.shuffle_buffer = workers, prefetch, shuffle_buffer
 
@@ -769,8 +771,9 @@ class Reader:
             raise ReaderError(f"the reader state has order={order!r}, which this shardkit does not know "
                               f"(it makes order {ORDER}, and resumes 1 and 2): upgrade shardkit to resume it")
         lead = state.get("lead")  # none: the epoch starts here, with this reader's leads
-        if order >= 3 and lead is not None and not (isinstance(lead, list | tuple) and len(lead) == 2 and all(
-                type(v) is int and v > 0 for v in lead)):
+        well_formed = isinstance(lead, list | tuple) and len(lead) == 2 and all(type(v) is int and v > 0
+                                                                               for v in lead)
+        if order >= LEADS and lead is not None and not well_formed:
             raise ReaderError(f"the reader state is malformed (lead={lead!r} must be its epoch's first stage "
                               f"as [shards, batch size]): {state!r:.200}")
         mine = self.state_dict()
