@@ -284,9 +284,9 @@ def check_chunk(data: bytes | memoryview, offset: int = 0) -> ChunkReport:
     """Walk a column chunk's pages and check each checksum; problems are named by page and byte.
 
     A page header of the shapes pyarrow writes most (a crc, no statistics) is read by one match of
-    `_PLAIN_HEADER`; any other goes through `read_page`. The
-    same pages, checks and problems either way, a few times faster on a chunk of many pages (every read
-    of a local file walks its row group's chunks before decoding: `Dataset._verify_local`)."""
+    `_PLAIN_HEADER`; any other goes through `read_page`. The same pages, checks and problems either way,
+    a few times faster on a chunk of many pages (every read of a local file walks its row group's chunks
+    before decoding: `Dataset._verify_local`)."""
     report = ChunkReport()
     view = memoryview(data)
     at, stop = 0, len(view)
@@ -331,7 +331,7 @@ _PLAIN_HEADER = re.compile(
     rb"\x1c(?:\x15" + _VARINT + rb"){4}(?:\x1c\x00)?\x00"
     rb"|\x3c(?:\x15" + _VARINT + rb"){2}[\x11\x12]?\x00"
     rb"|\x4c(?:\x15" + _VARINT + rb"){6}[\x11\x12]?(?:\x1c\x00)?\x00)\x00", re.S)
-_PLAIN_HEADER_MAX = 2 + 3 * 6 + 1 + 6 * 6 + 5  # the longest header it matches, in bytes
+_PLAIN_HEADER_MAX = 2 + 3 * 6 + 1 + 6 * 6 + 5  # the longest header it matches (a v2 page's), in bytes
 _PLAIN_KINDS = {b"\x00": PAGE_KINDS[0], b"\x04": PAGE_KINDS[2], b"\x06": PAGE_KINDS[3]}
 
 
@@ -677,7 +677,6 @@ class ChecksumSink:
             new += [(_at(location, 1), self._moved(offset)),
                     (_at(location, 2), self._moved(offset + size) - self._moved(offset))]
         return _spliced(piece, new)
-
 
     def _moved_locations(self, piece: bytes) -> bytes | None:
         """`_moved_index` of an offset index whose field 1 comes first and holds nothing but page
