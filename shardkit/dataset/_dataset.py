@@ -18,6 +18,7 @@ import logging
 import os
 import re
 import threading
+import time
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from functools import cached_property
@@ -111,6 +112,9 @@ class Dataset:
         default_factory=OrderedDict, init=False, repr=False, compare=False)
     #: the notes logged once for this opened dataset (`note_once`)
     _noted: set[str] = dataclasses.field(default_factory=set, init=False, repr=False, compare=False)
+    #: [seconds] this process spent checking page checksums (`checksum_seconds`)
+    _checking: list[float] = dataclasses.field(default_factory=lambda: [0.0], init=False, repr=False,
+                                               compare=False)
 
     @property
     def url(self) -> str:
@@ -211,9 +215,10 @@ class Dataset:
             if fetched is not None and footer is not None:  # fetched ahead (`shardkit.dataset.fetch`)
                 named = functools.partial(request_error, self.url, path)
                 chunks = self._fetched_chunks(footer, checked, fetched) if checked is not None else []
-                source = pa.PythonFile(FetchedFile(fetched, self._fetch_more(file), named, chunks), mode="r")
+                reads = FetchedFile(fetched, self._fetch_more(file), named, chunks)
+                source = pa.PythonFile(reads, mode="r")
             else:
-                source, fetched, chunks = self.location.open_ranges(path), None, []
+                source, fetched, chunks, reads = self.location.open_ranges(path), None, [], None
             streamed = head and fetched is None and not self.location.is_local
             pf = pq.ParquetFile(source, metadata=footer,
                                 pre_buffer=not self.location.is_local and fetched is None and not streamed,
@@ -246,6 +251,7 @@ class Dataset:
         if footer is None:
             self.keep_footer(file, pf.metadata)
         pf.shardkit_source = source  # type: ignore[attr-defined]  # (`_verify_local` reads its mapping)
+        pf.shardkit_fetched = reads  # type: ignore[attr-defined]  # (its pages' checks, timed)
         return pf
 
     def _fetched_chunks(self, footer: pq.FileMetaData, checked: tuple[int, Sequence[str] | None],
@@ -309,10 +315,15 @@ class Dataset:
             pf = self.open_file(rg.file, fetched, checked=(i, names), head=head)
         except CorruptDatasetError as e:
             raise CorruptDatasetError(f"{where} cannot be read: {e}") from e
-        if VERIFY_PAGE_CHECKSUMS and self.location.is_local and not self._verify_local(i, pf, names, where):
-            # a page header shardkit's walk cannot read: pyarrow reads (and checks) it, and says why not
-            pf = pq.ParquetFile(pf.shardkit_source, metadata=pf.metadata,  # type: ignore[attr-defined]
-                                page_checksum_verification=True)
+        if VERIFY_PAGE_CHECKSUMS and self.location.is_local:
+            started = time.thread_time()
+            verified = self._verify_local(i, pf, names, where)
+            self._checked(time.thread_time() - started)
+            if not verified:
+                # a page header shardkit's walk cannot read: pyarrow reads (and checks) it, and says why not
+                pf = pq.ParquetFile(pf.shardkit_source, metadata=pf.metadata,  # type: ignore[attr-defined]
+                                    page_checksum_verification=True)
+        fetched_file = getattr(pf, "shardkit_fetched", None)
         try:
             batches = pf.iter_batches(batch_size=batch_size, row_groups=[self.row_group_index(i)],
                                       columns=names if self.snapshot is None else _present(pf, names),
@@ -334,6 +345,20 @@ class Dataset:
             if "checksum" in str(e).lower():
                 raise _pages.checksum_error(where, self._damaged_pages(pf, i) or one_line(e)) from e
             raise _pages.unreadable_error(where, one_line(e)) from e
+        finally:
+            if fetched_file is not None:
+                self._checked(fetched_file.checked_seconds)
+
+    @property
+    def checksum_seconds(self) -> float:
+        """CPU seconds this process spent checking the page checksums of the row groups it read
+        (`iter_row_group`: a local file's before decoding, fetched pages as they were decoded; the
+        checking threads' CPU time, not their waits for bytes); `Reader.profile` shows them."""
+        return self._checking[0]
+
+    def _checked(self, seconds: float) -> None:
+        with self._footer_lock:
+            self._checking[0] += seconds
 
     def _verify_local(self, i: int, pf: pq.ParquetFile, names: list[str] | None, where: str) -> bool:
         """Check the page checksums of row group ``i``'s column chunks of ``names`` (None: all) in a local

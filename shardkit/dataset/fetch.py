@@ -344,6 +344,11 @@ class FetchedFile:
         self.closed = False
         self.mode = "rb"
 
+    @property
+    def checked_seconds(self) -> float:
+        """CPU seconds spent checking page checksums as the reader read (0: nothing to check)."""
+        return 0.0 if self._checks is None else self._checks.seconds
+
     def readable(self) -> bool:
         return True
 
@@ -400,18 +405,23 @@ class PageCheck:
         self._next = [start for _, start, _ in self._chunks]  # per chunk: the next page not checked
         self._read = read
         self._lock = threading.Lock()
+        self.seconds = 0.0  # CPU time spent checking, so far (this thread's: not the waits for bytes)
 
     def through(self, start: int, end: int) -> None:
         """Check every page of the chunks that lies before ``end`` and is not checked yet, where the
         bytes ``start..end`` fall in a chunk."""
         i = max(0, bisect.bisect_right(self._starts, start) - 1)
         with self._lock:
-            while i < len(self._chunks) and self._chunks[i][1] < end:
-                column, _, stop = self._chunks[i]
-                if start < stop:
-                    while self._next[i] < min(end, stop):
-                        self._next[i] = self._check(column, self._next[i], stop)
-                i += 1
+            started = time.thread_time()
+            try:
+                while i < len(self._chunks) and self._chunks[i][1] < end:
+                    column, _, stop = self._chunks[i]
+                    if start < stop:
+                        while self._next[i] < min(end, stop):
+                            self._next[i] = self._check(column, self._next[i], stop)
+                    i += 1
+            finally:
+                self.seconds += time.thread_time() - started
 
     def _check(self, column: str, at: int, stop: int) -> int:
         """Check the page whose header starts at ``at`` (its chunk ends at ``stop``); where the next

@@ -26,11 +26,12 @@ TIMING = True
 
 class StageTimes:
     """Seconds per stage, added from any thread: ``read`` (a reading task: fetch and Parquet, then to
-    numpy), ``read_arrow`` (its fetch and Parquet part), ``read_numpy`` (its codecs' part), and in the
-    consumer's thread ``read_blocked`` (waiting for a reading task's rows) and ``stage_blocked`` (waiting
-    for a batch's decode/transform); ``read_tasks`` counted."""
+    numpy), ``read_arrow`` (its fetch and Parquet part), ``read_checksums`` (of that, checking the page
+    checksums: set from the dataset's count, `Dataset.checksum_seconds`), ``read_numpy`` (its codecs'
+    part), and in the consumer's thread ``read_blocked`` (waiting for a reading task's rows) and
+    ``stage_blocked`` (waiting for a batch's decode/transform); ``read_tasks`` counted."""
 
-    NAMES = ("read", "read_arrow", "read_numpy", "read_blocked", "stage_blocked")
+    NAMES = ("read", "read_arrow", "read_checksums", "read_numpy", "read_blocked", "stage_blocked")
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
@@ -74,6 +75,7 @@ def breakdown(*, elapsed: float, waited: float, batches: int, times: StageTimes,
         "wait_read_seconds": min(read_blocked, waited), "wait_stage_seconds": min(stage_blocked, waited),
         "wait_assemble_seconds": max(0.0, waited - read_blocked - stage_blocked),
         "read_busy_seconds": times.seconds["read"], "read_arrow_seconds": times.seconds["read_arrow"],
+        "read_checksum_seconds": times.seconds["read_checksums"],
         "read_numpy_seconds": times.seconds["read_numpy"], "read_tasks": times.read_tasks,
         "read_threads": workers, "decode_busy_seconds": stage.get("seconds_prepare", 0.0),
         "transform_busy_seconds": transform, "transform_processes": processes,
@@ -96,10 +98,13 @@ def bottleneck(b: dict[str, Any]) -> tuple[str, str]:
     worst = max(waits, key=lambda k: waits[k])
     if worst == "read":
         if b["read_arrow_seconds"] >= b["read_numpy_seconds"]:
+            checks = b["read_checksum_seconds"]
+            of_which = (f"; checking page checksums took {checks:.1f} s of it (every page is checked before "
+                        "it is decoded)") if checks >= 0.25 * b["read_arrow_seconds"] > 0 else ""
             return "reading (fetch and Parquet)", (
                 f"reading threads busy {b['read_busy_seconds']:.1f} s over {b['read_threads']} thread(s): "
                 "raise workers= and prefetch= (a remote store: more requests in flight, "
-                "max_inflight_bytes=), read fewer columns=, keep a cache= for the next epochs")
+                f"max_inflight_bytes=), read fewer columns=, keep a cache= for the next epochs{of_which}")
         return "decoding columns to numpy", (
             f"codecs took {b['read_numpy_seconds']:.1f} s in the reading threads: raise workers=, read "
             "fewer columns=")
@@ -136,6 +141,7 @@ def render(b: dict[str, Any], title: str) -> str:
              "  the stages' busy time (summed over threads and processes):",
              f"    read: fetch + Parquet         {b['read_arrow_seconds']:8.2f} s  "
              f"({b['read_tasks']:,} tasks, {b['read_threads']} thread(s))",
+             f"      of which page checksums     {b['read_checksum_seconds']:8.2f} s",
              f"    read: to numpy                {b['read_numpy_seconds']:8.2f} s",
              f"    image decode                  {b['decode_busy_seconds']:8.2f} s",
              f"    transform                     {b['transform_busy_seconds']:8.2f} s  "

@@ -1345,7 +1345,7 @@ class MixedReader(Reader):
         busy time and waits summed over its sources (a mixture has no transform stage)."""
         times = StageTimes()
         for reader in self.readers.values():
-            for name, seconds in reader.times.seconds.items():
+            for name, seconds in reader._times().seconds.items():
                 times.seconds[name] += seconds
             times.read_tasks += reader.times.read_tasks
         b = breakdown(elapsed=self.waited.elapsed, waited=self.waited.seconds, batches=self.waited.batches,

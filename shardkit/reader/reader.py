@@ -199,6 +199,7 @@ class Reader:
         self._generation = 0  # bumped to end the live iteration (new iteration, load_state_dict, close)
         self.waited = WaitClock()  # the seconds the consumer spent waiting for batches (_clock)
         self.times = StageTimes()  # the stages' busy time and what the consumer waited on (_profile)
+        self._checked_before = self.dataset.checksum_seconds  # (`_times`)
         self.waited.waiting_on = self.times.stage_now
         self._closed = False
         self._repeated_before = 0  # stats["repeated_rows"] when the epoch (or its resume) began
@@ -268,12 +269,18 @@ class Reader:
         """
         stage = getattr(self._stage, "stats", None)
         b = breakdown(elapsed=self.waited.elapsed, waited=self.waited.seconds, batches=self.waited.batches,
-                      times=self.times, stage=dict(stage) if stage is not None else None,
+                      times=self._times(), stage=dict(stage) if stage is not None else None,
                       workers=self.workers, processes=self._processes,
                       has_transform=self.transform is not None)
         if as_dict:
             return b
         return render(b, f"shardkit reader of {self.dataset.url!r}, shard {self.shard} of {self.num_shards}")
+
+    def _times(self) -> StageTimes:
+        """The stages' times so far, with the page checksums' share of reading: what this reader's dataset
+        counted since the reader was made (`Dataset.checksum_seconds`; in this process)."""
+        self.times.seconds["read_checksums"] = max(0.0, self.dataset.checksum_seconds - self._checked_before)
+        return self.times
 
     @property
     def shuffle_reach(self) -> dict[str, Any]:

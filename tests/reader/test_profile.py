@@ -4,6 +4,7 @@ back), and images decoded per batch. The consumer's side adds up to the iteratio
 
 from __future__ import annotations
 
+import re
 import time
 from pathlib import Path
 from typing import Any
@@ -95,7 +96,25 @@ def test_a_slow_store_is_named(s3_server: S3Server, s3_bucket: str, tmp_path: Pa
     _adds_up(b)
     assert b["limited_by"] == "reading (fetch and Parquet)"
     assert b["wait_read_seconds"] >= 0.05  # the first row group's response, at least
+    assert 0 < b["read_checksum_seconds"] < b["read_arrow_seconds"]  # fetched pages, checked as decoded
     assert "prefetch=" in b["advice"]
+
+
+def test_page_checksums_are_shown_as_their_share_of_reading(tmp_path: Path,
+                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    import shardkit.dataset._dataset as opened
+
+    url = _ids(tmp_path, rows=2048, row_group_size=256)
+    with shardkit.make_reader(url, batch_size=64, seed=0) as reader:
+        assert len(list(reader)) == 32
+        b = reader.profile(as_dict=True)
+        text = reader.profile()
+    assert 0 < b["read_checksum_seconds"] <= b["read_arrow_seconds"]
+    assert re.search(r"^      of which page checksums +\d+\.\d\d s$", text, re.M), text
+    monkeypatch.setattr(opened, "VERIFY_PAGE_CHECKSUMS", False)  # nothing checked: nothing counted
+    with shardkit.make_reader(url, batch_size=64, seed=0) as reader:
+        list(reader)
+        assert reader.profile(as_dict=True)["read_checksum_seconds"] == 0
 
 
 def test_a_mixture_profiles_its_sources_reading(tmp_path: Path) -> None:
