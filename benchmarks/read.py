@@ -30,9 +30,10 @@ Cases (ratios are to the best raw pyarrow reader of shardkit's files and to Peta
     shardkit-mixture-schedule  shardkit-mixture with weights on a schedule of 20 steps, 3:1 and 1:3 by turns
                            (every step as skewed as shardkit-mixture-skew, which it runs round-robin
                            with): what a schedule costs, <= 2 % (issue 38)
-    shardkit-telemetry / shardkit-notelemetry  make_reader with its stage clocks and wait clock on (the
-                           default) and off (shardkit.reader._profile.TIMING): round-robin, --checksum-
-                           repeat runs each; always-on telemetry costs <= 2 % (issue 39)
+    shardkit-telemetry / shardkit-notelemetry  make_reader with its stage clocks, wait clock and the page
+                           checks' clock on (the default) and off (shardkit.reader._profile.TIMING,
+                           shardkit.dataset._pages.CHECK_CLOCK): round-robin, --checksum-repeat runs
+                           each; always-on telemetry costs <= 2 % (issue 39)
     shardkit-noverify      shardkit on the same files with page-checksum verification off
                            (shardkit.dataset._dataset.VERIFY_PAGE_CHECKSUMS = False in its process): the
                            cost of verifying the CRC-32 that shardkit's writer puts on every page
@@ -261,16 +262,18 @@ def case_shardkit(url: str, shuffle: bool = True, num_shards: int = 1, shard: in
 
     ``verify=False``: pages are read without checking their Parquet page checksums (the switch is
     module-level, set in this process before the reader is made; the reader's threads see it).
-    ``timing=False``: the reader's stage clocks and wait clock off (``shardkit.reader._profile.TIMING``).
+    ``timing=False``: the reader's stage clocks and wait clock off (``shardkit.reader._profile.TIMING``),
+    and the clock of the page checks (``shardkit.dataset._pages.CHECK_CLOCK``).
     """
     import warnings
 
     import shardkit.dataset._dataset as opened
+    import shardkit.dataset._pages as pages
     import shardkit.reader._profile as profile
 
     warnings.simplefilter("ignore")  # a Petastorm folder has no _metadata: the reader says so, once
     opened.VERIFY_PAGE_CHECKSUMS = verify
-    profile.TIMING = timing
+    profile.TIMING = pages.CHECK_CLOCK = timing
     _import_reader()
     started = _clock()
     with shardkit.make_reader(url, batch_size=BATCH, shuffle=shuffle, num_shards=num_shards, shard=shard,

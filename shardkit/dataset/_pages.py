@@ -46,6 +46,11 @@ def _fastest_crc32() -> Callable[..., int]:
 
 crc32 = _fastest_crc32()
 
+#: The checks of pages as a dataset reads them are timed (`Dataset.checksum_seconds`, shown by
+#: `Reader.profile`). Off only to measure what the reader's clocks cost (``benchmarks.read``'s
+#: ``shardkit-notelemetry``, with `shardkit.reader._profile.TIMING`).
+CHECK_CLOCK = True
+
 _U32 = struct.Struct("<I")  # a PLAIN BYTE_ARRAY value's length
 
 #: how a problem of `check_chunk` says that a page's bytes are not those its checksum was made of

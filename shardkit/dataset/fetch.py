@@ -33,6 +33,7 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any
 
+from shardkit.dataset import _pages
 from shardkit.dataset._pages import MISMATCH, PageError, read_page
 
 __all__ = ["GAP", "MIN_AHEAD", "PART", "Again", "Fetched", "FetchedFile", "Fetcher", "PageCheck", "coalesce",
@@ -412,7 +413,7 @@ class PageCheck:
         bytes ``start..end`` fall in a chunk."""
         i = max(0, bisect.bisect_right(self._starts, start) - 1)
         with self._lock:
-            started = time.thread_time()
+            started = time.thread_time() if _pages.CHECK_CLOCK else 0.0
             try:
                 while i < len(self._chunks) and self._chunks[i][1] < end:
                     column, _, stop = self._chunks[i]
@@ -421,7 +422,8 @@ class PageCheck:
                             self._next[i] = self._check(column, self._next[i], stop)
                     i += 1
             finally:
-                self.seconds += time.thread_time() - started
+                if _pages.CHECK_CLOCK:
+                    self.seconds += time.thread_time() - started
 
     def _check(self, column: str, at: int, stop: int) -> int:
         """Check the page whose header starts at ``at`` (its chunk ends at ``stop``); where the next
