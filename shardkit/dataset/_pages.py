@@ -326,6 +326,7 @@ def check_chunk(data: bytes | memoryview, offset: int = 0) -> ChunkReport:
 
 
 _VARINT = rb"[\x80-\xff]{0,4}[\x00-\x7f]"  # an i32 (zigzag): 1 to 5 bytes
+_VARINT64 = rb"[\x80-\xff]{0,9}[\x00-\x7f]"  # an i64: 1 to 10 bytes
 #: A ``PageHeader`` as pyarrow writes most: the type (0, 2 or 3: a data page, a dictionary page, a v2
 #: data page), the uncompressed and compressed sizes and the crc (fields 1-4, i32), then its own header
 #: without statistics (or with an empty struct of them): a ``DataPageHeader`` (field 5: four i32), a
@@ -715,11 +716,10 @@ class ChecksumSink:
         return bytes(out)
 
 
-_COUNT = re.compile(rb"[\x80-\xff]{0,4}[\x00-\x7f]")
+_COUNT = re.compile(_VARINT)  # a list's size in full
 #: A ``PageLocation`` as pyarrow writes it: offset (i64), compressed_page_size (i32), first_row_index
 #: (i64), the stop. Groups: the offset, the size (their varints as stored).
-_LOCATION = re.compile(rb"\x16([\x80-\xff]{0,9}[\x00-\x7f])\x15([\x80-\xff]{0,4}[\x00-\x7f])"
-                       rb"\x16[\x80-\xff]{0,9}[\x00-\x7f]\x00", re.S)
+_LOCATION = re.compile(rb"\x16(" + _VARINT64 + rb")\x15(" + _VARINT + rb")\x16" + _VARINT64 + rb"\x00", re.S)
 
 
 def _spliced(buf: bytes, new: list[tuple[tuple[int, int], int]]) -> bytes:
