@@ -676,13 +676,21 @@ class ChecksumSink:
             raise PageError(f"an offset index that is not one ({e})") from e
         new: list[tuple[tuple[int, int], int]] = []
         for location in _field(where, 1)[1]:
-            offset, size = _field(location, 1), _field(location, 2)
-            k = bisect.bisect_left(self.starts, offset)
-            if k == len(self.starts) or self.starts[k] != offset:
-                raise PageError(f"an offset index names a page at byte {offset}, where none was written")
-            new += [(_at(location, 1), self._moved(offset)),
-                    (_at(location, 2), self._moved(offset + size) - self._moved(offset))]
+            start, size = self._moved_location(_field(location, 1), _field(location, 2))
+            new += [(_at(location, 1), start), (_at(location, 2), size)]
         return _spliced(piece, new)
+
+    def _moved_location(self, offset: int, size: int) -> tuple[int, int]:
+        """A page location (its offset, its size with the header) as it is in the file written.
+
+        Raises:
+            PageError: no page was written at ``offset``.
+        """
+        k = bisect.bisect_left(self.starts, offset)
+        if k == len(self.starts) or self.starts[k] != offset:
+            raise PageError(f"an offset index names a page at byte {offset}, where none was written")
+        start = self._moved(offset)
+        return start, self._moved(offset + size) - start
 
     def _moved_locations(self, piece: bytes) -> bytes | None:
         """`_moved_index` of an offset index whose field 1 comes first and holds nothing but page
@@ -696,20 +704,15 @@ class ChecksumSink:
                 return None
             count, at = _uvarint(found.group()), found.end()
         out = bytearray(piece[:at])
-        starts, moved = self.starts, self._moved
         for _ in range(count):
             location = _LOCATION.match(piece, at)
             if location is None:
                 return None
-            offset, size = (_zigzag(_uvarint(location.group(k))) for k in (1, 2))
-            k = bisect.bisect_left(starts, offset)
-            if k == len(starts) or starts[k] != offset:
-                raise PageError(f"an offset index names a page at byte {offset}, where none was written")
-            start = moved(offset)
+            start, size = self._moved_location(*(_zigzag(_uvarint(location.group(k))) for k in (1, 2)))
             out.append(0x16)
             _varint(out, start << 1)
             out.append(0x15)
-            _varint(out, (moved(offset + size) - start) << 1)
+            _varint(out, size << 1)
             out += piece[location.end(2):location.end()]
             at = location.end()
         out += piece[at:]
