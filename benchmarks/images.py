@@ -470,12 +470,22 @@ def work_text(doc: dict[str, Any]) -> str:
             for s, v in work.items()]
     text = ("\nper-image work alone (decode + the augmentation, one thread, no loader: "
             f"`images_aug.case_work`), CPU-ms/image: {', '.join(each)}")
+    own = doc["work"]["shardkit"]
+    stage = own["stage_cpu_seconds"] / own["images"] if "stage_cpu_seconds" in own else None
+    if stage is not None:
+        text += (f"\nshardkit's transform stage alone (the same images and augmentation in batches of "
+                 f"{BATCH}, one thread: decoded as each sample is taken, its generators seeded from (seed, "
+                 "epoch, position), its output checked and copied into the batch; no reading, no loader): "
+                 f"{stage * 1000:.2f} CPU-ms/image, {(stage - work['shardkit']) * 1e6:.0f} us over the work")
     for peer in PEERS:
         if peer in epoch:
             text += (f"\naugment ceiling vs {peer}: its epoch's CPU per image / shardkit's work alone = "
                      f"{epoch[peer] / work['shardkit']:.2f}x, what shardkit's images/s can reach on cores "
                      "both loaders keep busy if its loader cost nothing at all "
                      f"(target {RATIO_TARGETS['augment']}x)")
+            if stage is not None:
+                text += (f"; / the stage alone = {epoch[peer] / stage:.2f}x, if nothing but the stage "
+                         "cost anything")
     return text
 
 

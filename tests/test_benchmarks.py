@@ -139,6 +139,8 @@ def test_images_benchmark_quick_runs_shardkit_without_the_peers_venv(tmp_path: P
     assert "600 / 600" in proc.stdout  # the JPEG bytes stored as they are
     assert re.search(r"^per-image work alone .*: shardkit \d+\.\d\d \(in the epoch \d+\.\d\d\)$", proc.stdout,
                      re.M), proc.stdout
+    assert re.search(r"^shardkit's transform stage alone .*: \d+\.\d\d CPU-ms/image, -?\d+ us over the work$",
+                     proc.stdout, re.M), proc.stdout
     assert re.search(r"^\| shardkit +\| 1 batches .*\| yes +\|", proc.stdout, re.M), proc.stdout  # resume
     assert "failed" not in proc.stdout
     assert not (tmp_path / "images-venv").exists()
@@ -209,7 +211,13 @@ def test_images_benchmark_bounds_the_augment_ratio_by_the_work_alone() -> None:
     assert "shardkit 1.00 (in the epoch 1.05), litdata 1.20 (in the epoch 1.25)" in text, text
     assert "ceiling vs litdata: its epoch's CPU per image / shardkit's work alone = 1.25x" in text, text
     assert "vs mosaic" not in text  # no epoch of it to compare
+    assert "stage alone" not in text  # results saved before it was measured
     assert images.work_text({"images": 1}) == ""  # results saved before it
+    doc["work"]["shardkit"]["stage_cpu_seconds"] = 0.55
+    text = images.work_text(doc)
+    assert "1.10 CPU-ms/image, 100 us over the work" in text, text
+    assert "= 1.25x, what" in text, text
+    assert "/ the stage alone = 1.14x, if nothing but the stage" in text, text
 
 
 def test_crc_floor_checks_every_page_and_is_reported_beside_the_unverified_reader(tmp_path: Path) -> None:
