@@ -555,3 +555,52 @@ def test_with_on_error_skip_a_damaged_page_leaves_its_row_group_out_whole(
         assert reader.shuffle_reach["late_fields"] == ["image"]  # read in place, late
     assert not set(ids) & set(range(60, 120))
     assert set(ids) == set(range(60)) | set(range(120, N))
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(sizes=st.lists(st.one_of(st.none(), st.integers(0, 9000)), min_size=1, max_size=24),
+       picks=st.lists(st.integers(0, 10**6), max_size=30), each_bytes=st.sampled_from([0, 4096, 1 << 30]))
+def test_values_read_from_the_spill_are_the_values_put_however_they_are_read(
+        sizes: list[int | None], picks: list[int], each_bytes: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Any values (nulls, empty ones, small and large) put in the spill come back as they were, in any
+    order and with repeats, whether runs of them are read at once and sliced or each by a read of its own
+    (`SpillReader.read_each`), and as `read`'s one buffer."""
+    from shardkit.reader._pipeline import spill as spilling
+
+    monkeypatch.setattr(spilling, "EACH_BYTES", each_bytes)
+    values = [None if n is None else bytes((i * 31 + k) % 251 for k in range(n)) for i, n in enumerate(sizes)]
+    rows = [p % len(values) for p in picks] or list(range(len(values)))
+    with tempfile.TemporaryDirectory() as folder:
+        spill = spilling.Spill(folder)
+        try:
+            handles = spill.put(pa.array(values, pa.binary()), spill.segment)[rows]
+            want = [values[r] for r in rows]
+            assert spill.reader.read_each(handles) == want
+            assert spilling.handles_to_bytes(spill.reader, handles).tolist() == want
+            data, starts, ends = spill.reader.read(handles)
+            got = [None if b < 0 else data[a:b].tobytes() for a, b in zip(starts, ends, strict=True)]
+            assert got == want
+        finally:
+            spill.close()
+
+
+@pytest.mark.parametrize("each_bytes", [0, 1 << 30])
+def test_a_damaged_page_stops_a_read_of_encoded_bytes_before_its_value_is_handed_out(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, each_bytes: int) -> None:
+    """``decode=False`` reads the values of a page in place as they are, each by a read of its own or
+    sliced from a run: either way the page is checked first, and its batch fails naming it."""
+    from shardkit.reader._pipeline import spill as spilling
+
+    monkeypatch.setattr(spilling, "EACH_BYTES", each_bytes)
+    url = _one_image_a_page(tmp_path, monkeypatch, damaged=100)
+    seen: list[int] = []
+
+    def read() -> None:
+        with shardkit.make_reader(url, batch_size=8, seed=2, decode=False) as reader:
+            for batch in reader:
+                seen.extend(batch["id"].tolist())
+
+    with pytest.raises(CorruptDatasetError, match=r"fails its page checksums: column 'image'"):
+        read()
+    assert 100 not in seen
+    assert len(seen) < N

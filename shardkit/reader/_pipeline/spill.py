@@ -49,6 +49,8 @@ __all__ = ["Spill", "SpillReader", "handles_to_bytes"]
 SEGMENT_BITS = 40
 _IOV = 1024  # pieces per pwritev (the usual IOV_MAX)  # a segment holds up to 1 TiB; 2**23 segments per spill
 _PREFIX = "shardkit-spill-"
+#: `SpillReader.read_each`: from this mean size a value is read by a ``pread`` of its own, into its bytes
+EACH_BYTES = 4096
 
 
 def _alive(pid: int) -> bool:
@@ -149,23 +151,40 @@ class SpillReader:
             np.cumsum(lengths[:-1], out=starts[1:])
         data = np.empty(int(lengths.sum()), np.uint8)
         view = memoryview(data.data)
-        offsets = handles[:, 0]
-        i = 0
-        while i < n:
-            j = i + 1  # a run of values contiguous on disk: one read
-            while j < n and handles[j, 1] >= 0 and offsets[j] == offsets[j - 1] + lengths[j - 1] \
-                    and handles[j - 1, 1] >= 0:
-                j += 1
-            size = int(lengths[i:j].sum())
+        firsts = starts.tolist()
+        for first, last in _runs(handles).tolist():
+            size = firsts[last] - firsts[first] + int(lengths[last])
             if size:
-                segment, at = divmod(int(offsets[i]), 1 << SEGMENT_BITS)
-                got = os.preadv(self._fd(segment), [view[starts[i] : starts[i] + size]], at)
+                segment, at = divmod(int(handles[first, 0]), 1 << SEGMENT_BITS)
+                got = os.preadv(self._fd(segment), [view[firsts[first] : firsts[first] + size]], at)
                 if got != size:
                     raise OSError(f"spill segment {segment}: read {got} of {size} bytes at {at}")
-            i = j
         ends = starts + lengths
         ends[handles[:, 1] < 0] = -1
         return data, starts, ends
+
+    def read_each(self, handles: np.ndarray) -> list[bytes | None]:
+        """The values of ``handles`` as `bytes` each (None for a null): `read`'s, in one copy. Values of
+        `EACH_BYTES` or more on average are read one ``pread`` each straight into their own `bytes` (a
+        shuffled batch's values lie apart anyway); smaller ones as `read` reads them, then sliced."""
+        n = len(handles)
+        if not n or int(np.maximum(handles[:, 1], 0).sum()) < EACH_BYTES * n:
+            data, starts, ends = self.read(handles)
+            view = memoryview(data.data)
+            return [None if b < 0 else bytes(view[a:b]) for a, b in zip(starts.tolist(), ends.tolist(),
+                                                                          strict=True)]
+        self._check(handles)
+        out: list[bytes | None] = []
+        for offset, length in handles.tolist():
+            if length < 0:
+                out.append(None)
+                continue
+            segment, at = divmod(offset, 1 << SEGMENT_BITS)
+            value = os.pread(self._fd(segment), length, at)
+            if len(value) != length:
+                raise OSError(f"spill segment {segment}: read {len(value)} of {length} bytes at {at}")
+            out.append(value)
+        return out
 
 
 class Spill:
@@ -396,9 +415,15 @@ def _with_nulls(handles: np.ndarray, arr: pa.Array, rows: np.ndarray | None) -> 
 
 def handles_to_bytes(reader: SpillReader, handles: np.ndarray) -> np.ndarray:
     """The values of ``handles`` as a 1-D object array of `bytes` (None for a null)."""
-    data, starts, ends = reader.read(handles)
     out = np.empty(len(handles), dtype=object)
-    raw = data.tobytes()
-    for i, (a, b) in enumerate(zip(starts.tolist(), ends.tolist(), strict=True)):
-        out[i] = None if b < 0 else raw[a:b]
+    out[:] = reader.read_each(handles)
     return out
+
+
+def _runs(handles: np.ndarray) -> np.ndarray:
+    """(first, last) row of each run of ``handles`` whose values lie one after another in one segment
+    (a null ends a run and is a run of its own): one read each."""
+    offsets, lengths = handles[:, 0], handles[:, 1]
+    joined = (offsets[1:] == offsets[:-1] + lengths[:-1]) & (lengths[1:] >= 0) & (lengths[:-1] >= 0)
+    firsts = np.flatnonzero(np.concatenate([[True], ~joined]))
+    return np.stack([firsts, np.append(firsts[1:], len(handles)) - 1], axis=1)
