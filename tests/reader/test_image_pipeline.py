@@ -559,17 +559,19 @@ def test_with_on_error_skip_a_damaged_page_leaves_its_row_group_out_whole(
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(sizes=st.lists(st.one_of(st.none(), st.integers(0, 9000)), min_size=1, max_size=24),
-       picks=st.lists(st.integers(0, 10**6), max_size=30), each_bytes=st.sampled_from([0, 4096, 1 << 30]))
+       picks=st.one_of(st.none(), st.lists(st.integers(0, 10**6), max_size=30)),
+       each_bytes=st.sampled_from([0, 4096, 1 << 30]))
 def test_values_read_from_the_spill_are_the_values_put_however_they_are_read(
-        sizes: list[int | None], picks: list[int], each_bytes: int, monkeypatch: pytest.MonkeyPatch) -> None:
+        sizes: list[int | None], picks: list[int] | None, each_bytes: int,
+        monkeypatch: pytest.MonkeyPatch) -> None:
     """Any values (nulls, empty ones, small and large) put in the spill come back as they were, in any
-    order and with repeats, whether runs of them are read at once and sliced or each by a read of its own
-    (`SpillReader.read_each`), and as `read`'s one buffer."""
+    order and with repeats (or none: no rows; or all, in order: one run), whether runs of them are read at
+    once and sliced or each by a read of its own (`SpillReader.read_each`), and as `read`'s one buffer."""
     from shardkit.reader._pipeline import spill as spilling
 
     monkeypatch.setattr(spilling, "EACH_BYTES", each_bytes)
     values = [None if n is None else bytes((i * 31 + k) % 251 for k in range(n)) for i, n in enumerate(sizes)]
-    rows = [p % len(values) for p in picks] or list(range(len(values)))
+    rows = list(range(len(values))) if picks is None else [p % len(values) for p in picks]
     with tempfile.TemporaryDirectory() as folder:
         spill = spilling.Spill(folder)
         try:

@@ -423,6 +423,8 @@ def handles_to_bytes(reader: SpillReader, handles: np.ndarray) -> np.ndarray:
 def _runs(handles: np.ndarray) -> np.ndarray:
     """(first, last) row of each run of ``handles`` whose values lie one after another in one segment
     (a null ends a run and is a run of its own): one read each."""
+    if not len(handles):
+        return np.zeros((0, 2), np.int64)
     offsets, lengths = handles[:, 0], handles[:, 1]
     joined = (offsets[1:] == offsets[:-1] + lengths[:-1]) & (lengths[1:] >= 0) & (lengths[:-1] >= 0)
     firsts = np.flatnonzero(np.concatenate([[True], ~joined]))
